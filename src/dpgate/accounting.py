@@ -1,0 +1,1080 @@
+"""Privacy accounting: zCDP, Rényi-DP curves, conversions to (ε, δ), composition helpers.
+
+Pure functions only (no I/O, no state, no randomness). This module fixes the
+ledger's currency:
+
+* Gaussian releases cost ρ (zero-concentrated DP, Bun & Steinke 2016); ρ adds
+  under (adaptive) composition.
+* Anything else costs a Rényi-DP (RDP) curve ε(α) on the fixed order grid
+  :data:`ORDERS` (Mironov 2017); curves add order by order.
+
+A :class:`Cost` is the cost of one charge. ``cost_epsilon`` reports it as
+(ε, δ)-DP with the tightest conversion valid for its kind.
+
+Conventions used by every function here:
+
+* ρ and ε are in nats (natural logarithms); δ is a probability in [0, 1).
+* "per release" vs "total" is stated in each docstring; every conversion takes
+  the *total* (composed) ρ or curve. Never convert per release and sum the ε's
+  (that is the 30.0-vs-3.97 mistake: see DESIGN.md, Accounting).
+* Reported ε is never negative, is non-increasing in δ, and δ = 0 with ρ > 0
+  gives ``math.inf`` at once.
+* Invalid arguments (NaN, negative, zero where not allowed, wrong grid) raise
+  :class:`ValueError` whose message names the argument. Callers that face the
+  user (HTTP, CLI) turn it into a :class:`dpgate.errors.InvalidBudget` or
+  :class:`dpgate.errors.InvalidRequest`.
+
+References
+----------
+[BS16]  M. Bun, T. Steinke. Concentrated Differential Privacy: Simplifications,
+        Extensions, and Lower Bounds. TCC 2016 (arXiv:1605.02065).
+[Mir17] I. Mironov. Rényi Differential Privacy. CSF 2017 (arXiv:1702.07476).
+[CKS20] C. Canonne, G. Kamath, T. Steinke. The Discrete Gaussian for Differential
+        Privacy. NeurIPS 2020 (arXiv:2004.00010).
+[BBG+20] B. Balle, G. Barthe, M. Gaboardi, J. Hsu, T. Sato. Hypothesis Testing
+        Interpretations and Rényi Differential Privacy. AISTATS 2020 (arXiv:1905.09982).
+[BW18]  B. Balle, Y.-X. Wang. Improving the Gaussian Mechanism for Differential
+        Privacy: Analytical Calibration and Optimal Denoising. ICML 2018.
+[DRS22] J. Dong, A. Roth, W. Su. Gaussian Differential Privacy. JRSS-B 2022.
+[DRV10] C. Dwork, G. Rothblum, S. Vadhan. Boosting and Differential Privacy. FOCS 2010.
+[DR14]  C. Dwork, A. Roth. The Algorithmic Foundations of Differential Privacy. 2014.
+[Vad17] S. Vadhan. The Complexity of Differential Privacy. 2017.
+[BBG18] B. Balle, G. Barthe, M. Gaboardi. Privacy Amplification by Subsampling:
+        Tight Analyses via Couplings and Divergences. NeurIPS 2018.
+[LQS12] N. Li, W. Qardaji, D. Su. On Sampling, Anonymization, and Differential
+        Privacy. ASIACCS 2012.
+[KOV15] P. Kairouz, S. Oh, P. Viswanath. The Composition Theorem for Differential
+        Privacy. ICML 2015.
+[WZ10]  L. Wasserman, S. Zhou. A Statistical Framework for Differential Privacy.
+        JASA 2010.
+[vEH14] T. van Erven, P. Harremoës. Rényi Divergence and Kullback-Leibler
+        Divergence. IEEE Trans. Inf. Theory 2014.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Iterable, Literal, Mapping, Sequence
+
+import numpy as np
+from scipy.optimize import brentq
+from scipy.special import erfcx, log_ndtr
+
+__all__ = [
+    "ORDERS",
+    "SEED_ORDERS",
+    "CONVERSIONS",
+    "Cost",
+    "gaussian_rho",
+    "gaussian_sigma",
+    "gaussian_rdp",
+    "laplace_rdp",
+    "pure_dp_rdp",
+    "zcdp_epsilon_simple",
+    "zcdp_epsilon_tight",
+    "zcdp_optimal_order",
+    "gaussian_epsilon_exact",
+    "rdp_epsilon_basic",
+    "rdp_epsilon_tight",
+    "zcdp_epsilon",
+    "cost_epsilon",
+    "rho_for_cap",
+    "basic_composition",
+    "advanced_composition",
+    "group_privacy",
+    "group_privacy_rho",
+    "poisson_subsampling_epsilon",
+    "max_true_positive_rate",
+]
+
+#: The order grid of the worked example (seed); a subset of :data:`ORDERS`.
+SEED_ORDERS: tuple[float, ...] = (
+    1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 12.0, 16.0, 20.0, 24.0, 32.0,
+    48.0, 64.0, 128.0, 256.0,
+)  # fmt: skip
+
+#: The ledger's RDP order grid: ascending, every order > 1, a superset of
+#: :data:`SEED_ORDERS`, dense near 1 (large budgets), high orders up to 1024
+#: (small budgets, pure-DP-like mechanisms) and ``math.inf`` last (the pure-ε
+#: limit, D_∞). Changing it invalidates stored curves: never edit in place.
+ORDERS: tuple[float, ...] = (
+    1.01, 1.05, 1.1, 1.25, 1.5, 1.75, 2.0, 2.25, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0, 6.0, 7.0, 8.0,
+    10.0, 12.0, 14.0, 16.0, 20.0, 24.0, 28.0, 32.0, 40.0, 48.0, 56.0, 64.0, 80.0, 96.0, 128.0,
+    160.0, 192.0, 256.0, 320.0, 384.0, 512.0, 640.0, 768.0, 1024.0, math.inf,
+)  # fmt: skip
+
+#: Names accepted by :func:`rho_for_cap` (and the CLI): ρ-zCDP → (ε, δ) conversions.
+CONVERSIONS: tuple[str, ...] = ("simple", "tight", "exact")
+
+CostKind = Literal["zcdp", "gaussian", "rdp"]
+Conversion = Literal["simple", "tight", "exact"]
+
+
+# --------------------------------------------------------------------------------------
+# argument checks
+# --------------------------------------------------------------------------------------
+
+
+def _real(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise ValueError(f"{name} must be a real number, got {value!r}")
+    v = float(value)
+    if math.isnan(v):
+        raise ValueError(f"{name} must not be NaN")
+    return v
+
+
+def _nonneg(name: str, value: Any, *, allow_inf: bool = False) -> float:
+    v = _real(name, value)
+    if v < 0:
+        raise ValueError(f"{name} must be >= 0, got {v!r}")
+    if math.isinf(v) and not allow_inf:
+        raise ValueError(f"{name} must be finite, got {v!r}")
+    return v
+
+
+def _positive(name: str, value: Any) -> float:
+    v = _nonneg(name, value)
+    if v == 0:
+        raise ValueError(f"{name} must be > 0, got {v!r}")
+    return v
+
+
+def _delta(value: Any, name: str = "delta") -> float:
+    v = _real(name, value)
+    if not 0.0 <= v < 1.0:
+        raise ValueError(f"{name} must be in [0, 1), got {v!r}")
+    return v
+
+
+def _count(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value!r}")
+    return int(value)
+
+
+def _orders(orders: Iterable[float]) -> np.ndarray:
+    try:
+        a = np.asarray(tuple(orders), dtype=float)
+    except (TypeError, ValueError):
+        raise ValueError("orders must be a sequence of real numbers") from None
+    if a.ndim != 1 or a.size == 0:
+        raise ValueError("orders must be a non-empty one-dimensional sequence")
+    if np.isnan(a).any() or (a <= 1.0).any():
+        raise ValueError("orders must all be > 1 (RDP order α > 1; use math.inf for pure ε)")
+    if (np.diff(a) <= 0).any():
+        raise ValueError("orders must be strictly ascending")
+    return a
+
+
+def _curve(curve: Iterable[float], orders: np.ndarray, name: str = "curve") -> np.ndarray:
+    try:
+        c = np.asarray(tuple(curve), dtype=float)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a sequence of real numbers") from None
+    if c.ndim != 1 or c.shape != orders.shape:
+        raise ValueError(
+            f"{name} must have one value per order: got {c.size} values for {orders.size} orders"
+        )
+    if np.isnan(c).any():
+        raise ValueError(f"{name} must not contain NaN")
+    if (c < 0).any():
+        raise ValueError(f"{name} must be non-negative (RDP ε(α) >= 0)")
+    return c
+
+
+# --------------------------------------------------------------------------------------
+# per-mechanism costs
+# --------------------------------------------------------------------------------------
+
+
+def gaussian_rho(l2_sensitivity: float, sigma: float) -> float:
+    """ρ of one Gaussian release: ρ = Δ2² / (2σ²), per release.
+
+    Holds for the continuous Gaussian ([BS16] Prop. 1.6) and the discrete
+    Gaussian with the same σ (the σ parameter of N_Z(0, σ²); [CKS20] Thm. 4).
+
+    Args:
+        l2_sensitivity: Δ2 >= 0, in the same units as the noise.
+        sigma: noise scale σ > 0 (same units).
+
+    Returns:
+        ρ (zCDP) of this one release.
+
+    Raises:
+        ValueError: NaN, negative or infinite Δ2; σ not > 0 or not finite.
+    """
+    d = _nonneg("l2_sensitivity", l2_sensitivity)
+    s = _positive("sigma", sigma)
+    return d * d / (2.0 * s * s)
+
+
+def gaussian_sigma(l2_sensitivity: float, rho: float) -> float:
+    """σ giving a Gaussian release of cost ρ: σ = Δ2 / √(2ρ) (inverse of :func:`gaussian_rho`).
+
+    [BS16] Prop. 1.6; [CKS20] Thm. 4 for the discrete Gaussian.
+
+    Args:
+        l2_sensitivity: Δ2 > 0.
+        rho: this release's ρ > 0 (per release, not a total).
+
+    Returns:
+        σ, in the units of Δ2.
+
+    Raises:
+        ValueError: Δ2 or ρ not > 0, NaN or infinite.
+    """
+    d = _positive("l2_sensitivity", l2_sensitivity)
+    r = _positive("rho", rho)
+    return d / math.sqrt(2.0 * r)
+
+
+def gaussian_rdp(rho: float, orders: Sequence[float] = ORDERS) -> np.ndarray:
+    """RDP curve of ρ-zCDP (e.g. a Gaussian mechanism): ε(α) = α·ρ.
+
+    ρ-zCDP is by definition (α, αρ)-RDP for every α > 1 ([BS16] Def. 1.1); for
+    the Gaussian mechanism with ρ = Δ2²/(2σ²) this is [Mir17] Prop. 7. At
+    α = ∞ the value is ∞ when ρ > 0 (no pure-DP guarantee) and 0 when ρ = 0.
+
+    Args:
+        rho: total ρ >= 0 (per release or composed: the curve is linear in ρ).
+        orders: ascending orders α > 1 (``math.inf`` allowed).
+
+    Returns:
+        float array, ε(α) at each order.
+
+    Raises:
+        ValueError: bad ρ or orders.
+    """
+    r = _nonneg("rho", rho)
+    a = _orders(orders)
+    with np.errstate(invalid="ignore"):
+        out = a * r
+    return np.where(np.isinf(a), math.inf if r > 0 else 0.0, out)
+
+
+def laplace_rdp(epsilon: float, orders: Sequence[float] = ORDERS) -> np.ndarray:
+    """RDP curve of one continuous Laplace release with ε = Δ1/b ([Mir17] Prop. 6).
+
+    For α > 1::
+
+        ε(α) = 1/(α−1) · log( α/(2α−1) · e^{(α−1)ε} + (α−1)/(2α−1) · e^{−αε} )
+
+    evaluated in log-space (``logaddexp``) so α = 1024 does not overflow; at
+    α = ∞ it is ε (pure DP). Each value is also capped at ε.
+
+    Args:
+        epsilon: ε = Δ1/b >= 0 of one release (per release).
+        orders: ascending orders α > 1 (``math.inf`` allowed).
+
+    Returns:
+        float array, ε(α) at each order.
+
+    Raises:
+        ValueError: bad ε or orders.
+    """
+    e = _nonneg("epsilon", epsilon)
+    a = _orders(orders)
+    out = np.empty_like(a)
+    fin = np.isfinite(a)
+    af = a[fin]
+    if e == 0:
+        return np.zeros_like(a)
+    log_terms = np.logaddexp(
+        np.log(af) - np.log(2 * af - 1) + (af - 1) * e,
+        np.log(af - 1) - np.log(2 * af - 1) - af * e,
+    )
+    out[fin] = np.minimum(np.maximum(log_terms / (af - 1), 0.0), e)
+    out[~fin] = e
+    return out
+
+
+def pure_dp_rdp(epsilon: float, orders: Sequence[float] = ORDERS) -> np.ndarray:
+    """Worst-case RDP curve of any ε-DP mechanism (e.g. the discrete Laplace), per release.
+
+    Every ε-DP pair of output distributions has its privacy region inside that
+    of binary randomized response with parameter ε ([KOV15] Thm. 2.1), so it is
+    a post-processing of randomized response (Blackwell's theorem; [KOV15]
+    Sec. 2 — randomized response is the "dominating pair" of pure ε-DP), and
+    Rényi divergence obeys data processing ([vEH14] Thm. 9). Hence the
+    randomized response curve is the tightest bound valid for every ε-DP
+    mechanism::
+
+        ε(α) = 1/(α−1) · log( (e^{αε} + e^{(1−α)ε}) / (1 + e^ε) )
+
+    (log-space). It is additionally capped by ε ([Mir17] Prop. 3's D_∞ bound)
+    and by α·ε²/2 ([BS16] Prop. 3.3: ε-DP ⇒ ε²/2-zCDP); the minimum of the three
+    is returned. At α = ∞ the value is ε.
+
+    Args:
+        epsilon: ε >= 0 of the mechanism (per release).
+        orders: ascending orders α > 1 (``math.inf`` allowed).
+
+    Returns:
+        float array, ε(α) at each order.
+
+    Raises:
+        ValueError: bad ε or orders.
+    """
+    e = _nonneg("epsilon", epsilon)
+    a = _orders(orders)
+    out = np.empty_like(a)
+    fin = np.isfinite(a)
+    af = a[fin]
+    if e == 0:
+        return np.zeros_like(a)
+    rr = (np.logaddexp(af * e, (1 - af) * e) - np.logaddexp(0.0, e)) / (af - 1)
+    out[fin] = np.maximum(np.minimum(np.minimum(rr, e), af * e * e / 2.0), 0.0)
+    out[~fin] = e
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# conversions to (ε, δ)
+# --------------------------------------------------------------------------------------
+
+
+def _tv_within_delta(divergence: float, delta: float) -> bool:
+    """True if KL <= ``divergence`` already gives (0, δ)-DP.
+
+    D_α >= KL for α >= 1 ([vEH14] Thm. 3) and the Bretagnolle–Huber inequality
+    TV <= √(1 − e^{−KL}) (Bretagnolle & Huber 1979) give (0, δ)-DP when
+    1 − e^{−D_α} <= δ². dp-accounting's ``compute_epsilon`` applies the same rule.
+    """
+    return delta > 0 and -math.expm1(-divergence) <= delta * delta
+
+
+def zcdp_epsilon_simple(rho: float, delta: float) -> float:
+    """(ε, δ) of total ρ-zCDP by the simple conversion ε = ρ + 2√(ρ·ln(1/δ)).
+
+    [BS16] Prop. 1.3.
+
+    Args:
+        rho: total (composed) ρ >= 0.
+        delta: δ in [0, 1).
+
+    Returns:
+        ε >= 0; ``math.inf`` if δ = 0 and ρ > 0; 0 if ρ = 0.
+
+    Raises:
+        ValueError: NaN/negative/infinite ρ; δ outside [0, 1).
+    """
+    r = _nonneg("rho", rho)
+    d = _delta(delta)
+    if r == 0:
+        return 0.0
+    if d == 0:
+        return math.inf
+    return r + 2.0 * math.sqrt(r * -math.log(d))
+
+
+def _cks_objective(x: float, rho: float, log_inv_delta: float) -> float:
+    """[CKS20] Cor. 13 bound at α = 1 + x, written stably in x = α − 1 > 0."""
+    # αρ + log(1 − 1/α) + (log(1/δ) − log α)/(α − 1), with log(1−1/α) = −log1p(1/x).
+    return (1.0 + x) * rho - math.log1p(1.0 / x) + (log_inv_delta - math.log1p(x)) / x
+
+
+def zcdp_epsilon_tight(rho: float, delta: float) -> float:
+    """(ε, δ) of total ρ-zCDP by the tight conversion of [CKS20] Prop. 12 / Cor. 13.
+
+    ρ-zCDP is (α, αρ)-RDP for all α > 1, hence (ε, δ)-DP with::
+
+        ε = inf_{α>1}  αρ + ( log(1/δ) + (α−1)·log(1 − 1/α) − log α ) / (α − 1)
+
+    (the same as [BBG+20] Thm. 21 applied to the curve αρ). The infimum is over
+    continuous α. Writing x = α − 1 the objective is
+    f(x) = (1+x)ρ − log(1+1/x) + (L − log(1+x))/x with L = log(1/δ), and
+    f'(x) = ρ − (L − log(1+x))/x², so the minimiser is the unique root of the
+    increasing function g(x) = ρx² + log(1+x) − L on (0, √(L/ρ)]; it is found
+    by ``brentq`` to machine precision (robust for ρ from 1e-300 to 1e300,
+    monotone in δ). The result is also capped by :func:`zcdp_epsilon_simple`
+    (both are valid bounds) and clamped at 0; and it is 0 when
+    1 − e^{−ρ} <= δ² (KL <= ρ and the Bretagnolle–Huber inequality give
+    total variation <= δ, i.e. (0, δ)-DP).
+
+    Args:
+        rho: total (composed) ρ >= 0.
+        delta: δ in [0, 1).
+
+    Returns:
+        ε >= 0; ``math.inf`` if δ = 0 and ρ > 0; 0 if ρ = 0.
+
+    Raises:
+        ValueError: NaN/negative/infinite ρ; δ outside [0, 1).
+    """
+    r = _nonneg("rho", rho)
+    d = _delta(delta)
+    if r == 0:
+        return 0.0
+    if d == 0:
+        return math.inf
+    if _tv_within_delta(r, d):  # KL <= ρ for ρ-zCDP
+        return 0.0
+    L = -math.log(d)
+    simple = r + 2.0 * math.sqrt(r * L)
+    x = _cks_argmin(r, L)
+    if x is None:  # extreme ρ where the root cannot be bracketed: the simple bound
+        return max(simple, 0.0)
+    tight = _cks_objective(x, r, L)
+    return max(0.0, min(tight, simple))
+
+
+def _cks_argmin(rho: float, log_inv_delta: float) -> float | None:
+    """x* = α* − 1 > 0 minimising the [CKS20] Cor. 13 objective: root of ρx² + log(1+x) = L."""
+    r, L = rho, log_inv_delta
+
+    def g(x: float) -> float:
+        return r * x * x + math.log1p(x) - L
+
+    hi = 2.0 * math.sqrt(L / r)  # g(hi) >= 3L > 0 (and the root lies below √(L/ρ))
+    if L <= 0 or hi == 0.0 or not math.isfinite(hi) or g(hi) <= 0.0:
+        return None
+    x = brentq(g, 0.0, hi, xtol=1e-300, rtol=4 * np.finfo(float).eps, maxiter=500)  # g(0) = −L < 0
+    return x if x > 0.0 else hi
+
+
+def zcdp_optimal_order(rho: float, delta: float) -> float:
+    """The RDP order α* at which the [CKS20] Cor. 13 conversion of ρ-zCDP is tightest.
+
+    α* = 1 + x* where x* is the unique positive root of ρx² + log(1 + x) = log(1/δ)
+    (the stationarity condition of the objective in :func:`zcdp_epsilon_tight`),
+    found by ``brentq``. Useful to fix one order for a zCDP/Rényi filter.
+
+    Args:
+        rho: total ρ > 0.
+        delta: δ in (0, 1).
+
+    Returns:
+        α* > 1 (``math.inf`` only if ρ is so small that the root overflows).
+
+    Raises:
+        ValueError: ρ not > 0 or not finite; δ not in (0, 1).
+    """
+    r = _positive("rho", rho)
+    d = _delta(delta)
+    if d == 0:
+        raise ValueError("delta must be > 0 (at δ = 0 no finite order converts ρ-zCDP)")
+    x = _cks_argmin(r, -math.log(d))
+    if x is None:
+        return math.inf if r < 1.0 else 1.0 + 2.0 * math.sqrt(-math.log(d) / r)
+    return 1.0 + x
+
+
+def gaussian_epsilon_exact(rho: float, delta: float) -> float:
+    """Exact (ε, δ) of a composition of continuous Gaussian mechanisms with total ρ.
+
+    A composition of Gaussian mechanisms with total ρ is μ-Gaussian DP with
+    μ = √(2ρ) ([DRS22] Cor. 3.3), and a Gaussian mechanism with Δ/σ = μ is
+    (ε, δ)-DP exactly for ([BW18] Thm. 8; [DRS22] Cor. 2.13)::
+
+        δ(ε) = Φ(−ε/μ + μ/2) − e^ε · Φ(−ε/μ − μ/2)
+
+    δ(ε) is decreasing in ε; it is inverted with ``brentq`` in log-space
+    (``scipy.special.log_ndtr``). Valid only for the *continuous* Gaussian
+    (use :func:`zcdp_epsilon_tight` for discrete Gaussian releases).
+
+    Args:
+        rho: total (composed) ρ >= 0.
+        delta: δ in [0, 1).
+
+    Returns:
+        ε >= 0 (0 when δ(0) <= δ already); ``math.inf`` if δ = 0 and ρ > 0.
+
+    Raises:
+        ValueError: NaN/negative/infinite ρ; δ outside [0, 1).
+    """
+    r = _nonneg("rho", rho)
+    d = _delta(delta)
+    if r == 0:
+        return 0.0
+    if d == 0:
+        return math.inf
+    mu = math.sqrt(2.0 * r)
+    log_target = math.log(d)
+
+    def log_delta(eps: float) -> float:
+        mid = -eps / mu
+        l1 = float(log_ndtr(mid + mu / 2.0))
+        # diff = log(e^ε Φ(mid − μ/2) / Φ(mid + μ/2)) = ε − (log Φ(mid + μ/2) − log Φ(mid − μ/2))
+        diff = eps - _log_ndtr_increment(mid, mu)
+        if diff >= 0.0:  # rounding at the far tail: δ(ε) is 0 to working precision
+            return -math.inf
+        return l1 + math.log(-math.expm1(diff))
+
+    if log_delta(0.0) <= log_target:
+        return 0.0
+    hi = zcdp_epsilon_tight(r, d) or 1e-300
+    while log_delta(hi) > log_target:  # pragma: no cover - exact <= tight in theory
+        hi *= 2.0
+    eps = brentq(lambda e: log_delta(e) - log_target, 0.0, hi, xtol=1e-16 * hi, rtol=1e-14)
+    # brentq's answer is within its tolerance of the root on either side; step up until
+    # δ(ε) <= δ so the result is a valid (upper) bound, never more than `hi`.
+    step = 1e-14 * eps + 1e-16 * hi
+    while log_delta(eps) > log_target and eps < hi:
+        eps = min(hi, eps + step)
+        step *= 2.0
+    return max(0.0, eps)
+
+
+def _log_ndtr_increment(mid: float, width: float) -> float:
+    """log Φ(mid + width/2) − log Φ(mid − width/2), accurate also when width is tiny.
+
+    For width <= 0.1 it integrates d/dx log Φ(x) = φ(x)/Φ(x) = √(2/π) / erfcx(−x/√2)
+    (no cancellation, no overflow) over the interval with 32-point
+    Gauss–Legendre; the integrand is analytic on a scale ~1, so this is exact to
+    rounding. Direct subtraction of two ``log_ndtr`` values would lose every
+    digit for tiny μ.
+    """
+    if width > 0.1:
+        return float(log_ndtr(mid + width / 2.0)) - float(log_ndtr(mid - width / 2.0))
+    t, w = np.polynomial.legendre.leggauss(32)
+    x = mid + 0.5 * width * t
+    h = math.sqrt(2.0 / math.pi) / erfcx(-x / math.sqrt(2.0))
+    return 0.5 * width * float(np.dot(w, h))
+
+
+def _rdp_prepare(curve, delta, orders):
+    a = _orders(orders)
+    c = _curve(curve, a)
+    d = _delta(delta)
+    return a, c, d
+
+
+def rdp_epsilon_basic(curve: Sequence[float], delta: float, orders: Sequence[float] = ORDERS) -> float:
+    """(ε, δ) of a total RDP curve by [Mir17] Prop. 3: ε = min_α ε(α) + log(1/δ)/(α − 1).
+
+    At α = ∞ the curve value is a pure-DP ε ([Mir17] Def. 3/Prop. 3 with
+    D_∞) and is a candidate for every δ (also δ = 0).
+
+    Args:
+        curve: total (composed) ε(α) at ``orders``.
+        delta: δ in [0, 1).
+        orders: the curve's ascending orders α > 1 (default :data:`ORDERS`).
+
+    Returns:
+        ε >= 0 (``math.inf`` if no order gives a finite bound).
+
+    Raises:
+        ValueError: bad curve (length, NaN, negative), orders or δ.
+    """
+    a, c, d = _rdp_prepare(curve, delta, orders)
+    fin = np.isfinite(a)
+    best = float(np.min(c[~fin])) if (~fin).any() else math.inf
+    if d > 0 and fin.any():
+        with np.errstate(invalid="ignore", over="ignore"):
+            cand = c[fin] + (-math.log(d)) / (a[fin] - 1.0)
+        cand = cand[~np.isnan(cand)]
+        if cand.size:
+            best = min(best, float(np.min(cand)))
+    if not (c > 0).any():
+        return 0.0
+    return max(0.0, best)
+
+
+def rdp_epsilon_tight(curve: Sequence[float], delta: float, orders: Sequence[float] = ORDERS) -> float:
+    """(ε, δ) of a total RDP curve by [BBG+20] Thm. 21 (= [CKS20] Prop. 12).
+
+    ::
+
+        ε = min_α  ε(α) + log((α−1)/α) − (log δ + log α)/(α − 1)
+
+    over the grid's finite orders; at α = ∞ the curve value (pure ε) is a
+    δ-independent candidate. Clamped at 0, and 0 when 1 − e^{−min ε(α)} <= δ²
+    (Bretagnolle–Huber, as in dp-accounting). Never larger than
+    :func:`rdp_epsilon_basic` at the same orders.
+
+    Args:
+        curve: total (composed) ε(α) at ``orders``.
+        delta: δ in [0, 1).
+        orders: the curve's ascending orders α > 1 (default :data:`ORDERS`).
+
+    Returns:
+        ε >= 0 (``math.inf`` if no order gives a finite bound, e.g. δ = 0
+        and no finite α = ∞ value).
+
+    Raises:
+        ValueError: bad curve (length, NaN, negative), orders or δ.
+    """
+    a, c, d = _rdp_prepare(curve, delta, orders)
+    if _tv_within_delta(float(np.min(c)), d):
+        return 0.0
+    fin = np.isfinite(a)
+    best = float(np.min(c[~fin])) if (~fin).any() else math.inf
+    if d > 0 and fin.any():
+        af = a[fin]
+        with np.errstate(invalid="ignore", over="ignore"):
+            cand = c[fin] - np.log1p(1.0 / (af - 1.0)) + (-math.log(d) - np.log(af)) / (af - 1.0)
+        cand = cand[~np.isnan(cand)]
+        if cand.size:
+            best = min(best, float(np.min(cand)))
+    if not (c > 0).any():
+        return 0.0
+    return max(0.0, best)
+
+
+def zcdp_epsilon(rho: float, delta: float, conversion: Conversion = "tight") -> float:
+    """ε of total ρ at δ by the named conversion: "simple" ([BS16] Prop. 1.3),
+    "tight" ([CKS20] Cor. 13) or "exact" (continuous Gaussians only; [BW18] Thm. 8).
+
+    Raises:
+        ValueError: unknown ``conversion`` or bad ρ/δ.
+    """
+    if conversion == "simple":
+        return zcdp_epsilon_simple(rho, delta)
+    if conversion == "tight":
+        return zcdp_epsilon_tight(rho, delta)
+    if conversion == "exact":
+        return gaussian_epsilon_exact(rho, delta)
+    raise ValueError(f"conversion must be one of {', '.join(CONVERSIONS)}, got {conversion!r}")
+
+
+def rho_for_cap(epsilon: float, delta: float, conversion: Conversion = "tight") -> float:
+    """Largest total ρ whose (ε, δ) conversion stays within the cap (ε, δ).
+
+    * "simple": closed form ρ = (√(ln(1/δ) + ε) − √(ln(1/δ)))², the inverse of
+      [BS16] Prop. 1.3.
+    * "tight": inverse of [CKS20] Cor. 13 (:func:`zcdp_epsilon_tight`) by ``brentq``.
+    * "exact": inverse of [BW18] Thm. 8 (:func:`gaussian_epsilon_exact`) by ``brentq``;
+      only valid for a ledger of continuous Gaussian releases.
+
+    The result satisfies ``zcdp_epsilon(result, delta, conversion) <= epsilon``
+    (after the root finder, the feasible side is kept) and is within ~1e-12
+    relative of the true supremum.
+
+    Args:
+        epsilon: cap ε > 0 (total).
+        delta: cap δ in (0, 1); with δ = 0 only ρ = 0 meets a finite cap, so 0 is returned.
+        conversion: "simple", "tight" or "exact".
+
+    Returns:
+        ρ_cap >= 0 (total for the population).
+
+    Raises:
+        ValueError: ε not > 0 or not finite; δ outside [0, 1); unknown conversion.
+    """
+    e = _positive("epsilon", epsilon)
+    d = _delta(delta)
+    if conversion not in CONVERSIONS:
+        raise ValueError(f"conversion must be one of {', '.join(CONVERSIONS)}, got {conversion!r}")
+    if d == 0:
+        return 0.0
+    L = -math.log(d)
+    # (√(L+ε) − √L)², written without cancellation as ε² / (√(L+ε) + √L)²
+    simple = e * e / (math.sqrt(L + e) + math.sqrt(L)) ** 2
+    if conversion == "simple":
+        while simple > 0 and zcdp_epsilon_simple(simple, d) > e:  # rounding guard
+            simple = math.nextafter(simple, 0.0)
+        return simple
+
+    def conv(r: float) -> float:
+        return zcdp_epsilon(r, d, conversion)
+
+    lo = simple  # tight <= simple and exact <= tight, so these are feasible
+    while lo > 0 and conv(lo) > e:  # pragma: no cover - rounding guard
+        lo *= 1 - 1e-12
+    hi = max(lo * 2.0, 1e-300)
+    while conv(hi) <= e:
+        lo, hi = hi, hi * 2.0
+        if hi > 1e300:  # pragma: no cover
+            return lo
+    # conv is continuous and increasing in ρ: find the crossing, then keep the feasible side.
+    r = brentq(lambda x: conv(x) - e, lo, hi, xtol=1e-300, rtol=1e-13)
+    step = 1e-13 * r
+    while r > lo and conv(r) > e:
+        r = max(lo, r - step)
+        step *= 2.0
+    return r
+
+
+# --------------------------------------------------------------------------------------
+# the ledger currency
+# --------------------------------------------------------------------------------------
+
+
+def _check_grid(orders: Sequence[float]) -> None:
+    a = _orders(orders)
+    if a.shape != (len(ORDERS),) or not np.array_equal(a, np.asarray(ORDERS)):
+        raise ValueError(
+            "orders must be the ledger's grid accounting.ORDERS; evaluate your accountant "
+            "at ORDERS (a curve on another grid cannot be compared with the budget)"
+        )
+
+
+@dataclass(frozen=True)
+class Cost:
+    """The cost of one charge in the ledger currency (ρ for Gaussians, else an RDP curve).
+
+    Fields:
+        kind: "zcdp" — our own discrete Gaussian releases (ρ-zCDP, [CKS20] Thm. 4);
+            "gaussian" — continuous Gaussian mechanisms declared by an external
+            consumer (ρ; eligible for exact Gaussian-DP reporting, [BW18]);
+            "rdp" — a general RDP curve at :data:`ORDERS`.
+        rho: ρ >= 0 for "zcdp"/"gaussian", else ``None``.
+        curve: ε(α) at :data:`ORDERS` (tuple of floats >= 0, +inf allowed meaning
+            "no claim at that order", at least one finite value) for "rdp",
+            else ``None``.
+
+    Composition (``+``): ρ adds ([BS16] Lemma 2.3) and RDP curves add order by
+    order ([Mir17] Prop. 1), also under adaptive composition. zcdp+zcdp → zcdp,
+    gaussian+gaussian → gaussian, zcdp+gaussian → zcdp (no longer eligible for
+    exact Gaussian reporting), anything + rdp → rdp (ρ converted to α·ρ).
+    ``sum(costs)`` works (0 is the identity).
+
+    Raises (on construction):
+        ValueError: invalid kind, ρ or curve (message names the field).
+    """
+
+    kind: CostKind
+    rho: float | None = None
+    curve: tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind in ("zcdp", "gaussian"):
+            if self.curve is not None:
+                raise ValueError(f"curve must be None for a {self.kind!r} cost")
+            object.__setattr__(self, "rho", _nonneg("rho", self.rho))
+        elif self.kind == "rdp":
+            if self.rho is not None:
+                raise ValueError("rho must be None for an 'rdp' cost (give the curve)")
+            if self.curve is None:
+                raise ValueError("curve is required for an 'rdp' cost")
+            c = _curve(self.curve, np.asarray(ORDERS))
+            if not np.isfinite(c).any():
+                raise ValueError("curve must be finite at one order at least")
+            object.__setattr__(self, "curve", tuple(float(v) for v in c))
+        else:
+            raise ValueError(f"kind must be 'zcdp', 'gaussian' or 'rdp', got {self.kind!r}")
+
+    # -- constructors ------------------------------------------------------------------
+
+    @classmethod
+    def zcdp(cls, rho: float) -> "Cost":
+        """ρ-zCDP cost of our discrete Gaussian release(s); ``rho`` total for this charge.
+
+        Raises:
+            ValueError: ρ NaN, negative or infinite.
+        """
+        return cls("zcdp", rho=rho)
+
+    @classmethod
+    def continuous_gaussian(cls, rho: float) -> "Cost":
+        """Cost of continuous Gaussian mechanism(s) with total ρ = Σ Δ2²/(2σ²).
+
+        Reported with the exact Gaussian-DP conversion ([BW18] Thm. 8) while the
+        ledger history contains only such costs.
+
+        Raises:
+            ValueError: ρ NaN, negative or infinite.
+        """
+        return cls("gaussian", rho=rho)
+
+    @classmethod
+    def rdp(cls, curve: Sequence[float], orders: Sequence[float] = ORDERS) -> "Cost":
+        """A general RDP cost: ε(α) at the ledger's grid (e.g. from a DP-SGD accountant).
+
+        Args:
+            curve: ε(α) >= 0, one value per order (+inf allowed, at least one finite).
+            orders: must equal :data:`ORDERS` (given to make the grid explicit).
+
+        Raises:
+            ValueError: orders differ from :data:`ORDERS`; wrong length; NaN or negative values.
+        """
+        _check_grid(orders)
+        return cls("rdp", curve=tuple(np.asarray(tuple(curve), dtype=float).tolist()))
+
+    @classmethod
+    def pure(cls, epsilon: float) -> "Cost":
+        """Cost of any ε-DP mechanism (e.g. the discrete Laplace): the worst-case RDP curve.
+
+        Curve from :func:`pure_dp_rdp` (randomized response, [KOV15] Thm. 2.1;
+        capped by ε and αε²/2, [BS16] Prop. 3.3). ``epsilon`` is the total ε of the charge.
+
+        Raises:
+            ValueError: ε NaN, negative or infinite.
+        """
+        return cls("rdp", curve=tuple(pure_dp_rdp(epsilon).tolist()))
+
+    @classmethod
+    def laplace(cls, epsilon: float) -> "Cost":
+        """Cost of one continuous Laplace release with ε = Δ1/b ([Mir17] Prop. 6).
+
+        Raises:
+            ValueError: ε NaN, negative or infinite.
+        """
+        return cls("rdp", curve=tuple(laplace_rdp(epsilon).tolist()))
+
+    # -- views -------------------------------------------------------------------------
+
+    @property
+    def is_zcdp(self) -> bool:
+        """True for "zcdp" and "gaussian" costs (a ρ describes them fully)."""
+        return self.kind in ("zcdp", "gaussian")
+
+    def curve_at(self, orders: Sequence[float] = ORDERS) -> np.ndarray:
+        """ε(α) of this cost at ``orders`` (float array, a fresh copy).
+
+        zcdp/gaussian: α·ρ ([BS16] Def. 1.1), ∞ at α = ∞ when ρ > 0. rdp: the
+        stored values at grid orders; at an order α off the grid, the smallest
+        stored value at a grid order β >= α (a valid upper bound since Rényi
+        divergence is non-decreasing in its order, [vEH14] Thm. 3), ∞ if none.
+
+        Raises:
+            ValueError: bad orders.
+        """
+        if self.is_zcdp:
+            return gaussian_rdp(self.rho, orders)  # type: ignore[arg-type]
+        a = _orders(orders)
+        grid = np.asarray(ORDERS)
+        c = np.asarray(self.curve, dtype=float)
+        # suffix minimum: env[i] = min_{j >= i} c[j]
+        env = np.minimum.accumulate(c[::-1])[::-1]
+        idx = np.searchsorted(grid, a, side="left")
+        out = np.full(a.shape, math.inf)
+        ok = idx < grid.size
+        out[ok] = env[idx[ok]]
+        exact = ok.copy()
+        exact[ok] = grid[idx[ok]] == a[ok]
+        out[exact] = c[idx[exact]]
+        return out
+
+    def rho_bound(self) -> float:
+        """The smallest ρ' with ε(α) <= α·ρ' at every finite order of :data:`ORDERS`.
+
+        For zcdp/gaussian costs this is ρ itself. Used to state an RDP charge in
+        ρ units (it may be ∞ if the curve is infinite at a finite order).
+        """
+        if self.is_zcdp:
+            return float(self.rho)  # type: ignore[arg-type]
+        a = np.asarray(ORDERS)
+        fin = np.isfinite(a)
+        return float(np.max(np.asarray(self.curve)[fin] / a[fin]))
+
+    def epsilon(self, delta: float) -> float:
+        """Shorthand for :func:`cost_epsilon` ``(self, delta)``."""
+        return cost_epsilon(self, delta)
+
+    # -- composition -------------------------------------------------------------------
+
+    def __add__(self, other: object) -> "Cost":
+        if isinstance(other, (int, float)) and not isinstance(other, bool) and other == 0:
+            return self
+        if not isinstance(other, Cost):
+            return NotImplemented
+        if self.is_zcdp and other.is_zcdp:
+            kind = "gaussian" if self.kind == other.kind == "gaussian" else "zcdp"
+            return Cost(kind, rho=float(self.rho) + float(other.rho))  # type: ignore[arg-type]
+        total = self.curve_at(ORDERS) + other.curve_at(ORDERS)
+        return Cost("rdp", curve=tuple(total.tolist()))
+
+    def __radd__(self, other: object) -> "Cost":
+        if isinstance(other, (int, float)) and not isinstance(other, bool) and other == 0:
+            return self
+        return NotImplemented
+
+    # -- serialisation -----------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serialisable form: {"kind", "rho"} or {"kind", "orders", "curve"}.
+
+        Infinite curve values and the order ∞ are written as the string "inf"
+        (strict JSON has no infinity). Round-trips exactly with :meth:`from_dict`.
+        """
+        if self.is_zcdp:
+            return {"kind": self.kind, "rho": float(self.rho)}  # type: ignore[arg-type]
+        enc = lambda v: "inf" if math.isinf(v) else float(v)  # noqa: E731
+        return {
+            "kind": "rdp",
+            "orders": [enc(a) for a in ORDERS],
+            "curve": [enc(v) for v in self.curve],  # type: ignore[union-attr]
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Cost":
+        """Inverse of :meth:`to_dict`.
+
+        Raises:
+            ValueError: unknown kind, missing fields, a curve on another grid, bad values.
+        """
+        if not isinstance(data, Mapping):
+            raise ValueError("cost must be a mapping")
+        kind = data.get("kind")
+        if kind in ("zcdp", "gaussian"):
+            if "rho" not in data:
+                raise ValueError("rho is required for a zcdp/gaussian cost")
+            return cls(kind, rho=data["rho"])
+        if kind == "rdp":
+            dec = lambda v: math.inf if v in ("inf", "Infinity", "+inf") else v  # noqa: E731
+            if "curve" not in data or not isinstance(data["curve"], (list, tuple)):
+                raise ValueError("curve (a list) is required for an rdp cost")
+            orders = data.get("orders", ORDERS)
+            if not isinstance(orders, (list, tuple)):
+                raise ValueError("orders must be a list")
+            return cls.rdp([dec(v) for v in data["curve"]], [dec(a) for a in orders])
+        raise ValueError(f"kind must be 'zcdp', 'gaussian' or 'rdp', got {kind!r}")
+
+
+def cost_epsilon(cost: Cost, delta: float) -> float:
+    """ε at δ of a (composed) cost, by the tightest conversion valid for its kind.
+
+    "zcdp" → [CKS20] Cor. 13 (:func:`zcdp_epsilon_tight`); "gaussian" → exact
+    Gaussian DP ([BW18] Thm. 8, :func:`gaussian_epsilon_exact`); "rdp" →
+    [BBG+20] Thm. 21 on :data:`ORDERS` (:func:`rdp_epsilon_tight`).
+
+    Raises:
+        ValueError: ``cost`` not a Cost; δ outside [0, 1).
+    """
+    if not isinstance(cost, Cost):
+        raise ValueError(f"cost must be a Cost, got {type(cost).__name__}")
+    if cost.kind == "zcdp":
+        return zcdp_epsilon_tight(cost.rho, delta)  # type: ignore[arg-type]
+    if cost.kind == "gaussian":
+        return gaussian_epsilon_exact(cost.rho, delta)  # type: ignore[arg-type]
+    return rdp_epsilon_tight(cost.curve, delta, ORDERS)  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------------------
+# (ε, δ) helpers
+# --------------------------------------------------------------------------------------
+
+
+def basic_composition(guarantees: Iterable[tuple[float, float]]) -> tuple[float, float]:
+    """Basic composition of (ε_i, δ_i)-DP mechanisms: (Σε_i, Σδ_i) ([DR14] Thm. 3.16).
+
+    Args:
+        guarantees: iterable of per-release (ε_i, δ_i) pairs (ε_i >= 0, δ_i in [0, 1)).
+
+    Returns:
+        (total ε, total δ); δ capped at 1.
+
+    Raises:
+        ValueError: a bad ε_i or δ_i.
+    """
+    eps = 0.0
+    dlt = 0.0
+    for i, pair in enumerate(guarantees):
+        try:
+            e, d = pair
+        except (TypeError, ValueError):
+            raise ValueError(f"guarantees[{i}] must be an (epsilon, delta) pair") from None
+        eps += _nonneg(f"guarantees[{i}].epsilon", e)
+        dlt += _delta(d, f"guarantees[{i}].delta")
+    return eps, min(dlt, 1.0)
+
+
+def advanced_composition(epsilon: float, delta: float, k: int, delta_prime: float) -> tuple[float, float]:
+    """Advanced composition of k adaptive (ε, δ)-DP mechanisms ([DRV10] Thm. III.3).
+
+    ε' = √(2k·ln(1/δ'))·ε + k·ε·(e^ε − 1), total δ = k·δ + δ'.
+    (The result is never worse than basic composition k·ε is *not* enforced;
+    callers compare.)
+
+    Args:
+        epsilon: per-mechanism ε >= 0.
+        delta: per-mechanism δ in [0, 1).
+        k: number of mechanisms >= 1.
+        delta_prime: slack δ' in (0, 1).
+
+    Returns:
+        (ε', δ_total) with δ_total capped at 1.
+
+    Raises:
+        ValueError: bad argument (named).
+    """
+    e = _nonneg("epsilon", epsilon)
+    d = _delta(delta)
+    n = _count("k", k)
+    dp = _delta(delta_prime, "delta_prime")
+    if dp == 0:
+        raise ValueError("delta_prime must be > 0")
+    eps = math.sqrt(2.0 * n * -math.log(dp)) * e + n * e * math.expm1(e)
+    return eps, min(1.0, n * d + dp)
+
+
+def group_privacy(epsilon: float, delta: float, k: int) -> tuple[float, float]:
+    """(ε, δ) guarantee for groups of k privacy units: (k·ε, k·e^{(k−1)ε}·δ).
+
+    [DR14] Thm. 2.2 (pure case, k·ε) and its approximate-DP form [Vad17] Lemma 2.2.
+
+    Args:
+        epsilon: per-unit ε >= 0.
+        delta: per-unit δ in [0, 1).
+        k: group size >= 1.
+
+    Returns:
+        (k·ε, min(1, k·e^{(k−1)ε}·δ)).
+
+    Raises:
+        ValueError: bad argument (named).
+    """
+    e = _nonneg("epsilon", epsilon)
+    d = _delta(delta)
+    n = _count("k", k)
+    if d == 0:
+        return n * e, 0.0
+    log_d = math.log(n) + (n - 1) * e + math.log(d)
+    return n * e, (1.0 if log_d >= 0 else math.exp(log_d))
+
+
+def group_privacy_rho(rho: float, k: int) -> float:
+    """ρ-zCDP for groups of k units: k²·ρ ([BS16] Prop. 1.9).
+
+    Raises:
+        ValueError: bad ρ or k.
+    """
+    return _count("k", k) ** 2 * _nonneg("rho", rho)
+
+
+def poisson_subsampling_epsilon(epsilon: float, q: float) -> float:
+    """ε after Poisson subsampling with rate q: ln(1 + q·(e^ε − 1)).
+
+    [BBG18] Thm. 10 (and [LQS12] Thm. 1); the δ of an (ε, δ) mechanism becomes q·δ.
+
+    Args:
+        epsilon: ε >= 0 of the mechanism run on the sample.
+        q: sampling probability in [0, 1].
+
+    Returns:
+        amplified ε >= 0.
+
+    Raises:
+        ValueError: bad ε or q.
+    """
+    e = _nonneg("epsilon", epsilon)
+    p = _real("q", q)
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"q must be in [0, 1], got {p!r}")
+    return math.log1p(p * math.expm1(e))
+
+
+def max_true_positive_rate(epsilon: float, delta: float, false_positive_rate: float) -> float:
+    """Largest power (true positive rate) of any test for "unit x is in the data" at a given
+    false positive rate, against an (ε, δ)-DP release.
+
+    The (ε, δ)-DP privacy region ([KOV15] Thm. 2.1, after [WZ10] Sec. 2) gives
+    TPR <= e^ε·FPR + δ and TPR <= 1 − e^{−ε}·(1 − δ − FPR); the minimum of both
+    and 1 is returned (the first face binds for small FPR).
+
+    Args:
+        epsilon: total ε >= 0 (``math.inf`` allowed: returns 1).
+        delta: total δ in [0, 1).
+        false_positive_rate: FPR in [0, 1].
+
+    Returns:
+        TPR bound in [0, 1].
+
+    Raises:
+        ValueError: bad argument (named).
+    """
+    e = _nonneg("epsilon", epsilon, allow_inf=True)
+    d = _delta(delta)
+    f = _real("false_positive_rate", false_positive_rate)
+    if not 0.0 <= f <= 1.0:
+        raise ValueError(f"false_positive_rate must be in [0, 1], got {f!r}")
+    if math.isinf(e):
+        return 1.0
+    a = math.exp(e) * f + d
+    b = 1.0 - math.exp(-e) * (1.0 - d - f)
+    return max(0.0, min(1.0, a, b))

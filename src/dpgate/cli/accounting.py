@@ -1,0 +1,148 @@
+"""``dpgate accounting epsilon|rho``: privacy-accounting calculator (reads no data, charges nothing).
+
+* ``dpgate accounting epsilon --rho 0.25 --delta 1e-6`` prints the (ε, δ) of a
+  total ρ by each conversion: simple ([BS16] Prop. 1.3), tight ([CKS20]
+  Cor. 13) and exact (continuous Gaussians only, [BW18] Thm. 8). Instead of
+  ``--rho``, ``--sigma S [--l2-sensitivity D] [--releases N]`` gives
+  ρ = N·D²/(2S²).
+* ``dpgate accounting rho --epsilon 4 --delta 1e-6`` prints the largest total ρ
+  (ρ_cap) meeting the cap by each conversion; with ``--releases N`` also the
+  per-release ρ and σ (for ``--l2-sensitivity``, default 1) of N equal releases,
+  optionally for a ``--share`` of the cap.
+
+See :mod:`dpgate.accounting` for the formulas and references.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+from dpgate import accounting
+from dpgate.errors import InvalidBudget
+
+_SOURCES = {
+    "simple": "Bun & Steinke 2016, Prop. 1.3",
+    "tight": "Canonne, Kamath & Steinke 2020, Cor. 13",
+    "exact": "Balle & Wang 2018, Thm. 8 (continuous Gaussian only)",
+}
+
+
+def _num(value: float):
+    """JSON-friendly number: ∞ as the string "inf" (strict JSON has no infinity)."""
+    return "inf" if isinstance(value, float) and math.isinf(value) else value
+
+
+def _fmt(value: float) -> str:
+    return "inf" if math.isinf(value) else f"{value:.6g}"
+
+
+def _epsilon(args: argparse.Namespace, settings) -> int:
+    from dpgate.cli import print_json, print_table
+
+    try:
+        if args.rho is not None:
+            if args.sigma is not None:
+                raise ValueError("give either --rho or --sigma, not both")
+            rho = args.rho  # validated by the conversions below
+        elif args.sigma is not None:
+            if args.releases < 1:
+                raise ValueError(f"releases must be >= 1, got {args.releases}")
+            rho = args.releases * accounting.gaussian_rho(args.l2_sensitivity, args.sigma)
+        else:
+            raise ValueError("give --rho (total ρ) or --sigma (noise scale of each release)")
+        results = {name: accounting.zcdp_epsilon(rho, args.delta, name) for name in accounting.CONVERSIONS}
+    except ValueError as exc:
+        raise InvalidBudget(str(exc), {"command": "accounting epsilon"}) from None
+    if args.json:
+        print_json(
+            {
+                "rho": rho,
+                "delta": args.delta,
+                "epsilon": {name: _num(v) for name, v in results.items()},
+                "sources": _SOURCES,
+            }
+        )
+        return 0
+    print(f"total rho = {rho:.6g}, delta = {args.delta:g}")
+    print_table(["conversion", "epsilon", "source"], [[n, _fmt(v), _SOURCES[n]] for n, v in results.items()])
+    return 0
+
+
+def _rho(args: argparse.Namespace, settings) -> int:
+    from dpgate.cli import print_json, print_table
+
+    try:
+        if not 0.0 < args.share <= 1.0 or math.isnan(args.share):
+            raise ValueError(f"share must be in (0, 1], got {args.share}")
+        if args.releases is not None and args.releases < 1:
+            raise ValueError(f"releases must be >= 1, got {args.releases}")
+        caps = {name: accounting.rho_for_cap(args.epsilon, args.delta, name) for name in accounting.CONVERSIONS}
+        per_release = {}
+        if args.releases is not None:
+            for name, rho_cap in caps.items():
+                rho_each = args.share * rho_cap / args.releases
+                sigma = accounting.gaussian_sigma(args.l2_sensitivity, rho_each) if rho_each > 0 else math.inf
+                per_release[name] = {"rho": rho_each, "sigma": sigma}
+    except ValueError as exc:
+        raise InvalidBudget(str(exc), {"command": "accounting rho"}) from None
+    if args.json:
+        out = {
+            "epsilon": args.epsilon,
+            "delta": args.delta,
+            "rho_cap": caps,
+            "sources": _SOURCES,
+        }
+        if per_release:
+            out.update(
+                share=args.share,
+                releases=args.releases,
+                l2_sensitivity=args.l2_sensitivity,
+                per_release={n: {k: _num(v) for k, v in d.items()} for n, d in per_release.items()},
+            )
+        print_json(out)
+        return 0
+    print(f"cap epsilon = {args.epsilon:g}, delta = {args.delta:g}")
+    headers = ["conversion", "rho_cap"]
+    if per_release:
+        headers += [f"rho/release ({args.share:g} over {args.releases})", f"sigma (l2 {args.l2_sensitivity:g})"]
+    rows = []
+    for name, rho_cap in caps.items():
+        row = [name, _fmt(rho_cap)]
+        if per_release:
+            row += [_fmt(per_release[name]["rho"]), _fmt(per_release[name]["sigma"])]
+        rows.append(row + [_SOURCES[name]])
+    print_table(headers + ["source"], rows)
+    return 0
+
+
+def register(subparsers) -> None:
+    """Add the ``accounting`` command with its ``epsilon`` and ``rho`` sub-commands."""
+    from dpgate.cli import add_common_options
+
+    parser = subparsers.add_parser(
+        "accounting",
+        help="privacy-accounting calculator: rho <-> (epsilon, delta)",
+        description="Convert zCDP rho to (epsilon, delta) and back, by each conversion. "
+        "Reads no data and charges nothing.",
+    )
+    sub = parser.add_subparsers(dest="accounting_command", metavar="ACTION")
+    sub.required = True
+
+    p_eps = sub.add_parser("epsilon", help="epsilon of a total rho at delta, by each conversion")
+    p_eps.add_argument("--rho", type=float, help="total (composed) rho")
+    p_eps.add_argument("--sigma", type=float, help="Gaussian noise scale of each release (instead of --rho)")
+    p_eps.add_argument("--l2-sensitivity", type=float, default=1.0, help="L2 sensitivity (with --sigma; default 1)")
+    p_eps.add_argument("--releases", type=int, default=1, help="number of releases (with --sigma; default 1)")
+    p_eps.add_argument("--delta", type=float, required=True, help="delta in [0, 1)")
+    add_common_options(p_eps)
+    p_eps.set_defaults(func=_epsilon)
+
+    p_rho = sub.add_parser("rho", help="largest total rho meeting an (epsilon, delta) cap, by each conversion")
+    p_rho.add_argument("--epsilon", type=float, required=True, help="cap epsilon > 0")
+    p_rho.add_argument("--delta", type=float, required=True, help="cap delta in [0, 1)")
+    p_rho.add_argument("--releases", type=int, help="split the cap over this many equal releases")
+    p_rho.add_argument("--share", type=float, default=1.0, help="share of the cap to split (default 1)")
+    p_rho.add_argument("--l2-sensitivity", type=float, default=1.0, help="L2 sensitivity for sigma (default 1)")
+    add_common_options(p_rho)
+    p_rho.set_defaults(func=_rho)

@@ -1,0 +1,198 @@
+"""The one error hierarchy of dpgate.
+
+Every error the gateway raises on purpose is a :class:`DpgateError` with a
+stable machine-readable ``code``, the HTTP status it maps to and a ``details``
+mapping of JSON-serialisable values. The HTTP layer turns any of them into the
+documented shape ``{"error": {"code", "message", "details"}}``.
+
+Messages and details never contain data values read from a protected table
+(they would be a side channel that no noise covers), nor stack traces.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+
+class DpgateError(Exception):
+    """Root of every dpgate error.
+
+    Args:
+        message: human-readable sentence naming what is wrong and, where it
+            helps, what to do instead.
+        details: JSON-serialisable mapping (no protected data values).
+
+    Attributes:
+        code: stable snake_case error code (class attribute).
+        http_status: HTTP status code the API answers with (class attribute).
+    """
+
+    code: str = "internal"
+    http_status: int = 500
+
+    def __init__(self, message: str, details: Mapping[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details: dict[str, Any] = dict(details or {})
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the documented error shape ``{"error": {code, message, details}}``."""
+        return {"error": {"code": self.code, "message": self.message, "details": self.details}}
+
+
+# --- 4xx: the request is wrong; nothing was charged -------------------------------------
+
+
+class InvalidRequest(DpgateError):
+    """A request body or argument fails validation (wrong type, missing field, bad value)."""
+
+    code = "invalid_request"
+    http_status = 400
+
+
+class InvalidSql(DpgateError):
+    """The SQL text does not parse, or is not exactly one statement."""
+
+    code = "invalid_sql"
+    http_status = 400
+
+
+class UnsupportedQuery(DpgateError):
+    """The SQL parses but uses a construct the gateway refuses (raw columns, joins, …)."""
+
+    code = "unsupported_query"
+    http_status = 400
+
+
+class UnknownTable(DpgateError):
+    """The query names a table the dataset's policy does not declare."""
+
+    code = "unknown_table"
+    http_status = 400
+
+
+class UnknownColumn(DpgateError):
+    """The query names a column the table's policy does not declare."""
+
+    code = "unknown_column"
+    http_status = 400
+
+
+class InvalidBudget(DpgateError):
+    """A requested budget is not a finite positive number, or names several currencies."""
+
+    code = "invalid_budget"
+    http_status = 400
+
+
+class Unauthenticated(DpgateError):
+    """No API key, or an API key that matches no principal."""
+
+    code = "unauthenticated"
+    http_status = 401
+
+
+class Forbidden(DpgateError):
+    """The principal's role may not perform this action."""
+
+    code = "forbidden"
+    http_status = 403
+
+
+class NotFound(DpgateError):
+    """A resource (release, route) does not exist."""
+
+    code = "not_found"
+    http_status = 404
+
+
+class UnknownDataset(NotFound):
+    """No policy declares a dataset of that name."""
+
+    code = "unknown_dataset"
+    http_status = 404
+
+
+class UnknownPopulation(NotFound):
+    """The ledger has no population of that name."""
+
+    code = "unknown_population"
+    http_status = 404
+
+
+class UnknownConsumer(NotFound):
+    """The population has no allocation for that consumer."""
+
+    code = "unknown_consumer"
+    http_status = 404
+
+
+class BudgetExhausted(DpgateError):
+    """A charge does not fit the population's or the consumer's remaining budget.
+
+    ``details`` carries ``requested``, ``spent``, ``cap`` and ``remaining``, each
+    as ``{"rho": float, "epsilon": float}`` with ε at the cap's δ, plus
+    ``population``, ``consumer`` and ``delta``. No charge was written.
+    """
+
+    code = "budget_exhausted"
+    http_status = 409
+
+
+class Conflict(DpgateError):
+    """The request conflicts with the current state (e.g. a release still being computed)."""
+
+    code = "conflict"
+    http_status = 409
+
+
+class PayloadTooLarge(DpgateError):
+    """The request body exceeds the configured size limit."""
+
+    code = "payload_too_large"
+    http_status = 413
+
+
+# --- configuration and server-side failures -------------------------------------------
+
+
+class PolicyError(DpgateError):
+    """A policy file is invalid; the message names the file, table, column and problem."""
+
+    code = "invalid_policy"
+    http_status = 500
+
+
+class LedgerError(DpgateError):
+    """The ledger store failed or its integrity check found a problem."""
+
+    code = "ledger_error"
+    http_status = 500
+
+
+class QueryTimeout(DpgateError):
+    """The bounded query ran past the engine's per-query timeout (the charge stays)."""
+
+    code = "query_timeout"
+    http_status = 504
+
+
+class ExecutionError(DpgateError):
+    """Executing the bounded SQL failed (the charge stays; no data in the message)."""
+
+    code = "execution_error"
+    http_status = 500
+
+
+class MechanismError(DpgateError):
+    """Calibrating or sampling noise failed, or OpenDP's privacy map disagreed with ours."""
+
+    code = "mechanism_error"
+    http_status = 500
+
+
+class Internal(DpgateError):
+    """Any unexpected failure; the message never includes a stack trace or data."""
+
+    code = "internal"
+    http_status = 500
