@@ -1,0 +1,167 @@
+"""``dpgate ledger``: inspect, verify and export the privacy-budget ledger.
+
+* ``dpgate ledger show [--population P] [--limit N]`` — spend per population
+  (cap, spent and remaining in ρ and in ε at the cap's δ, per consumer) and the
+  latest charges.
+* ``dpgate ledger verify`` — recompute the spend from the entries and check the
+  hash chain; exit status 1 if a problem is found.
+* ``dpgate ledger export [--output FILE]`` — every entry (charges and governance
+  events) as JSON lines, in chain order, exactly as hashed, so an auditor can
+  re-check the chain: SHA-256 of the canonical JSON (sorted keys, no spaces) of
+  each line without its ``hash`` field equals that field, and each ``prev_hash``
+  is the previous line's ``hash``.
+
+All read-only: they never create a ledger (a missing file is an error) and never
+write to one. ``--json`` prints JSON instead of tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from dpgate.cli import add_common_options, print_json, print_table
+
+
+def register(subparsers: Any) -> None:
+    """Add ``ledger show|verify|export`` to the top-level sub-command parsers."""
+    parser = subparsers.add_parser(
+        "ledger", help="inspect, verify and export the privacy-budget ledger",
+        description="Inspect, verify and export the privacy-budget ledger (read-only).",
+    )
+    actions = parser.add_subparsers(dest="ledger_action", metavar="ACTION")
+    actions.required = True
+
+    show = actions.add_parser("show", help="spend per population and the latest charges")
+    add_common_options(show)
+    show.add_argument("--population", help="only this population")
+    show.add_argument("--limit", type=_positive_int, default=20,
+                      help="how many of the latest charges to list (default 20)")
+    show.set_defaults(func=cmd_show)
+
+    verify = actions.add_parser("verify", help="check the hash chain and recompute the spend (exit 1 on problems)")
+    add_common_options(verify)
+    verify.set_defaults(func=cmd_verify)
+
+    export = actions.add_parser("export", help="every entry and event as JSON lines, in chain order")
+    add_common_options(export)
+    export.add_argument("--output", "-o", help="write to this file instead of standard output")
+    export.set_defaults(func=cmd_export)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def _open(settings: Any):
+    from dpgate.ledger import open_ledger
+
+    return open_ledger(settings.resolved_ledger_url(), create=False)
+
+
+def _fmt(x: Any, digits: int = 6) -> str:
+    if isinstance(x, float):
+        return f"{x:.{digits}g}"
+    return "" if x is None else str(x)
+
+
+def cmd_show(args: argparse.Namespace, settings: Any) -> int:
+    """Print spend reports (all populations or ``--population``) and the latest ``--limit`` charges."""
+    from dpgate.errors import UnknownPopulation
+
+    led = _open(settings)
+    try:
+        names = led.populations()
+        if args.population is not None:
+            if args.population not in names:
+                raise UnknownPopulation(f"no population {args.population!r} in the ledger",
+                                        {"population": args.population})
+            names = [args.population]
+        reports = [led.spend(n) for n in names]
+        entries = led.entries(args.population, limit=args.limit)
+    finally:
+        led.close()
+    if args.json:
+        print_json({"populations": [r.to_dict() for r in reports], "entries": entries})
+        return 0
+    if not reports:
+        print("the ledger has no populations yet")
+        return 0
+    print_table(
+        ["population", "cap ε", "δ", "ρ cap", "spent ρ", "spent ε", "remaining ρ", "remaining ε", "charges"],
+        [[r.population, _fmt(r.epsilon, 4), _fmt(r.delta, 3), _fmt(r.rho_cap), _fmt(r.spent_rho),
+          _fmt(r.spent_epsilon, 4), _fmt(r.remaining_rho), _fmt(r.remaining_epsilon, 4), r.charges]
+         for r in reports],
+    )
+    rows = [[r.population, c.name, _fmt(c.share, 4) if c.share is not None else "any", _fmt(c.cap_rho),
+             _fmt(c.spent_rho), _fmt(c.spent_epsilon, 4), _fmt(c.remaining_rho), c.charges]
+            for r in reports for c in r.consumers.values()]
+    if rows:
+        print()
+        print_table(["population", "consumer", "share", "cap ρ", "spent ρ", "spent ε", "remaining ρ", "charges"],
+                    rows)
+    print()
+    print(f"latest {len(entries)} charge(s) (ε is each charge alone at the cap's δ; never add them up):")
+    if entries:
+        print_table(
+            ["seq", "created_at", "population", "consumer", "kind", "ρ", "ε alone", "purpose"],
+            [[e["seq"], e["created_at"], e["population"], e["consumer"], e["kind"], _fmt(e["rho"]),
+              _fmt(e["epsilon_at_delta"], 4), (e["purpose"][:40] + "…") if len(e["purpose"]) > 41 else e["purpose"]]
+             for e in entries],
+        )
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace, settings: Any) -> int:
+    """Verify the ledger; exit status 0 if sound, 1 if a problem was found."""
+    led = _open(settings)
+    try:
+        report = led.verify()
+    finally:
+        led.close()
+    if args.json:
+        print_json(report.to_dict())
+    elif report.ok:
+        print(f"ledger OK: {report.entries} entries ({report.charges} charges, {report.events} events)")
+        print(f"chain head: {report.head}")
+    else:
+        print(f"ledger FAILED verification: {len(report.problems)} problem(s) in {report.entries} entries")
+        for p in report.problems:
+            print(f"  - {p}")
+        print(f"chain head: {report.head}")
+    return 0 if report.ok else 1
+
+
+def cmd_export(args: argparse.Namespace, settings: Any) -> int:
+    """Write every chain entry as one JSON object per line (``--output`` or standard output)."""
+    from dpgate.ledger.base import canonical_json
+
+    led = _open(settings)
+    try:
+        chain = led.chain()
+    finally:
+        led.close()
+    lines = "".join(canonical_json(e) + "\n" for e in chain)
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as fh:
+            fh.write(lines)
+        summary = {"output": args.output, "entries": len(chain),
+                   "head": chain[-1]["hash"] if chain else None}
+        if args.json:
+            print_json(summary)
+        else:
+            print(f"wrote {len(chain)} entries to {args.output}")
+    else:
+        sys.stdout.write(lines)
+    return 0
+
+
+__all__ = ["register", "cmd_show", "cmd_verify", "cmd_export"]
+
