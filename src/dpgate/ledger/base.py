@@ -6,9 +6,9 @@ with a share of the population's budget. Every *charge* is one append-only
 entry, written before the mechanism runs and never refunded. Cap and
 allocation changes are recorded *governance events*, never edits.
 
-This module holds everything a storage backend (``sqlite.py``; a PostgreSQL
-backend later) shares, so that the decisions and reports are the same
-whatever stores the rows:
+This module holds everything a storage backend (``sqlite.py``, ``postgres.py``)
+shares, so that the decisions and reports are the same whatever stores the
+rows:
 
 * the :class:`Ledger` protocol and its result types (:class:`ChargeReceipt`,
   :class:`SpendReport`, :class:`VerifyReport`);
@@ -20,7 +20,13 @@ whatever stores the rows:
   entries — ``math.fsum`` — however many charges it holds);
 * the spend report, the refusal details, the canonical serialisation and the
   SHA-256 hash chain, and :class:`Replay`, which recomputes the whole state from
-  the entries for :meth:`Ledger.verify`.
+  the entries for :meth:`Ledger.verify`;
+* the steps of a charge every SQL backend runs inside its write transaction
+  (:func:`prepare_charge`, :func:`allocation_share`, :func:`check_charge`,
+  :func:`new_charge_entry`, :func:`new_event_entry`), the stored column
+  layout (:data:`CHARGE_COLUMNS`, :data:`EVENT_COLUMNS`,
+  :data:`POPULATION_COLUMNS`) and the comparison of stored derived state with
+  the replay (:func:`stored_state_problems`).
 
 Budget enforcement (adaptive composition)
 -----------------------------------------
@@ -94,6 +100,7 @@ import hashlib
 import json
 import math
 import re
+import secrets
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from functools import cached_property, lru_cache
@@ -104,7 +111,15 @@ from scipy.optimize import minimize_scalar
 
 from dpgate import accounting
 from dpgate.accounting import ORDERS, Cost
-from dpgate.errors import BudgetExhausted, DpgateError, InvalidBudget, InvalidRequest, PolicyError
+from dpgate.errors import (
+    BudgetExhausted,
+    DpgateError,
+    InvalidBudget,
+    InvalidRequest,
+    PolicyError,
+    UnknownConsumer,
+    UnknownPopulation,
+)
 
 __all__ = [
     "TOLERANCE",
@@ -132,6 +147,29 @@ __all__ = [
     "charge_epsilon",
     "iter_sorted_entries",
     "Replay",
+    "CHARGE_COLUMNS",
+    "EVENT_COLUMNS",
+    "POPULATION_COLUMNS",
+    "ChargeRequest",
+    "Refusal",
+    "validate_text",
+    "validate_limit",
+    "validate_governance",
+    "validate_population",
+    "unknown_population",
+    "allocation_share",
+    "population_from_row",
+    "prepare_charge",
+    "check_charge",
+    "new_charge_entry",
+    "new_event_entry",
+    "charge_entry",
+    "event_entry",
+    "display_charge",
+    "display_event",
+    "receipt_from_entry",
+    "cap_change_result",
+    "stored_state_problems",
 ]
 
 #: Relative tolerance of the filter comparisons (exactly-fitting charges are admitted).
@@ -1098,6 +1136,470 @@ def iter_sorted_entries(*streams: Iterable[Mapping[str, Any]]) -> Iterator[Mappi
 
 
 # --------------------------------------------------------------------------------------
+# stored entries and the steps every SQL backend shares
+# --------------------------------------------------------------------------------------
+
+#: Columns of a stored charge, in storage order (every SQL backend uses these names).
+CHARGE_COLUMNS: tuple[str, ...] = (
+    "seq", "charge_id", "population", "consumer", "kind", "rho", "epsilon_at_delta", "delta",
+    "cost", "purpose", "release_key", "metadata", "created_at", "prev_hash", "hash",
+)  # fmt: skip
+
+#: Columns of a stored governance event, in storage order.
+EVENT_COLUMNS: tuple[str, ...] = (
+    "seq", "event_id", "population", "kind", "actor", "reason", "old", "new", "created_at",
+    "prev_hash", "hash",
+)  # fmt: skip
+
+#: Columns of a stored population (the cap and allocations in force), in storage order.
+POPULATION_COLUMNS: tuple[str, ...] = ("epsilon", "delta", "rho_cap", "alpha_star", "rho_stated", "allocations")
+
+
+def validate_text(value: Any, what: str, *, optional: bool = False, limit: int = 10_000) -> str | None:
+    """Check a free-text field (purpose, release key, actor, reason).
+
+    Args:
+        value: the text.
+        what: its name, for the error.
+        optional: None is allowed (and returned).
+        limit: maximum length in characters.
+
+    Returns:
+        ``value`` unchanged (None if optional and None).
+
+    Raises:
+        InvalidRequest: not a string, blank, longer than ``limit``, containing a NUL
+            character (which PostgreSQL text cannot store) or not encodable as UTF-8
+            (a lone surrogate: the hash chain hashes UTF-8).
+    """
+    if value is None and optional:
+        return None
+    if not isinstance(value, str) or not value.strip() or len(value) > limit or "\x00" in value \
+            or not _utf8(value):
+        raise InvalidRequest(f"{what} must be a non-empty string of at most {limit} characters "
+                             "(UTF-8, without NUL characters)", {what: repr(value)[:200]})
+    return value
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def validate_limit(limit: Any) -> int | None:
+    """Check an ``entries(limit=…)`` argument: None or a positive integer. Raises InvalidRequest."""
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise InvalidRequest(f"limit must be a positive integer, got {limit!r}", {})
+    return limit
+
+
+def validate_governance(actor: Any, reason: Any) -> None:
+    """Check the actor and reason of a cap change (non-empty; ≤ 200 and ≤ 2000 characters).
+
+    Raises:
+        InvalidRequest: either is blank, too long or not a string.
+    """
+    validate_text(actor, "actor", limit=200)
+    validate_text(reason, "reason", limit=2000)
+
+
+def validate_population(
+    name: Any,
+    epsilon: float | None,
+    delta: float,
+    allocations: Mapping[str, float] | Iterable[tuple[str, float]] | None,
+    actor: Any,
+    reason: Any,
+    rho_cap: float | None,
+) -> tuple[CapSpec, dict[str, float]]:
+    """Validate the arguments of :meth:`Ledger.ensure_population` (policy input).
+
+    Returns:
+        ``(cap, allocations)``: the cap fixed into its budget curve and the allocations as a
+        sorted dict.
+
+    Raises:
+        PolicyError: invalid name, cap, allocations, actor or reason.
+    """
+    validate_name(name, "population", PolicyError)
+    cap = validate_cap(epsilon, delta, rho_cap=rho_cap, error=PolicyError)
+    allocs = validate_allocations(allocations, PolicyError)
+    if not isinstance(actor, str) or not actor.strip() or not isinstance(reason, str) or not reason.strip():
+        raise PolicyError("actor and reason must be non-empty strings", {})
+    return cap, allocs
+
+
+def unknown_population(name: str) -> UnknownPopulation:
+    """The :class:`~dpgate.errors.UnknownPopulation` error for ``name``."""
+    return UnknownPopulation(f"no population {name!r} in the ledger", {"population": name})
+
+
+def allocation_share(population: str, consumer: str, allocations: Mapping[str, float]) -> float:
+    """The share of the population's budget that ``consumer`` may spend.
+
+    Returns:
+        Its allocation share, or 1.0 for any consumer of an open population (no allocations).
+
+    Raises:
+        UnknownConsumer: the population allocates nothing to ``consumer``.
+    """
+    if not allocations:
+        return 1.0
+    try:
+        return allocations[consumer]
+    except KeyError:
+        raise UnknownConsumer(
+            f"population {population!r} has no allocation for consumer {consumer!r}",
+            {"population": population, "consumer": consumer},
+        ) from None
+
+
+@lru_cache(maxsize=1024)
+def _cost_json_rho(cost: Cost) -> tuple[str, float]:
+    """The stored (canonical JSON, ρ or ρ-bound) of a cost (memoised: costs repeat)."""
+    return canonical_json(cost.to_dict()), cost.rho_bound()
+
+
+@lru_cache(maxsize=256)
+def _parse_allocations(text: str) -> tuple[tuple[str, float], ...]:
+    return tuple(json.loads(text).items())
+
+
+def population_from_row(row: Iterable[Any]) -> tuple[CapSpec, dict[str, float]]:
+    """``(cap, allocations)`` from a stored population row in :data:`POPULATION_COLUMNS` order."""
+    epsilon, delta, rho_cap, alpha_star, rho_stated, allocations = row
+    return CapSpec(epsilon, delta, rho_cap, alpha_star, bool(rho_stated)), dict(_parse_allocations(allocations))
+
+
+@dataclass(frozen=True)
+class ChargeRequest:
+    """A validated charge, ready to be checked and stored (see :func:`prepare_charge`).
+
+    Attributes:
+        population, consumer: who pays.
+        cost: the validated cost.
+        purpose: the stored description.
+        release_key: the single-flight key or None.
+        metadata_json: the metadata's canonical JSON text (sorted keys, no NaN/∞).
+        cost_json: the cost's canonical JSON text (``Cost.to_dict``).
+        rho: the cost's ρ (or ρ-bound of an RDP curve), stored in the ``rho`` column.
+    """
+
+    population: str
+    consumer: str
+    cost: Cost
+    purpose: str
+    release_key: str | None
+    metadata_json: str
+    cost_json: str
+    rho: float
+
+
+def prepare_charge(
+    population: Any,
+    consumer: Any,
+    cost: Any,
+    *,
+    purpose: Any,
+    release_key: Any = None,
+    metadata: Any = None,
+) -> ChargeRequest:
+    """Validate the arguments of :meth:`Ledger.charge` before any store access.
+
+    Raises:
+        InvalidRequest: bad population or consumer name, purpose (non-empty, ≤ 10000
+            characters), release_key (non-empty, ≤ 512), or metadata (not a mapping,
+            not JSON-serialisable, NaN or ∞).
+        InvalidBudget: invalid cost (:func:`validate_cost`).
+    """
+    validate_name(population, "population")
+    validate_name(consumer, "consumer")
+    cost = validate_cost(cost)
+    validate_text(purpose, "purpose")
+    validate_text(release_key, "release_key", optional=True, limit=512)
+    if metadata is not None and not isinstance(metadata, Mapping):
+        raise InvalidRequest("metadata must be a mapping", {})
+    try:  # the canonical serialisation, refusing NaN and infinity
+        meta_json = json.dumps(dict(metadata or {}), sort_keys=True, separators=(",", ":"),
+                               ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidRequest(f"metadata must be JSON-serialisable without NaN or infinity: {exc}",
+                             {}) from None
+    if not _utf8(meta_json):
+        raise InvalidRequest("metadata must be valid Unicode (no lone surrogates)", {})
+    cost_json, rho = _cost_json_rho(cost)
+    return ChargeRequest(population, consumer, cost, purpose, release_key, meta_json, cost_json, rho)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A charge refused by one scope's filter; :meth:`error` builds the BudgetExhausted.
+
+    Built inside the store's write transaction, raised after it (the ε conversions
+    of the error details need not hold the lock).
+    """
+
+    population: str
+    consumer: str
+    scope: str
+    request: Cost
+    spent: Totals
+    budget: BudgetCurve
+    cap_epsilon: float | None
+    delta: float
+    decision: Decision
+
+    def error(self) -> BudgetExhausted:
+        """The :class:`~dpgate.errors.BudgetExhausted` to raise (see :func:`exhausted_error`)."""
+        return exhausted_error(self.population, self.consumer, self.scope, self.request, self.spent,
+                               self.budget, self.cap_epsilon, self.delta, self.decision)
+
+
+def check_charge(
+    request: ChargeRequest,
+    cap: CapSpec,
+    share: float,
+    population_totals: Totals,
+    consumer_totals: Totals,
+) -> tuple[Totals, Totals, Refusal | None]:
+    """Run the consumer's filter, then the population's (:func:`filter_decision`).
+
+    The consumer's budget curve is share × B(α), the population's B(α) = α·ρ_cap
+    (both with the population's α*); a charge must pass both.
+
+    Returns:
+        ``(population_totals_after, consumer_totals_after, refusal)``: the totals with
+        the charge added, and None if it fits or the first scope that refuses.
+    """
+    cost = request.cost
+    pt_after, ct_after = population_totals.add(cost), consumer_totals.add(cost)
+    cb = BudgetCurve(share * cap.rho_cap, cap.alpha_star)
+    dc = filter_decision(consumer_totals, cost, cb, ct_after)
+    if not dc.ok:
+        return pt_after, ct_after, Refusal(request.population, request.consumer, "consumer", cost,
+                                           consumer_totals, cb, None, cap.delta, dc)
+    pb = BudgetCurve(cap.rho_cap, cap.alpha_star)
+    dp = filter_decision(population_totals, cost, pb, pt_after)
+    if not dp.ok:
+        return pt_after, ct_after, Refusal(request.population, request.consumer, "population", cost,
+                                           population_totals, pb, cap.epsilon, cap.delta, dp)
+    return pt_after, ct_after, None
+
+
+def new_charge_entry(
+    request: ChargeRequest,
+    *,
+    seq: int,
+    prev_hash: str,
+    epsilon_at_delta: float,
+    delta: float,
+) -> dict[str, Any]:
+    """A new charge entry (a dict with :data:`CHARGE_COLUMNS`, ``type`` and its ``hash``).
+
+    Args:
+        request: the validated charge.
+        seq: its position in the hash chain (the head's ``seq`` + 1).
+        prev_hash: the head's hash (:data:`GENESIS_HASH` for the first entry).
+        epsilon_at_delta: the charge alone as ε at the cap's δ.
+        delta: the cap's δ.
+    """
+    entry: dict[str, Any] = {
+        "type": "charge",
+        "seq": seq,
+        "charge_id": "chg_" + secrets.token_hex(12),
+        "population": request.population,
+        "consumer": request.consumer,
+        "kind": request.cost.kind,
+        "rho": request.rho,
+        "epsilon_at_delta": epsilon_at_delta,
+        "delta": delta,
+        "cost": request.cost_json,
+        "purpose": request.purpose,
+        "release_key": request.release_key,
+        "metadata": request.metadata_json,
+        "created_at": utc_now(),
+        "prev_hash": prev_hash,
+    }
+    entry["hash"] = entry_hash(entry)
+    return entry
+
+
+def new_event_entry(
+    population: str,
+    kind: str,
+    actor: str,
+    reason: str,
+    old: Mapping[str, Any] | None,
+    new: Mapping[str, Any],
+    *,
+    seq: int,
+    prev_hash: str,
+) -> dict[str, Any]:
+    """A new governance event entry (a dict with :data:`EVENT_COLUMNS`, ``type`` and its ``hash``).
+
+    Args:
+        population: the population concerned.
+        kind: ``population_created``, ``cap_changed`` or ``allocations_changed``.
+        actor, reason: who and why.
+        old, new: the values before (None on creation) and after, stored as canonical JSON.
+        seq, prev_hash: the chain position and the head's hash.
+    """
+    entry: dict[str, Any] = {
+        "type": "event",
+        "seq": seq,
+        "event_id": "evt_" + secrets.token_hex(12),
+        "population": population,
+        "kind": kind,
+        "actor": actor,
+        "reason": reason,
+        "old": None if old is None else canonical_json(old),
+        "new": canonical_json(new),
+        "created_at": utc_now(),
+        "prev_hash": prev_hash,
+    }
+    entry["hash"] = entry_hash(entry)
+    return entry
+
+
+def charge_entry(row: Iterable[Any]) -> dict[str, Any]:
+    """A stored charge row (:data:`CHARGE_COLUMNS` order) as a chain entry dict (``type`` "charge")."""
+    d = dict(zip(CHARGE_COLUMNS, row))
+    d["type"] = "charge"
+    return d
+
+
+def event_entry(row: Iterable[Any]) -> dict[str, Any]:
+    """A stored event row (:data:`EVENT_COLUMNS` order) as a chain entry dict (``type`` "event")."""
+    d = dict(zip(EVENT_COLUMNS, row))
+    d["type"] = "event"
+    return d
+
+
+def display_charge(entry: Mapping[str, Any]) -> dict[str, Any]:
+    """A charge entry for :meth:`Ledger.entries`: ``cost`` and ``metadata`` parsed, ∞ as ``"inf"``."""
+    d = dict(entry)
+    d["cost"] = json.loads(d["cost"])
+    d["metadata"] = json.loads(d["metadata"])
+    if math.isinf(d["epsilon_at_delta"]):
+        d["epsilon_at_delta"] = "inf"
+    return d
+
+
+def display_event(entry: Mapping[str, Any]) -> dict[str, Any]:
+    """An event entry for :meth:`Ledger.events`: ``old`` and ``new`` parsed."""
+    d = dict(entry)
+    d["old"] = json.loads(d["old"]) if d["old"] is not None else None
+    d["new"] = json.loads(d["new"])
+    return d
+
+
+def receipt_from_entry(entry: Mapping[str, Any], *, duplicate: bool, cost: Cost | None = None) -> ChargeReceipt:
+    """The :class:`ChargeReceipt` of a stored (or just written) charge entry."""
+    return ChargeReceipt(
+        charge_id=entry["charge_id"],
+        population=entry["population"],
+        consumer=entry["consumer"],
+        cost=cost if cost is not None else Cost.from_dict(json.loads(entry["cost"])),
+        rho=entry["rho"],
+        epsilon_at_delta=entry["epsilon_at_delta"],
+        created_at=entry["created_at"],
+        duplicate=duplicate,
+        delta=entry["delta"],
+        release_key=entry["release_key"],
+        seq=entry["seq"],
+    )
+
+
+def cap_change_result(
+    population: str,
+    old: CapSpec,
+    new: CapSpec,
+    event: Mapping[str, Any] | None,
+    actor: str,
+    reason: str,
+) -> dict[str, Any]:
+    """The return value of :meth:`Ledger.set_cap` (``event`` None: the cap was unchanged)."""
+    if event is None:
+        return {"population": population, "changed": False, "old": old.to_dict(), "new": old.to_dict(),
+                "event_id": None, "actor": actor, "reason": reason, "created_at": None}
+    return {"population": population, "changed": True, "old": old.to_dict(), "new": new.to_dict(),
+            "event_id": event["event_id"], "actor": actor, "reason": reason,
+            "created_at": event["created_at"]}
+
+
+def stored_state_problems(
+    replay: Replay,
+    *,
+    head: tuple[int, str] | None,
+    populations: Mapping[str, Iterable[Any]],
+    totals: Mapping[tuple[str, str], Iterable[Any]],
+    triggers: Iterable[str],
+    required_triggers: Iterable[str],
+    versions: Iterable[int],
+    required_versions: Iterable[int],
+) -> list[str]:
+    """Compare a backend's stored derived state with a :class:`Replay` of its entries.
+
+    Args:
+        replay: the replay of every entry (fed already).
+        head: the stored chain head ``(seq, hash)``, or None if missing.
+        populations: name → stored row in :data:`POPULATION_COLUMNS` order.
+        totals: (population, consumer or "") → stored ``Totals.to_row()`` tuple.
+        triggers: names of the append-only triggers present (and enabled).
+        required_triggers: the names that must be present.
+        versions: the schema migration versions recorded.
+        required_versions: the versions this dpgate applies.
+
+    Returns:
+        The replay's problems followed by one sentence per difference (empty: consistent).
+    """
+    problems = list(replay.problems)
+    if head is None:
+        problems.append("the chain head row is missing")
+    elif (head[0], head[1]) != (replay.count, replay.head):
+        problems.append(
+            f"the chain head (seq {head[0]}, {head[1][:12]}…) does not match the last entry "
+            f"(seq {replay.count}, {replay.head[:12]}…): entries were removed or added"
+        )
+    present = set(triggers)
+    for name in required_triggers:
+        if name not in present:
+            problems.append(f"append-only trigger {name!r} is missing")
+    recorded = set(versions)
+    for version in required_versions:
+        if version not in recorded:
+            problems.append(f"schema migration {version} is not recorded")
+    replayed = replay.populations
+    for name in sorted(set(populations) | set(replayed)):
+        if name not in replayed:
+            problems.append(f"population {name!r} has no population_created event")
+            continue
+        if name not in populations:
+            problems.append(f"population {name!r} was created by an event but is missing")
+            continue
+        row = tuple(populations[name])
+        cap = CapSpec(row[0], row[1], row[2], row[3], bool(row[4]))
+        if cap != replayed[name]["cap"]:
+            problems.append(f"population {name!r}: the cap in force differs from its events")
+        try:
+            allocs = dict(json.loads(row[5]))
+        except (ValueError, TypeError):
+            allocs = None
+        if allocs != replayed[name]["allocations"]:
+            problems.append(f"population {name!r}: the allocations in force differ from its events")
+    for key in sorted(set(totals) | set(replay.totals)):
+        label = f"population {key[0]!r}" + (f" consumer {key[1]!r}" if key[1] else "")
+        want = replay.totals.get(key)
+        got = totals.get(key)
+        if want is None or got is None or tuple(got) != want.to_row():
+            problems.append(f"{label}: the stored spend totals differ from the sum of its entries")
+    return problems
+
+
+# --------------------------------------------------------------------------------------
 # the protocol
 # --------------------------------------------------------------------------------------
 
@@ -1106,7 +1608,8 @@ def iter_sorted_entries(*streams: Iterable[Mapping[str, Any]]) -> Iterator[Mappi
 class Ledger(Protocol):
     """A persistent privacy-budget ledger (see the module docstring for the rules).
 
-    Implementations: :class:`dpgate.ledger.sqlite.SqliteLedger` (one SQLite file).
+    Implementations: :class:`dpgate.ledger.sqlite.SqliteLedger` (one SQLite file) and
+    :class:`dpgate.ledger.postgres.PostgresLedger` (shared by several replicas).
     Every method is safe to call from several threads and processes at once.
     """
 

@@ -30,45 +30,50 @@ from __future__ import annotations
 import json
 import math
 import os
-import secrets
 import sqlite3
 import threading
 from contextlib import contextmanager
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from dpgate.accounting import ORDERS, Cost
-from dpgate.errors import (
-    DpgateError,
-    InvalidRequest,
-    LedgerError,
-    PolicyError,
-    UnknownConsumer,
-    UnknownPopulation,
-)
+from dpgate.errors import DpgateError, LedgerError
 from dpgate.ledger.base import (
+    CHARGE_COLUMNS as _CHARGE_COLS,
+    EVENT_COLUMNS as _EVENT_COLS,
     GENESIS_HASH,
-    BudgetCurve,
+    POPULATION_COLUMNS,
     CapSpec,
     ChargeReceipt,
     Replay,
     SpendReport,
     Totals,
     VerifyReport,
+    allocation_share,
     build_spend_report,
     canonical_json,
+    cap_change_result,
+    charge_entry as _charge_entry,
     charge_epsilon,
-    entry_hash,
-    exhausted_error,
-    filter_decision,
+    check_charge,
+    display_charge as _display_charge,
+    display_event as _display_event,
+    event_entry as _event_entry,
     iter_sorted_entries,
+    new_charge_entry,
+    new_event_entry,
+    population_from_row,
+    prepare_charge,
+    receipt_from_entry as _receipt,
+    stored_state_problems,
+    unknown_population,
     utc_now,
-    validate_allocations,
     validate_cap,
-    validate_cost,
+    validate_governance,
+    validate_limit,
     validate_name,
+    validate_population,
 )
 
 __all__ = ["SqliteLedger", "MIGRATIONS", "open_sqlite_ledger"]
@@ -158,84 +163,12 @@ MIGRATIONS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
     ),
 )
 
-_CHARGE_COLS = (
-    "seq", "charge_id", "population", "consumer", "kind", "rho", "epsilon_at_delta", "delta",
-    "cost", "purpose", "release_key", "metadata", "created_at", "prev_hash", "hash",
-)  # fmt: skip
-_EVENT_COLS = (
-    "seq", "event_id", "population", "kind", "actor", "reason", "old", "new", "created_at",
-    "prev_hash", "hash",
-)  # fmt: skip
-_POP_COLS = "epsilon, delta, rho_cap, alpha_star, rho_stated, allocations"
+_POP_COLS = ", ".join(POPULATION_COLUMNS)
 _SYNC_MODES = {"off": "OFF", "normal": "NORMAL", "full": "FULL", "extra": "EXTRA"}
 
 
 def _orders_json() -> str:
     return json.dumps(["inf" if math.isinf(a) else a for a in ORDERS])
-
-
-@lru_cache(maxsize=1024)
-def _cost_json_rho(cost: Cost) -> tuple[str, float]:
-    """The stored (canonical JSON, ρ or ρ-bound) of a cost (memoised: costs repeat)."""
-    return canonical_json(cost.to_dict()), cost.rho_bound()
-
-
-@lru_cache(maxsize=256)
-def _parse_allocations(text: str) -> tuple[tuple[str, float], ...]:
-    return tuple(json.loads(text).items())
-
-
-def _charge_entry(row: tuple) -> dict[str, Any]:
-    d = dict(zip(_CHARGE_COLS, row))
-    d["type"] = "charge"
-    return d
-
-
-def _event_entry(row: tuple) -> dict[str, Any]:
-    d = dict(zip(_EVENT_COLS, row))
-    d["type"] = "event"
-    return d
-
-
-def _display_charge(entry: Mapping[str, Any]) -> dict[str, Any]:
-    d = dict(entry)
-    d["cost"] = json.loads(d["cost"])
-    d["metadata"] = json.loads(d["metadata"])
-    if math.isinf(d["epsilon_at_delta"]):
-        d["epsilon_at_delta"] = "inf"
-    return d
-
-
-def _display_event(entry: Mapping[str, Any]) -> dict[str, Any]:
-    d = dict(entry)
-    d["old"] = json.loads(d["old"]) if d["old"] is not None else None
-    d["new"] = json.loads(d["new"])
-    return d
-
-
-def _receipt(entry: Mapping[str, Any], *, duplicate: bool, cost: Cost | None = None) -> ChargeReceipt:
-    return ChargeReceipt(
-        charge_id=entry["charge_id"],
-        population=entry["population"],
-        consumer=entry["consumer"],
-        cost=cost if cost is not None else Cost.from_dict(json.loads(entry["cost"])),
-        rho=entry["rho"],
-        epsilon_at_delta=entry["epsilon_at_delta"],
-        created_at=entry["created_at"],
-        duplicate=duplicate,
-        delta=entry["delta"],
-        release_key=entry["release_key"],
-        seq=entry["seq"],
-    )
-
-
-def _text(value: Any, what: str, *, optional: bool = False, limit: int = 10_000) -> str | None:
-    if value is None and optional:
-        return None
-    if not isinstance(value, str) or not value.strip() or len(value) > limit:
-        raise InvalidRequest(f"{what} must be a non-empty string of at most {limit} characters",
-                             {what: repr(value)[:200]})
-    return value
 
 
 class SqliteLedger:
@@ -433,10 +366,7 @@ class SqliteLedger:
     @staticmethod
     def _population_row(conn: sqlite3.Connection, name: str) -> tuple[CapSpec, dict[str, float]] | None:
         row = conn.execute(f"SELECT {_POP_COLS} FROM populations WHERE name = ?", (name,)).fetchone()
-        if row is None:
-            return None
-        cap = CapSpec(row[0], row[1], row[2], row[3], bool(row[4]))
-        return cap, dict(_parse_allocations(row[5]))
+        return None if row is None else population_from_row(row)
 
     @staticmethod
     def _append_event(
@@ -449,20 +379,7 @@ class SqliteLedger:
         new: Mapping[str, Any],
     ) -> dict[str, Any]:
         head_seq, head_hash = conn.execute("SELECT seq, hash FROM chain_head WHERE id = 1").fetchone()
-        entry: dict[str, Any] = {
-            "type": "event",
-            "seq": head_seq + 1,
-            "event_id": "evt_" + secrets.token_hex(12),
-            "population": population,
-            "kind": kind,
-            "actor": actor,
-            "reason": reason,
-            "old": None if old is None else canonical_json(old),
-            "new": canonical_json(new),
-            "created_at": utc_now(),
-            "prev_hash": head_hash,
-        }
-        entry["hash"] = entry_hash(entry)
+        entry = new_event_entry(population, kind, actor, reason, old, new, seq=head_seq + 1, prev_hash=head_hash)
         conn.execute(
             f"INSERT INTO events ({', '.join(_EVENT_COLS)}) VALUES ({', '.join('?' * len(_EVENT_COLS))})",
             tuple(entry[c] for c in _EVENT_COLS),
@@ -523,11 +440,7 @@ class SqliteLedger:
             PolicyError: invalid name, cap, allocations, actor or reason (nothing written).
             LedgerError: the store failed.
         """
-        validate_name(name, "population", PolicyError)
-        cap = validate_cap(epsilon, delta, rho_cap=rho_cap, error=PolicyError)
-        allocs = validate_allocations(allocations, PolicyError)
-        if not isinstance(actor, str) or not actor.strip() or not isinstance(reason, str) or not reason.strip():
-            raise PolicyError("actor and reason must be non-empty strings", {})
+        cap, allocs = validate_population(name, epsilon, delta, allocations, actor, reason, rho_cap)
         try:
             with self._write() as conn:
                 current = self._population_row(conn, name)
@@ -599,26 +512,20 @@ class SqliteLedger:
         """
         validate_name(population, "population")
         cap = validate_cap(epsilon, delta, rho_cap=rho_cap)
-        _text(actor, "actor", limit=200)
-        _text(reason, "reason", limit=2000)
+        validate_governance(actor, reason)
         try:
             with self._write() as conn:
                 current = self._population_row(conn, population)
                 if current is None:
-                    raise UnknownPopulation(f"no population {population!r} in the ledger",
-                                            {"population": population})
+                    raise unknown_population(population)
                 old = current[0]
                 if old.same_cap(cap):
-                    return {"population": population, "changed": False, "old": old.to_dict(),
-                            "new": old.to_dict(), "event_id": None, "actor": actor, "reason": reason,
-                            "created_at": None}
+                    return cap_change_result(population, old, cap, None, actor, reason)
                 event = self._apply_cap(conn, population, old, cap, actor, reason)
         except sqlite3.Error as exc:
             raise self._guard(exc) from exc
         self._delta_hint[population] = cap.delta
-        return {"population": population, "changed": True, "old": old.to_dict(), "new": cap.to_dict(),
-                "event_id": event["event_id"], "actor": actor, "reason": reason,
-                "created_at": event["created_at"]}
+        return cap_change_result(population, old, cap, event, actor, reason)
 
     # -- charging ------------------------------------------------------------------------
 
@@ -667,20 +574,9 @@ class SqliteLedger:
                 in ρ and ε at the cap's δ); nothing written.
             LedgerError: the store failed or stayed busy past the busy timeout.
         """
-        validate_name(population, "population")
-        validate_name(consumer, "consumer")
-        cost = validate_cost(cost)
-        _text(purpose, "purpose")
-        _text(release_key, "release_key", optional=True, limit=512)
-        if metadata is not None and not isinstance(metadata, Mapping):
-            raise InvalidRequest("metadata must be a mapping", {})
-        try:  # the canonical serialisation, refusing NaN and infinity
-            meta_json = json.dumps(dict(metadata or {}), sort_keys=True, separators=(",", ":"),
-                                   ensure_ascii=False, allow_nan=False)
-        except (TypeError, ValueError) as exc:
-            raise InvalidRequest(f"metadata must be JSON-serialisable without NaN or infinity: {exc}",
-                                 {}) from None
-        cost_json, rho = _cost_json_rho(cost)
+        req = prepare_charge(population, consumer, cost, purpose=purpose, release_key=release_key,
+                             metadata=metadata)
+        cost = req.cost
         hint = self._delta_hint.get(population)
         eps = charge_epsilon(cost, hint) if hint is not None else None  # outside the write lock
         refusal = None
@@ -689,18 +585,9 @@ class SqliteLedger:
             with self._write() as conn:
                 current = self._population_row(conn, population)
                 if current is None:
-                    raise UnknownPopulation(f"no population {population!r} in the ledger",
-                                            {"population": population})
+                    raise unknown_population(population)
                 cap, allocs = current
-                if allocs:
-                    if consumer not in allocs:
-                        raise UnknownConsumer(
-                            f"population {population!r} has no allocation for consumer {consumer!r}",
-                            {"population": population, "consumer": consumer},
-                        )
-                    share = allocs[consumer]
-                else:
-                    share = 1.0
+                share = allocation_share(population, consumer, allocs)
                 if release_key is not None:
                     row = conn.execute(
                         f"SELECT {', '.join(_CHARGE_COLS)} FROM charges"
@@ -711,38 +598,13 @@ class SqliteLedger:
                         receipt = _receipt(_charge_entry(row), duplicate=True)
                 if receipt is None:
                     pt, ct = self._totals(conn, population, consumer)
-                    pt_after, ct_after = pt.add(cost), ct.add(cost)
-                    cb = BudgetCurve(share * cap.rho_cap, cap.alpha_star)
-                    pb = BudgetCurve(cap.rho_cap, cap.alpha_star)
-                    dc = filter_decision(ct, cost, cb, ct_after)
-                    if not dc.ok:
-                        refusal = ("consumer", ct, cb, None, cap.delta, dc)
-                    else:
-                        dp = filter_decision(pt, cost, pb, pt_after)
-                        if not dp.ok:
-                            refusal = ("population", pt, pb, cap.epsilon, cap.delta, dp)
+                    pt_after, ct_after, refusal = check_charge(req, cap, share, pt, ct)
                 if receipt is None and refusal is None:
                     if eps is None or hint != cap.delta:
                         eps = charge_epsilon(cost, cap.delta)
                     head_seq, head_hash = conn.execute("SELECT seq, hash FROM chain_head WHERE id = 1").fetchone()
-                    entry: dict[str, Any] = {
-                        "type": "charge",
-                        "seq": head_seq + 1,
-                        "charge_id": "chg_" + secrets.token_hex(12),
-                        "population": population,
-                        "consumer": consumer,
-                        "kind": cost.kind,
-                        "rho": rho,
-                        "epsilon_at_delta": eps,
-                        "delta": cap.delta,
-                        "cost": cost_json,
-                        "purpose": purpose,
-                        "release_key": release_key,
-                        "metadata": meta_json,
-                        "created_at": utc_now(),
-                        "prev_hash": head_hash,
-                    }
-                    entry["hash"] = entry_hash(entry)
+                    entry = new_charge_entry(req, seq=head_seq + 1, prev_hash=head_hash, epsilon_at_delta=eps,
+                                             delta=cap.delta)
                     conn.execute(
                         f"INSERT INTO charges ({', '.join(_CHARGE_COLS)})"
                         f" VALUES ({', '.join('?' * len(_CHARGE_COLS))})",
@@ -763,8 +625,7 @@ class SqliteLedger:
             raise self._guard(exc) from exc
         self._delta_hint[population] = cap.delta
         if refusal is not None:
-            scope, spent, budget, cap_eps, delta, decision = refusal
-            raise exhausted_error(population, consumer, scope, cost, spent, budget, cap_eps, delta, decision)
+            raise refusal.error()
         assert receipt is not None
         return receipt
 
@@ -792,8 +653,7 @@ class SqliteLedger:
             with self._read() as conn:
                 current = self._population_row(conn, population)
                 if current is None:
-                    raise UnknownPopulation(f"no population {population!r} in the ledger",
-                                            {"population": population})
+                    raise unknown_population(population)
                 rows = conn.execute(
                     "SELECT consumer, charges, kinds, rho, curve FROM spend_totals WHERE population = ?",
                     (population,),
@@ -815,8 +675,7 @@ class SqliteLedger:
         Raises:
             InvalidRequest: ``limit`` not a positive integer. LedgerError: store failure.
         """
-        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-            raise InvalidRequest(f"limit must be a positive integer, got {limit!r}", {})
+        validate_limit(limit)
         sql = f"SELECT {', '.join(_CHARGE_COLS)} FROM charges"
         args: list[Any] = []
         if population is not None:
@@ -888,7 +747,6 @@ class SqliteLedger:
             LedgerError: the store cannot be read.
         """
         replay = Replay()
-        problems: list[str] = []
         try:
             with self._read() as conn:
                 charges = (_charge_entry(r) for r in
@@ -905,44 +763,16 @@ class SqliteLedger:
                 versions = {r[0] for r in conn.execute("SELECT version FROM schema_migrations")}
         except sqlite3.Error as exc:
             raise self._guard(exc) from exc
-        problems.extend(replay.problems)
-        if head is None:
-            problems.append("the chain head row is missing")
-        elif (head[0], head[1]) != (replay.count, replay.head):
-            problems.append(
-                f"the chain head (seq {head[0]}, {head[1][:12]}…) does not match the last entry "
-                f"(seq {replay.count}, {replay.head[:12]}…): entries were removed or added"
-            )
-        for name in _TRIGGERS:
-            if name not in triggers:
-                problems.append(f"append-only trigger {name!r} is missing")
-        for version, _, _ in MIGRATIONS:
-            if version not in versions:
-                problems.append(f"schema migration {version} is not recorded")
-        replayed = replay.populations
-        for name in sorted(set(pops) | set(replayed)):
-            if name not in replayed:
-                problems.append(f"population {name!r} has no population_created event")
-                continue
-            if name not in pops:
-                problems.append(f"population {name!r} was created by an event but is missing")
-                continue
-            row = pops[name]
-            cap = CapSpec(row[0], row[1], row[2], row[3], bool(row[4]))
-            if cap != replayed[name]["cap"]:
-                problems.append(f"population {name!r}: the cap in force differs from its events")
-            try:
-                allocs = dict(json.loads(row[5]))
-            except ValueError:
-                allocs = None
-            if allocs != replayed[name]["allocations"]:
-                problems.append(f"population {name!r}: the allocations in force differ from its events")
-        for key in sorted(set(stored_totals) | set(replay.totals)):
-            label = f"population {key[0]!r}" + (f" consumer {key[1]!r}" if key[1] else "")
-            want = replay.totals.get(key)
-            got = stored_totals.get(key)
-            if want is None or got is None or tuple(got) != want.to_row():
-                problems.append(f"{label}: the stored spend totals differ from the sum of its entries")
+        problems = stored_state_problems(
+            replay,
+            head=None if head is None else (head[0], head[1]),
+            populations=pops,
+            totals=stored_totals,
+            triggers=triggers,
+            required_triggers=_TRIGGERS,
+            versions=versions,
+            required_versions=[v for v, _, _ in MIGRATIONS],
+        )
         return VerifyReport(not problems, problems, replay.count, replay.head, replay.charges, replay.events)
 
     # -- lifecycle -----------------------------------------------------------------------

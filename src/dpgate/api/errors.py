@@ -1,0 +1,225 @@
+"""One error shape for every failure of the HTTP API, and the request-size limit.
+
+Every 4xx/5xx answer is ``{"error": {"code", "message", "details"}}``:
+
+* a :class:`~dpgate.errors.DpgateError` → its own ``code`` and ``http_status``;
+* FastAPI's request validation errors (wrong type, missing field, malformed
+  JSON) → 400 ``invalid_request``; ``details.errors`` lists each problem's
+  location, type and message but never echoes the submitted value;
+* unknown routes → 404 ``not_found``; a method the route does not support →
+  405 ``method_not_allowed``; other HTTP errors → their status with a generic code;
+* a body larger than ``Settings.max_body_bytes`` → 413 ``payload_too_large``
+  (:class:`BodySizeLimitMiddleware`, checked from ``Content-Length`` and while
+  the body streams in);
+* anything unexpected → 500 ``internal`` with no stack trace and no data; the
+  exception is logged server-side.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from dpgate.errors import DpgateError, InvalidRequest, PayloadTooLarge
+
+log = logging.getLogger("dpgate.api")
+
+#: HTTP status → error code for errors raised by the framework itself (routing, methods).
+_HTTP_STATUS_CODES = {
+    400: "invalid_request",
+    401: "unauthenticated",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    406: "not_acceptable",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+    429: "too_many_requests",
+}
+
+
+def json_safe(value: Any) -> Any:
+    """Replace non-finite floats by the strings ``"inf"``, ``"-inf"``, ``"nan"``, recursively.
+
+    (The ledger's reports use the same spelling.)
+    """
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
+
+
+class SafeJSONResponse(JSONResponse):
+    """A JSON response that writes non-finite floats as strings instead of failing."""
+
+    def render(self, content: Any) -> bytes:
+        """Serialise ``content`` (non-finite floats as strings)."""
+        return super().render(json_safe(content))
+
+
+def error_response(
+    status: int, code: str, message: str, details: dict[str, Any] | None = None, headers: dict[str, str] | None = None
+) -> SafeJSONResponse:
+    """The documented error shape as a response."""
+    body = {"error": {"code": code, "message": message, "details": details or {}}}
+    return SafeJSONResponse(body, status_code=status, headers=headers)
+
+
+def _dpgate_error(request: Request, exc: Exception) -> SafeJSONResponse:
+    assert isinstance(exc, DpgateError)
+    if exc.http_status >= 500:
+        log.error("%s %s failed: %s: %s", request.method, request.url.path, exc.code, exc.message)
+    headers = {"WWW-Authenticate": "Bearer"} if exc.http_status == 401 else None
+    return error_response(exc.http_status, exc.code, exc.message, exc.details, headers)
+
+
+def _location(loc: Any) -> list[Any]:
+    return [part if isinstance(part, (str, int)) else str(part) for part in loc]
+
+
+def _validation_error(request: Request, exc: Exception) -> SafeJSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    problems = []
+    malformed = False
+    for err in exc.errors():
+        kind = str(err.get("type", "invalid"))
+        if kind == "json_invalid":
+            malformed = True
+            problems.append({"loc": ["body"], "type": kind, "message": "request body is not valid JSON"})
+            continue
+        # never echo err["input"] or err["ctx"]: they carry the submitted values
+        problems.append({"loc": _location(err.get("loc", ())), "type": kind, "message": str(err.get("msg", ""))})
+    if malformed:
+        message = "the request body is not valid JSON"
+    elif problems:
+        where = ".".join(str(p) for p in problems[0]["loc"])
+        message = f"invalid request: {where}: {problems[0]['message']}"
+        if len(problems) > 1:
+            message += f" (and {len(problems) - 1} more)"
+    else:
+        message = "invalid request"
+    return error_response(400, "invalid_request", message, {"errors": problems})
+
+
+def _http_error(request: Request, exc: Exception) -> SafeJSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    status = exc.status_code
+    code = _HTTP_STATUS_CODES.get(status, "internal" if status >= 500 else "http_error")
+    if status == 404:
+        message = f"no such endpoint: {request.method} {request.url.path}"
+    elif status == 405:
+        message = f"method {request.method} is not allowed on {request.url.path}"
+    elif isinstance(exc.detail, str):
+        message = exc.detail
+    else:
+        message = code.replace("_", " ")
+    headers = dict(exc.headers) if exc.headers else None
+    return error_response(status, code, message, {}, headers)
+
+
+def _unexpected_error(request: Request, exc: Exception) -> SafeJSONResponse:
+    log.exception("unexpected error on %s %s", request.method, request.url.path, exc_info=exc)
+    return error_response(500, "internal", "internal error; the server log has the details")
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Register the handlers that give every failure the documented error shape."""
+    app.add_exception_handler(DpgateError, _dpgate_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(Exception, _unexpected_error)
+
+
+class BodySizeLimitMiddleware:
+    """Pure ASGI middleware answering 413 ``payload_too_large`` for bodies over ``max_body_bytes``.
+
+    A request whose ``Content-Length`` exceeds the limit is refused before any
+    byte of the body is read. Otherwise the body is read (counting bytes as the
+    chunks arrive, so a chunked or lying client is stopped as soon as it passes
+    the limit) and then replayed to the application.
+
+    Args:
+        app: the wrapped ASGI application.
+        max_body_bytes: largest accepted body, in bytes (> 0).
+    """
+
+    def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
+        self.app = app
+        self.max_body_bytes = int(max_body_bytes)
+
+    async def _reject(self, scope: Scope, receive: Receive, send: Send, message: str, status: int = 413) -> None:
+        code = PayloadTooLarge.code if status == 413 else InvalidRequest.code
+        details = {"max_body_bytes": self.max_body_bytes} if status == 413 else {}
+        response = error_response(status, code, message, details, headers={"Connection": "close"})
+        await response(scope, receive, send)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """ASGI entry point."""
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit = self.max_body_bytes
+        declared = None
+        for name, value in scope.get("headers", ()):
+            if name == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    await self._reject(scope, receive, send, "invalid Content-Length header", 400)
+                    return
+                if declared < 0:
+                    await self._reject(scope, receive, send, "invalid Content-Length header", 400)
+                    return
+        if declared is not None and declared > limit:
+            await self._reject(
+                scope, receive, send, f"request body of {declared} bytes exceeds the limit of {limit} bytes"
+            )
+            return
+
+        chunks: list[bytes] = []
+        size = 0
+        more = True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return  # client went away before sending its body
+            if message["type"] != "http.request":
+                continue
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                await self._reject(scope, receive, send, f"request body exceeds the limit of {limit} bytes")
+                return
+            chunks.append(chunk)
+            more = bool(message.get("more_body", False))
+
+        body = b"".join(chunks)
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+__all__ = [
+    "BodySizeLimitMiddleware",
+    "SafeJSONResponse",
+    "error_response",
+    "install_error_handlers",
+    "json_safe",
+]

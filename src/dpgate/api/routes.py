@@ -1,0 +1,288 @@
+"""The endpoints of the HTTP API (design: "HTTP API").
+
+Every endpoint except ``GET /healthz`` needs an API key (``Authorization:
+Bearer <key>`` or ``X-API-Key: <key>``) whose role grants the endpoint's
+:class:`~dpgate.auth.Permission` (table in :data:`dpgate.auth.ROLE_PERMISSIONS`).
+Endpoints are plain ``def`` functions: FastAPI runs them in its thread pool, so
+the blocking gateway (DuckDB, the SQLite ledger, OpenDP) never stalls the event
+loop. Responses are the gateway's JSON-ready dicts, checked against the models
+of :mod:`dpgate.api.schemas`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Callable
+
+from fastapi import APIRouter, Depends, Path, Query, Request, Security
+from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
+
+from dpgate import __version__
+from dpgate.api import schemas
+from dpgate.api.errors import json_safe
+from dpgate.auth import KeyStore, Permission, Principal, Role
+from dpgate.errors import Forbidden, Internal
+from dpgate.service import Gateway, QueryBudget
+
+_bearer = HTTPBearer(auto_error=False, description="`Authorization: Bearer <API key>`")
+_api_key_header = APIKeyHeader(name="X-API-Key", auto_error=False, description="`X-API-Key: <API key>`")
+
+#: Error answers documented on every authenticated endpoint (all share one shape).
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": schemas.ErrorResponse, "description": description}
+    for status, description in {
+        400: "invalid_request, invalid_sql, unsupported_query, unknown_table, unknown_column, invalid_budget",
+        401: "unauthenticated: missing, malformed, unknown or revoked API key",
+        403: "forbidden: the key's role does not allow this",
+        404: "not_found, unknown_dataset, unknown_population, unknown_consumer",
+        409: "budget_exhausted (details: requested, spent, cap, remaining) or conflict",
+        413: "payload_too_large",
+        500: "internal (no stack trace, no data)",
+    }.items()
+}
+
+DatasetName = Annotated[str, Path(min_length=1, max_length=128, description="dataset name (from its policy)")]
+
+
+def get_gateway(request: Request) -> Gateway:
+    """The application's open :class:`~dpgate.service.Gateway` (raises Internal outside the lifespan)."""
+    gateway = getattr(request.app.state, "gateway", None)
+    if gateway is None:
+        raise Internal("the gateway is not open")
+    return gateway
+
+
+def get_principal(
+    request: Request,
+    bearer: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)],
+    api_key: Annotated[str | None, Security(_api_key_header)],
+) -> Principal:
+    """Authenticate the request's API key (bearer token first, then ``X-API-Key``).
+
+    Raises:
+        Unauthenticated: no key, or a key that matches no active principal.
+    """
+    keys: KeyStore = request.app.state.keys
+    return keys.authenticate(bearer.credentials if bearer is not None else api_key)
+
+
+def require(permission: Permission) -> Callable[..., Principal]:
+    """A dependency returning the authenticated principal if its role grants ``permission``.
+
+    Raises:
+        Unauthenticated: (401) no valid key.
+        Forbidden: (403) the role lacks ``permission``.
+    """
+
+    def dependency(principal: Annotated[Principal, Depends(get_principal)]) -> Principal:
+        principal.require(permission)
+        return principal
+
+    dependency.__name__ = f"require_{permission.value}"
+    return dependency
+
+
+GatewayDep = Annotated[Gateway, Depends(get_gateway)]
+
+
+def _budget(budget: schemas.BudgetRequest | None) -> QueryBudget | None:
+    if budget is None:
+        return None
+    return QueryBudget(rho=budget.rho, epsilon=budget.epsilon, ci95=budget.ci95)
+
+
+def _consumer_of(principal: Principal) -> str:
+    if not principal.consumer:
+        raise Forbidden(
+            f"API key {principal.name!r} names no consumer, so it has no allocation to spend",
+            {"key": principal.name},
+        )
+    return principal.consumer
+
+
+health = APIRouter(tags=["health"])
+v1 = APIRouter(prefix="/v1", responses=_ERRORS)
+
+
+@health.get("/healthz", response_model=schemas.Health, summary="Liveness (no API key needed)")
+def healthz() -> dict[str, str]:
+    """Liveness probe: the process answers HTTP. Needs no API key and touches no data."""
+    return {"status": "ok", "version": __version__}
+
+
+# --- queries ---------------------------------------------------------------------------
+
+
+@v1.post("/queries", response_model=schemas.Release, tags=["queries"], summary="Run a query (charges the key's consumer)")
+def run_query(
+    body: schemas.QueryRequest,
+    gateway: GatewayDep,
+    principal: Annotated[Principal, Depends(require(Permission.QUERY))],
+) -> dict[str, Any]:
+    """Answer one aggregate SQL query with differential privacy.
+
+    The budget is charged to the API key's consumer before any noise is drawn;
+    an identical earlier query (same plan, data version, mechanism and budget)
+    is served from the release store at no cost (``cached: true``). A request
+    that does not fit the remaining allocation gets 409 ``budget_exhausted``
+    with ``requested``, ``spent``, ``cap`` and ``remaining`` (ρ and ε at the
+    cap's δ) and no rows.
+    """
+    release = gateway.query(
+        body.dataset,
+        body.sql,
+        consumer=_consumer_of(principal),
+        budget=_budget(body.budget),
+        mechanism=body.mechanism,
+    )
+    return json_safe(release)
+
+
+@v1.post(
+    "/queries/explain",
+    response_model=schemas.Explanation,
+    tags=["queries"],
+    summary="Explain a query: plan, bounded SQL, sensitivity, cost (free)",
+)
+def explain_query(
+    body: schemas.QueryRequest,
+    gateway: GatewayDep,
+    principal: Annotated[Principal, Depends(require(Permission.EXPLAIN))],
+) -> dict[str, Any]:
+    """Show the plan, the bounded SQL template, the sensitivities and the cost a query would
+    charge. Reads no data and charges nothing."""
+    explanation = gateway.explain(body.dataset, body.sql, budget=_budget(body.budget), mechanism=body.mechanism)
+    return json_safe(explanation)
+
+
+# --- releases --------------------------------------------------------------------------
+
+
+@v1.get("/releases/{release_id}", response_model=schemas.Release, tags=["releases"], summary="One stored release (free)")
+def get_release(
+    release_id: Annotated[str, Path(min_length=1, max_length=128)],
+    gateway: GatewayDep,
+    principal: Annotated[Principal, Depends(require(Permission.READ_RELEASES))],
+) -> dict[str, Any]:
+    """A stored release. Re-serving it is post-processing and costs no budget."""
+    return json_safe(gateway.release(release_id))
+
+
+@v1.get("/releases", response_model=schemas.ReleaseList, tags=["releases"], summary="Stored releases (free)")
+def list_releases(
+    gateway: GatewayDep,
+    principal: Annotated[Principal, Depends(require(Permission.READ_RELEASES))],
+    dataset: Annotated[str | None, Query(min_length=1, max_length=128)] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> dict[str, Any]:
+    """Stored releases, newest first, optionally of one dataset. Free."""
+    return json_safe({"releases": gateway.releases(dataset, limit=limit)})
+
+
+# --- datasets --------------------------------------------------------------------------
+
+
+@v1.get("/datasets", response_model=schemas.DatasetList, tags=["datasets"], summary="Every dataset's published guarantee")
+def list_datasets(
+    gateway: GatewayDep,
+    principal: Annotated[Principal, Depends(require(Permission.READ_DATASETS))],
+) -> dict[str, Any]:
+    """The published guarantee of every dataset (cap, δ, allocations, units, bounds, schema)."""
+    return json_safe({"datasets": gateway.datasets()})
+
+
+@v1.get("/datasets/{name}", response_model=schemas.DatasetInfo, tags=["datasets"], summary="One dataset's published guarantee")
+def get_dataset(
+    name: DatasetName,
+    gateway: GatewayDep,
+    principal: Annotated[Principal, Depends(require(Permission.READ_DATASETS))],
+) -> dict[str, Any]:
+    """The published guarantee of one dataset: population, cap (ε, δ), allocations, and per
+    table the privacy unit, contribution bounds and the public parts of the schema."""
+    return json_safe(gateway.dataset(name))
+
+
+@v1.get("/datasets/{name}/budget", response_model=schemas.BudgetReport, tags=["datasets"], summary="Spent and remaining budget")
+def get_budget(
+    name: DatasetName,
+    gateway: GatewayDep,
+    principal: Annotated[Principal, Depends(require(Permission.READ_BUDGET))],
+) -> dict[str, Any]:
+    """Spent and remaining budget of the dataset's population, in ρ and in ε at the cap's δ,
+    overall and per allocation (totals, not per release)."""
+    return json_safe(gateway.budget(name))
+
+
+# --- ledger ----------------------------------------------------------------------------
+
+
+@v1.post(
+    "/ledger/charges",
+    response_model=schemas.ChargeReceipt,
+    status_code=201,
+    tags=["ledger"],
+    summary="Charge an external cost (e.g. a DP-SGD run's RDP curve)",
+)
+def post_external_charge(
+    body: schemas.ExternalChargeRequest,
+    gateway: GatewayDep,
+    principal: Annotated[Principal, Depends(require(Permission.CHARGE_EXTERNAL))],
+) -> dict[str, Any]:
+    """Charge a cost computed by an external accountant to a population and consumer.
+
+    An admin may charge any consumer; a service key that names a consumer may
+    charge only that one. 409 ``budget_exhausted`` when it does not fit (nothing
+    is written).
+    """
+    if principal.consumer is not None and principal.role is Role.SERVICE and body.consumer != principal.consumer:
+        raise Forbidden(
+            f"API key {principal.name!r} may charge only consumer {principal.consumer!r}",
+            {"key": principal.name, "consumer": body.consumer},
+        )
+    receipt = gateway.charge_external(
+        body.population,
+        body.consumer,
+        curve=body.curve,
+        orders=body.orders,
+        rho=body.rho,
+        kind=body.kind,
+        purpose=body.purpose,
+        actor=principal.name,
+    )
+    return json_safe(receipt)
+
+
+@v1.get("/admin/ledger", response_model=schemas.LedgerView, tags=["admin"], summary="Ledger entries and governance events")
+def get_ledger(
+    gateway: GatewayDep,
+    principal: Annotated[Principal, Depends(require(Permission.READ_LEDGER))],
+    population: Annotated[str | None, Query(min_length=1, max_length=128)] = None,
+    limit: Annotated[int, Query(ge=1, le=100_000)] = 1000,
+) -> dict[str, Any]:
+    """The append-only ledger: charge entries (at most ``limit``) and governance events
+    (cap and allocation changes with actor and reason), optionally of one population."""
+    return json_safe(
+        {
+            "entries": gateway.ledger_entries(population, limit=limit),
+            "events": gateway.ledger_events(population),
+        }
+    )
+
+
+@v1.post(
+    "/admin/populations/{population}/cap",
+    response_model=schemas.CapChangeResult,
+    tags=["admin"],
+    summary="Change a population's cap (recorded with a reason)",
+)
+def set_cap(
+    population: Annotated[str, Path(min_length=1, max_length=128)],
+    body: schemas.CapChangeRequest,
+    gateway: GatewayDep,
+    principal: Annotated[Principal, Depends(require(Permission.SET_CAP))],
+) -> dict[str, Any]:
+    """Set a population's (ε, δ) cap. The change is a governance event in the ledger (old and
+    new cap, the admin's key name as actor, the reason); past charges are never edited."""
+    event = gateway.set_cap(
+        population, epsilon=body.epsilon, delta=body.delta, actor=principal.name, reason=body.reason
+    )
+    return json_safe(event)

@@ -1,0 +1,324 @@
+"""Request and response models of the HTTP API (pydantic v2).
+
+Request models are strict (no silent coercion of ``"0.1"`` to a number, no
+unknown fields: a body that tries to name its own ``consumer`` is refused) and
+reject non-finite numbers (NaN, ±inf) and absurd magnitudes before anything
+reaches the gateway. Response models describe the documented fields and let
+the gateway add more (``extra="allow"``); non-finite floats in responses (an
+RDP order ∞, an ε of ∞ at δ = 0) are written as the strings ``"inf"``,
+``"-inf"`` and ``"nan"`` (as in the ledger's reports), since JSON has no literal
+for them; requests may write +∞ as ``"inf"`` or ``"Infinity"``.
+
+Units: ``rho`` is a zCDP ρ, ``epsilon`` an ε (pure DP for the Laplace mechanism,
+or the ε of an (ε, δ) cap); both are **per release** in requests, **totals**
+in spend reports. ``ci95`` is the requested half-width of a 95 % interval of
+the noise on each released count/sum, in the column's units.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, model_validator
+
+#: Largest ρ or ε a request may name (anything near it is refused by any sane cap anyway).
+MAX_PRIVACY_PARAMETER = 1e4
+#: Largest ci95 half-width a request may name.
+MAX_CI95 = 1e15
+#: Longest SQL text accepted.
+MAX_SQL_CHARS = 20_000
+#: Most RDP orders in an external curve.
+MAX_CURVE_POINTS = 1024
+
+#: A population or consumer name (the ledger's rule: 1-128 of ``[A-Za-z0-9._:@/+-]``, starting alphanumeric).
+Name = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@/+-]*$")]
+DatasetName = Annotated[str, StringConstraints(min_length=1, max_length=128)]
+Text = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=1000)]
+PositiveParameter = Annotated[float, Field(gt=0, le=MAX_PRIVACY_PARAMETER, allow_inf_nan=False)]
+
+
+def _infinity_from_text(value: Any) -> Any:
+    """Accept ``"inf"``, ``"Infinity"`` or ``"∞"`` for +∞ (JSON has no literal for it)."""
+    if isinstance(value, str) and value.strip().lower() in {"inf", "+inf", "infinity", "+infinity", "∞"}:
+        return math.inf
+    return value
+
+
+#: An RDP order α > 1 (∞ allowed: the pure-ε limit; NaN refused since NaN > 1 is false).
+Order = Annotated[float, BeforeValidator(_infinity_from_text), Field(gt=1)]
+#: An RDP curve value ε(α) >= 0 (+∞ allowed, e.g. a Gaussian's curve at α = ∞; NaN refused).
+CurveValue = Annotated[float, BeforeValidator(_infinity_from_text), Field(ge=0)]
+
+
+class RequestModel(BaseModel):
+    """Base of request bodies: strict types, unknown fields refused."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+
+class ResponseModel(BaseModel):
+    """Base of response bodies: documented fields typed, extra fields passed through."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+#: A number in a response; non-finite values are the strings "inf", "-inf" or "nan".
+Number = float | Literal["inf", "-inf", "nan"]
+
+
+# --- requests --------------------------------------------------------------------------
+
+
+class BudgetRequest(RequestModel):
+    """The privacy budget of one release: exactly one of ``rho``, ``epsilon``, ``ci95``.
+
+    * ``rho`` — zCDP ρ of this release, summed over its noisy primitives
+      (Gaussian: σ = Δ2/√(2ρ) per primitive, Bun & Steinke 2016, Prop. 1.6; for
+      the Laplace mechanism it buys ε = √(2ρ), Bun & Steinke 2016, Prop. 1.4).
+    * ``epsilon`` — Gaussian: a standalone (ε, δ) guarantee for this release at
+      the cap's δ, turned into ρ by the tight conversion of Canonne, Kamath &
+      Steinke 2020, Cor. 13; Laplace: the release's pure ε.
+    * ``ci95`` — the 95 % half-width wanted on each noisy count/sum, in output
+      units; the gateway derives the noise scale and charges the implied cost.
+    """
+
+    rho: PositiveParameter | None = None
+    epsilon: PositiveParameter | None = None
+    ci95: Annotated[float, Field(gt=0, le=MAX_CI95, allow_inf_nan=False)] | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> "BudgetRequest":
+        named = [k for k in ("rho", "epsilon", "ci95") if getattr(self, k) is not None]
+        if len(named) != 1:
+            raise ValueError("budget must name exactly one of rho, epsilon, ci95")
+        return self
+
+
+class QueryRequest(RequestModel):
+    """``POST /v1/queries`` and ``POST /v1/queries/explain``.
+
+    The consumer whose allocation pays is the API key's, never a field of the body.
+    """
+
+    dataset: DatasetName
+    sql: Annotated[str, StringConstraints(min_length=1, max_length=MAX_SQL_CHARS)]
+    budget: BudgetRequest | None = Field(
+        default=None, description="per-release budget; the dataset's default_query_rho when absent"
+    )
+    mechanism: Literal["gaussian", "laplace"] | None = Field(
+        default=None, description="noise mechanism; the dataset's policy default when absent"
+    )
+
+
+class ExternalChargeRequest(RequestModel):
+    """``POST /v1/ledger/charges``: charge a cost computed outside the gateway (e.g. DP-SGD).
+
+    * ``kind = "rdp"``: ``curve`` is ε(α) at ``orders`` (default: the ledger's order
+      grid ``dpgate.accounting.ORDERS``; a curve on another grid is refused).
+    * ``kind = "gaussian"``: a composition of continuous Gaussian mechanisms of
+      total zCDP ``rho`` (eligible for exact Gaussian-DP reporting).
+    * ``kind = "zcdp"``: any ρ-zCDP mechanism.
+    """
+
+    population: Name
+    consumer: Name
+    kind: Literal["rdp", "gaussian", "zcdp"] = "rdp"
+    curve: Annotated[list[CurveValue], Field(min_length=1, max_length=MAX_CURVE_POINTS)] | None = None
+    orders: Annotated[list[Order], Field(min_length=1, max_length=MAX_CURVE_POINTS)] | None = None
+    rho: PositiveParameter | None = None
+    purpose: Text
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "ExternalChargeRequest":
+        if self.kind == "rdp":
+            if self.curve is None or self.rho is not None:
+                raise ValueError('kind "rdp" needs curve (and optionally orders), not rho')
+            if self.orders is not None and len(self.orders) != len(self.curve):
+                raise ValueError("orders and curve must have the same length")
+        else:
+            if self.rho is None or self.curve is not None or self.orders is not None:
+                raise ValueError(f'kind "{self.kind}" needs rho, not curve or orders')
+        return self
+
+
+class CapChangeRequest(RequestModel):
+    """``POST /v1/admin/populations/{p}/cap``: a new (ε, δ) cap with the reason for the change."""
+
+    epsilon: Annotated[float, Field(gt=0, le=1e3, allow_inf_nan=False)]
+    delta: Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False)]
+    reason: Text
+
+
+# --- responses -------------------------------------------------------------------------
+
+
+class ErrorBody(BaseModel):
+    """The inner object of every error response."""
+
+    code: str = Field(description="stable machine-readable code, e.g. budget_exhausted")
+    message: str
+    details: dict[str, Any] = Field(default_factory=dict)
+
+
+class ErrorResponse(BaseModel):
+    """Every 4xx/5xx answer: ``{"error": {"code", "message", "details"}}``."""
+
+    error: ErrorBody
+
+
+class Health(BaseModel):
+    """``GET /healthz``."""
+
+    status: Literal["ok"] = "ok"
+    version: str
+
+
+class ChargeSummary(ResponseModel):
+    """The charge that paid for a release: ρ (zCDP) and ε of this charge alone at the cap's δ."""
+
+    charge_id: str
+    rho: Number | None = None
+    epsilon_at_delta: Number | None = None
+
+
+class Release(ResponseModel):
+    """One immutable noisy answer; re-serving it is free post-processing.
+
+    ``charge`` names the ledger charge that paid for the release (ρ and ε of that
+    charge alone at the cap's δ), or is null when none applies; ``cached`` is
+    true when this response served a stored release and spent nothing.
+    """
+
+    release_id: str
+    dataset: str
+    columns: list[str]
+    rows: list[list[Any]]
+    accuracy: dict[str, dict[str, Any]] = Field(
+        description="per column: mechanism, sigma or scale (noise std / Laplace scale), ci95 half-width"
+    )
+    charge: ChargeSummary | None = None
+    cached: bool
+    data_version: str | None = None
+    created_at: str
+
+
+class ReleaseList(ResponseModel):
+    """``GET /v1/releases``: newest first."""
+
+    releases: list[Release]
+
+
+class Explanation(ResponseModel):
+    """``POST /v1/queries/explain``: what a query would do and cost; reads no data, charges nothing."""
+
+    canonical_sql: str
+    plan_hash: str
+    bounded_sql: str = Field(description="the bounded DuckDB SQL, with the secret salt shown as <salt>")
+    sensitivity: dict[str, dict[str, Number]] = Field(description="per primitive: l1, l2, linf")
+    cost: dict[str, Any] = Field(description="rho, epsilon (Laplace), epsilon_at_delta, delta of this release")
+
+
+class Cap(ResponseModel):
+    """A population's cap: (ε, δ) and the total zCDP ρ it is enforced as."""
+
+    epsilon: Number
+    delta: float
+    rho: Number | None = None
+
+
+class ColumnInfo(ResponseModel):
+    """The public part of a column's policy."""
+
+    type: str
+    lower: float | None = None
+    upper: float | None = None
+    resolution: float | None = None
+    public_keys: list[Any] | None = None
+
+
+class TableInfo(ResponseModel):
+    """A table's privacy unit and contribution bounds (k groups, m rows per unit and group)."""
+
+    privacy_unit: str | None = Field(description="the protected entity's column; null = record-level")
+    max_groups_per_unit: int
+    max_rows_per_unit: int
+    columns: dict[str, ColumnInfo]
+
+
+class DatasetInfo(ResponseModel):
+    """The published guarantee of one dataset: population, cap (ε, δ, as enforced by the
+    ledger now), allocations, and per table the privacy unit, contribution bounds and the
+    public parts of the schema."""
+
+    name: str
+    population: str
+    data_version: str | None = None
+    cap: Cap
+    allocations: dict[str, float]
+    tables: dict[str, TableInfo]
+
+
+class DatasetList(ResponseModel):
+    """``GET /v1/datasets``."""
+
+    datasets: list[DatasetInfo]
+
+
+class Amount(ResponseModel):
+    """A budget amount: total ρ and its ε at the cap's δ."""
+
+    rho: Number
+    epsilon: Number
+
+
+class ConsumerSpend(ResponseModel):
+    """One allocation's spend (totals)."""
+
+    share: float
+    cap_rho: Number
+    spent_rho: Number
+    spent_epsilon: Number
+    remaining_rho: Number
+    remaining_epsilon: Number
+    charges: int
+
+
+class BudgetReport(ResponseModel):
+    """Spend of a dataset's population: cap, spent and remaining in ρ and in ε at the cap's δ,
+    overall and per allocation (totals, not per release; ε is not additive)."""
+
+    population: str
+    cap: Cap
+    spent: Amount
+    remaining: Amount
+    charges: int
+    consumers: dict[str, ConsumerSpend]
+
+
+class ChargeReceipt(ResponseModel):
+    """A ledger charge: id, population, consumer, cost, ρ, ε of this charge alone at the cap's δ."""
+
+    charge_id: str
+    population: str
+    consumer: str
+    rho: Number
+    epsilon_at_delta: Number | None = None
+    created_at: str
+
+
+class LedgerView(ResponseModel):
+    """``GET /v1/admin/ledger``: append-only charge entries and governance events (cap changes)."""
+
+    entries: list[dict[str, Any]]
+    events: list[dict[str, Any]]
+
+
+class CapChangeResult(ResponseModel):
+    """The recorded governance event of a cap change: old and new cap, actor, reason."""
+
+    population: str
+    actor: str
+    reason: str
+    old: dict[str, Any] | None = None
+    new: dict[str, Any]

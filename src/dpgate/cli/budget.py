@@ -1,0 +1,54 @@
+"""``dpgate budget NAME``: a dataset's population spend against its cap, per allocation."""
+
+from __future__ import annotations
+
+import argparse
+
+from dpgate.cli import add_common_options, print_json, print_table
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``budget`` sub-command."""
+    p = subparsers.add_parser("budget", help="spend and remaining budget of a dataset's population")
+    p.add_argument("dataset")
+    add_common_options(p)
+    p.set_defaults(func=run)
+
+
+def print_report(report: dict) -> None:
+    """Print a spend report (ρ and ε at the cap's δ) as a table."""
+    cap = report["cap"]
+    print(f"population {report['population']}: cap ε = {cap['epsilon']:g}, δ = {cap['delta']:g} "
+          f"(enforced as ρ = {cap['rho']:.6g}); {report['charges']} charges")
+    rows = [["(all)", "1", f"{cap['rho']:.6g}", f"{report['spent']['rho']:.6g}",
+             f"{report['spent']['epsilon']:.4g}", f"{report['remaining']['rho']:.6g}", report["charges"]]]
+    for name, c in sorted(report.get("consumers", {}).items()):
+        rows.append([name, f"{c['share']:g}", f"{c['cap_rho']:.6g}", f"{c['spent_rho']:.6g}",
+                     f"{c['spent_epsilon']:.4g}", f"{c['remaining_rho']:.6g}", c["charges"]])
+    print_table(["allocation", "share", "cap ρ", "spent ρ", "spent ε", "remaining ρ", "charges"], rows)
+
+
+def run(args: argparse.Namespace, settings) -> int:
+    """Print the spend report; reads the ledger only (no data is loaded)."""
+    from dpgate.ledger import open_ledger
+    from dpgate.policy import load_policies
+    from dpgate.errors import UnknownDataset
+
+    policies = load_policies(settings.policies)
+    if args.dataset not in policies:
+        raise UnknownDataset(f"unknown dataset {args.dataset!r}", {"dataset": args.dataset})
+    policy = policies[args.dataset]
+    settings.home.mkdir(parents=True, exist_ok=True)
+    ledger = open_ledger(settings.resolved_ledger_url())
+    try:
+        ledger.ensure_population(policy.population, epsilon=policy.budget.epsilon,
+                                 delta=policy.budget.delta, allocations=dict(policy.allocations))
+        report = ledger.spend(policy.population).to_dict()
+    finally:
+        ledger.close()
+    report["dataset"] = args.dataset
+    if args.json:
+        print_json(report)
+    else:
+        print_report(report)
+    return 0

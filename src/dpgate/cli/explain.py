@@ -1,0 +1,80 @@
+"""``dpgate explain --dataset NAME "SQL"``: show the plan of a query without running it.
+
+Prints the canonical SQL, plan hash, released columns, contribution bounds, the
+noisy primitives with their sensitivities and the bounded SQL template (salt
+hidden); or the refusal as the documented error shape (exit status 2). Reads no
+data and charges nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from dpgate.cli import add_common_options, print_json, print_table
+from dpgate.errors import UnknownDataset
+from dpgate.policy import load_policies
+from dpgate.sql.explain import explain_query
+
+
+def register(subparsers) -> None:
+    """Add the ``explain`` sub-command to the ``dpgate`` parser."""
+    parser = subparsers.add_parser(
+        "explain",
+        help="show the plan, bounded SQL and sensitivities of a query (reads no data)",
+        description=__doc__.splitlines()[0],
+    )
+    parser.add_argument("--dataset", required=True, help="dataset name (a policy file)")
+    parser.add_argument("sql", help="the SQL query (quote it)")
+    add_common_options(parser)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace, settings) -> int:
+    """Explain ``args.sql`` on ``args.dataset`` with the policies of ``settings.policies``.
+
+    Returns:
+        0 (a refusal raises a DpgateError, which ``dpgate.cli.main`` prints; exit 2).
+
+    Raises:
+        PolicyError: the policies folder is invalid.
+        UnknownDataset: no policy declares the dataset.
+        InvalidSql, UnsupportedQuery, UnknownTable, UnknownColumn: the query is refused.
+    """
+    policies = load_policies(settings.policies)
+    policy = policies.get(args.dataset)
+    if policy is None:
+        raise UnknownDataset(
+            f"no policy declares dataset {args.dataset!r}",
+            {"dataset": args.dataset, "datasets": sorted(policies)},
+        )
+    result = explain_query(args.sql, policy)
+    if args.json:
+        print_json(result)
+        return 0
+    c = result["contribution"]
+    unit = "record-level (each row is a unit)" if c["record_level"] else c["privacy_unit"]
+    print(f"dataset       {result['dataset']}")
+    print(f"canonical SQL {result['canonical_sql']}")
+    print(f"plan hash     {result['plan_hash']}")
+    print(f"columns       {', '.join(result['columns'])}")
+    print(f"privacy unit  {unit}")
+    print(f"bounds        k = {c['max_groups_per_unit']} groups per unit, "
+          f"m = {c['max_rows_per_unit']} rows per unit and group; {c['groups']} group(s) released")
+    print()
+    sens = result["sensitivities"]
+    rows = [
+        [p["id"], p["kind"], p["column"] or "", _num(sens[p["id"]]["linf"]),
+         _num(sens[p["id"]]["l1"]), _num(sens[p["id"]]["l2"])]
+        for p in result["plan"]["primitives"]
+    ]
+    print_table(["primitive", "kind", "column", "linf", "l1", "l2"], rows)
+    print()
+    print("bounded SQL (salt hidden):")
+    print(result["bounded_sql"])
+    return 0
+
+
+def _num(value: float) -> str:
+    if float(value).is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    return f"{value:.6g}"

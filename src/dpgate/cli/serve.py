@@ -1,0 +1,186 @@
+"""``dpgate serve``: run the HTTP gateway with uvicorn.
+
+Settings come from flags, then ``DPGATE_*`` variables, then defaults. Before
+serving, the command
+
+1. generates the quickstart's sample data if a policy in the policies folder
+   reads from ``sample_data/usage/`` and the files are missing (so ``dpgate
+   serve`` works on a fresh checkout);
+2. with ``--demo-keys``, creates an analyst, a dashboard and an admin key when
+   the keys file holds no active key, and prints them once;
+3. opens the gateway (policies, data, ledger, release store), printing progress,
+   so that a bad policy fails here with a clear message rather than inside the
+   server;
+
+then prints where it listens and serves until interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import tomllib
+from pathlib import Path
+
+from dpgate.auth import KeyStore, Role
+
+#: Folder (relative to the project root) of the generated quickstart data.
+SAMPLE_PREFIX = "sample_data/usage/"
+
+
+def _say(line: str) -> None:
+    print(f"dpgate: {line}", flush=True)
+
+
+def _policy_documents(policies: Path) -> list[dict]:
+    """The parsed TOML of every policy file (unparsable files are left to the gateway to report)."""
+    docs = []
+    for path in sorted(policies.glob("*.toml")):
+        try:
+            docs.append(tomllib.loads(path.read_text(encoding="utf-8")))
+        except (OSError, tomllib.TOMLDecodeError):
+            continue
+    return docs
+
+
+def ensure_quickstart_data(policies: Path) -> None:
+    """Generate the sample usage log if a policy reads ``sample_data/usage/…`` and a file is missing.
+
+    The project root is the parent of the policies folder (where policy source
+    paths are resolved). Prints a progress line when it generates anything.
+    """
+    root = policies.resolve().parent
+    missing = False
+    for doc in _policy_documents(policies):
+        for table in (doc.get("tables") or {}).values():
+            source = table.get("source") if isinstance(table, dict) else None
+            if isinstance(source, str) and source.startswith(SAMPLE_PREFIX) and not (root / source).exists():
+                missing = True
+    if not missing:
+        return
+    from dpgate.sample_data import ensure_sample_data
+
+    _say(f"sample data missing under {root / SAMPLE_PREFIX}; generating it (once)")
+    ensure_sample_data(root, progress=_say)
+
+
+def _allocations(policies: Path) -> list[str]:
+    names: list[str] = []
+    for doc in _policy_documents(policies):
+        for name in (doc.get("allocations") or {}):
+            if name not in names:
+                names.append(name)
+    return names
+
+
+def create_demo_keys(store: KeyStore, policies: Path) -> list[tuple[str, str, str | None, str]] | None:
+    """Create ``demo-analyst``, ``demo-dashboard`` and ``demo-admin`` if the store has no active key.
+
+    The analyst's consumer is the allocation ``analysts`` if a policy declares it,
+    else the first declared allocation other than ``dashboard``.
+
+    Returns:
+        ``[(role, name, consumer, key), …]`` for the created keys, or None when the
+        store already held keys (nothing is created).
+    """
+    if store.records():
+        return None
+    allocations = _allocations(policies)
+    if "analysts" in allocations or not allocations:
+        analyst_consumer = "analysts"
+    else:
+        analyst_consumer = next((a for a in allocations if a != "dashboard"), allocations[0])
+    created = []
+    for role, name, consumer in (
+        (Role.ANALYST, "demo-analyst", analyst_consumer),
+        (Role.DASHBOARD, "demo-dashboard", None),
+        (Role.ADMIN, "demo-admin", None),
+    ):
+        key, _record = store.add(name, role=role, consumer=consumer)
+        created.append((role.value, name, consumer, key))
+    return created
+
+
+def _serve(args: argparse.Namespace, settings) -> int:
+    import uvicorn
+
+    from dpgate.api import create_app
+    from dpgate.service import Gateway
+
+    policies = Path(settings.policies)
+    if not policies.is_dir():
+        from dpgate.errors import PolicyError
+
+        raise PolicyError(
+            f"policies folder {policies} does not exist (set --policies or DPGATE_POLICIES)",
+            {"policies": str(policies)},
+        )
+    ensure_quickstart_data(policies)
+
+    store = KeyStore(settings.resolved_keys_file())
+    base = f"http://{settings.host}:{settings.port}"
+    if args.demo_keys:
+        created = create_demo_keys(store, policies)
+        if created is None:
+            _say(f"{store.path} already holds API keys; no demo keys created (see: dpgate keys list)")
+        else:
+            print(f"demo API keys (shown once; only their SHA-256 digests are kept in {store.path}):")
+            for role, name, consumer, key in created:
+                print(f"  {role:<10} {name:<15} consumer={consumer or '-':<10} {key}")
+            analyst_key = created[0][3]
+            print("try:")
+            print(
+                f"  curl -s {base}/v1/queries -H 'Authorization: Bearer {analyst_key}' "
+                "-H 'Content-Type: application/json' \\\n"
+                "    -d '{\"dataset\": \"usage\", \"sql\": \"SELECT region, COUNT(DISTINCT user_id) AS users "
+                "FROM prompts WHERE week = 0 GROUP BY region\"}'",
+                flush=True,
+            )
+    elif not store.records():
+        _say(f"no API keys in {store.path}: create one with 'dpgate keys add NAME --role analyst "
+             "--consumer C', or restart with --demo-keys")
+
+    _say(f"opening policies in {policies.resolve()}")
+    gateway = Gateway.open(settings, progress=_say)
+    # uvicorn shuts down gracefully on SIGTERM and then re-raises the signal with the handler
+    # that was installed before it: make that a clean exit (status 0) that closes the gateway.
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        app = create_app(settings, gateway=gateway, keys=store)
+        _say(f"listening on {base} (API docs: {base}/docs); Ctrl-C to stop")
+        sys.stdout.flush()
+        uvicorn.run(app, host=settings.host, port=settings.port, log_level=args.log_level)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        gateway.close()
+        _say("stopped")
+    return 0
+
+
+def _exit_on_sigterm(signum, frame) -> None:
+    raise SystemExit(0)
+
+
+def register(subparsers) -> None:
+    """Add the ``serve`` command."""
+    parser = subparsers.add_parser(
+        "serve",
+        help="run the HTTP gateway",
+        description="Run the HTTP gateway (uvicorn). Generates the quickstart's sample data if it is "
+        "missing; with --demo-keys, creates and prints demo API keys when the keys file has none.",
+    )
+    parser.add_argument("--host", help="bind address (DPGATE_HOST, default 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="bind port (DPGATE_PORT, default 8000)")
+    parser.add_argument("--policies", help="policies folder (DPGATE_POLICIES, default ./policies)")
+    parser.add_argument("--home", help="state folder: ledger, releases, keys (DPGATE_HOME, default ./.dpgate)")
+    parser.add_argument("--ledger-url", help="sqlite:///… or postgresql://… (DPGATE_LEDGER_URL)")
+    parser.add_argument(
+        "--demo-keys",
+        action="store_true",
+        help="create and print an analyst, a dashboard and an admin key if the keys file has none",
+    )
+    parser.add_argument(
+        "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"], help="uvicorn log level"
+    )
+    parser.set_defaults(func=_serve)

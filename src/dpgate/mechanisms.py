@@ -1,0 +1,547 @@
+"""The noise step: calibrate, account and sample OpenDP's discrete mechanisms.
+
+This is the only module of dpgate that imports OpenDP. Every noisy value the
+gateway releases comes from one of two OpenDP measurements on integer vectors:
+
+* the **discrete Gaussian** (default): ``make_gaussian`` on
+  ``vector_domain(atom_domain(T=i64))`` with ``l2_distance(T=f64)``; output
+  measure zero-concentrated divergence (ρ-zCDP). For an integer vector query
+  with L2 sensitivity Δ2 and scale σ it costs ρ = Δ2²/(2σ²)
+  ([CKS20] Thm. 4, and its multivariate form for vectors of independent
+  coordinates, same paper, Sec. 2);
+* the **discrete Laplace** (``mechanism="laplace"``): ``make_laplace`` on the
+  same domain with ``l1_distance(T=f64)``; output measure max divergence
+  (pure ε-DP), ε = Δ1/b ([GRS12]; sampled exactly with the algorithm of [CKS20]).
+
+Units: every sensitivity, scale and value here is in the primitive's *integer
+units* (rows for counts, ``resolution`` for fixed-point sums, ``resolution²``
+for sums of squares). Post-processing converts to output units.
+
+Sensitivities need not be integers (e.g. Δ2 = √k·m): the input metric is the
+float-typed ``l2_distance(T=f64)`` / ``l1_distance(T=f64)`` over an integer
+domain, which OpenDP accepts; its privacy map takes the real d_in as given and
+rounds its arithmetic upward, so the sensitivity is never under-stated (for an
+integer-valued query the true shift is an integer vector whose norm is ≤ d_in).
+
+Budget split: a query with n primitives and budget ρ (or ε) gives each
+primitive ρ/n (or ε/n); by composition ([BS16] Lemma 2.3 for ρ; [DR14]
+Thm. 3.16 for ε) the release costs ρ (or ε). Each primitive's cost is read back
+from OpenDP's own privacy map (``meas.map(d_in)``) and checked against
+:func:`dpgate.accounting.gaussian_rho` (or Δ1/b): a disagreement beyond
+1e-9 relative raises :class:`MechanismError`. The scale is nudged upward by a
+few ulps when OpenDP's (upward-rounded) map exceeds the per-primitive share, so
+the charged budget is exactly the requested one and OpenDP certifies it.
+
+64-bit limits: OpenDP's integer samplers work on ``i64`` and add noise with
+saturating arithmetic. :func:`sample` refuses values with |x| > 2^62
+(:data:`MAX_ABS_VALUE`) and :func:`calibrate` refuses scales above 2^52
+(:data:`MAX_SCALE`), so that saturation cannot happen in practice (it would be
+a 2^10·σ-tail event); an output that still saturates raises
+:class:`MechanismError` instead of releasing a clipped value. HUGEINT sums
+beyond that range need a coarser ``resolution`` or tighter bounds.
+
+References
+----------
+[CKS20] C. Canonne, G. Kamath, T. Steinke. The Discrete Gaussian for Differential
+        Privacy. NeurIPS 2020 (arXiv:2004.00010).
+[BS16]  M. Bun, T. Steinke. Concentrated Differential Privacy. TCC 2016.
+[GRS12] A. Ghosh, T. Roughgarden, M. Sundararajan. Universally Utility-Maximizing
+        Privacy Mechanisms. SIAM J. Comput. 2012.
+[DR14]  C. Dwork, A. Roth. The Algorithmic Foundations of Differential Privacy. 2014.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Literal, Mapping
+
+import numpy as np
+import opendp.prelude as dp
+
+from dpgate import accounting
+from dpgate.errors import InvalidBudget, InvalidRequest, MechanismError
+
+__all__ = [
+    "MAX_ABS_VALUE",
+    "MAX_SCALE",
+    "Calibration",
+    "MechanismName",
+    "calibrate",
+    "ci95_halfwidth",
+    "mechanism_name",
+    "sample",
+    "sigma_for_ci95",
+]
+
+MechanismName = Literal["discrete_gaussian", "discrete_laplace"]
+
+#: Largest |value| accepted by :func:`sample` (2^62): leaves 2^62 of headroom in i64.
+MAX_ABS_VALUE: int = 2**62
+#: Largest noise scale (σ or b, integer units) accepted by :func:`calibrate` (2^52).
+MAX_SCALE: float = 2.0**52
+
+_I64_MAX = 2**63 - 1
+_I64_MIN = -(2**63)
+#: Relative tolerance between OpenDP's privacy map and our formula.
+_MAP_RTOL = 1e-9
+#: Vectors at least this long are noised in parallel slices (see :func:`sample`).
+_PARALLEL_MIN_CELLS = 8192
+#: Up to this σ the discrete Gaussian's 95 % half-width is OpenDP's exact value.
+_EXACT_CI_MAX_SIGMA = 1e4
+_Z975 = statistics.NormalDist().inv_cdf(0.975)
+
+_NAMES: dict[str, MechanismName] = {
+    "gaussian": "discrete_gaussian",
+    "discrete_gaussian": "discrete_gaussian",
+    "laplace": "discrete_laplace",
+    "discrete_laplace": "discrete_laplace",
+}
+
+
+def mechanism_name(mechanism: str) -> MechanismName:
+    """Normalise a mechanism name: ``"gaussian"`` → ``"discrete_gaussian"``, ``"laplace"`` → ``"discrete_laplace"``.
+
+    Raises:
+        InvalidRequest: any other name (lists the accepted ones).
+    """
+    try:
+        return _NAMES[mechanism]
+    except (KeyError, TypeError):
+        raise InvalidRequest(
+            f"unknown mechanism {mechanism!r}; use 'gaussian' (discrete Gaussian, ρ-zCDP) "
+            "or 'laplace' (discrete Laplace, pure ε-DP)",
+            {"mechanism": str(mechanism), "accepted": ["gaussian", "laplace"]},
+        ) from None
+
+
+@lru_cache(maxsize=1)
+def _enable_contrib() -> None:
+    # OpenDP gates its (proof-documented) measurements behind "contrib"; done lazily, once.
+    dp.enable_features("contrib")
+
+
+def _measurement(mechanism: MechanismName, scale: float):
+    """One OpenDP measurement on i64 vectors with a float-typed L2 (Gaussian) or L1 (Laplace) metric."""
+    _enable_contrib()
+    domain = dp.vector_domain(dp.atom_domain(T="i64"))
+    try:
+        if mechanism == "discrete_gaussian":
+            meas = dp.m.make_gaussian(domain, dp.l2_distance(T="f64"), scale=float(scale))
+            expected = dp.zero_concentrated_divergence()
+        else:
+            meas = dp.m.make_laplace(domain, dp.l1_distance(T="f64"), scale=float(scale))
+            expected = dp.max_divergence()
+    except dp.OpenDPException as e:  # pragma: no cover - guarded by our own checks
+        raise MechanismError(f"OpenDP refused the {mechanism} measurement: {e}") from None
+    if meas.output_measure != expected:  # pragma: no cover - guards an OpenDP API change
+        raise MechanismError(
+            f"OpenDP's {mechanism} measurement has output measure {meas.output_measure}, "
+            f"expected {expected}"
+        )
+    return meas
+
+
+def _privacy_map(meas, d_in: float) -> float:
+    try:
+        return float(meas.map(float(d_in)))
+    except dp.OpenDPException as e:
+        raise MechanismError(f"OpenDP's privacy map failed: {e}") from None
+
+
+def _formula(mechanism: MechanismName, d_in: float, scale: float) -> float:
+    """Our own cost formula: ρ = Δ2²/(2σ²) ([CKS20] Thm. 4) or ε = Δ1/b ([GRS12])."""
+    if mechanism == "discrete_gaussian":
+        return accounting.gaussian_rho(d_in, scale)
+    return d_in / scale
+
+
+def _check_map(mechanism: MechanismName, pid: str, d_in: float, scale: float, mapped: float) -> None:
+    ours = _formula(mechanism, d_in, scale)
+    if not math.isfinite(mapped) or abs(mapped - ours) > _MAP_RTOL * max(abs(ours), 1e-300):
+        raise MechanismError(
+            f"OpenDP's privacy map ({mapped!r}) and dpgate's formula ({ours!r}) disagree for "
+            f"primitive {pid!r} ({mechanism}, d_in={d_in!r}, scale={scale!r})",
+            {"primitive": pid, "opendp": mapped, "dpgate": ours},
+        )
+
+
+def _check_scale(pid: str, scale: float) -> float:
+    s = float(scale)
+    if not math.isfinite(s) or s <= 0:
+        raise MechanismError(f"noise scale of primitive {pid!r} must be finite and > 0, got {scale!r}")
+    if s > MAX_SCALE:
+        raise MechanismError(
+            f"noise scale {s:.4g} (integer units) of primitive {pid!r} exceeds 2^52, beyond what "
+            "64-bit integer noise can carry; coarsen the column's resolution, tighten its bounds or "
+            "raise the budget",
+            {"primitive": pid, "scale": s, "max_scale": MAX_SCALE},
+        )
+    return s
+
+
+def _certify(mech: MechanismName, pid: str, d_in: float, scale: float, share: float) -> tuple[float, float]:
+    """Widen ``scale`` by ulps until OpenDP's (upward-rounded) map certifies ``share``; (scale, map)."""
+    mapped = _privacy_map(_measurement(mech, scale), d_in)
+    for _ in range(64):
+        if mapped <= share:
+            break
+        scale = math.nextafter(scale, math.inf)
+        mapped = _privacy_map(_measurement(mech, scale), d_in)
+    return _check_scale(pid, scale), mapped
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The calibrated noise of one release: one scale per primitive, and its total cost.
+
+    Attributes:
+        mechanism: ``"discrete_gaussian"`` or ``"discrete_laplace"``.
+        scales: primitive id → σ (discrete Gaussian) or b (discrete Laplace), in
+            the primitive's integer units.
+        cost: the release's total cost: ``Cost.zcdp(rho)`` or ``Cost.pure(epsilon)``.
+        rho: total ρ (zCDP) of the release for the Gaussian, else None.
+        epsilon: total ε (pure DP) of the release for the Laplace, else None.
+        primitive_costs: primitive id → its own cost (ρ or ε) as read from
+            OpenDP's privacy map at the primitive's sensitivity.
+        sensitivities: primitive id → the d_in used (Δ2 for the Gaussian, Δ1
+            for the Laplace), integer units.
+    """
+
+    mechanism: MechanismName
+    scales: dict[str, float]
+    cost: accounting.Cost
+    rho: float | None
+    epsilon: float | None
+    primitive_costs: dict[str, float]
+    sensitivities: dict[str, float]
+
+    def ci95_halfwidths(self) -> dict[str, float]:
+        """Primitive id → 95 % half-width of its noise (integer units), see :func:`ci95_halfwidth`."""
+        return {pid: ci95_halfwidth(self.mechanism, s) for pid, s in self.scales.items()}
+
+
+def _budget(name: str, value: float | None) -> float:
+    if value is None:
+        raise InvalidBudget(f"{name} is required for this mechanism")
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise InvalidBudget(f"{name} must be a number, got {value!r}") from None
+    if not math.isfinite(v) or v <= 0:
+        raise InvalidBudget(f"{name} must be finite and > 0, got {value!r}", {name: str(value)})
+    return v
+
+
+def calibrate(
+    sensitivities: Mapping[str, tuple[float, float]],
+    *,
+    mechanism: str = "gaussian",
+    rho: float | None = None,
+    epsilon: float | None = None,
+    scales: Mapping[str, float] | None = None,
+) -> Calibration:
+    """Calibrate the noise of one release and compute its cost from OpenDP's privacy maps.
+
+    Two modes:
+
+    * budget given (``rho`` for the Gaussian, ``epsilon`` for the Laplace):
+      split equally over the n primitives; σ_i = Δ2_i/√(2ρ/n) ([CKS20] Thm. 4,
+      via :func:`dpgate.accounting.gaussian_sigma`) or b_i = Δ1_i/(ε/n)
+      ([GRS12]); the release costs ρ (or ε) by composition ([BS16] Lemma 2.3;
+      [DR14] Thm. 3.16).
+    * ``scales`` given: use them; the cost is the sum of the primitives' costs
+      from OpenDP's privacy maps (e.g. for a ``{ci95: …}`` budget, with scales
+      from :func:`sigma_for_ci95`).
+
+    Args:
+        sensitivities: primitive id → (Δ1, Δ2) under add/remove one privacy
+            unit, integer units, finite and > 0.
+        mechanism: ``"gaussian"`` (default, discrete Gaussian, ρ-zCDP) or
+            ``"laplace"`` (discrete Laplace, pure ε-DP); the ``discrete_*`` names
+            are accepted too.
+        rho: total ρ of this release (Gaussian only).
+        epsilon: total ε of this release (Laplace only).
+        scales: primitive id → σ or b (integer units), instead of a budget.
+
+    Returns:
+        A :class:`Calibration` whose ``cost`` is ``Cost.zcdp(total ρ)`` or
+        ``Cost.pure(total ε)``.
+
+    Raises:
+        InvalidRequest: unknown mechanism.
+        InvalidBudget: missing, non-finite or non-positive budget; a budget in the
+            other mechanism's currency (ε for the Gaussian, ρ for the Laplace);
+            both a budget and scales.
+        MechanismError: no primitives; a non-finite or non-positive sensitivity;
+            scales missing a primitive; a scale beyond :data:`MAX_SCALE`; OpenDP's
+            privacy map disagreeing with our formula beyond 1e-9 relative.
+    """
+    mech = mechanism_name(mechanism)
+    gaussian = mech == "discrete_gaussian"
+    if not sensitivities:
+        raise MechanismError("a release needs at least one noisy primitive")
+    if gaussian and epsilon is not None:
+        raise InvalidBudget(
+            "the discrete Gaussian is charged in ρ (zCDP); give rho (or choose mechanism 'laplace')"
+        )
+    if not gaussian and rho is not None:
+        raise InvalidBudget(
+            "the discrete Laplace is charged in ε (pure DP); give epsilon (or choose mechanism 'gaussian')"
+        )
+    if scales is not None and (rho is not None or epsilon is not None):
+        raise InvalidBudget("give either a budget or noise scales, not both")
+
+    d_in: dict[str, float] = {}
+    for pid, pair in sensitivities.items():
+        try:
+            l1, l2 = (float(x) for x in pair)
+        except (TypeError, ValueError):
+            raise MechanismError(f"sensitivity of primitive {pid!r} must be a pair (l1, l2)") from None
+        d = l2 if gaussian else l1
+        if not math.isfinite(d) or d <= 0:
+            raise MechanismError(
+                f"{'L2' if gaussian else 'L1'} sensitivity of primitive {pid!r} must be finite and > 0, "
+                f"got {d!r}"
+            )
+        d_in[pid] = d
+
+    if scales is None:
+        requested = _budget("rho" if gaussian else "epsilon", rho if gaussian else epsilon)
+        share = requested / len(d_in)
+    else:
+        missing = sorted(set(d_in) - set(scales))
+        if missing:
+            raise MechanismError(f"no noise scale given for primitive(s) {missing}")
+    out_scales: dict[str, float] = {}
+    costs: dict[str, float] = {}
+    for pid, d in d_in.items():
+        if scales is None:
+            s = _check_scale(pid, accounting.gaussian_sigma(d, share) if gaussian else d / share)
+            s, mapped = _certify(mech, pid, d, s, share)
+        else:
+            s = _check_scale(pid, scales[pid])
+            mapped = _privacy_map(_measurement(mech, s), d)
+        _check_map(mech, pid, d, s, mapped)
+        out_scales[pid], costs[pid] = s, mapped
+    total = math.fsum(costs.values())
+    if scales is None:
+        total = max(requested, total)  # the requested budget, unless OpenDP's map says more
+
+    return Calibration(
+        mechanism=mech,
+        scales=out_scales,
+        cost=accounting.Cost.zcdp(total) if gaussian else accounting.Cost.pure(total),
+        rho=total if gaussian else None,
+        epsilon=None if gaussian else total,
+        primitive_costs=costs,
+        sensitivities=d_in,
+    )
+
+
+def _as_int64(pid: str, values: np.ndarray) -> np.ndarray:
+    arr = np.asarray(values)
+    if arr.ndim != 1:
+        raise MechanismError(f"values of primitive {pid!r} must be a 1-D vector, got shape {arr.shape}")
+    if arr.dtype.kind in "iu":
+        if arr.size and arr.dtype.kind == "u" and arr.max() > MAX_ABS_VALUE:
+            raise _too_large(pid)
+        # OpenDP reads a C-contiguous, writable buffer (Arrow's zero-copy arrays are read-only).
+        out = np.require(arr.astype(np.int64, copy=False), requirements=["C", "W"])
+    elif arr.dtype.kind == "O":
+        # The engine's lossless path for HUGEINT values: Python ints (rare; checked one by one).
+        if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in arr):
+            raise MechanismError(f"values of primitive {pid!r} must be integers (no NULL, no floats)")
+        if any(abs(int(v)) > MAX_ABS_VALUE for v in arr):
+            raise _too_large(pid)
+        return np.array([int(v) for v in arr], dtype=np.int64)
+    else:
+        raise MechanismError(
+            f"values of primitive {pid!r} must be integers (fixed-point units), got dtype {arr.dtype}"
+        )
+    if out.size and int(np.abs(out).max(initial=0)) > MAX_ABS_VALUE or (out == _I64_MIN).any():
+        raise _too_large(pid)
+    return out
+
+
+def _too_large(pid: str) -> MechanismError:
+    return MechanismError(
+        f"an aggregate of primitive {pid!r} exceeds 2^62 in magnitude, beyond the 64-bit integers "
+        "OpenDP's samplers add noise to; coarsen the column's resolution or tighten its bounds",
+        {"primitive": pid, "max_abs_value": MAX_ABS_VALUE},
+    )
+
+
+def _invoke(meas, arr: np.ndarray) -> np.ndarray:
+    try:
+        if arr.size < _PARALLEL_MIN_CELLS:
+            return np.asarray(meas(arr), dtype=np.int64)
+        workers = max(1, min(os.cpu_count() or 1, 8, arr.size // (_PARALLEL_MIN_CELLS // 2)))
+        if workers == 1:
+            return np.asarray(meas(arr), dtype=np.int64)
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dpgate-noise") as pool:
+            parts = list(pool.map(meas, np.array_split(arr, workers)))
+        return np.concatenate([np.asarray(p, dtype=np.int64) for p in parts])
+    except dp.OpenDPException as e:
+        raise MechanismError(f"OpenDP's sampler failed: {e}") from None
+
+
+def sample(calibration: Calibration, values: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Add the calibrated OpenDP noise to each primitive's integer vector.
+
+    One measurement is built per primitive per call and invoked on the whole
+    vector (OpenDP samples each coordinate independently with the exact samplers of [CKS20]).
+    Vectors of 8,192 cells or more are cut into a few contiguous slices noised
+    by the same measurement in parallel threads (OpenDP's sampler releases the
+    GIL): since the noise is i.i.d. per coordinate, the output distribution is
+    exactly that of one call on the whole vector. No other source of randomness
+    is used.
+
+    Args:
+        calibration: from :func:`calibrate`.
+        values: primitive id → 1-D integer vector (one cell per group, integer
+            units), for exactly the primitives of ``calibration``. int64/uint
+            arrays, or object arrays of Python ints (HUGEINT results).
+
+    Returns:
+        primitive id → noisy int64 vector of the same length.
+
+    Raises:
+        MechanismError: missing or extra primitives; non-integer values; |value|
+            > 2^62 (:data:`MAX_ABS_VALUE`); an output that saturated i64; any
+            OpenDP failure.
+    """
+    expected, given = set(calibration.scales), set(values)
+    if expected != given:
+        raise MechanismError(
+            "the values do not match the calibrated primitives",
+            {"missing": sorted(expected - given), "unexpected": sorted(given - expected)},
+        )
+    out: dict[str, np.ndarray] = {}
+    for pid, scale in calibration.scales.items():
+        arr = _as_int64(pid, values[pid])
+        if arr.size == 0:
+            out[pid] = arr.copy()
+            continue
+        noisy = _invoke(_measurement(calibration.mechanism, scale), arr)
+        if noisy.shape != arr.shape:  # pragma: no cover - guards an OpenDP change
+            raise MechanismError(f"OpenDP returned {noisy.shape} cells for {arr.shape} inputs")
+        if ((noisy == _I64_MAX) | (noisy == _I64_MIN)).any():
+            raise MechanismError(
+                f"noise for primitive {pid!r} saturated the 64-bit range; coarsen the resolution",
+                {"primitive": pid},
+            )
+        out[pid] = noisy
+    return out
+
+
+@lru_cache(maxsize=4096)
+def _ci95_cached(mech: MechanismName, scale: float) -> float:
+    if mech == "discrete_laplace":
+        # P(Z = x) = (1−q)/(1+q)·q^|x|, q = e^{−1/b} ([GRS12]); summing the two
+        # geometric tails, P(|Z| ≤ t) = 1 − 2q^{t+1}/(1+q). Smallest integer t with this ≥ 0.95:
+        log_q = -1.0 / scale
+        target = math.log(0.025) + math.log1p(math.exp(log_q))  # log(0.025·(1+q))
+        t = max(0, math.ceil(target / log_q - 1.0))
+
+        def covers(k: int) -> bool:
+            return k >= 0 and 1.0 - 2.0 * math.exp((k + 1) * log_q) / (1.0 + math.exp(log_q)) >= 0.95
+
+        while t > 0 and covers(t - 1):  # guard the closed form's rounding at integer boundaries
+            t -= 1
+        while not covers(t):
+            t += 1
+        return float(t)
+    if scale <= _EXACT_CI_MAX_SIGMA:
+        # OpenDP's exact tail of the discrete Gaussian: accuracy a with P(|Z| ≥ a) ≤ α, a integer,
+        # hence P(|Z| ≤ a − 1) ≥ 1 − α.
+        _enable_contrib()
+        a = float(dp.discrete_gaussian_scale_to_accuracy(float(scale), 0.05))
+        return max(0.0, a - 1.0)
+    # σ > 10^4: the continuity-corrected normal quantile ceil(z·σ − ½). The discrete Gaussian's
+    # mass differs from the normal's by O(e^{−2π²σ²}) in the normaliser and O(σ^{-2}) relatively in
+    # the tail sum (Euler–Maclaurin), so t is exact unless z·σ − ½ is within ~1e-8 of an integer.
+    return float(math.ceil(_Z975 * scale - 0.5))
+
+
+def ci95_halfwidth(mechanism: str, scale: float) -> float:
+    """95 % half-width of the noise: the smallest integer t with P(|Z| ≤ t) ≥ 0.95.
+
+    ``[noisy − t, noisy + t]`` then covers the true (integer) value with
+    probability ≥ 95 %. Same units as ``scale`` (integer units of the primitive).
+
+    * discrete Gaussian N_Z(0, σ²): exact for σ ≤ 10^4 (OpenDP's
+      ``discrete_gaussian_scale_to_accuracy``, which sums the pmf; its accuracy
+      a satisfies P(|Z| ≥ a) ≤ 0.05, so t = a − 1); above, ⌈1.95996·σ − ½⌉
+      (continuity-corrected normal quantile; agrees with the exact value up to
+      ties within ~1e-8, tested at the switch-over).
+    * discrete Laplace with scale b: exact from the closed form
+      P(|Z| ≤ t) = 1 − 2e^{−(t+1)/b}/(1 + e^{−1/b}) (sum of the pmf
+      (1−q)/(1+q)·q^{|x|}, q = e^{−1/b}, [GRS12]).
+
+    Args:
+        mechanism: ``"gaussian"``/``"discrete_gaussian"`` or ``"laplace"``/``"discrete_laplace"``.
+        scale: σ or b > 0, finite.
+
+    Returns:
+        t as a float (an integer value).
+
+    Raises:
+        InvalidRequest: unknown mechanism.
+        MechanismError: scale not finite or not > 0.
+    """
+    mech = mechanism_name(mechanism)
+    s = float(scale)
+    if not math.isfinite(s) or s <= 0:
+        raise MechanismError(f"noise scale must be finite and > 0, got {scale!r}")
+    return _ci95_cached(mech, s)
+
+
+def sigma_for_ci95(mechanism: str, halfwidth: float) -> float:
+    """The largest noise scale whose 95 % half-width (:func:`ci95_halfwidth`) is ≤ ``halfwidth``.
+
+    The inverse used for a ``{ci95: …}`` budget: the least noise (hence the least
+    privacy spent) that still meets the requested accuracy. Found by bisection on
+    the monotone map scale → half-width to a relative precision of 1e-12,
+    returning the lower end (so the target is met). Units: integer units of the
+    primitive (convert the analyst's output-unit target by the resolution first).
+
+    Args:
+        mechanism: as for :func:`ci95_halfwidth`.
+        halfwidth: target t ≥ 0, finite; non-integers are floored (the noise is
+            an integer).
+
+    Returns:
+        σ (discrete Gaussian) or b (discrete Laplace) > 0.
+
+    Raises:
+        InvalidRequest: unknown mechanism.
+        InvalidBudget: halfwidth negative or not finite.
+    """
+    mech = mechanism_name(mechanism)
+    try:
+        h = float(halfwidth)
+    except (TypeError, ValueError):
+        raise InvalidBudget(f"ci95 must be a number, got {halfwidth!r}") from None
+    if not math.isfinite(h) or h < 0:
+        raise InvalidBudget(f"ci95 must be finite and >= 0, got {halfwidth!r}")
+    t = math.floor(h)
+    # Bracket: the half-width is ≈ 1.96σ (Gaussian) or ≈ 3.0b (Laplace).
+    lo, hi = 1e-6, max(1.0, 2.0 * (t + 1))
+    if ci95_halfwidth(mech, lo) > t:  # pragma: no cover - t = 0 is met by tiny scales
+        raise MechanismError(f"no noise scale achieves a 95 % half-width of {h}")
+    while ci95_halfwidth(mech, hi) <= t:
+        lo, hi = hi, hi * 2.0
+    for _ in range(200):
+        if hi - lo <= 1e-12 * hi:
+            break
+        mid = 0.5 * (lo + hi)
+        if ci95_halfwidth(mech, mid) <= t:
+            lo = mid
+        else:
+            hi = mid
+    return lo

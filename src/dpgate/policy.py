@@ -1,0 +1,783 @@
+"""Policy files: load and validate ``policies/*.toml`` into frozen dataclasses.
+
+One TOML file per dataset (see DESIGN.md, "Policy files")::
+
+    [dataset]
+    name = "usage"
+    population = "product-users"
+    data_version = "2026-11"            # optional
+
+    [budget]
+    epsilon = 4.0                       # the published cap (ε, δ) of the population
+    delta = 1e-6
+    default_query_rho = 0.001           # ρ (zCDP) of one query that names no budget
+    mechanism = "gaussian"              # or "laplace"; default "gaussian"
+    suppress_ci95_above = 1000.0        # optional
+    clamp_counts = true                 # default true
+
+    [allocations]                       # shares of the cap's ρ, summing to ≤ 1
+    dashboard = 0.6
+
+    [tables.prompts]
+    source = "sample_data/usage/prompts.parquet"   # CSV, Parquet, or "duckdb:<file>:<table>"
+    privacy_unit = "user_id"            # omit the key for record-level privacy
+    max_groups_per_unit = 1             # k
+    max_rows_per_unit = 5               # m
+
+    [tables.prompts.columns]
+    region = { type = "text", public_keys = ["eu", "us"] }
+    week   = { type = "int", public_keys = "range(0, 52)" }
+    tokens = { type = "float", lower = 0, upper = 8000, resolution = 1 }
+
+Decisions (where the design is silent):
+
+* **Record-level privacy** is declared by *omitting* ``privacy_unit``; then every
+  row is its own privacy unit and k = m = 1 (setting either to anything but 1 is
+  an error). ``privacy_unit = ""`` is refused, so that a typo cannot silently
+  switch a table to record-level privacy.
+* ``max_groups_per_unit`` and ``max_rows_per_unit`` default to 1 (the safest
+  choice, as BigQuery's ``max_groups_contributed`` default) and must be integers
+  ≥ 1 (at most 1,000,000).
+* Numeric columns may declare a clamp ``[lower, upper]`` (both or neither,
+  finite, lower ≤ upper). Sums are computed exactly as fixed-point integers in
+  units of ``resolution``: ``int`` columns default to resolution 1 (a positive
+  integer is required); ``float`` columns default to
+  10**(floor(log10(max(|lower|, |upper|))) − 6), i.e. about six significant digits
+  of the largest bound (10**-6 when both bounds are 0). The clamp must lie within
+  ±2**62 resolution steps (fixed-point values fit in 64 bits); VAR/STDDEV of a
+  column further need ±2**31 steps (squares fit in 64 bits; the parser checks).
+* ``public_keys`` is a non-empty list of values of the column's type without
+  duplicates, or for ``int`` columns the string ``"range(a, b)"`` (a ≤ key < b,
+  a < b, like Python's ``range``).
+* Unknown keys anywhere are errors (a misspelt bound must not silently become a
+  default).
+
+Every problem raises :class:`~dpgate.errors.PolicyError` whose message names the
+file, the table and the column, and whose ``details`` carry them as fields.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Iterable, Literal, Mapping
+
+from dpgate.errors import PolicyError, UnknownColumn, UnknownTable
+
+ColumnType = Literal["int", "float", "text", "bool"]
+COLUMN_TYPES: tuple[str, ...] = ("int", "float", "text", "bool")
+#: DuckDB type the engine casts each declared column type to (with TRY_CAST).
+DUCKDB_TYPES: Mapping[str, str] = MappingProxyType(
+    {"int": "BIGINT", "float": "DOUBLE", "text": "VARCHAR", "bool": "BOOLEAN"}
+)
+MECHANISMS: tuple[str, ...] = ("gaussian", "laplace")
+#: Largest |bound| / resolution: a clamped fixed-point value fits in a BIGINT with margin.
+MAX_FIXED_POINT_STEPS = 2**62
+#: Largest |bound| / resolution of a column whose sum of squares (VAR/STDDEV) is computed:
+#: squares fit in a BIGINT.
+MAX_SQUARED_STEPS = 2**31
+#: Largest k and m accepted.
+MAX_CONTRIBUTION = 1_000_000
+_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_RANGE_RE = re.compile(r"^\s*range\(\s*(-?\d+)\s*,\s*(-?\d+)\s*\)\s*$")
+
+
+@dataclass(frozen=True)
+class ColumnPolicy:
+    """One declared column of a table.
+
+    Attributes:
+        name: column name as in the data (matched case-insensitively by the SQL parser,
+            as DuckDB does).
+        type: ``"int"`` | ``"float"`` | ``"text"`` | ``"bool"``.
+        lower, upper: clamp bounds (in the column's units), or None when unbounded;
+            both or neither.
+        resolution: fixed-point step of sums (column units), or None for text/bool
+            columns. Defaults: 1 for int, ~6 significant digits of the largest bound
+            for float (see the module docstring).
+        public_keys: the released group keys in release order: a tuple of values of
+            the column's type, or a :class:`range` when declared as ``"range(a, b)"``;
+            None when the column cannot be a GROUP BY key.
+    """
+
+    name: str
+    type: ColumnType
+    lower: float | None = None
+    upper: float | None = None
+    resolution: float | None = None
+    public_keys: tuple | range | None = None
+
+    @property
+    def bounded(self) -> bool:
+        """True when the column has a clamp ``[lower, upper]`` (SUM/AVG/VAR allowed)."""
+        return self.lower is not None and self.upper is not None
+
+    @property
+    def duckdb_type(self) -> str:
+        """DuckDB type of the loaded column: BIGINT, DOUBLE, VARCHAR or BOOLEAN."""
+        return DUCKDB_TYPES[self.type]
+
+    @property
+    def fixed_point_bounds(self) -> tuple[int, int]:
+        """The clamp in integer units of ``resolution``: ``(lo, hi)`` with lo ≤ hi.
+
+        ``lo = ceil(lower / resolution)`` and ``hi = floor(upper / resolution)``, where a
+        quotient within 1e-9 (relative) of an integer counts as that integer, so that
+        ``[lo·resolution, hi·resolution] ⊆ [lower, upper]`` up to float rounding. The
+        bounding rewrite clamps every value to this range after rounding it to the
+        nearest step, and the sensitivity is derived from it.
+
+        Raises:
+            ValueError: the column has no bounds.
+        """
+        if not self.bounded or self.resolution is None:
+            raise ValueError(f"column {self.name!r} has no bounds")
+        return _fixed_point_bounds(self.lower, self.upper, self.resolution)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serialisable form (public keys as a list, or ``"range(a, b)"``)."""
+        keys: Any = None
+        if isinstance(self.public_keys, range):
+            keys = f"range({self.public_keys.start}, {self.public_keys.stop})"
+        elif self.public_keys is not None:
+            keys = list(self.public_keys)
+        return {
+            "name": self.name,
+            "type": self.type,
+            "lower": self.lower,
+            "upper": self.upper,
+            "resolution": self.resolution,
+            "public_keys": keys,
+        }
+
+
+@dataclass(frozen=True)
+class TablePolicy:
+    """One declared table: where its rows come from and how each unit's contribution is bounded.
+
+    Attributes:
+        name: table name used in SQL (``FROM name``).
+        dataset: the dataset (policy) it belongs to.
+        source: absolute path of a CSV/Parquet file, or ``duckdb:<abs file>:<table>``.
+        privacy_unit: column identifying the privacy unit, or None for record-level
+            privacy (each row is its own unit; k = m = 1).
+        max_groups_per_unit: k, the most GROUP BY groups one unit may affect.
+        max_rows_per_unit: m, the most rows one unit may add to one group.
+        columns: declared columns by name (read-only mapping, declaration order).
+        path: the policy file (for error messages).
+    """
+
+    name: str
+    dataset: str
+    source: str
+    privacy_unit: str | None
+    max_groups_per_unit: int
+    max_rows_per_unit: int
+    columns: Mapping[str, ColumnPolicy]
+    path: Path | None = field(default=None, compare=False)
+
+    @property
+    def record_level(self) -> bool:
+        """True when every row is its own privacy unit (no ``privacy_unit`` column)."""
+        return self.privacy_unit is None
+
+    @property
+    def relation(self) -> str:
+        """Quoted DuckDB name of the loaded table: ``"<dataset>"."<table>"``."""
+        return f"{quote_identifier(self.dataset)}.{quote_identifier(self.name)}"
+
+    def column(self, name: str) -> ColumnPolicy:
+        """The declared column ``name`` (exact, else case-insensitive match).
+
+        Raises:
+            UnknownColumn: the table declares no such column.
+        """
+        col = self.find_column(name)
+        if col is None:
+            raise UnknownColumn(
+                f"table {self.name!r} of dataset {self.dataset!r} declares no column {name!r}",
+                {"dataset": self.dataset, "table": self.name, "column": name},
+            )
+        return col
+
+    def find_column(self, name: str) -> ColumnPolicy | None:
+        """The declared column ``name`` (exact, else case-insensitive match), or None."""
+        if name in self.columns:
+            return self.columns[name]
+        folded = name.casefold()
+        for col in self.columns.values():
+            if col.name.casefold() == folded:
+                return col
+        return None
+
+    def key_combinations(self, columns: Iterable[str]) -> int:
+        """Number of public-key combinations of ``columns`` (1 for none): the groups released.
+
+        Raises:
+            UnknownColumn: a column is not declared.
+            ValueError: a column has no public keys.
+        """
+        total = 1
+        for name in columns:
+            col = self.column(name)
+            if col.public_keys is None:
+                raise ValueError(f"column {name!r} has no public keys")
+            total *= len(col.public_keys)
+        return total
+
+    def check_data_columns(self, available: Iterable[str]) -> None:
+        """Check that the unit column and every declared column exist in the loaded data.
+
+        For the engine, at load time. Matching is case-insensitive (DuckDB identifiers).
+
+        Args:
+            available: column names of the source as read.
+
+        Raises:
+            PolicyError: naming the file, table and the first missing column.
+        """
+        present = {str(n).casefold() for n in available}
+        needed = ([self.privacy_unit] if self.privacy_unit else []) + list(self.columns)
+        for name in needed:
+            if name.casefold() not in present:
+                what = "privacy unit column" if name == self.privacy_unit else "declared column"
+                raise _policy_error(
+                    self.path, f"{what} is missing from the data source", self.name, name
+                )
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serialisable form (without the source path): unit, bounds, columns."""
+        return {
+            "name": self.name,
+            "privacy_unit": self.privacy_unit,
+            "record_level": self.record_level,
+            "max_groups_per_unit": self.max_groups_per_unit,
+            "max_rows_per_unit": self.max_rows_per_unit,
+            "columns": {n: c.to_dict() for n, c in self.columns.items()},
+        }
+
+
+@dataclass(frozen=True)
+class BudgetPolicy:
+    """The published guarantee of a dataset's population and the per-query defaults.
+
+    Attributes:
+        epsilon: ε of the population's total cap (ε, δ).
+        delta: δ of the cap, in [0, 1).
+        default_query_rho: ρ (zCDP, per query) spent by a query that names no budget.
+        mechanism: ``"gaussian"`` (discrete Gaussian, default) or ``"laplace"``
+            (discrete Laplace).
+        suppress_ci95_above: cells whose 95 % noise half-width exceeds it are
+            suppressed (None: never).
+        clamp_counts: clamp noisy counts at 0 (post-processing; default True).
+    """
+
+    epsilon: float
+    delta: float
+    default_query_rho: float
+    mechanism: Literal["gaussian", "laplace"] = "gaussian"
+    suppress_ci95_above: float | None = None
+    clamp_counts: bool = True
+
+
+@dataclass(frozen=True)
+class DatasetPolicy:
+    """One policy file: a dataset, its population and cap, and its tables.
+
+    Attributes:
+        name: dataset name (used in the API and as the DuckDB schema).
+        population: ledger key: the set of people the budget protects.
+        data_version: declared data version, or None (the engine fingerprints the sources).
+        budget: cap and defaults.
+        allocations: read-only mapping consumer → share of the cap's ρ (sum ≤ 1).
+        tables: read-only mapping table name → :class:`TablePolicy`.
+        path: the policy file.
+    """
+
+    name: str
+    population: str
+    data_version: str | None
+    budget: BudgetPolicy
+    allocations: Mapping[str, float]
+    tables: Mapping[str, TablePolicy]
+    path: Path | None = field(default=None, compare=False)
+
+    def table(self, name: str) -> TablePolicy:
+        """The declared table ``name`` (exact, else case-insensitive match).
+
+        Raises:
+            UnknownTable: the dataset declares no such table.
+        """
+        if name in self.tables:
+            return self.tables[name]
+        folded = name.casefold()
+        for t in self.tables.values():
+            if t.name.casefold() == folded:
+                return t
+        raise UnknownTable(
+            f"dataset {self.name!r} declares no table {name!r}",
+            {"dataset": self.name, "table": name, "tables": sorted(self.tables)},
+        )
+
+
+# --- loading ---------------------------------------------------------------------------
+
+
+def load_policies(folder: Path) -> dict[str, DatasetPolicy]:
+    """Load every ``*.toml`` file of ``folder`` (sorted by file name).
+
+    Args:
+        folder: the policies folder. Relative table sources resolve against its
+            parent folder (the project root).
+
+    Returns:
+        dataset name → policy.
+
+    Raises:
+        PolicyError: the folder does not exist, a file is invalid, or two files
+            declare the same dataset name.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise PolicyError(
+            f"policies folder {str(folder)!r} does not exist", {"file": str(folder)}
+        )
+    out: dict[str, DatasetPolicy] = {}
+    for path in sorted(folder.glob("*.toml")):
+        policy = load_policy(path)
+        if policy.name in out:
+            raise _policy_error(
+                path, f"dataset {policy.name!r} is also declared in {out[policy.name].path}"
+            )
+        out[policy.name] = policy
+    return out
+
+
+def load_policy(path: Path) -> DatasetPolicy:
+    """Load and validate one policy file.
+
+    Args:
+        path: a TOML file. Relative table sources resolve against the parent folder
+            of the file's folder (``policies/../``, the project root).
+
+    Raises:
+        PolicyError: unreadable file, TOML syntax error, or any invalid field; the
+            message names the file, table, column and problem.
+    """
+    path = Path(path)
+    try:
+        with path.open("rb") as fh:
+            raw = tomllib.load(fh)
+    except OSError as exc:
+        raise _policy_error(path, f"cannot read the file ({exc.strerror})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise _policy_error(path, f"TOML syntax error: {exc}") from None
+    return _parse_policy(raw, path)
+
+
+def parse_policy(raw: Mapping[str, Any], path: Path) -> DatasetPolicy:
+    """Validate an already-parsed TOML document (as from ``tomllib.loads``).
+
+    Args:
+        raw: the document.
+        path: the file it stands for (error messages; relative sources resolve
+            against ``path.parent.parent``).
+
+    Raises:
+        PolicyError: as :func:`load_policy`.
+    """
+    return _parse_policy(raw, Path(path))
+
+
+def quote_identifier(name: str) -> str:
+    """Quote a DuckDB identifier: ``"name"`` with embedded quotes doubled."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+# --- validation helpers ----------------------------------------------------------------
+
+
+def _policy_error(
+    path: Path | None, problem: str, table: str | None = None, column: str | None = None
+) -> PolicyError:
+    where = [f"policy file {str(path)!r}" if path is not None else "policy"]
+    if table is not None:
+        where.append(f"table {table!r}")
+    if column is not None:
+        where.append(f"column {column!r}")
+    return PolicyError(
+        f"{', '.join(where)}: {problem}",
+        {"file": str(path) if path else None, "table": table, "column": column, "problem": problem},
+    )
+
+
+def _check_keys(
+    obj: Mapping[str, Any], allowed: set[str], path: Path, section: str,
+    table: str | None = None, column: str | None = None,
+) -> None:
+    unknown = sorted(set(obj) - allowed)
+    if unknown:
+        raise _policy_error(
+            path,
+            f"unknown key(s) {', '.join(map(repr, unknown))} in {section} "
+            f"(allowed: {', '.join(sorted(allowed))})",
+            table,
+            column,
+        )
+
+
+def _section(raw: Mapping[str, Any], key: str, path: Path, required: bool = True) -> dict:
+    value = raw.get(key)
+    if value is None:
+        if required:
+            raise _policy_error(path, f"missing [{key}] section")
+        return {}
+    if not isinstance(value, dict):
+        raise _policy_error(path, f"[{key}] must be a table")
+    return value
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _finite_number(v: Any, what: str, path: Path, table=None, column=None) -> float:
+    if not _is_number(v):
+        raise _policy_error(path, f"{what} must be a number, not {type(v).__name__}", table, column)
+    if not math.isfinite(v):
+        raise _policy_error(path, f"{what} must be finite (got {v!r})", table, column)
+    return float(v)
+
+
+def _name(v: Any, what: str, path: Path, table=None, strict: bool = True) -> str:
+    if not isinstance(v, str) or not v:
+        raise _policy_error(path, f"{what} must be a non-empty string", table)
+    if strict and not _NAME_RE.match(v):
+        raise _policy_error(
+            path, f"{what} {v!r} must be a plain identifier (letters, digits, underscore)", table
+        )
+    if "\x00" in v:
+        raise _policy_error(path, f"{what} must not contain NUL characters", table)
+    return v
+
+
+def _fixed_point_bounds(lower: float, upper: float, resolution: float) -> tuple[int, int]:
+    def snap(q: float, rounding) -> int:
+        r = round(q)
+        if abs(q - r) <= 1e-9 * max(1.0, abs(q)):
+            return int(r)
+        return int(rounding(q))
+
+    return snap(lower / resolution, math.ceil), snap(upper / resolution, math.floor)
+
+
+def _default_float_resolution(lower: float, upper: float) -> float:
+    big = max(abs(lower), abs(upper))
+    if big == 0:
+        return 1e-6
+    return 10.0 ** (math.floor(math.log10(big)) - 6)
+
+
+def _parse_public_keys(v: Any, ctype: str, path: Path, table: str, column: str) -> tuple | range:
+    if isinstance(v, str):
+        m = _RANGE_RE.match(v)
+        if not m:
+            raise _policy_error(
+                path, f'public_keys string must be "range(a, b)", not {v!r}', table, column
+            )
+        if ctype != "int":
+            raise _policy_error(
+                path, f"public_keys as a range need an int column (column type is {ctype})",
+                table, column,
+            )
+        a, b = int(m.group(1)), int(m.group(2))
+        if a >= b:
+            raise _policy_error(path, f"public_keys range({a}, {b}) is empty", table, column)
+        if b - a > 10_000_000:
+            raise _policy_error(
+                path, f"public_keys range({a}, {b}) has more than 10,000,000 keys", table, column
+            )
+        if max(abs(a), abs(b)) >= 2**63:
+            raise _policy_error(path, "public_keys range exceeds the 64-bit range", table, column)
+        return range(a, b)
+    if not isinstance(v, list):
+        raise _policy_error(
+            path, 'public_keys must be a list or the string "range(a, b)"', table, column
+        )
+    if not v:
+        raise _policy_error(path, "public_keys must not be empty", table, column)
+    keys = []
+    for i, key in enumerate(v):
+        ok = {
+            "int": isinstance(key, int) and not isinstance(key, bool) and abs(key) < 2**63,
+            "float": _is_number(key) and math.isfinite(key),
+            "text": isinstance(key, str) and "\x00" not in key,
+            "bool": isinstance(key, bool),
+        }[ctype]
+        if not ok:
+            raise _policy_error(
+                path,
+                f"public key #{i + 1} ({type(key).__name__}) is not a valid {ctype} value",
+                table,
+                column,
+            )
+        keys.append(float(key) if ctype == "float" else key)
+    seen: set = set()
+    for key in keys:
+        if key in seen:
+            raise _policy_error(path, f"duplicate public key {key!r}", table, column)
+        seen.add(key)
+    return tuple(keys)
+
+
+_COLUMN_KEYS = {"type", "lower", "upper", "resolution", "public_keys"}
+
+
+def _parse_column(name: str, raw: Any, path: Path, table: str) -> ColumnPolicy:
+    if "\x00" in name or not name:
+        raise _policy_error(path, "column names must be non-empty without NUL", table, name)
+    if isinstance(raw, str):  # shorthand: region = "text"
+        raw = {"type": raw}
+    if not isinstance(raw, dict):
+        raise _policy_error(path, "a column must be a table like { type = \"int\" }", table, name)
+    _check_keys(raw, _COLUMN_KEYS, path, "the column", table, name)
+    ctype = raw.get("type")
+    if ctype not in COLUMN_TYPES:
+        raise _policy_error(
+            path, f"unknown type {ctype!r} (expected one of {', '.join(COLUMN_TYPES)})", table, name
+        )
+    lower, upper, resolution = raw.get("lower"), raw.get("upper"), raw.get("resolution")
+    if ctype in ("text", "bool"):
+        for key in ("lower", "upper", "resolution"):
+            if raw.get(key) is not None:
+                raise _policy_error(path, f"{key} is not allowed on a {ctype} column", table, name)
+    if (lower is None) != (upper is None):
+        raise _policy_error(path, "lower and upper must be given together", table, name)
+    if lower is not None:
+        lower = _finite_number(lower, "lower", path, table, name)
+        upper = _finite_number(upper, "upper", path, table, name)
+        if lower > upper:
+            raise _policy_error(path, f"lower ({lower:g}) > upper ({upper:g})", table, name)
+    if ctype in ("int", "float"):
+        if resolution is None:
+            if ctype == "int":
+                resolution = 1.0
+            elif lower is not None:
+                resolution = _default_float_resolution(lower, upper)
+        else:
+            resolution = _finite_number(resolution, "resolution", path, table, name)
+            if resolution <= 0:
+                raise _policy_error(path, f"resolution must be > 0 (got {resolution:g})", table, name)
+            if ctype == "int" and resolution != int(resolution):
+                raise _policy_error(
+                    path, f"resolution of an int column must be a whole number (got {resolution:g})",
+                    table, name,
+                )
+        if lower is not None:
+            big = max(abs(lower), abs(upper)) / resolution
+            if big > MAX_FIXED_POINT_STEPS:
+                raise _policy_error(
+                    path,
+                    f"bad resolution: the bounds span {big:.3g} steps of {resolution:g} "
+                    f"(at most 2**62); choose a coarser resolution",
+                    table,
+                    name,
+                )
+            lo, hi = _fixed_point_bounds(lower, upper, resolution)
+            if lo > hi:
+                raise _policy_error(
+                    path,
+                    f"bad resolution: no multiple of {resolution:g} lies within "
+                    f"[{lower:g}, {upper:g}]",
+                    table,
+                    name,
+                )
+    keys = None
+    if raw.get("public_keys") is not None:
+        keys = _parse_public_keys(raw["public_keys"], ctype, path, table, name)
+    return ColumnPolicy(
+        name=name,
+        type=ctype,
+        lower=lower,
+        upper=upper,
+        resolution=resolution,
+        public_keys=keys,
+    )
+
+
+_TABLE_KEYS = {"source", "privacy_unit", "max_groups_per_unit", "max_rows_per_unit", "columns"}
+
+
+def _bound_int(raw: Mapping, key: str, path: Path, table: str) -> int | None:
+    v = raw.get(key)
+    if v is None:
+        return None
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise _policy_error(path, f"{key} must be an integer (got {v!r})", table)
+    if v < 1:
+        raise _policy_error(path, f"{key} must be ≥ 1 (got {v})", table)
+    if v > MAX_CONTRIBUTION:
+        raise _policy_error(path, f"{key} must be ≤ {MAX_CONTRIBUTION} (got {v})", table)
+    return v
+
+
+def _resolve_source(source: Any, path: Path, table: str) -> str:
+    if not isinstance(source, str) or not source.strip():
+        raise _policy_error(path, "source must be a non-empty string", table)
+    root = path.resolve().parent.parent
+    if source.startswith("duckdb:"):
+        rest = source[len("duckdb:"):]
+        file, sep, tname = rest.rpartition(":")
+        if not sep or not file or not tname:
+            raise _policy_error(path, 'a DuckDB source must be "duckdb:<file>:<table>"', table)
+        fpath = Path(file)
+        if not fpath.is_absolute():
+            fpath = root / fpath
+        return f"duckdb:{fpath}:{tname}"
+    spath = Path(source)
+    if not spath.is_absolute():
+        spath = root / spath
+    return str(spath)
+
+
+def _parse_table(name: str, raw: Any, path: Path, dataset: str) -> TablePolicy:
+    _name(name, "table name", path, name)
+    if not isinstance(raw, dict):
+        raise _policy_error(path, "a table must be a TOML table", name)
+    _check_keys(raw, _TABLE_KEYS, path, "the table", name)
+    source = _resolve_source(raw.get("source"), path, name)
+    unit = raw.get("privacy_unit")
+    k = _bound_int(raw, "max_groups_per_unit", path, name)
+    m = _bound_int(raw, "max_rows_per_unit", path, name)
+    if unit is None:
+        for key, v in (("max_groups_per_unit", k), ("max_rows_per_unit", m)):
+            if v not in (None, 1):
+                raise _policy_error(
+                    path,
+                    f"{key} = {v} needs a privacy_unit column (without one, every row is its "
+                    "own unit and k = m = 1)",
+                    name,
+                )
+        k = m = 1
+    else:
+        if not isinstance(unit, str) or not unit:
+            raise _policy_error(
+                path,
+                "privacy_unit must be a column name; omit the key for record-level privacy",
+                name,
+            )
+        if "\x00" in unit:
+            raise _policy_error(path, "privacy_unit must not contain NUL", name)
+        k = 1 if k is None else k
+        m = 1 if m is None else m
+    raw_cols = raw.get("columns", {})
+    if not isinstance(raw_cols, dict):
+        raise _policy_error(path, "columns must be a TOML table", name)
+    columns: dict[str, ColumnPolicy] = {}
+    folded: dict[str, str] = {}
+    for cname, craw in raw_cols.items():
+        col = _parse_column(cname, craw, path, name)
+        if cname.casefold() in folded:
+            raise _policy_error(
+                path,
+                f"columns {folded[cname.casefold()]!r} and {cname!r} differ only in case "
+                "(DuckDB identifiers are case-insensitive)",
+                name,
+                cname,
+            )
+        folded[cname.casefold()] = cname
+        if unit is not None and cname.casefold() == unit.casefold() and col.public_keys is not None:
+            raise _policy_error(
+                path, "the privacy unit column cannot have public keys (grouping by the unit "
+                "is never allowed)", name, cname,
+            )
+        columns[cname] = col
+    return TablePolicy(
+        name=name,
+        dataset=dataset,
+        source=source,
+        privacy_unit=unit,
+        max_groups_per_unit=k,
+        max_rows_per_unit=m,
+        columns=MappingProxyType(columns),
+        path=path,
+    )
+
+
+def _parse_policy(raw: Mapping[str, Any], path: Path) -> DatasetPolicy:
+    _check_keys(raw, {"dataset", "budget", "allocations", "tables"}, path, "the file")
+    ds = _section(raw, "dataset", path)
+    _check_keys(ds, {"name", "population", "data_version"}, path, "[dataset]")
+    name = _name(ds.get("name"), "dataset name", path)
+    population = _name(ds.get("population"), "population", path, strict=False)
+    data_version = ds.get("data_version")
+    if data_version is not None and (not isinstance(data_version, str) or not data_version):
+        raise _policy_error(path, "data_version must be a non-empty string")
+
+    b = _section(raw, "budget", path)
+    _check_keys(
+        b,
+        {"epsilon", "delta", "default_query_rho", "mechanism", "suppress_ci95_above", "clamp_counts"},
+        path,
+        "[budget]",
+    )
+    for key in ("epsilon", "delta", "default_query_rho"):
+        if key not in b:
+            raise _policy_error(path, f"[budget] {key} is required")
+    epsilon = _finite_number(b["epsilon"], "[budget] epsilon", path)
+    if epsilon <= 0:
+        raise _policy_error(path, f"[budget] epsilon must be > 0 (got {epsilon:g})")
+    delta = _finite_number(b["delta"], "[budget] delta", path)
+    if not 0 <= delta < 1:
+        raise _policy_error(path, f"[budget] delta must be in [0, 1) (got {delta:g})")
+    rho = _finite_number(b["default_query_rho"], "[budget] default_query_rho", path)
+    if rho <= 0:
+        raise _policy_error(path, f"[budget] default_query_rho must be > 0 (got {rho:g})")
+    mechanism = b.get("mechanism", "gaussian")
+    if mechanism not in MECHANISMS:
+        raise _policy_error(
+            path, f"[budget] mechanism must be one of {', '.join(MECHANISMS)} (got {mechanism!r})"
+        )
+    suppress = b.get("suppress_ci95_above")
+    if suppress is not None:
+        suppress = _finite_number(suppress, "[budget] suppress_ci95_above", path)
+        if suppress <= 0:
+            raise _policy_error(path, "[budget] suppress_ci95_above must be > 0")
+    clamp = b.get("clamp_counts", True)
+    if not isinstance(clamp, bool):
+        raise _policy_error(path, "[budget] clamp_counts must be true or false")
+    budget = BudgetPolicy(epsilon, delta, rho, mechanism, suppress, clamp)
+
+    alloc_raw = _section(raw, "allocations", path, required=False)
+    allocations: dict[str, float] = {}
+    for consumer, share in alloc_raw.items():
+        share = _finite_number(share, f"allocation {consumer!r}", path)
+        if not 0 < share <= 1:
+            raise _policy_error(path, f"allocation {consumer!r} must be in (0, 1] (got {share:g})")
+        allocations[consumer] = share
+    if math.fsum(allocations.values()) > 1 + 1e-9:
+        raise _policy_error(
+            path, f"allocations sum to {math.fsum(allocations.values()):g}, more than 1"
+        )
+
+    tables_raw = _section(raw, "tables", path)
+    if not tables_raw:
+        raise _policy_error(path, "[tables] declares no table")
+    tables: dict[str, TablePolicy] = {}
+    for tname, traw in tables_raw.items():
+        if any(t.casefold() == tname.casefold() for t in tables):
+            raise _policy_error(path, "two tables differ only in case", tname)
+        tables[tname] = _parse_table(tname, traw, path, name)
+    return DatasetPolicy(
+        name=name,
+        population=population,
+        data_version=data_version,
+        budget=budget,
+        allocations=MappingProxyType(allocations),
+        tables=MappingProxyType(tables),
+        path=path,
+    )

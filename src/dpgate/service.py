@@ -1,0 +1,557 @@
+"""The query pipeline of the gateway, without HTTP or CLI.
+
+One query (see the design's "Data flow of one query")::
+
+    policy → parse/plan → release cache lookup
+        hit  → stored release, cost 0, cached = true
+        miss → sensitivity + calibration → ledger.charge (before any data access)
+             → bounded SQL in DuckDB → noise (OpenDP) → post-processing → store release
+
+A query that fails validation, planning or calibration costs nothing. Once the
+charge is written it stays, whatever happens after (execution error, timeout,
+noise or storage failure): charges are never refunded.
+
+Identical concurrent requests are *single-flight*: a per-cache-key lock in this
+process, and the ledger's ``release_key`` across processes, give one charge and
+one release.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from dpgate import accounting
+from dpgate.engine import Engine
+from dpgate.errors import (
+    Conflict,
+    DpgateError,
+    ExecutionError,
+    InvalidBudget,
+    UnknownDataset,
+    UnknownPopulation,
+)
+from dpgate.ledger import Ledger, open_ledger
+from dpgate.mechanisms import calibrate, ci95_halfwidth, sample, sigma_for_ci95
+from dpgate.policy import DatasetPolicy, load_policies
+from dpgate.postprocess import finalize
+from dpgate.releases import Release, ReleaseStore, SqliteReleaseStore, cache_key
+from dpgate.sensitivity import sensitivities
+from dpgate.settings import Settings
+from dpgate.sql.bound import bounded_sql, bounded_sql_template
+from dpgate.sql.parse import parse_query
+from dpgate.sql.plan import QueryPlan
+
+#: Mechanism names accepted in requests and policies.
+MECHANISMS = ("gaussian", "laplace")
+#: How long a request waits for a release another process is computing (seconds).
+PENDING_RELEASE_WAIT_S = 60.0
+
+
+@dataclass(frozen=True)
+class QueryBudget:
+    """The budget a query asks for; at most one field is set (none: the policy's default).
+
+    Attributes:
+        rho: total zCDP ρ of this release (summed over its noisy primitives).
+        epsilon: a standalone (ε, δ) guarantee for this release at the cap's δ,
+            turned into ρ by the tight zCDP conversion (Canonne–Kamath–Steinke
+            2020); for the Laplace mechanism the pure ε of the release.
+        ci95: target 95 % interval half-width of each noisy primitive, in the
+            primitive's output units (rows for counts, column units for sums).
+
+    Raises:
+        InvalidBudget: more than one field set, or a value that is not a finite
+            positive number.
+    """
+
+    rho: float | None = None
+    epsilon: float | None = None
+    ci95: float | None = None
+
+    def __post_init__(self) -> None:
+        given = {k: v for k, v in (("rho", self.rho), ("epsilon", self.epsilon), ("ci95", self.ci95)) if v is not None}
+        if len(given) > 1:
+            raise InvalidBudget("give at most one of rho, epsilon, ci95", {"given": sorted(given)})
+        for name, value in given.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise InvalidBudget(f"budget {name} must be a number", {"field": name})
+            if not math.isfinite(value) or value <= 0:
+                raise InvalidBudget(f"budget {name} must be a finite positive number", {"field": name})
+            if value > 1e6:
+                raise InvalidBudget(f"budget {name} is implausibly large (> 1e6)", {"field": name})
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
+
+
+class Gateway:
+    """The in-process gateway: policies, the DuckDB engine, the ledger and the release store.
+
+    Build it with :meth:`open` (which loads policies and data) or inject the
+    parts (tests). All public methods return JSON-ready dicts and raise
+    :class:`~dpgate.errors.DpgateError` subclasses. Thread-safe.
+
+    Args:
+        policies: dataset name → policy.
+        engine: a loaded :class:`~dpgate.engine.Engine`.
+        data_versions: dataset name → data version (from ``Engine.load``).
+        ledger: the budget ledger.
+        releases: the release store (same backend as the ledger).
+    """
+
+    def __init__(
+        self,
+        policies: Mapping[str, DatasetPolicy],
+        engine: Engine,
+        data_versions: Mapping[str, str],
+        ledger: Ledger,
+        releases: ReleaseStore,
+    ) -> None:
+        self.policies = dict(policies)
+        self.engine = engine
+        self.data_versions = dict(data_versions)
+        self.ledger = ledger
+        self.release_store = releases
+        self._flights: dict[str, threading.Lock] = {}
+        self._failed: set[str] = set()  # cache keys whose charged computation failed here
+        self._flights_lock = threading.Lock()
+        for policy in self.policies.values():
+            ledger.ensure_population(
+                policy.population,
+                epsilon=policy.budget.epsilon,
+                delta=policy.budget.delta,
+                allocations=dict(policy.allocations),
+            )
+
+    # ----------------------------------------------------------------- lifecycle
+
+    @classmethod
+    def open(cls, settings: Settings, *, progress: Callable[[str], None] | None = None) -> "Gateway":
+        """Load the policies, the data (DuckDB), the ledger and the release store.
+
+        Args:
+            settings: injected configuration.
+            progress: called with human-readable progress lines (loading large files).
+        Raises:
+            PolicyError: a policy file is invalid or names a missing source or column.
+            LedgerError: the ledger cannot be opened.
+        """
+        policies = load_policies(Path(settings.policies))
+        settings.home.mkdir(parents=True, exist_ok=True)
+        engine = Engine(
+            timeout_s=settings.query_timeout_s,
+            memory_limit=settings.duckdb_memory_limit,
+            threads=settings.duckdb_threads,
+        )
+        try:
+            versions = engine.load(policies, progress=progress)
+            ledger = open_ledger(settings.resolved_ledger_url())
+        except BaseException:
+            engine.close()
+            raise
+        store = open_release_store(ledger)
+        return cls(policies, engine, versions, ledger, store)
+
+    def close(self) -> None:
+        """Close the release store, the ledger and the engine."""
+        for closer in (self.release_store.close, self.ledger.close, self.engine.close):
+            try:
+                closer()
+            except Exception:  # noqa: BLE001 - closing must not mask the caller's error
+                pass
+
+    def __enter__(self) -> "Gateway":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ----------------------------------------------------------------- datasets
+
+    def policy(self, dataset: str) -> DatasetPolicy:
+        """The policy of ``dataset``; raises :class:`UnknownDataset`."""
+        try:
+            return self.policies[dataset]
+        except KeyError:
+            raise UnknownDataset(f"unknown dataset {dataset!r}", {"dataset": dataset}) from None
+
+    def population_of(self, dataset: str) -> str:
+        """The population (ledger key) whose budget ``dataset`` spends."""
+        return self.policy(dataset).population
+
+    def datasets(self) -> list[dict[str, Any]]:
+        """The published guarantee of every dataset (see :meth:`dataset`)."""
+        return [self.dataset(name) for name in sorted(self.policies)]
+
+    def dataset(self, name: str) -> dict[str, Any]:
+        """The published guarantee of one dataset.
+
+        Returns a dict with the dataset's population, data version, cap
+        (ε, δ and the ρ it is enforced as), allocations, default mechanism and
+        per table the privacy unit, contribution bounds (k, m) and the public
+        parts of the schema (types, clamp bounds, resolution, public keys).
+        The cap shown is the ledger's current one (after any recorded change).
+        Raises :class:`UnknownDataset`.
+        """
+        policy = self.policy(name)
+        report = self.ledger.spend(policy.population).to_dict()
+        tables = {}
+        for tname, table in policy.tables.items():
+            columns = {}
+            for cname, col in table.columns.items():
+                columns[cname] = {
+                    "type": col.type,
+                    "lower": col.lower,
+                    "upper": col.upper,
+                    "resolution": col.resolution,
+                    "public_keys": list(col.public_keys) if col.public_keys is not None else None,
+                }
+            tables[tname] = {
+                "privacy_unit": table.privacy_unit,
+                "record_level": table.privacy_unit is None,
+                "max_groups_per_unit": table.max_groups_per_unit,
+                "max_rows_per_unit": table.max_rows_per_unit,
+                "columns": columns,
+            }
+        return {
+            "name": policy.name,
+            "population": policy.population,
+            "data_version": self.data_versions.get(name),
+            "cap": report["cap"],
+            "policy_cap": {"epsilon": policy.budget.epsilon, "delta": policy.budget.delta},
+            "allocations": dict(policy.allocations),
+            "default_mechanism": policy.budget.mechanism,
+            "default_query_rho": policy.budget.default_query_rho,
+            "tables": tables,
+        }
+
+    def budget(self, dataset: str) -> dict[str, Any]:
+        """Spend report of ``dataset``'s population: ρ and ε at the cap's δ, per allocation."""
+        policy = self.policy(dataset)
+        report = self.ledger.spend(policy.population).to_dict()
+        report["dataset"] = dataset
+        return report
+
+    # ----------------------------------------------------------------- planning
+
+    def _plan(self, dataset: str, sql: str) -> tuple[DatasetPolicy, QueryPlan]:
+        policy = self.policy(dataset)
+        if not isinstance(sql, str) or not sql.strip():
+            from dpgate.errors import InvalidSql
+
+            raise InvalidSql("the SQL text is empty")
+        return policy, parse_query(sql, policy)
+
+    def _mechanism(self, policy: DatasetPolicy, mechanism: str | None) -> str:
+        mech = mechanism or policy.budget.mechanism
+        if mech not in MECHANISMS:
+            raise InvalidBudget(f"unknown mechanism {mech!r}; use one of {', '.join(MECHANISMS)}",
+                                {"mechanism": mech})
+        return mech
+
+    def _calibrate(self, policy: DatasetPolicy, plan: QueryPlan, mech: str, budget: QueryBudget | None):
+        """Return (calibration, resolved budget dict, sensitivities)."""
+        sens = sensitivities(plan, policy)
+        pairs = {pid: (s.l1, s.l2) for pid, s in sens.items()}
+        budget = budget or QueryBudget()
+        delta = policy.budget.delta
+        if budget.ci95 is not None:
+            scales = {}
+            for p in plan.primitives:
+                unit = _output_unit(policy, plan, p.id)
+                scales[p.id] = sigma_for_ci95(mech, budget.ci95 / unit)
+            cal = calibrate(pairs, mechanism=mech, scales=scales)
+            resolved = {"ci95": float(budget.ci95)}
+        elif mech == "gaussian":
+            if budget.epsilon is not None:
+                rho = accounting.rho_for_cap(budget.epsilon, delta, "tight")
+                resolved = {"epsilon": float(budget.epsilon), "delta": delta}
+            else:
+                rho = budget.rho if budget.rho is not None else policy.budget.default_query_rho
+                resolved = {"rho": float(rho)}
+            cal = calibrate(pairs, mechanism=mech, rho=rho)
+        else:  # laplace: pure ε; a ρ budget buys ε = √(2ρ) (ε-DP ⇒ ε²/2-zCDP, Bun–Steinke 2016 Prop. 1.4)
+            if budget.epsilon is not None:
+                eps = budget.epsilon
+                resolved = {"epsilon": float(eps)}
+            else:
+                rho = budget.rho if budget.rho is not None else policy.budget.default_query_rho
+                eps = math.sqrt(2.0 * rho)
+                resolved = {"rho": float(rho)}
+            cal = calibrate(pairs, mechanism=mech, epsilon=eps)
+        return cal, resolved, sens
+
+    # ----------------------------------------------------------------- explain
+
+    def explain(self, dataset: str, sql: str, *, budget: QueryBudget | None = None,
+                mechanism: str | None = None) -> dict[str, Any]:
+        """Plan, bounded SQL (salt hidden), sensitivities and cost of a query.
+
+        Reads no data and charges nothing. Raises the same errors as :meth:`query`
+        before its charge.
+        """
+        policy, plan = self._plan(dataset, sql)
+        mech = self._mechanism(policy, mechanism)
+        cal, resolved, sens = self._calibrate(policy, plan, mech, budget)
+        delta = policy.budget.delta
+        return {
+            "dataset": dataset,
+            "canonical_sql": plan.canonical_sql,
+            "plan_hash": plan.plan_hash,
+            "plan": plan.canonical_dict(),
+            "bounded_sql": bounded_sql_template(plan, policy),
+            "sensitivity": {pid: {"l1": s.l1, "l2": s.l2, "linf": s.linf} for pid, s in sens.items()},
+            "mechanism": cal.mechanism,
+            "noise_scales": dict(cal.scales),
+            "budget": resolved,
+            "cost": {
+                "rho": cal.rho,
+                "epsilon": cal.epsilon,
+                "epsilon_at_delta": accounting.cost_epsilon(cal.cost, delta),
+                "delta": delta,
+            },
+        }
+
+    # ----------------------------------------------------------------- query
+
+    def _flight(self, key: str) -> threading.Lock:
+        with self._flights_lock:
+            lock = self._flights.get(key)
+            if lock is None:
+                lock = self._flights[key] = threading.Lock()
+            return lock
+
+    def query(self, dataset: str, sql: str, *, consumer: str, budget: QueryBudget | None = None,
+              mechanism: str | None = None) -> dict[str, Any]:
+        """Answer ``sql`` on ``dataset`` with a DP release, charged to ``consumer``'s allocation.
+
+        Args:
+            dataset: dataset name (policy).
+            sql: the analyst's SQL text (never executed as such).
+            consumer: the allocation that pays (from the principal, not the request).
+            budget: the release's budget (None: the policy's ``default_query_rho``).
+            mechanism: ``"gaussian"`` (discrete Gaussian, zCDP) or ``"laplace"``
+                (discrete Laplace, pure ε); None: the policy's default.
+        Returns:
+            The release document: ``{release_id, dataset, columns, rows, accuracy,
+            charge: {rho, epsilon_at_delta, charge_id} | None, cached, data_version,
+            created_at, guarantee, …}``. A cache hit has ``cached = True`` and
+            ``charge = None`` (it cost nothing).
+        Raises:
+            InvalidSql, UnsupportedQuery, UnknownTable, UnknownColumn, InvalidBudget,
+            UnknownDataset, UnknownConsumer: before any charge.
+            BudgetExhausted: the charge did not fit; nothing was written.
+            QueryTimeout, ExecutionError, MechanismError: after the charge, which stays.
+        """
+        policy, plan = self._plan(dataset, sql)
+        mech = self._mechanism(policy, mechanism)
+        cal, resolved, _ = self._calibrate(policy, plan, mech, budget)
+        version = self.data_versions[dataset]
+        key = cache_key(plan.plan_hash, version, mech, resolved)
+        display = [o.label or o.name for o in plan.outputs if not o.hidden]
+
+        with self._flight(key):
+            hit = self.release_store.find(key)
+            if hit is not None:
+                return _rename(hit.to_dict(cached=True), display)
+            # A key whose charged computation failed in this process is charged afresh
+            # (the failed charge stays; nothing is refunded) instead of waiting for it.
+            release_key = key if key not in self._failed else f"{key}:retry:{uuid.uuid4().hex}"
+            receipt = self.ledger.charge(
+                policy.population, consumer, cal.cost,
+                purpose=f"query on {dataset}: {plan.canonical_sql}"[:500],
+                release_key=release_key,
+                metadata={"dataset": dataset, "plan_hash": plan.plan_hash, "data_version": version},
+            )
+            if receipt.duplicate:  # another process charged this key: wait for its release
+                return _rename(self._await_release(key).to_dict(cached=True), display)
+            # ---- the charge is written; from here on nothing refunds it ----
+            try:
+                release = self._compute(policy, plan, cal, resolved, receipt, key, version)
+                stored = self.release_store.put(release)
+            except BaseException:
+                self._failed.add(key)
+                raise
+            self._failed.discard(key)
+            if stored.release_id != release.release_id:  # lost a race to another process
+                return _rename(stored.to_dict(cached=True), display)
+            return stored.to_dict(cached=False)
+
+    def _await_release(self, key: str) -> Release:
+        deadline = time.monotonic() + PENDING_RELEASE_WAIT_S
+        while time.monotonic() < deadline:
+            hit = self.release_store.find(key)
+            if hit is not None:
+                return hit
+            time.sleep(0.05)
+        raise Conflict("an identical query was charged by another process but its release is not"
+                       " stored (it may have failed); retry with a different budget",
+                       {"cache_key": key})
+
+    def _compute(self, policy: DatasetPolicy, plan: QueryPlan, cal, resolved: Mapping[str, Any],
+                 receipt, key: str, version: str) -> Release:
+        salt = secrets.randbits(63)
+        try:
+            values = self.engine.execute(bounded_sql(plan, policy, salt=salt))
+        except DpgateError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - no data in the message
+            raise ExecutionError("executing the bounded query failed; the charge stays",
+                                 {"charge_id": receipt.charge_id}) from exc
+        del salt
+        keys = {k: values[k] for k in plan.group_by}
+        noisy = sample(cal, {p.id: values[p.id] for p in plan.primitives})
+        halfwidths = {pid: ci95_halfwidth(cal.mechanism, s) for pid, s in cal.scales.items()}
+        table = finalize(plan, policy, keys, noisy, cal.scales, halfwidths, mechanism=cal.mechanism)
+        delta = policy.budget.delta
+        table_policy = policy.table(plan.table)
+        release_id = "rel_" + uuid.uuid4().hex[:24]
+        created = _now()
+        body = {
+            "release_id": release_id,
+            "dataset": policy.name,
+            "table": plan.table,
+            "columns": [o.label or o.name for o in plan.outputs if not o.hidden],
+            "rows": [list(r) for r in table.rows],
+            "accuracy": _relabel(table.accuracy, list(table.columns),
+                                 [o.label or o.name for o in plan.outputs if not o.hidden]),
+            "charge": {
+                "charge_id": receipt.charge_id,
+                "rho": receipt.rho,
+                "epsilon_at_delta": receipt.epsilon_at_delta,
+                "delta": delta,
+                "consumer": receipt.consumer,
+            },
+            "cached": False,
+            "data_version": version,
+            "created_at": created,
+            "plan_hash": plan.plan_hash,
+            "canonical_sql": plan.canonical_sql,
+            "mechanism": cal.mechanism,
+            "noise_scales": dict(cal.scales),
+            "budget": dict(resolved),
+            "bounds": {
+                "privacy_unit": table_policy.privacy_unit,
+                "max_groups_per_unit": table_policy.max_groups_per_unit,
+                "max_rows_per_unit": table_policy.max_rows_per_unit,
+                "columns": {
+                    c: {"lower": col.lower, "upper": col.upper, "resolution": col.resolution}
+                    for c, col in table_policy.columns.items() if col.bounded
+                },
+            },
+            "guarantee": {
+                "population": policy.population,
+                "privacy_unit": table_policy.privacy_unit or "record",
+                "cap": {"epsilon": policy.budget.epsilon, "delta": delta},
+            },
+        }
+        return Release(release_id, key, policy.name, plan.plan_hash, created, body)
+
+    # ----------------------------------------------------------------- releases
+
+    def release(self, release_id: str) -> dict[str, Any]:
+        """A stored release (free); raises :class:`~dpgate.errors.NotFound`."""
+        return self.release_store.get(release_id).to_dict(cached=True)
+
+    def releases(self, dataset: str | None = None, *, limit: int = 100) -> list[dict[str, Any]]:
+        """Stored releases, newest first (free); ``dataset`` must exist if given."""
+        if dataset is not None:
+            self.policy(dataset)
+        return [r.to_dict(cached=True) for r in self.release_store.list(dataset, limit=limit)]
+
+    # ----------------------------------------------------------------- ledger
+
+    def charge_external(self, population: str, consumer: str, *, curve: list[float] | None = None,
+                        orders: list[float] | None = None, rho: float | None = None, kind: str = "rdp",
+                        purpose: str, actor: str) -> dict[str, Any]:
+        """Charge a cost computed by an external accountant (e.g. a DP-SGD run).
+
+        Args:
+            population, consumer: who pays.
+            curve: RDP ε(α) at ``orders`` (default: the ledger's
+                :data:`~dpgate.accounting.ORDERS`; any other grid is refused) for
+                ``kind = "rdp"``.
+            rho: total ρ for ``kind = "zcdp"`` or ``"gaussian"`` (continuous Gaussian).
+            purpose, actor: recorded with the charge.
+        Raises:
+            InvalidBudget: malformed cost. UnknownPopulation / UnknownConsumer.
+            BudgetExhausted: it does not fit (nothing written).
+        """
+        if population not in self.ledger.populations():
+            raise UnknownPopulation(f"unknown population {population!r}", {"population": population})
+        try:
+            if kind == "rdp":
+                if curve is None:
+                    raise ValueError("curve is required for kind 'rdp'")
+                grid = tuple(float(a) for a in orders) if orders is not None else accounting.ORDERS
+                cost = accounting.Cost.rdp(list(curve), orders=grid)
+            elif kind in ("zcdp", "gaussian"):
+                if rho is None:
+                    raise ValueError(f"rho is required for kind {kind!r}")
+                cost = accounting.Cost.zcdp(rho) if kind == "zcdp" else accounting.Cost.continuous_gaussian(rho)
+            else:
+                raise ValueError("kind must be 'rdp', 'zcdp' or 'gaussian'")
+        except ValueError as exc:
+            raise InvalidBudget(str(exc), {"kind": kind}) from None
+        receipt = self.ledger.charge(population, consumer, cost, purpose=purpose,
+                                     metadata={"actor": actor, "external": True})
+        return receipt.to_dict()
+
+    def ledger_entries(self, population: str | None = None, *, limit: int | None = None) -> list[dict[str, Any]]:
+        """Ledger charges (oldest first), optionally of one population."""
+        return self.ledger.entries(population, limit=limit)
+
+    def ledger_events(self, population: str | None = None) -> list[dict[str, Any]]:
+        """Governance events (cap and allocation changes) with who, when, old, new and reason."""
+        return self.ledger.events(population)
+
+    def set_cap(self, population: str, *, epsilon: float, delta: float, actor: str, reason: str) -> dict[str, Any]:
+        """Record a cap change as a governance event (never an edit); returns the event."""
+        if population not in self.ledger.populations():
+            raise UnknownPopulation(f"unknown population {population!r}", {"population": population})
+        return self.ledger.set_cap(population, epsilon=epsilon, delta=delta, actor=actor, reason=reason)
+
+
+def open_release_store(ledger: Ledger) -> ReleaseStore:
+    """The release store living in the same backend as ``ledger``."""
+    connect = getattr(ledger, "connect", None)
+    if connect is None:
+        raise ExecutionError("this ledger backend has no release store")
+    if hasattr(ledger, "release_store"):
+        return ledger.release_store()
+    return SqliteReleaseStore(connect)
+
+
+def _output_unit(policy: DatasetPolicy, plan: QueryPlan, primitive_id: str) -> float:
+    """Size of one integer unit of a primitive in output units (1 for counts)."""
+    p = plan.primitive(primitive_id)
+    if p.kind in ("sum", "sum_squares"):
+        res = policy.table(plan.table).column(p.column).resolution or 1.0
+        return res if p.kind == "sum" else res * res
+    return 1.0
+
+
+def _relabel(accuracy: Mapping[str, Any], names: list[str], labels: list[str]) -> dict[str, Any]:
+    mapping = dict(zip(names, labels))
+    return {mapping.get(k, k): v for k, v in accuracy.items()}
+
+
+def _rename(doc: dict[str, Any], display: list[str]) -> dict[str, Any]:
+    """Serve a stored release under this request's output names (post-processing, free)."""
+    old = doc.get("columns", [])
+    if len(old) != len(display) or old == display:
+        return doc
+    mapping = dict(zip(old, display))
+    doc["columns"] = list(display)
+    if isinstance(doc.get("accuracy"), dict):
+        doc["accuracy"] = {mapping.get(k, k): v for k, v in doc["accuracy"].items()}
+    return doc

@@ -1,0 +1,1235 @@
+"""Parse an analyst's SQL with sqlglot (DuckDB dialect), check it against an allow-list
+and build the canonical :class:`~dpgate.sql.plan.QueryPlan`.
+
+Accepted shape (DESIGN.md, "SQL the gateway answers")::
+
+    SELECT <group keys>, <aggregates> FROM <table> [WHERE <row predicate>]
+    [GROUP BY <group keys>] [HAVING <predicate>] [ORDER BY <outputs>] [LIMIT n]
+
+* Exactly one statement, a plain SELECT over one declared table (optionally
+  qualified by the dataset name, optionally aliased). Anything that sqlglot can
+  only parse as an opaque ``Command`` is refused.
+* Aggregates: ``COUNT(*)``, ``COUNT(<literal>)``, ``COUNT(<unit>)`` (all three count
+  rows; rows with a NULL unit are dropped), ``COUNT(col)`` (non-NULL, finite
+  values), ``COUNT(DISTINCT <unit>)``, ``SUM``, ``AVG``/``MEAN``, ``VAR_POP`` and
+  its aliases ``VARIANCE``/``VAR_SAMP``, ``STDDEV_POP`` and ``STDDEV``/``STDDEV_SAMP``.
+  The argument is a bare declared column; SUM/AVG/VAR/STDDEV need clamp bounds.
+  DuckDB's ``VARIANCE``/``STDDEV`` are sample statistics; the DP release estimates
+  the *population* statistic in every case (with noise of order 1/n the
+  difference is immaterial, and the population form is the one with a simple
+  sensitivity).
+* Row predicate (WHERE): comparisons, ``IN``, ``BETWEEN``, ``IS [NOT] NULL``,
+  ``IS [NOT] TRUE/FALSE``, ``IS [NOT] DISTINCT FROM``, ``[NOT] LIKE``/``ILIKE``
+  (no ESCAPE), ``AND``/``OR``/``NOT``, ``+ - *`` and unary minus, ``||``, over declared
+  columns and finite literals, and these functions, chosen because they are
+  deterministic and cannot fail on any data value: LOWER, UPPER, LENGTH, TRIM,
+  LTRIM, RTRIM, CONCAT, STARTS_WITH, ENDS_WITH, CONTAINS, ABS, ROUND (constant
+  digits), FLOOR, CEIL, SIGN, COALESCE/IFNULL, NULLIF, GREATEST, LEAST, TRY_CAST to
+  BIGINT/INTEGER/DOUBLE/VARCHAR/BOOLEAN and CAST of a number to DOUBLE. Operands are type-checked against the
+  policy's column types (a failing implicit cast would be an error *after* the
+  charge). Integer operands of arithmetic and numeric functions are computed in
+  DOUBLE (no overflow error is possible). Division, modulo, CAST, CASE and every
+  other function are refused.
+* GROUP BY: bare declared columns with public keys (by name, SELECT alias or
+  position). Every non-aggregate SELECT item must be a group key; a group key that
+  is not selected is a hidden key output.
+* HAVING / ORDER BY / LIMIT: post-processing over the outputs (aliases, positions,
+  group keys or the aggregate expressions themselves; an aggregate that only they
+  use becomes a hidden output). LIMIT is a non-negative integer literal.
+
+Canonical form: identifiers resolve case-insensitively to the declared names;
+predicates are simplified by ``sqlglot.optimizer.simplify`` (which sorts and
+deduplicates AND/OR operands and puts columns left of constants), ``IN`` lists are
+sorted and deduplicated, numeric literals are normalised (``1.0`` → ``1``); labels
+(aliases) do not enter the plan hash.
+
+Every refusal raises before anything is executed, with a message that quotes the
+offending construct and never contains data.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from dataclasses import dataclass, replace
+from typing import Callable
+
+import sqlglot
+from sqlglot import exp
+from sqlglot.errors import ParseError, SqlglotError, TokenError
+from sqlglot.optimizer.simplify import simplify
+
+from dpgate.errors import InvalidSql, UnknownColumn, UnknownTable, UnsupportedQuery
+from dpgate.policy import (
+    MAX_SQUARED_STEPS,
+    ColumnPolicy,
+    DatasetPolicy,
+    TablePolicy,
+    quote_identifier,
+)
+from dpgate.sql.plan import (
+    FUNCTION_PRIMITIVES,
+    AggregateOutput,
+    KeyOutput,
+    OrderItem,
+    Output,
+    Primitive,
+    QueryPlan,
+)
+
+DIALECT = "duckdb"
+#: Longest SQL text accepted (characters).
+MAX_SQL_LENGTH = 100_000
+#: Most public-key combinations one query may release.
+MAX_GROUPS = 10_000_000
+#: Most syntax-tree nodes in one query (planning cost stays bounded).
+MAX_NODES = 20_000
+_NUMERIC = ("int", "float")
+_INT_RE = re.compile(r"^\d+$")
+
+# --- statement-level ---------------------------------------------------------------------
+
+_SELECT_ARGS = {"expressions", "from_", "from", "where", "group", "having", "order", "limit"}
+_SELECT_ARG_NAMES = {
+    "with_": "WITH (common table expressions)",
+    "distinct": "SELECT DISTINCT",
+    "joins": "JOIN",
+    "laterals": "LATERAL",
+    "qualify": "QUALIFY",
+    "windows": "WINDOW clauses",
+    "offset": "OFFSET",
+    "sample": "USING SAMPLE / TABLESAMPLE",
+    "into": "SELECT INTO",
+    "pivots": "PIVOT",
+    "prewhere": "PREWHERE",
+    "connect": "CONNECT BY",
+    "locks": "FOR UPDATE",
+    "settings": "SETTINGS",
+    "exclude": "EXCLUDE",
+    "kind": "SELECT AS STRUCT/VALUE",
+}
+
+# Constructs refused wherever they appear, with the message naming them.
+_STRUCTURAL = {
+    exp.Subquery: "subqueries are not supported",
+    exp.Select: "subqueries are not supported",
+    exp.Exists: "subqueries (EXISTS) are not supported",
+    exp.Join: "JOIN is not supported",
+    exp.Lateral: "LATERAL is not supported",
+    exp.Unnest: "UNNEST is not supported",
+    exp.Window: "window functions (OVER …) are not supported",
+    exp.With: "WITH (common table expressions) is not supported",
+    exp.CTE: "WITH (common table expressions) is not supported",
+    exp.SetOperation: "set operations (UNION / INTERSECT / EXCEPT) are not supported",
+    exp.Placeholder: "query parameters are not supported",
+    exp.Parameter: "query parameters are not supported",
+    exp.Filter: "FILTER (WHERE …) on aggregates is not supported",
+    exp.TableSample: "TABLESAMPLE / USING SAMPLE is not supported",
+}
+
+_AGGREGATES = (
+    exp.Count,
+    exp.Sum,
+    exp.Avg,
+    exp.Variance,
+    exp.VariancePop,
+    exp.Stddev,
+    exp.StddevPop,
+    exp.StddevSamp,
+)
+_AGG_FUNCTION = {
+    exp.Sum: "sum",
+    exp.Avg: "avg",
+    exp.Variance: "var_pop",
+    exp.VariancePop: "var_pop",
+    exp.Stddev: "stddev_pop",
+    exp.StddevPop: "stddev_pop",
+    exp.StddevSamp: "stddev_pop",
+}
+_AGG_SQL = {
+    "count": "COUNT(*)",
+    "count_column": "COUNT({c})",
+    "count_distinct_unit": "COUNT(DISTINCT {c})",
+    "sum": "SUM({c})",
+    "avg": "AVG({c})",
+    "var_pop": "VAR_POP({c})",
+    "stddev_pop": "STDDEV_POP({c})",
+}
+_ANON_AGGREGATES = {"mean": "avg"}
+_TRY_CAST_TYPES = {
+    exp.DataType.Type.BIGINT: "int",
+    exp.DataType.Type.INT: "int",
+    exp.DataType.Type.DOUBLE: "float",
+    exp.DataType.Type.VARCHAR: "text",
+    exp.DataType.Type.TEXT: "text",
+    exp.DataType.Type.BOOLEAN: "bool",
+}
+_COMPARISONS = (
+    exp.EQ,
+    exp.NEQ,
+    exp.GT,
+    exp.GTE,
+    exp.LT,
+    exp.LTE,
+    exp.NullSafeEQ,
+    exp.NullSafeNEQ,
+)
+
+
+def _snippet(node: exp.Expression, limit: int = 80) -> str:
+    """The construct as SQL text (the analyst's own construct; never data)."""
+    try:
+        text = node.sql(dialect=DIALECT, comments=False)
+    except Exception:  # pragma: no cover - sqlglot cannot render some fragments
+        text = type(node).__name__
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _unsupported(message: str, node: exp.Expression | None = None) -> UnsupportedQuery:
+    details = {"construct": _snippet(node)} if node is not None else {}
+    return UnsupportedQuery(message, details)
+
+
+def _real_args(node: exp.Expression) -> set[str]:
+    return {k for k, v in node.args.items() if v not in (None, False, [], "")}
+
+
+def _only_args(node: exp.Expression, allowed: set[str]) -> None:
+    extra = _real_args(node) - allowed
+    if extra:
+        raise _unsupported(f"{_snippet(node)} uses options that are not supported", node)
+
+
+def parse_statement(sql: str) -> exp.Select:
+    """Parse SQL text into exactly one sqlglot SELECT (DuckDB dialect).
+
+    Raises:
+        InvalidSql: not a string, too long, does not parse, or not exactly one statement.
+        UnsupportedQuery: a statement other than SELECT (sqlglot ``Command`` included)
+            or a set operation.
+    """
+    if not isinstance(sql, str):
+        raise InvalidSql("the SQL must be a string")
+    if len(sql) > MAX_SQL_LENGTH:
+        raise InvalidSql(f"the SQL is longer than {MAX_SQL_LENGTH} characters")
+    if "\x00" in sql:
+        raise InvalidSql("the SQL contains a NUL character")
+    try:
+        statements = [s for s in sqlglot.parse(sql, read=DIALECT) if s is not None]
+    except ParseError as exc:
+        err = exc.errors[0] if exc.errors else {}
+        raise InvalidSql(
+            f"the SQL does not parse: {err.get('description', 'syntax error')} "
+            f"(line {err.get('line', '?')}, column {err.get('col', '?')})",
+            {"line": err.get("line"), "column": err.get("col")},
+        ) from None
+    except (TokenError, SqlglotError) as exc:
+        raise InvalidSql(f"the SQL does not parse: {str(exc).splitlines()[0][:200]}") from None
+    except RecursionError:
+        raise InvalidSql("the SQL is nested too deeply") from None
+    if not statements:
+        raise InvalidSql("no SQL statement was given")
+    if len(statements) > 1:
+        raise InvalidSql(
+            f"exactly one statement is allowed; found {len(statements)}",
+            {"statements": len(statements)},
+        )
+    stmt = statements[0]
+    if isinstance(stmt, exp.Command):
+        raise _unsupported(
+            f"{str(stmt.this).upper()} statements are not supported: only a single SELECT is",
+            stmt,
+        )
+    if isinstance(stmt, exp.SetOperation):
+        raise _unsupported(
+            f"set operations ({stmt.key.upper()}) are not supported: only a single SELECT is",
+            stmt,
+        )
+    if isinstance(stmt, exp.Subquery):
+        raise _unsupported("subqueries are not supported: only a single plain SELECT is", stmt)
+    if not isinstance(stmt, exp.Select):
+        raise _unsupported(
+            f"{stmt.key.upper()} statements are not supported: only a single SELECT is", stmt
+        )
+    return stmt
+
+
+# --- scope and column resolution ------------------------------------------------------------
+
+
+@dataclass
+class _Scope:
+    policy: DatasetPolicy
+    table: TablePolicy
+    qualifiers: set[str]
+
+    def resolve(self, node: exp.Column) -> str:
+        """Declared column name (or the unit column's name) that ``node`` refers to."""
+        if isinstance(node.this, exp.Star):
+            raise _unsupported("SELECT * is not supported: name group keys and aggregates", node)
+        if node.args.get("catalog") is not None:
+            raise UnknownTable(f"unknown table reference in {_snippet(node)!r}",
+                               {"column": _snippet(node)})
+        db = node.args.get("db")
+        if db is not None and db.name.casefold() != self.policy.name.casefold():
+            raise UnknownTable(f"unknown dataset {db.name!r} in {_snippet(node)!r}",
+                               {"dataset": db.name})
+        tbl = node.args.get("table")
+        if tbl is not None and tbl.name.casefold() not in self.qualifiers:
+            raise UnknownTable(
+                f"unknown table or alias {tbl.name!r} in {_snippet(node)!r}", {"table": tbl.name}
+            )
+        col = self.table.find_column(node.name)
+        if col is not None:
+            return col.name
+        unit = self.table.privacy_unit
+        if unit is not None and node.name.casefold() == unit.casefold():
+            return unit
+        raise UnknownColumn(
+            f"table {self.table.name!r} declares no column {node.name!r}",
+            {"table": self.table.name, "column": node.name},
+        )
+
+    def is_unit(self, name: str) -> bool:
+        """True when ``name`` is the table's privacy unit column (case-insensitive)."""
+        unit = self.table.privacy_unit
+        return unit is not None and name.casefold() == unit.casefold()
+
+    def declared(self, node: exp.Column) -> ColumnPolicy:
+        """The declared column for ``node`` (UnknownColumn for an undeclared unit column)."""
+        name = self.resolve(node)
+        col = self.table.find_column(name)
+        if col is None:
+            raise UnknownColumn(
+                f"the privacy unit column {name!r} is not declared in the policy's columns; "
+                "it can only be used in COUNT(DISTINCT {0}) and COUNT({0})".format(name),
+                {"table": self.table.name, "column": name},
+            )
+        return col
+
+
+def _resolve_from(stmt: exp.Select, policy: DatasetPolicy) -> tuple[TablePolicy, set[str]]:
+    frm = stmt.args.get("from_") or stmt.args.get("from")
+    if frm is None:
+        raise UnsupportedQuery("a FROM clause naming one declared table is required")
+    tbl = frm.this
+    if isinstance(tbl, (exp.Subquery, exp.Select)):
+        raise _unsupported("subqueries in FROM are not supported", tbl)
+    if not isinstance(tbl, exp.Table) or not isinstance(tbl.this, exp.Identifier):
+        inner = tbl.this if isinstance(tbl, exp.Table) else tbl
+        raise _unsupported(
+            f"table functions such as {_snippet(inner)} are not supported: name a declared table",
+            inner,
+        )
+    extra = _real_args(tbl) - {"this", "db", "alias"}
+    if extra:
+        raise _unsupported(
+            f"table modifiers ({', '.join(sorted(extra))}) are not supported in {_snippet(tbl)}",
+            tbl,
+        )
+    db = tbl.args.get("db")
+    if db is not None and db.name.casefold() != policy.name.casefold():
+        raise UnknownTable(
+            f"unknown dataset {db.name!r}: this query runs on dataset {policy.name!r}",
+            {"dataset": db.name},
+        )
+    table = policy.table(tbl.name)
+    qualifiers = {table.name.casefold()}
+    alias = tbl.args.get("alias")
+    if alias is not None:
+        if _real_args(alias) - {"this"}:
+            raise _unsupported("column aliases on the table are not supported", alias)
+        qualifiers.add(alias.name.casefold())
+    return table, qualifiers
+
+
+def _check_structure(stmt: exp.Select) -> None:
+    for key in _real_args(stmt) - _SELECT_ARGS:
+        name = _SELECT_ARG_NAMES.get(key, key.upper())
+        raise _unsupported(f"{name} is not supported", stmt.args[key] if isinstance(
+            stmt.args[key], exp.Expression) else None)
+    for node in stmt.walk():
+        if node is stmt:
+            continue
+        for cls, message in _STRUCTURAL.items():
+            if isinstance(node, cls):
+                raise _unsupported(f"{message}: {_snippet(node)}", node)
+        if isinstance(node, exp.Command):  # pragma: no cover - defensive
+            raise _unsupported("commands are not supported", node)
+
+
+# --- literals -----------------------------------------------------------------------------------
+
+
+def _number(lit: exp.Literal) -> int | float:
+    text = str(lit.this)
+    try:
+        value: int | float = int(text) if _INT_RE.match(text) else float(text)
+    except ValueError:
+        raise _unsupported(f"numeric literal {text} is not a number", lit) from None
+    if isinstance(value, float) and not math.isfinite(value):
+        raise _unsupported(f"numeric literal {text} is not a finite number", lit)
+    if isinstance(value, int) and value >= 2**63:
+        raise _unsupported(f"integer literal {text} is outside the 64-bit range", lit)
+    return value
+
+
+def _canonical_number(value: int | float) -> str:
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+        value = int(value)
+    return str(value) if isinstance(value, int) else repr(value)
+
+
+def _canonicalize_literals(tree: exp.Expression) -> exp.Expression:
+    """Normalise numeric literals (``1.0`` → ``1``) and sort/deduplicate IN lists, in place."""
+
+    def canonical(node: exp.Expression) -> exp.Expression:
+        if isinstance(node, exp.Literal) and not node.is_string:
+            text = _canonical_number(_number(node))
+            return node if text == node.this else exp.Literal.number(text)
+        return node
+
+    def fix(node: exp.Expression) -> exp.Expression:
+        if isinstance(node, exp.In) and node.expressions:
+            items = {}
+            for e in node.expressions:
+                e = canonical(e)
+                key = (f"{'s' if e.is_string else 'n'}:{e.this}" if isinstance(e, exp.Literal)
+                       else e.sql(dialect=DIALECT))
+                items.setdefault(key, e)
+            node.set("expressions", [items[k] for k in sorted(items)])  # one set: linear
+            return node
+        return canonical(node)
+
+    return tree.transform(fix, copy=False)
+
+
+# --- type checking of row predicates -------------------------------------------------------------
+
+
+def _common(types: list[str], node: exp.Expression) -> str:
+    real = [t for t in types if t != "null"]
+    if not real:
+        return "null"
+    if all(t in _NUMERIC for t in real):
+        return "float" if "float" in real else "int"
+    if all(t == real[0] for t in real):
+        return real[0]
+    raise _unsupported(
+        f"incompatible types ({', '.join(sorted(set(real)))}) in {_snippet(node)}", node
+    )
+
+
+class _Typer:
+    """Static types of a predicate: over declared columns (WHERE, executed by DuckDB) or
+    over outputs (HAVING, evaluated on noisy values by :func:`~dpgate.sql.plan.evaluate_predicate`).
+    """
+
+    def __init__(self, column_type: Callable[[exp.Expression], str], clause: str = "WHERE") -> None:
+        self.column_type = column_type
+        self.clause = clause
+
+    def check_predicate(self, node: exp.Expression) -> None:
+        """Raise UnsupportedQuery unless ``node`` is an allowed boolean predicate."""
+        t = self.type(node)
+        if t not in ("bool", "null"):
+            raise _unsupported(
+                f"{self.clause} must be a condition, not a value of type {t}: {_snippet(node)}", node
+            )
+
+    def type(self, node: exp.Expression) -> str:
+        """Static type of ``node``: int, float, text, bool or null (UnsupportedQuery if refused)."""
+        if self.clause == "HAVING":
+            if _is_aggregate(node):
+                return self.column_type(node)
+            if not isinstance(node, _HAVING_NODES):
+                raise _unsupported(f"{_snippet(node)} is not supported in HAVING", node)
+        return self._type(node)
+
+    def _expect(self, node: exp.Expression, allowed: tuple[str, ...], what: str) -> str:
+        t = self.type(node)
+        if t != "null" and t not in allowed:
+            raise _unsupported(f"{what} needs a {' or '.join(allowed)} operand, got {t}: "
+                               f"{_snippet(node)}", node)
+        return t
+
+    def _type(self, node: exp.Expression) -> str:
+        if isinstance(node, exp.Paren):
+            return self.type(node.this)
+        if isinstance(node, exp.Column):
+            return self.column_type(node)
+        if isinstance(node, exp.Literal):
+            if node.is_string:
+                return "text"
+            return "int" if isinstance(_number(node), int) else "float"
+        if isinstance(node, exp.Boolean):
+            return "bool"
+        if isinstance(node, exp.Null):
+            return "null"
+        if isinstance(node, _AGGREGATES) or (
+            isinstance(node, exp.Anonymous) and node.name.lower() in _ANON_AGGREGATES
+        ):
+            raise _unsupported(
+                f"aggregate {_snippet(node)} is not allowed in WHERE (use HAVING)", node
+            )
+        if isinstance(node, exp.Div) and self.clause == "HAVING":
+            self._expect(node.this, _NUMERIC, "division")
+            self._expect(node.expression, _NUMERIC, "division")
+            return "float"
+        if isinstance(node, (exp.Div, exp.IntDiv, exp.Mod, exp.SafeDivide)):
+            raise _unsupported(
+                f"division and modulo are not allowed in WHERE (they can fail on data): "
+                f"{_snippet(node)}",
+                node,
+            )
+        if (
+            isinstance(node, exp.Cast)
+            and not isinstance(node, exp.TryCast)
+            and isinstance(node.args.get("to"), exp.DataType)
+            and node.args["to"].this == exp.DataType.Type.DOUBLE
+            and not _real_args(node) - {"this", "to"}
+            and self.type(node.this) in _NUMERIC + ("null",)
+        ):
+            return "float"  # a number converted to DOUBLE cannot fail
+        if isinstance(node, exp.Cast) and not isinstance(node, exp.TryCast):
+            raise _unsupported(
+                f"CAST can fail on data and is not allowed; use TRY_CAST: {_snippet(node)}", node
+            )
+        if isinstance(node, exp.Neg):
+            t = self._expect(node.this, _NUMERIC, "unary minus")
+            return t if _is_constant(node.this) else "float"
+        if isinstance(node, (exp.Add, exp.Sub, exp.Mul)):
+            self._expect(node.this, _NUMERIC, "arithmetic")
+            self._expect(node.expression, _NUMERIC, "arithmetic")
+            return "float"
+        if isinstance(node, exp.DPipe):
+            _only_args(node, {"this", "expression", "safe"})
+            self._expect(node.this, ("text",), "||")
+            self._expect(node.expression, ("text",), "||")
+            return "text"
+        if isinstance(node, _COMPARISONS):
+            _common([self.type(node.this), self.type(node.expression)], node)
+            return "bool"
+        if isinstance(node, exp.Is):
+            t = self.type(node.this)
+            target = node.expression
+            if isinstance(target, exp.Boolean):
+                if t not in ("bool", "null"):
+                    raise _unsupported(f"IS TRUE/FALSE needs a boolean: {_snippet(node)}", node)
+            elif not isinstance(target, exp.Null):
+                raise _unsupported(f"{_snippet(node)} is not supported", node)
+            return "bool"
+        if isinstance(node, exp.In):
+            _only_args(node, {"this", "expressions"})
+            _common([self.type(node.this)] + [self.type(e) for e in node.expressions], node)
+            return "bool"
+        if isinstance(node, exp.Between):
+            _only_args(node, {"this", "low", "high"})
+            _common([self.type(node.this), self.type(node.args["low"]),
+                     self.type(node.args["high"])], node)
+            return "bool"
+        if isinstance(node, exp.Escape):
+            raise _unsupported(f"LIKE … ESCAPE is not supported: {_snippet(node)}", node)
+        if isinstance(node, (exp.Like, exp.ILike)):
+            _only_args(node, {"this", "expression", "negate"})
+            self._expect(node.this, ("text",), "LIKE")
+            self._expect(node.expression, ("text",), "LIKE")
+            return "bool"
+        if isinstance(node, (exp.And, exp.Or)):
+            self._expect(node.this, ("bool",), node.key.upper())
+            self._expect(node.expression, ("bool",), node.key.upper())
+            return "bool"
+        if isinstance(node, exp.Not):
+            self._expect(node.this, ("bool",), "NOT")
+            return "bool"
+        if isinstance(node, exp.Case):
+            raise _unsupported(f"CASE expressions are not supported: {_snippet(node)}", node)
+        if isinstance(node, exp.Func):
+            return self._function(node)
+        raise _unsupported(f"{_snippet(node)} is not supported in a row predicate", node)
+
+    def _function(self, node: exp.Func) -> str:
+        name = _snippet(node, 40)
+        if isinstance(node, (exp.Lower, exp.Upper)):
+            _only_args(node, {"this"})
+            self._expect(node.this, ("text",), node.key.upper())
+            return "text"
+        if isinstance(node, exp.Length):
+            _only_args(node, {"this"})
+            self._expect(node.this, ("text",), "LENGTH")
+            return "int"
+        if isinstance(node, exp.Trim):
+            _only_args(node, {"this", "expression", "position"})
+            self._expect(node.this, ("text",), "TRIM")
+            if node.args.get("expression") is not None:
+                self._expect(node.args["expression"], ("text",), "TRIM")
+            return "text"
+        if isinstance(node, exp.Concat):
+            _only_args(node, {"expressions", "safe", "coalesce"})
+            for e in node.expressions:
+                self.type(e)
+            return "text"
+        if isinstance(node, (exp.StartsWith, exp.EndsWith, exp.Contains)):
+            _only_args(node, {"this", "expression"})
+            self._expect(node.this, ("text",), node.key.upper())
+            self._expect(node.expression, ("text",), node.key.upper())
+            return "bool"
+        if isinstance(node, (exp.Abs, exp.Sign)):
+            _only_args(node, {"this"})
+            self._expect(node.this, _NUMERIC, node.key.upper())
+            return "float"
+        if isinstance(node, (exp.Floor, exp.Ceil)):
+            _only_args(node, {"this"})
+            self._expect(node.this, _NUMERIC, node.key.upper())
+            return "float"
+        if isinstance(node, exp.Round):
+            _only_args(node, {"this", "decimals"})
+            self._expect(node.this, _NUMERIC, "ROUND")
+            digits = node.args.get("decimals")
+            if digits is not None:
+                lit = digits.this if isinstance(digits, exp.Neg) else digits
+                if not (isinstance(lit, exp.Literal) and not lit.is_string
+                        and isinstance(_number(lit), int)):
+                    raise _unsupported("ROUND digits must be an integer constant", node)
+            return "float"
+        if isinstance(node, (exp.Coalesce, exp.Greatest, exp.Least)):
+            _only_args(node, {"this", "expressions", "is_nvl", "is_null", "ignore_nulls"})
+            args = [node.this] + list(node.expressions)
+            return _common([self.type(a) for a in args], node)
+        if isinstance(node, exp.Nullif):
+            _only_args(node, {"this", "expression"})
+            t = self.type(node.this)
+            _common([t, self.type(node.expression)], node)
+            return t
+        if isinstance(node, exp.TryCast):
+            _only_args(node, {"this", "to", "safe"})
+            self.type(node.this)
+            to = node.args["to"]
+            target = _TRY_CAST_TYPES.get(to.this) if isinstance(to, exp.DataType) else None
+            if target is None or to.expressions:
+                raise _unsupported(
+                    f"TRY_CAST to {_snippet(to)} is not supported (BIGINT, INTEGER, DOUBLE, "
+                    "VARCHAR or BOOLEAN)",
+                    node,
+                )
+            return target
+        raise _unsupported(f"function {name} is not allowed", node)
+
+    def cast_int_operands(self, tree: exp.Expression) -> exp.Expression:
+        """Wrap integer operands of arithmetic/numeric functions in CAST(… AS DOUBLE)."""
+        numeric_ops = (exp.Add, exp.Sub, exp.Mul, exp.Neg, exp.Abs, exp.Sign, exp.Floor,
+                       exp.Ceil, exp.Round)
+
+        def wrap(node: exp.Expression) -> exp.Expression:
+            if isinstance(node, numeric_ops):
+                for key in ("this", "expression"):
+                    child = node.args.get(key)
+                    if child is None or _is_constant(child):
+                        continue
+                    if self.type(child) == "int":
+                        node.set(key, exp.Cast(this=child, to=exp.DataType.build("DOUBLE")))
+            return node
+
+        return tree.transform(wrap, copy=False)
+
+
+_HAVING_NODES = (
+    exp.Paren, exp.Column, exp.Literal, exp.Boolean, exp.Null, exp.Neg, exp.Abs, exp.Add,
+    exp.Sub, exp.Mul, exp.Div, exp.And, exp.Or, exp.Not, exp.Is, exp.In, exp.Between,
+    exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE,
+)
+
+
+def _is_constant(node: exp.Expression) -> bool:
+    if isinstance(node, exp.Paren):
+        return _is_constant(node.this)
+    if isinstance(node, exp.Neg):
+        return _is_constant(node.this)
+    return isinstance(node, (exp.Literal, exp.Null, exp.Boolean))
+
+
+def _canonical_columns(tree: exp.Expression, rename: Callable[[exp.Column], str]) -> exp.Expression:
+    def fix(node: exp.Expression) -> exp.Expression:
+        if isinstance(node, exp.Column):
+            return exp.column(rename(node), quoted=True)
+        return node
+
+    return tree.transform(fix, copy=True)
+
+
+def _simplify(tree: exp.Expression) -> exp.Expression:
+    try:
+        out = simplify(tree.copy(), dialect=DIALECT)
+    except (SqlglotError, RecursionError, ValueError, TypeError):  # pragma: no cover
+        return tree
+    return out
+
+
+def _plan_where(node: exp.Expression | None, scope: _Scope) -> str | None:
+    if node is None:
+        return None
+    typer = _Typer(lambda c: scope.declared(c).type)
+    typer.check_predicate(node)
+    tree = _canonical_columns(node, scope.resolve)
+    tree = _canonicalize_literals(tree)
+    # Integer arithmetic runs in DOUBLE; cast before simplifying so that the canonical form
+    # is a fixed point (planning the canonical SQL again gives the same plan).
+    tree = typer.cast_int_operands(tree)
+    tree = _simplify(tree)
+    tree = _canonicalize_literals(tree)
+    # Validate what will actually run (simplify may fold constants).
+    typer.check_predicate(tree)
+    if isinstance(tree, exp.Boolean) and tree.this:
+        return None
+    tree = typer.cast_int_operands(tree)
+    return tree.sql(dialect=DIALECT, comments=False)
+
+
+# --- aggregates, outputs ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Agg:
+    function: str
+    column: str | None
+
+
+def _is_aggregate(node: exp.Expression) -> bool:
+    if isinstance(node, _AGGREGATES):
+        return True
+    if isinstance(node, exp.Anonymous) and node.name.lower() in _ANON_AGGREGATES:
+        return True
+    return False
+
+
+def _aggregate(node: exp.Expression, scope: _Scope) -> _Agg:
+    """Map an aggregate call to (function, column), refusing anything outside the subset."""
+    table = scope.table
+    if isinstance(node, exp.Count):
+        _only_args(node, {"this", "big_int"})
+        arg = node.this
+        if arg is None or isinstance(arg, exp.Star):
+            if isinstance(arg, exp.Star) and _real_args(arg):
+                raise _unsupported(f"{_snippet(node)} is not supported", node)
+            return _Agg("count", None)
+        if isinstance(arg, exp.Distinct):
+            items = arg.expressions
+            if (len(items) == 1 and isinstance(items[0], exp.Column)
+                    and scope.is_unit(scope.resolve(items[0]))):
+                return _Agg("count_distinct_unit", None)
+            raise _unsupported(
+                f"{_snippet(node)}: COUNT(DISTINCT …) is only supported on the privacy unit"
+                + (f" ({table.privacy_unit})" if table.privacy_unit else
+                   " (this table has record-level privacy)"),
+                node,
+            )
+        if isinstance(arg, exp.Literal) or (isinstance(arg, exp.Neg) and _is_constant(arg)):
+            return _Agg("count", None)
+        if isinstance(arg, (exp.Null,)):
+            raise _unsupported("COUNT(NULL) is always 0 and is not supported", node)
+        if isinstance(arg, exp.Column):
+            name = scope.resolve(arg)
+            if scope.is_unit(name):
+                return _Agg("count", None)  # rows with a NULL unit are dropped
+            return _Agg("count_column", name)
+        raise _unsupported(
+            f"expressions inside aggregates are not supported: {_snippet(node)} "
+            "(COUNT takes *, a constant or a bare column)",
+            node,
+        )
+    if isinstance(node, exp.Anonymous):
+        function = _ANON_AGGREGATES[node.name.lower()]
+        if len(node.expressions) != 1:
+            raise _unsupported(f"{_snippet(node)} takes exactly one column", node)
+        arg = node.expressions[0]
+    else:
+        _only_args(node, {"this"})
+        function = _AGG_FUNCTION[type(node)]
+        arg = node.this
+    if isinstance(arg, exp.Distinct):
+        raise _unsupported(f"{_snippet(node)}: DISTINCT is only supported in COUNT(DISTINCT "
+                           "<privacy unit>)", node)
+    if not isinstance(arg, exp.Column):
+        raise _unsupported(
+            f"expressions inside aggregates are not supported: {_snippet(node)} "
+            "(the argument must be a bare declared column)",
+            node,
+        )
+    name = scope.resolve(arg)
+    if scope.is_unit(name):
+        raise _unsupported(
+            f"{_snippet(node)}: aggregating the privacy unit column is not allowed "
+            f"(only COUNT(DISTINCT {name}))",
+            node,
+        )
+    col = table.column(name)
+    if col.type not in _NUMERIC:
+        raise _unsupported(f"{_snippet(node)}: column {name!r} is {col.type}, not numeric", node)
+    if not col.bounded:
+        raise _unsupported(
+            f"{_snippet(node)}: column {name!r} has no bounds in the policy "
+            "(declare lower and upper to SUM/AVG/VAR/STDDEV it)",
+            node,
+        )
+    if function in ("var_pop", "stddev_pop") and max(map(abs, col.fixed_point_bounds)) > (
+        MAX_SQUARED_STEPS
+    ):
+        raise _unsupported(
+            f"{_snippet(node)}: the clamp of {name!r} spans more than 2**31 steps of its "
+            "resolution, so its squares would overflow 64-bit integers (the policy needs a "
+            "coarser resolution)",
+            node,
+        )
+    return _Agg(function, name)
+
+
+@dataclass
+class _Out:
+    kind: str  # "key" | "agg"
+    column: str | None
+    function: str | None
+    label: str
+    hidden: bool
+    name: str = ""
+
+
+class _Outputs:
+    """Outputs in SELECT order, then hidden ones; resolves references from HAVING/ORDER BY."""
+
+    def __init__(self, scope: _Scope, group_by: list[str]) -> None:
+        self.scope = scope
+        self.group_by = group_by
+        self.items: list[_Out] = []
+
+    def add_key(self, column: str, label: str, hidden: bool = False) -> _Out:
+        """Append a group-key output."""
+        out = _Out("key", column, None, label, hidden)
+        self.items.append(out)
+        return out
+
+    def add_agg(self, agg: _Agg, label: str, hidden: bool = False) -> _Out:
+        """Append an aggregate output."""
+        out = _Out("agg", agg.column, agg.function, label, hidden)
+        self.items.append(out)
+        return out
+
+    def find_agg(self, agg: _Agg) -> _Out:
+        """The first output computing ``agg``, else a new hidden one."""
+        for out in self.items:
+            if out.kind == "agg" and out.function == agg.function and out.column == agg.column:
+                return out
+        return self.add_agg(agg, _agg_label(agg, self.scope), hidden=True)
+
+    def find_key(self, column: str) -> _Out:
+        """The output of group key ``column``."""
+        for out in self.items:
+            if out.kind == "key" and out.column == column:
+                return out
+        raise KeyError(column)  # pragma: no cover - every group key has an output
+
+    def by_label(self, name: str, node: exp.Expression) -> _Out | None:
+        """The visible output labelled ``name`` (UnsupportedQuery if ambiguous), or None."""
+        hits = [o for o in self.items if not o.hidden and o.label.casefold() == name.casefold()]
+        distinct = {id(o) for o in hits}
+        if len(distinct) > 1:
+            raise _unsupported(f"output name {name!r} is ambiguous", node)
+        return hits[0] if hits else None
+
+    def reference(self, node: exp.Expression, clause: str) -> _Out:
+        """The output a HAVING/ORDER BY operand refers to."""
+        if _is_aggregate(node):
+            return self.find_agg(_aggregate(node, self.scope))
+        if isinstance(node, exp.Column):
+            if node.args.get("table") is None and node.args.get("db") is None:
+                if clause == "ORDER BY":
+                    out = self.by_label(node.name, node)
+                    if out is not None:
+                        return out
+                col = self.scope.table.find_column(node.name)
+                if col is not None and col.name in self.group_by:
+                    return self.find_key(col.name)
+                out = self.by_label(node.name, node)
+                if out is not None:
+                    return out
+            name = self.scope.resolve(node)
+            if name in self.group_by:
+                return self.find_key(name)
+            raise _unsupported(
+                f"{clause} can only refer to group keys and aggregates; {_snippet(node)} is "
+                "a raw column",
+                node,
+            )
+        raise _unsupported(f"{_snippet(node)} is not supported in {clause}", node)
+
+    def assign_names(self) -> None:
+        """Give every output its canonical name (``count``, ``sum_x``…; ``_2``… on a clash)."""
+        taken: set[str] = set()
+        for out in self.items:
+            if out.kind == "key":
+                base = out.column
+            elif out.function in ("count",):
+                base = "count"
+            elif out.function == "count_distinct_unit":
+                base = f"count_distinct_{self.scope.table.privacy_unit}"
+            elif out.function == "count_column":
+                base = f"count_{out.column}"
+            else:
+                base = f"{out.function}_{out.column}"
+            name, i = base, 2
+            while name.casefold() in taken:
+                name = f"{base}_{i}"
+                i += 1
+            taken.add(name.casefold())
+            out.name = name
+
+
+def _agg_sql(function: str, column: str | None, scope: _Scope) -> str:
+    if function == "count_distinct_unit":
+        column = scope.table.privacy_unit
+    return _AGG_SQL[function].format(c=quote_identifier(column) if column else "")
+
+
+def _agg_label(agg: _Agg, scope: _Scope) -> str:
+    col = agg.column if agg.function != "count_distinct_unit" else scope.table.privacy_unit
+    return _AGG_SQL[agg.function].format(c=col or "")
+
+
+# --- HAVING ---------------------------------------------------------------------------------------
+
+
+def _plan_having(
+    node: exp.Expression | None, outputs: _Outputs
+) -> tuple[exp.Expression | None, dict[str, _Out]]:
+    """Type-check HAVING and resolve its operands to outputs.
+
+    Returns a copy over Column(<placeholder>) nodes and the placeholder → output map.
+    """
+    if node is None:
+        return None, {}
+    refs: dict[str, _Out] = {}
+
+    def reference_type(n: exp.Expression) -> str:
+        out = outputs.reference(n, "HAVING")
+        if out.kind == "key":
+            return outputs.scope.table.column(out.column).type
+        return "float"
+
+    _Typer(reference_type, "HAVING").check_predicate(node)
+
+    def resolve(n: exp.Expression) -> exp.Expression:
+        if _is_aggregate(n) or isinstance(n, exp.Column):
+            key = f"__out{len(refs)}"
+            refs[key] = outputs.reference(n, "HAVING")
+            return exp.column(key, quoted=True)
+        return n
+
+    return node.copy().transform(resolve, copy=False), refs
+
+
+def _finish_having(tree: exp.Expression | None, refs: dict[str, _Out]) -> str | None:
+    if tree is None:
+        return None
+
+    def rename(node: exp.Expression) -> exp.Expression:
+        if isinstance(node, exp.Column) and node.name in refs:
+            return exp.column(refs[node.name].name, quoted=True)
+        return node
+
+    tree = tree.transform(rename, copy=True)
+    tree = _canonicalize_literals(tree)
+    tree = _simplify(tree)
+    tree = _canonicalize_literals(tree)
+    if isinstance(tree, exp.Boolean) and tree.this:
+        return None
+    return tree.sql(dialect=DIALECT, comments=False)
+
+
+# --- the planner ------------------------------------------------------------------------------------
+
+
+def _primitive_prefix(table: TablePolicy) -> str:
+    names = {c.casefold() for c in table.columns}
+    if table.privacy_unit:
+        names.add(table.privacy_unit.casefold())
+    prefix = "p"
+    while any(re.fullmatch(re.escape(prefix) + r"\d+", n) for n in names):
+        prefix = "_" + prefix
+    return prefix
+
+
+def _group_by(stmt: exp.Select, scope: _Scope) -> list[str]:
+    group = stmt.args.get("group")
+    if group is None:
+        return []
+    extra = _real_args(group) - {"expressions"}
+    if extra:
+        what = {"all": "GROUP BY ALL", "rollup": "ROLLUP", "cube": "CUBE",
+                "grouping_sets": "GROUPING SETS"}.get(sorted(extra)[0], sorted(extra)[0].upper())
+        raise UnsupportedQuery(f"{what} is not supported: list the group keys",
+                               {"construct": what})
+    selects = stmt.expressions
+    cols: list[str] = []
+    for item in group.expressions:
+        target = item
+        if isinstance(item, exp.Literal) and not item.is_string:
+            pos = _number(item)
+            if not isinstance(pos, int) or not 1 <= pos <= len(selects):
+                raise _unsupported(f"GROUP BY position {item.this} is not in the SELECT list", item)
+            target = selects[pos - 1].unalias()
+        elif isinstance(item, exp.Column) and item.args.get("table") is None:
+            if scope.table.find_column(item.name) is None and not scope.is_unit(item.name):
+                for s in selects:
+                    if isinstance(s, exp.Alias) and s.alias.casefold() == item.name.casefold():
+                        target = s.this
+                        break
+        if isinstance(item, (exp.Rollup, exp.Cube, exp.GroupingSets)):
+            raise _unsupported(f"{item.key.upper()} is not supported: list the group keys", item)
+        if not isinstance(target, exp.Column):
+            raise _unsupported(
+                f"GROUP BY expressions are not supported: {_snippet(item)} (group by a declared "
+                "column with public keys)",
+                item,
+            )
+        name = scope.resolve(target)
+        if scope.is_unit(name):
+            raise _unsupported(
+                f"GROUP BY the privacy unit ({name}) is never allowed: it would release "
+                "per-unit values",
+                item,
+            )
+        col = scope.table.column(name)
+        if col.public_keys is None:
+            raise _unsupported(
+                f"GROUP BY {name} needs public keys in the policy (private partition selection "
+                "is not supported yet)",
+                item,
+            )
+        if name not in cols:
+            cols.append(name)
+    order = list(scope.table.columns)
+    return sorted(cols, key=order.index)
+
+
+def _policy_digest(table: TablePolicy, columns: set[str]) -> str:
+    payload = {
+        "privacy_unit": table.privacy_unit,
+        "max_groups_per_unit": table.max_groups_per_unit,
+        "max_rows_per_unit": table.max_rows_per_unit,
+        "columns": {n: table.columns[n].to_dict() for n in sorted(columns)},
+    }
+    text = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def parse_query(sql: str, policy: DatasetPolicy) -> QueryPlan:
+    """Parse, validate and plan one aggregate query against a dataset's policy.
+
+    Args:
+        sql: the analyst's SQL text (DuckDB dialect, one SELECT statement).
+        policy: the dataset's policy (tables, privacy unit, bounds, public keys).
+
+    Returns:
+        The frozen, canonical :class:`QueryPlan` (nothing is executed).
+
+    Raises:
+        InvalidSql: the text does not parse or is not exactly one statement.
+        UnsupportedQuery: a construct outside the supported subset (the message quotes
+            it; ``details["construct"]`` carries it when there is one node to blame).
+        UnknownTable: the table (or a qualifier) is not declared.
+        UnknownColumn: a column is not declared.
+    """
+    stmt = parse_statement(sql)
+    try:
+        return _plan(stmt, policy)
+    except RecursionError:
+        raise InvalidSql("the SQL is nested too deeply") from None
+
+
+def _plan(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
+    if sum(1 for _ in stmt.walk()) > MAX_NODES:
+        raise UnsupportedQuery(f"the query is too large (more than {MAX_NODES} syntax nodes)")
+    _check_structure(stmt)
+    table, qualifiers = _resolve_from(stmt, policy)
+    scope = _Scope(policy, table, qualifiers)
+
+    group_by = _group_by(stmt, scope)
+    outputs = _Outputs(scope, group_by)
+    selects = stmt.expressions
+    if not selects:
+        raise InvalidSql("the SELECT list is empty")
+    for item in selects:
+        label = item.alias if isinstance(item, exp.Alias) else None
+        node = item.unalias()
+        if isinstance(node, exp.Star) or (
+            isinstance(node, exp.Column) and isinstance(node.this, exp.Star)
+        ):
+            raise _unsupported("SELECT * is not supported: name group keys and aggregates", node)
+        if isinstance(node, exp.Column):
+            name = scope.resolve(node)
+            if scope.is_unit(name):
+                raise _unsupported(
+                    f"selecting the privacy unit column ({name}) is never allowed", node
+                )
+            if name not in group_by:
+                raise _unsupported(
+                    f"raw column {node.name!r} in SELECT: every non-aggregate item must be a "
+                    "GROUP BY key (with public keys)",
+                    node,
+                )
+            outputs.add_key(name, label or node.name)
+        elif _is_aggregate(node):
+            outputs.add_agg(_aggregate(node, scope), label or _snippet(node, 200))
+        elif isinstance(node, exp.AggFunc):
+            raise _unsupported(
+                f"aggregate {_snippet(node)} is not supported (COUNT, SUM, AVG, VAR_POP, "
+                "STDDEV_POP and their aliases are)",
+                node,
+            )
+        elif isinstance(node, exp.Func) and not node.find(*_AGGREGATES):
+            raise _unsupported(f"function {_snippet(node)} is not allowed in SELECT", node)
+        else:
+            raise _unsupported(
+                f"{_snippet(node)} in SELECT: items must be group keys or aggregates (arithmetic "
+                "on released values can be done after the release)",
+                node,
+            )
+    for name in group_by:
+        if not any(o.kind == "key" and o.column == name for o in outputs.items):
+            outputs.add_key(name, name, hidden=True)
+    if not any(o.kind == "agg" for o in outputs.items):
+        raise UnsupportedQuery("the query computes no aggregate (COUNT, SUM, AVG, …)")
+
+    where_node = stmt.args.get("where")
+    where = _plan_where(where_node.this if where_node is not None else None, scope)
+    having_tree, having_refs = _plan_having(
+        stmt.args["having"].this if stmt.args.get("having") else None, outputs
+    )
+    order_refs = _order_by(stmt, outputs, selects)
+    limit = _limit(stmt)
+
+    n_groups = table.key_combinations(group_by)
+    if n_groups > MAX_GROUPS:
+        raise UnsupportedQuery(
+            f"the GROUP BY releases {n_groups} key combinations, more than {MAX_GROUPS}",
+            {"groups": n_groups},
+        )
+
+    outputs.assign_names()
+    prefix = _primitive_prefix(table)
+    primitives: dict[tuple[str, str | None], Primitive] = {}
+    plan_outputs: list[Output] = []
+    for out in outputs.items:
+        if out.kind == "key":
+            plan_outputs.append(KeyOutput(out.name, out.column, out.hidden, out.label))
+            continue
+        ids = []
+        for kind in FUNCTION_PRIMITIVES[out.function]:
+            column = out.column if kind not in ("count", "count_distinct_unit") else None
+            key = (kind, column)
+            if key not in primitives:
+                primitives[key] = Primitive(f"{prefix}{len(primitives)}", kind, column)
+            ids.append(primitives[key].id)
+        plan_outputs.append(
+            AggregateOutput(out.name, out.function, out.column, tuple(ids), out.hidden, out.label)
+        )
+    having = _finish_having(having_tree, having_refs)
+    order_by = tuple(OrderItem(o.name, desc, nf) for o, desc, nf in order_refs)
+    # Policy settings the plan depends on: columns of the final (simplified) predicate, group
+    # keys and aggregated columns.
+    referenced = set(group_by) | {o.column for o in outputs.items if o.column in table.columns}
+    if where is not None:
+        referenced.update(c.name for c in sqlglot.parse_one(where, read=DIALECT).find_all(exp.Column))
+
+    plan = QueryPlan(
+        dataset=policy.name,
+        table=table.name,
+        where=where,
+        group_by=tuple(group_by),
+        primitives=tuple(primitives.values()),
+        outputs=tuple(plan_outputs),
+        having=having,
+        order_by=order_by,
+        limit=limit,
+        policy_digest=_policy_digest(table, referenced),
+    )
+    return _with_canonical_sql(plan, scope)
+
+
+def _order_by(stmt: exp.Select, outputs: _Outputs, selects) -> list[tuple[_Out, bool, bool]]:
+    order = stmt.args.get("order")
+    if order is None:
+        return []
+    _only_args(order, {"expressions"})
+    visible = [o for o in outputs.items if not o.hidden]
+    items = []
+    for ordered in order.expressions:
+        _only_args(ordered, {"this", "desc", "nulls_first"})
+        node = ordered.this
+        if isinstance(node, exp.Literal) and not node.is_string:
+            pos = _number(node)
+            if not isinstance(pos, int) or not 1 <= pos <= len(visible):
+                raise _unsupported(f"ORDER BY position {node.this} is not in the SELECT list", node)
+            out = visible[pos - 1]
+        else:
+            out = outputs.reference(node, "ORDER BY")
+        items.append((out, bool(ordered.args.get("desc")), bool(ordered.args.get("nulls_first"))))
+    return items
+
+
+def _limit(stmt: exp.Select) -> int | None:
+    limit = stmt.args.get("limit")
+    if limit is None:
+        return None
+    _only_args(limit, {"expression"})
+    node = limit.expression
+    if not (isinstance(node, exp.Literal) and not node.is_string and _INT_RE.match(str(node.this))):
+        raise _unsupported(f"LIMIT must be a non-negative integer literal, not {_snippet(node)}",
+                           node)
+    value = int(node.this)
+    if value >= 2**63:
+        raise _unsupported("LIMIT is outside the 64-bit range", node)
+    return value
+
+
+def _with_canonical_sql(plan: QueryPlan, scope: _Scope) -> QueryPlan:
+    exprs: dict[str, str] = {}
+    for out in plan.outputs:
+        if isinstance(out, KeyOutput):
+            exprs[out.name] = quote_identifier(out.column)
+        else:
+            exprs[out.name] = _agg_sql(out.function, out.column, scope)
+    items = []
+    for out in plan.visible_outputs:
+        text = exprs[out.name]
+        if not (isinstance(out, KeyOutput) and out.name == out.column):
+            text += f" AS {quote_identifier(out.name)}"
+        items.append(text)
+    sql = f"SELECT {', '.join(items)} FROM {quote_identifier(plan.table)}"
+    if plan.where:
+        sql += f" WHERE {plan.where}"
+    if plan.group_by:
+        sql += " GROUP BY " + ", ".join(quote_identifier(c) for c in plan.group_by)
+    if plan.having:
+        tree = sqlglot.parse_one(plan.having, read=DIALECT)
+
+        def expand(node: exp.Expression) -> exp.Expression:
+            if isinstance(node, exp.Column) and node.name in exprs:
+                return sqlglot.parse_one(exprs[node.name], read=DIALECT)
+            return node
+
+        sql += " HAVING " + tree.transform(expand).sql(dialect=DIALECT)
+    if plan.order_by:
+        parts = []
+        for item in plan.order_by:
+            out = plan.output(item.output)
+            text = quote_identifier(out.name) if not out.hidden else exprs[out.name]
+            text += " DESC" if item.descending else ""
+            text += " NULLS FIRST" if item.nulls_first else ""
+            parts.append(text)
+        sql += " ORDER BY " + ", ".join(parts)
+    if plan.limit is not None:
+        sql += f" LIMIT {plan.limit}"
+    return replace(plan, canonical_sql=sql)

@@ -1,0 +1,398 @@
+"""The validated query plan: what the gateway will compute, independent of SQL spelling.
+
+A :class:`QueryPlan` is built only by :func:`dpgate.sql.parse.parse_query` from
+an analyst's SQL text that passed the allow-list. Everything downstream (the
+bounding rewrite, sensitivity, calibration, post-processing, the release cache
+key) reads the plan, never the analyst's text.
+
+Vocabulary:
+
+* a *noisy primitive* (:class:`Primitive`) is one per-group integer aggregate
+  that the bounded SQL computes and the mechanism noises: a row count, a
+  non-NULL count of a column, a count of distinct privacy units, a clamped
+  fixed-point sum, or a clamped fixed-point sum of squares;
+* an *output* is a column of the released table: a group key
+  (:class:`KeyOutput`) or an aggregate (:class:`AggregateOutput`) derived from
+  one or more primitives by post-processing (AVG = sum / count, VAR_POP from
+  the sum of squares, the sum and the count).
+
+Every output has a canonical ``name`` (``count``, ``sum_tokens``, the key's column
+name, with ``_2``, ``_3``… appended on a clash), which HAVING and ORDER BY refer
+to, and a ``label``: the analyst's alias or the aggregate as written, used as the
+released column's title. Labels are presentation: they are excluded from the
+plan hash and from plan equality, so ``COUNT(*) AS n`` and ``COUNT(*) AS total``
+have the same plan hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal, Mapping
+
+import numpy as np
+import sqlglot
+from sqlglot import exp
+
+PrimitiveKind = Literal["count", "count_column", "count_distinct_unit", "sum", "sum_squares"]
+AggregateFunction = Literal[
+    "count", "count_column", "count_distinct_unit", "sum", "avg", "var_pop", "stddev_pop"
+]
+
+#: Primitives each aggregate function is computed from, in this order.
+FUNCTION_PRIMITIVES: Mapping[str, tuple[PrimitiveKind, ...]] = {
+    "count": ("count",),
+    "count_column": ("count_column",),
+    "count_distinct_unit": ("count_distinct_unit",),
+    "sum": ("sum",),
+    "avg": ("sum", "count_column"),
+    "var_pop": ("sum_squares", "sum", "count_column"),
+    "stddev_pop": ("sum_squares", "sum", "count_column"),
+}
+
+
+@dataclass(frozen=True)
+class Primitive:
+    """One noisy primitive, computed per group by the bounded SQL as an integer.
+
+    Attributes:
+        id: column name of this primitive in the bounded SQL's result
+            (``"p0"``, ``"p1"``, …; generated, never taken from the query; prefixed
+            with underscores if the table declares a column of that name).
+        kind: ``count`` (rows, at most m per unit and group), ``count_column``
+            (non-NULL, finite values of ``column``), ``count_distinct_unit``
+            (distinct privacy units), ``sum`` (clamped values of ``column`` in
+            fixed-point units of its ``resolution``), ``sum_squares`` (squares of
+            the clamped fixed-point values, units of ``resolution**2``).
+        column: the declared column, or None for ``count`` and
+            ``count_distinct_unit``.
+    """
+
+    id: str
+    kind: PrimitiveKind
+    column: str | None = None
+
+
+@dataclass(frozen=True)
+class KeyOutput:
+    """A released group-key column (values come from the policy's public keys).
+
+    Attributes:
+        name: canonical output name (the column name).
+        column: the declared group-by column.
+        hidden: True when the key is grouped by but not selected.
+        label: released column title (the analyst's alias or the column as written);
+            not part of the plan hash.
+    """
+
+    name: str
+    column: str
+    hidden: bool = False
+    label: str = field(default="", compare=False)
+
+
+@dataclass(frozen=True)
+class AggregateOutput:
+    """A released aggregate column, derived from noisy primitives by post-processing.
+
+    Attributes:
+        name: canonical output name (``count``, ``count_x``, ``count_distinct_<unit>``,
+            ``sum_x``, ``avg_x``, ``var_pop_x``, ``stddev_pop_x``; ``_2``… on a clash).
+        function: the aggregate after alias resolution (``VARIANCE``/``VAR_SAMP`` →
+            ``var_pop``, ``STDDEV``/``STDDEV_SAMP`` → ``stddev_pop``, ``MEAN`` → ``avg``,
+            ``COUNT(1)`` and ``COUNT(<unit>)`` → ``count``, …). The DP estimate of a
+            variance or standard deviation is always the population one.
+        column: the declared column aggregated, or None for ``count`` and
+            ``count_distinct_unit``.
+        primitives: ids of the primitives it is computed from, in this order:
+            count → (count,); count_column → (count_column,);
+            count_distinct_unit → (count_distinct_unit,); sum → (sum,);
+            avg → (sum, count_column); var_pop and stddev_pop →
+            (sum_squares, sum, count_column).
+        hidden: True when only HAVING or ORDER BY refers to it (computed and
+            noised, but not released as a column).
+        label: released column title; not part of the plan hash.
+    """
+
+    name: str
+    function: AggregateFunction
+    column: str | None
+    primitives: tuple[str, ...]
+    hidden: bool = False
+    label: str = field(default="", compare=False)
+
+
+Output = KeyOutput | AggregateOutput
+
+
+@dataclass(frozen=True)
+class OrderItem:
+    """One ORDER BY item over the noisy outputs (post-processing).
+
+    Attributes:
+        output: canonical output name.
+        descending: DESC.
+        nulls_first: NULLs (suppressed cells) first; DuckDB's default is NULLS LAST.
+    """
+
+    output: str
+    descending: bool = False
+    nulls_first: bool = False
+
+
+@dataclass(frozen=True)
+class QueryPlan:
+    """A validated, canonical aggregate query over one table of one dataset.
+
+    Attributes:
+        dataset: dataset name (policy file).
+        table: declared table name.
+        where: canonical DuckDB SQL of the row predicate over declared columns
+            (double-quoted declared names, unqualified; generated by sqlglot from the
+            validated AST), or None.
+        group_by: declared columns grouped by, in the policy's declaration order
+            (also the order of the bounded SQL's rows: public-key order, first key
+            slowest).
+        primitives: the noisy primitives, deduplicated, ids ``p0``, ``p1``, …
+        outputs: the released columns in SELECT order, then hidden ones.
+        having: canonical SQL of the HAVING predicate over canonical output names
+            (post-processing on noisy values; see :func:`evaluate_predicate`), or None.
+        order_by: ORDER BY items over output names (post-processing).
+        limit: LIMIT (post-processing), or None.
+        policy_digest: SHA-256 (hex) of the policy settings the plan depends on (unit,
+            k, m and the referenced columns' types, bounds, resolutions and public
+            keys), so that a policy change changes the plan hash.
+        canonical_sql: a normalised SQL text of the query, for humans and the
+            release record; equal for queries that differ only in spelling.
+    """
+
+    dataset: str
+    table: str
+    where: str | None
+    group_by: tuple[str, ...]
+    primitives: tuple[Primitive, ...]
+    outputs: tuple[Output, ...]
+    having: str | None = None
+    order_by: tuple[OrderItem, ...] = ()
+    limit: int | None = None
+    policy_digest: str = ""
+    canonical_sql: str = field(default="", compare=False)
+
+    def canonical_dict(self) -> dict:
+        """JSON-serialisable canonical form (everything that changes the meaning).
+
+        Output labels and ``canonical_sql`` are excluded: renaming an output column
+        does not change what is computed. HAVING and ORDER BY refer to canonical
+        output names, so they stay meaningful.
+        """
+        d = asdict(self)
+        d.pop("canonical_sql")
+        for o in d["outputs"]:
+            o.pop("label")
+        return d
+
+    @property
+    def plan_hash(self) -> str:
+        """SHA-256 (hex) of the canonical JSON form; the release cache key's core."""
+        payload = json.dumps(self.canonical_dict(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(payload.encode()).hexdigest()
+
+    def primitive(self, primitive_id: str) -> Primitive:
+        """Return the primitive with that id (KeyError if absent)."""
+        for p in self.primitives:
+            if p.id == primitive_id:
+                return p
+        raise KeyError(primitive_id)
+
+    def output(self, name: str) -> Output:
+        """Return the output with that canonical name (KeyError if absent)."""
+        for o in self.outputs:
+            if o.name == name:
+                return o
+        raise KeyError(name)
+
+    @property
+    def visible_outputs(self) -> tuple[Output, ...]:
+        """The released columns, in SELECT order (hidden outputs left out)."""
+        return tuple(o for o in self.outputs if not o.hidden)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-native full form (lists, not tuples; with labels, canonical SQL and ``plan_hash``)."""
+        d = json.loads(json.dumps(asdict(self)))
+        d["plan_hash"] = self.plan_hash
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "QueryPlan":
+        """Rebuild a plan from :meth:`to_dict` output (e.g. a stored release).
+
+        Raises:
+            KeyError, TypeError: malformed input.
+        """
+        outputs: list[Output] = []
+        for o in d["outputs"]:
+            if "function" not in o:
+                outputs.append(KeyOutput(**o))
+            else:
+                outputs.append(AggregateOutput(**{**o, "primitives": tuple(o["primitives"])}))
+        return cls(
+            dataset=d["dataset"],
+            table=d["table"],
+            where=d["where"],
+            group_by=tuple(d["group_by"]),
+            primitives=tuple(Primitive(**p) for p in d["primitives"]),
+            outputs=tuple(outputs),
+            having=d.get("having"),
+            order_by=tuple(OrderItem(**o) for o in d.get("order_by", ())),
+            limit=d.get("limit"),
+            policy_digest=d.get("policy_digest", ""),
+            canonical_sql=d.get("canonical_sql", ""),
+        )
+
+
+# --- HAVING on noisy values (post-processing) ---------------------------------------------
+
+
+def evaluate_predicate(predicate: str, values: Mapping[str, Any]) -> np.ndarray:
+    """Evaluate a plan's HAVING predicate over released (noisy) values.
+
+    SQL three-valued logic: a row is kept only where the predicate is TRUE (NULL,
+    i.e. a suppressed cell or NaN, makes a comparison unknown, and unknown rows are
+    dropped). Division by zero gives NULL. This is post-processing: it reads only
+    noisy values and public keys.
+
+    Args:
+        predicate: ``plan.having`` (canonical SQL over canonical output names).
+        values: output name → 1-D array (or sequence) of one value per row; numbers
+            (NaN or None for NULL) or, for text/bool keys, objects (None for NULL).
+
+    Returns:
+        Boolean array, True for rows to keep.
+
+    Raises:
+        ValueError: the predicate uses a construct outside the HAVING subset, or
+            names an output not in ``values``.
+    """
+    tree = sqlglot.parse_one(predicate, read="duckdb")
+    arrays = {k: np.asarray(v) for k, v in values.items()}
+    n = len(next(iter(arrays.values()))) if arrays else 1
+    val, known = _eval(tree, arrays, n)
+    return np.asarray(val, dtype=bool) & known
+
+
+def _null_mask(arr: np.ndarray) -> np.ndarray:
+    if arr.dtype.kind == "f":
+        return np.isnan(arr)
+    if arr.dtype.kind == "O":
+        return np.array([v is None or (isinstance(v, float) and v != v) for v in arr], dtype=bool)
+    return np.zeros(arr.shape, dtype=bool)
+
+
+def _filled(arr: np.ndarray, known: np.ndarray) -> np.ndarray:
+    if arr.dtype.kind != "O" or known.all():
+        return arr
+    fill = next((v for v, k in zip(arr, known) if k), 0)
+    out = arr.copy()
+    out[~known] = fill
+    return out
+
+
+_CMP = {
+    exp.EQ: np.equal,
+    exp.NEQ: np.not_equal,
+    exp.GT: np.greater,
+    exp.GTE: np.greater_equal,
+    exp.LT: np.less,
+    exp.LTE: np.less_equal,
+}
+
+
+def _eval(node: exp.Expression, arrays: Mapping[str, np.ndarray], n: int):
+    """Return (values, known) arrays of length n."""
+    full = lambda v, dtype=None: np.full(n, v, dtype=dtype)  # noqa: E731
+    if isinstance(node, exp.Paren):
+        return _eval(node.this, arrays, n)
+    if isinstance(node, exp.Column):
+        name = node.name
+        if name not in arrays:
+            raise ValueError(f"HAVING refers to {name!r}, which is not an output")
+        arr = arrays[name]
+        if arr.dtype.kind == "O":
+            arr = np.array([None if (isinstance(v, float) and v != v) else v for v in arr],
+                           dtype=object)
+        known = ~_null_mask(arr)
+        return arr, known
+    if isinstance(node, exp.Literal):
+        if node.is_string:
+            return full(node.this, object), full(True)
+        return full(float(node.this)), full(True)
+    if isinstance(node, exp.Boolean):
+        return full(bool(node.this)), full(True)
+    if isinstance(node, exp.Null):
+        return full(np.nan), full(False)
+    if isinstance(node, exp.Neg):
+        v, k = _eval(node.this, arrays, n)
+        return -v.astype(float), k
+    if isinstance(node, exp.Abs):
+        v, k = _eval(node.this, arrays, n)
+        return np.abs(v.astype(float)), k
+    if isinstance(node, (exp.Add, exp.Sub, exp.Mul, exp.Div)):
+        a, ka = _eval(node.this, arrays, n)
+        b, kb = _eval(node.expression, arrays, n)
+        a = np.where(ka, a, 0).astype(float)
+        b = np.where(kb, b, 1).astype(float)
+        with np.errstate(all="ignore"):
+            if isinstance(node, exp.Add):
+                r = a + b
+            elif isinstance(node, exp.Sub):
+                r = a - b
+            elif isinstance(node, exp.Mul):
+                r = a * b
+            else:
+                r = a / b
+        known = ka & kb & np.isfinite(r)
+        return r, known
+    if type(node) in _CMP:
+        a, ka = _eval(node.this, arrays, n)
+        b, kb = _eval(node.expression, arrays, n)
+        known = ka & kb
+        r = _CMP[type(node)](_filled(a, known), _filled(b, known))
+        return np.asarray(r, dtype=bool) & known, known
+    if isinstance(node, exp.Not):
+        v, k = _eval(node.this, arrays, n)
+        return ~np.asarray(v, dtype=bool) & k, k
+    if isinstance(node, (exp.And, exp.Or)):
+        a, ka = _eval(node.this, arrays, n)
+        b, kb = _eval(node.expression, arrays, n)
+        a = np.asarray(a, dtype=bool) & ka
+        b = np.asarray(b, dtype=bool) & kb
+        if isinstance(node, exp.And):
+            false = (ka & ~a) | (kb & ~b)
+            true = a & b
+        else:
+            true = a | b
+            false = ka & ~a & kb & ~b
+        return true, true | false
+    if isinstance(node, exp.Is):
+        v, k = _eval(node.this, arrays, n)
+        if isinstance(node.expression, exp.Null):
+            return ~k, full(True)
+        if isinstance(node.expression, exp.Boolean):
+            target = bool(node.expression.this)
+            return k & (np.asarray(v, dtype=bool) == target), full(True)
+    if isinstance(node, exp.In):
+        a, ka = _eval(node.this, arrays, n)
+        true = np.zeros(n, dtype=bool)
+        any_unknown = ~ka
+        for e in node.expressions:
+            b, kb = _eval(e, arrays, n)
+            known = ka & kb
+            true |= np.asarray(np.equal(_filled(a, known), _filled(b, known)), dtype=bool) & known
+            any_unknown |= ~kb
+        return true, true | ~any_unknown
+    if isinstance(node, exp.Between):
+        lo = exp.GTE(this=node.this.copy(), expression=node.args["low"].copy())
+        hi = exp.LTE(this=node.this.copy(), expression=node.args["high"].copy())
+        return _eval(exp.And(this=lo, expression=hi), arrays, n)
+    raise ValueError(f"HAVING construct {node.sql(dialect='duckdb')!r} cannot be evaluated")

@@ -1,0 +1,340 @@
+"""The query pipeline end to end on real data: real DuckDB, real ledger, real OpenDP (no mocks).
+
+Data: ``../shared/data/smartnoise/PUMS_dup.csv`` (1,948 rows, 1,000 persons ``pid`` with up
+to 4 rows each, one sex and one educ per person) and ``PUMS_null.csv`` (same, with NULL cells,
+88 of them in ``pid``).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pytest
+
+from dpgate import accounting
+from dpgate.errors import BudgetExhausted, ExecutionError, MechanismError, UnsupportedQuery
+from dpgate.service import Gateway, QueryBudget
+from dpgate.settings import Settings
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "smartnoise"
+pytestmark = pytest.mark.skipif(not (DATA / "PUMS_dup.csv").exists(), reason="../shared/data not present")
+
+POLICY = """
+[dataset]
+name = "pums"
+population = "census-people"
+data_version = "{version}"
+
+[budget]
+epsilon = {epsilon}
+delta = 1e-6
+default_query_rho = 0.01
+
+[allocations]
+analysts = 0.5
+dashboard = 0.5
+
+[tables.persons]
+source = "{source}"
+privacy_unit = "pid"
+max_groups_per_unit = 1
+max_rows_per_unit = 4
+
+[tables.persons.columns]
+pid = {{ type = "int" }}
+sex = {{ type = "int", public_keys = [0, 1] }}
+educ = {{ type = "int", public_keys = "range(1, 17)" }}
+age = {{ type = "int", lower = 0, upper = 100 }}
+income = {{ type = "int", lower = 0, upper = 500000, resolution = 1 }}
+"""
+
+
+def make_gateway(tmp_path: Path, *, csv: str = "PUMS_dup.csv", epsilon: float = 4.0,
+                 version: str = "v1", source: Path | None = None) -> Gateway:
+    policies = tmp_path / "policies"
+    policies.mkdir(exist_ok=True)
+    src = source or DATA / csv
+    (policies / "pums.toml").write_text(POLICY.format(source=src, epsilon=epsilon, version=version))
+    settings = Settings(policies=policies, home=tmp_path / "home")
+    return Gateway.open(settings)
+
+
+@pytest.fixture
+def gw(tmp_path):
+    g = make_gateway(tmp_path)
+    yield g
+    g.close()
+
+
+def true_counts_by_sex(csv: str = "PUMS_dup.csv", m: int = 4) -> dict[int, int]:
+    """Bounded true COUNT(*) by sex, computed independently: per person min(rows, m)."""
+    rows = duckdb.sql(
+        f"SELECT sex, SUM(LEAST(c, {m})) FROM (SELECT pid, sex, COUNT(*) c FROM "
+        f"read_csv('{DATA / csv}') WHERE pid IS NOT NULL GROUP BY pid, sex) GROUP BY sex ORDER BY sex"
+    ).fetchall()
+    return {int(s): int(n) for s, n in rows}
+
+
+def test_grouped_count_and_avg_are_charged_once_each(gw):
+    before = len(gw.ledger_entries())
+    r1 = gw.query("pums", "SELECT sex, COUNT(*) AS n FROM persons GROUP BY sex", consumer="analysts",
+                  budget=QueryBudget(rho=0.02))
+    r2 = gw.query("pums", "SELECT sex, AVG(income) AS avg_income FROM persons GROUP BY sex",
+                  consumer="analysts", budget=QueryBudget(rho=0.02))
+    entries = gw.ledger_entries()
+    assert len(entries) == before + 2  # one charge per query
+    assert r1["columns"] == ["sex", "n"] and [row[0] for row in r1["rows"]] == [0, 1]
+    assert r2["columns"] == ["sex", "avg_income"]
+    assert r1["charge"]["rho"] == pytest.approx(0.02, rel=1e-12)
+    # The AVG's charge is the sum of its two primitives (noisy sum and noisy count), each
+    # calibrated to ρ/2: ρ_i = Δ2_i² / (2 σ_i²) (Bun–Steinke 2016, Prop. 1.6).
+    # Sum: Δ2 = m · max|L|,|U| / resolution = 4 · 500000; count_column: Δ2 = m = 4 (k = 1).
+    scales = r2["noise_scales"]
+    assert len(scales) == 2
+    deltas = sorted([4.0, 4.0 * 500000])
+    parts = sorted(scales.values())
+    per = [accounting.gaussian_rho(d, s) for d, s in zip(deltas, parts)]
+    assert per == pytest.approx([0.01, 0.01], rel=1e-9)
+    assert r2["charge"]["rho"] == pytest.approx(sum(per), rel=1e-9)
+    # σ of the count: 4 / √(2 · 0.01) = 28.2843
+    assert parts[0] == pytest.approx(4 / math.sqrt(0.02), rel=1e-9)
+    for row in r2["rows"]:
+        assert 0 <= row[1] <= 500000  # AVG clamped into [lower, upper]
+    assert r2["charge"]["epsilon_at_delta"] == pytest.approx(
+        accounting.zcdp_epsilon_tight(0.02, 1e-6), rel=1e-9)
+
+
+def test_counts_lie_within_4_sigma_in_99_percent_of_200_runs(tmp_path):
+    g = make_gateway(tmp_path, epsilon=1e5)  # a cap large enough for 200 fresh releases
+    try:
+        truth = true_counts_by_sex()
+        inside = total = 0
+        for i in range(200):
+            rho = 0.01 * (1 + i * 1e-6)  # a different budget each run: a new, charged release
+            r = g.query("pums", "SELECT sex, COUNT(*) FROM persons GROUP BY sex", consumer="analysts",
+                        budget=QueryBudget(rho=rho))
+            assert r["cached"] is False
+            sigma = next(iter(r["noise_scales"].values()))
+            assert sigma == pytest.approx(4 / math.sqrt(2 * rho), rel=1e-9)
+            for sex, n in r["rows"]:
+                total += 1
+                inside += abs(n - truth[sex]) <= 4 * sigma
+        assert total == 400
+        assert inside / total >= 0.99
+        assert len(g.ledger_entries()) == 200
+    finally:
+        g.close()
+
+
+def test_reformatted_repeat_is_served_free_with_identical_numbers(gw):
+    q1 = "SELECT sex, COUNT(*) AS n FROM persons WHERE age > 30 AND educ < 9 GROUP BY sex"
+    q2 = "select  SEX as s , count(1)  as people\nfrom persons p where 9 > educ and 30 < age group by sex"
+    first = gw.query("pums", q1, consumer="analysts", budget=QueryBudget(rho=0.01))
+    entries = len(gw.ledger_entries())
+    spent = gw.budget("pums")["spent"]["rho"]
+    again = gw.query("pums", q2, consumer="analysts", budget=QueryBudget(rho=0.01))
+    assert again["cached"] is True and again["charge"] is None
+    assert again["release_id"] == first["release_id"]
+    assert again["rows"] == first["rows"]
+    assert again["columns"] == ["s", "people"]  # served under this request's names
+    assert again["paid_by"]["charge_id"] == first["charge"]["charge_id"]
+    assert len(gw.ledger_entries()) == entries
+    assert gw.budget("pums")["spent"]["rho"] == spent
+    # a different budget is a different release
+    third = gw.query("pums", q1, consumer="analysts", budget=QueryBudget(rho=0.02))
+    assert third["cached"] is False and third["release_id"] != first["release_id"]
+
+
+def test_null_units_never_reach_an_aggregate_and_null_values_are_excluded(tmp_path):
+    g = make_gateway(tmp_path, csv="PUMS_null.csv", epsilon=1e6)
+    try:
+        con = duckdb.connect()
+        src = f"read_csv('{DATA / 'PUMS_null.csv'}')"
+        n_rows, n_age, n_income, s_income = con.execute(
+            f"SELECT COUNT(*), COUNT(age), COUNT(income), SUM(income) FROM {src} WHERE pid IS NOT NULL"
+        ).fetchone()
+        all_rows = con.execute(f"SELECT COUNT(*) FROM {src}").fetchone()[0]
+        assert all_rows - n_rows == 88  # the NULL-unit rows exist in the file
+        # With a huge ρ the noise is far below 0.5 and rounding recovers the bounded value.
+        r = g.query("pums", "SELECT COUNT(*), COUNT(age), COUNT(income), SUM(income) FROM persons",
+                    consumer="analysts", budget=QueryBudget(rho=1e5))
+        assert len(r["rows"]) == 1
+        c_all, c_age, c_income, sum_income = r["rows"][0]
+        # no person has more than 4 rows (m = 4), so nothing is clipped
+        assert c_all == n_rows and c_age == n_age and c_income == n_income
+        # SUM's noise in fixed-point units: σ = Δ2 / √(2ρ/4) = 2,000,000 / 223.6 ≈ 8,944
+        assert abs(sum_income - s_income) < 6 * 2_000_000 / math.sqrt(2 * 1e5 / 4)
+        avg = g.query("pums", "SELECT AVG(income) FROM persons", consumer="analysts",
+                      budget=QueryBudget(rho=1e5))["rows"][0][0]
+        assert avg == pytest.approx(s_income / n_income, rel=1e-3)
+    finally:
+        g.close()
+
+
+def test_empty_result_gives_noisy_zeros_for_every_key_and_avg_within_bounds(gw):
+    r = gw.query("pums", "SELECT educ, COUNT(*) AS n, AVG(age) AS a FROM persons WHERE age > 200 GROUP BY educ",
+                 consumer="analysts", budget=QueryBudget(rho=0.05))
+    assert [row[0] for row in r["rows"]] == list(range(1, 17))  # every public key, in order
+    sigma_count = 4 / math.sqrt(2 * 0.05 / 2)
+    for _, n, a in r["rows"]:
+        assert n >= 0 and abs(n) <= 6 * sigma_count
+        assert 0 <= a <= 100
+    one = gw.query("pums", "SELECT COUNT(*) FROM persons WHERE age > 200", consumer="analysts",
+                   budget=QueryBudget(rho=0.05))
+    assert len(one["rows"]) == 1
+
+
+def test_charge_stays_when_execution_fails_after_it(gw, monkeypatch):
+    before = gw.budget("pums")["spent"]["rho"]
+
+    def boom(sql):
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(gw.engine, "execute", boom)
+    with pytest.raises(ExecutionError) as err:
+        gw.query("pums", "SELECT COUNT(*) FROM persons", consumer="analysts", budget=QueryBudget(rho=0.01))
+    assert "disk on fire" not in err.value.message
+    assert gw.budget("pums")["spent"]["rho"] == pytest.approx(before + 0.01)
+    assert gw.releases("pums") == []
+
+
+def test_charge_stays_when_noise_fails_after_it(gw, monkeypatch):
+    import dpgate.service as service
+
+    def broken(cal, values):
+        raise MechanismError("sampler unavailable")
+
+    monkeypatch.setattr(service, "sample", broken)
+    with pytest.raises(MechanismError):
+        gw.query("pums", "SELECT COUNT(*) FROM persons", consumer="analysts", budget=QueryBudget(rho=0.01))
+    assert len(gw.ledger_entries()) == 1
+    assert gw.releases("pums") == []
+
+
+def test_refused_query_costs_nothing(gw):
+    with pytest.raises(UnsupportedQuery):
+        gw.query("pums", "SELECT pid FROM persons", consumer="analysts")
+    assert gw.ledger_entries() == []
+
+
+def test_budget_exhaustion_returns_no_data_and_names_the_numbers(gw):
+    cap = gw.budget("pums")["consumers"]["analysts"]["cap_rho"]
+    with pytest.raises(BudgetExhausted) as err:
+        gw.query("pums", "SELECT COUNT(*) FROM persons", consumer="analysts", budget=QueryBudget(rho=cap * 1.01))
+    d = err.value.details
+    for key in ("requested", "spent", "remaining"):
+        assert "rho" in d[key] and "epsilon" in d[key]
+    assert d["requested"]["rho"] == pytest.approx(cap * 1.01)
+    assert gw.ledger_entries() == [] and gw.releases() == []
+
+
+def test_concurrent_identical_queries_give_one_charge_and_one_release(gw):
+    results, errors = [], []
+
+    def run():
+        try:
+            results.append(gw.query("pums", "SELECT educ, COUNT(*) FROM persons GROUP BY educ",
+                                    consumer="analysts", budget=QueryBudget(rho=0.01)))
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert len({r["release_id"] for r in results}) == 1
+    assert len({str(r["rows"]) for r in results}) == 1
+    assert sum(not r["cached"] for r in results) == 1
+    assert len(gw.ledger_entries()) == 1 and len(gw.releases()) == 1
+
+
+def test_changed_data_means_a_new_charged_release(tmp_path):
+    src = tmp_path / "persons.csv"
+    src.write_text((DATA / "PUMS_dup.csv").read_text())
+    # data_version from the policy is fixed; use the fingerprint instead
+    policies = tmp_path / "policies"
+    policies.mkdir()
+    text = POLICY.format(source=src, epsilon=4.0, version="x").replace('data_version = "x"\n', "")
+    (policies / "pums.toml").write_text(text)
+    settings = Settings(policies=policies, home=tmp_path / "home")
+    sql = "SELECT COUNT(*) FROM persons"
+    with Gateway.open(settings) as g:
+        first = g.query("pums", sql, consumer="analysts", budget=QueryBudget(rho=0.01))
+        assert g.query("pums", sql, consumer="analysts", budget=QueryBudget(rho=0.01))["cached"]
+    with src.open("a") as f:
+        f.write("40,1,9,1,1000,1,5000\n")
+    with Gateway.open(settings) as g:
+        second = g.query("pums", sql, consumer="analysts", budget=QueryBudget(rho=0.01))
+        assert second["cached"] is False and second["data_version"] != first["data_version"]
+        assert len(g.ledger_entries()) == 2
+
+
+def test_explain_reads_no_data_and_charges_nothing(gw, monkeypatch):
+    def forbidden(sql):  # pragma: no cover - must not be called
+        raise AssertionError("explain touched the data")
+
+    monkeypatch.setattr(gw.engine, "execute", forbidden)
+    e = gw.explain("pums", "SELECT sex, AVG(income) FROM persons GROUP BY sex", budget=QueryBudget(epsilon=1.0))
+    # ε = 1 at δ = 1e-6 → ρ by the tight CKS conversion, split over two primitives
+    assert e["cost"]["rho"] == pytest.approx(accounting.rho_for_cap(1.0, 1e-6, "tight"), rel=1e-9)
+    assert e["cost"]["epsilon_at_delta"] == pytest.approx(1.0, rel=1e-6)
+    assert "<salt>" in e["bounded_sql"]
+    assert gw.ledger_entries() == []
+
+
+def test_laplace_mechanism_charges_pure_epsilon(gw):
+    r = gw.query("pums", "SELECT COUNT(*) FROM persons", consumer="analysts",
+                 budget=QueryBudget(epsilon=0.5), mechanism="laplace")
+    assert r["mechanism"] == "discrete_laplace"
+    # b = Δ1 / ε = 4 / 0.5 = 8 (one primitive gets the whole ε)
+    assert next(iter(r["noise_scales"].values())) == pytest.approx(8.0)
+    # a pure ε-DP release is (ε, δ)-DP for every δ; the ledger's tight RDP conversion at the
+    # cap's δ can only report ≤ ε
+    assert r["charge"]["epsilon_at_delta"] <= 0.5 + 1e-12
+
+
+def test_ci95_budget_meets_the_requested_half_width(gw):
+    r = gw.query("pums", "SELECT COUNT(*) FROM persons", consumer="analysts", budget=QueryBudget(ci95=20.0))
+    acc = next(iter(r["accuracy"].values()))
+    assert acc["ci95"] <= 20.0 + 1e-9
+    sigma = next(iter(r["noise_scales"].values()))
+    # ρ = Δ2² / (2σ²) with Δ2 = m = 4
+    assert r["charge"]["rho"] == pytest.approx(16 / (2 * sigma**2), rel=1e-9)
+
+
+def test_hostile_values_in_a_budget_are_refused():
+    from dpgate.errors import InvalidBudget
+
+    for bad in (float("nan"), float("inf"), -1.0, 0.0, 1e300):
+        with pytest.raises(InvalidBudget):
+            QueryBudget(rho=bad)
+    with pytest.raises(InvalidBudget):
+        QueryBudget(rho=0.1, epsilon=1.0)
+
+
+def test_a_failed_release_does_not_block_the_next_identical_request(gw, monkeypatch):
+    real = gw.engine.execute
+    calls = {"n": 0}
+
+    def flaky(sql):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("transient")
+        return real(sql)
+
+    monkeypatch.setattr(gw.engine, "execute", flaky)
+    q = "SELECT COUNT(*) FROM persons"
+    with pytest.raises(ExecutionError):
+        gw.query("pums", q, consumer="analysts", budget=QueryBudget(rho=0.01))
+    r = gw.query("pums", q, consumer="analysts", budget=QueryBudget(rho=0.01))
+    assert r["cached"] is False
+    # both attempts were charged: the failed one is never refunded
+    assert len(gw.ledger_entries()) == 2
+    assert gw.budget("pums")["spent"]["rho"] == pytest.approx(0.02)
+    assert gw.query("pums", q, consumer="analysts", budget=QueryBudget(rho=0.01))["cached"] is True
