@@ -204,24 +204,7 @@ class Gateway:
         """
         policy = self.policy(name)
         report = self.ledger.spend(policy.population).to_dict()
-        tables = {}
-        for tname, table in policy.tables.items():
-            columns = {}
-            for cname, col in table.columns.items():
-                columns[cname] = {
-                    "type": col.type,
-                    "lower": col.lower,
-                    "upper": col.upper,
-                    "resolution": col.resolution,
-                    "public_keys": list(col.public_keys) if col.public_keys is not None else None,
-                }
-            tables[tname] = {
-                "privacy_unit": table.privacy_unit,
-                "record_level": table.privacy_unit is None,
-                "max_groups_per_unit": table.max_groups_per_unit,
-                "max_rows_per_unit": table.max_rows_per_unit,
-                "columns": columns,
-            }
+        tables = {tname: table.to_dict() for tname, table in policy.tables.items()}
         return {
             "name": policy.name,
             "population": policy.population,

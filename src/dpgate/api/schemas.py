@@ -234,7 +234,9 @@ class ColumnInfo(ResponseModel):
     lower: float | None = None
     upper: float | None = None
     resolution: float | None = None
-    public_keys: list[Any] | None = None
+    public_keys: list[Any] | str | None = Field(
+        default=None, description="the public key list, or \"range(a, b)\" for an integer range"
+    )
 
 
 class TableInfo(ResponseModel):

@@ -22,8 +22,12 @@ def open_ledger(url: str, *, create: bool = True) -> Ledger:
       ``?synchronous=full|extra|normal|off`` and ``?busy_timeout_ms=N``. The
       object is a :class:`dpgate.ledger.sqlite.SqliteLedger` (it also has
       ``path`` and ``connect()`` for the release store).
-    * ``postgresql://…`` — a ledger shared by several replicas, served by
-      ``dpgate.ledger.postgres`` when that backend is installed.
+    * ``postgresql://user:password@host:port/db`` (also ``postgres://``,
+      ``postgresql+psycopg://``) — a ledger shared by several replicas, a
+      :class:`dpgate.ledger.postgres.PostgresLedger`; options ``?schema=``,
+      ``pool_size=``, ``lock_timeout_ms=``, ``pool_timeout_ms=`` and any libpq
+      option (see :func:`dpgate.ledger.postgres.open_postgres_ledger`). It has
+      ``release_store()`` for the release store.
 
     Args:
         url: the ledger URL (``Settings.resolved_ledger_url()``).

@@ -25,11 +25,11 @@ Accepted shape (DESIGN.md, "SQL the gateway answers")::
   deterministic and cannot fail on any data value: LOWER, UPPER, LENGTH, TRIM,
   LTRIM, RTRIM, CONCAT, STARTS_WITH, ENDS_WITH, CONTAINS, ABS, ROUND (constant
   digits), FLOOR, CEIL, SIGN, COALESCE/IFNULL, NULLIF, GREATEST, LEAST, TRY_CAST to
-  BIGINT/INTEGER/DOUBLE/VARCHAR/BOOLEAN and CAST of a number to DOUBLE. Operands are type-checked against the
-  policy's column types (a failing implicit cast would be an error *after* the
-  charge). Integer operands of arithmetic and numeric functions are computed in
-  DOUBLE (no overflow error is possible). Division, modulo, CAST, CASE and every
-  other function are refused.
+  BIGINT/INTEGER/DOUBLE/VARCHAR/BOOLEAN, and TRY. Operands are type-checked against
+  the policy's column types (a failing implicit cast would be an error *after* the
+  charge). Every ``+ - *``, unary minus and ABS is wrapped in DuckDB's ``TRY(…)``, so
+  an integer or DECIMAL overflow gives NULL instead of an error. Division, modulo,
+  CAST, CASE and every other function are refused.
 * GROUP BY: bare declared columns with public keys (by name, SELECT alias or
   position). Every non-aggregate SELECT item must be a group key; a group key that
   is not selected is a hidden key output.
@@ -305,7 +305,7 @@ class _Scope:
         if col is None:
             raise UnknownColumn(
                 f"the privacy unit column {name!r} is not declared in the policy's columns; "
-                "it can only be used in COUNT(DISTINCT {0}) and COUNT({0})".format(name),
+                f"it can only be used in COUNT(DISTINCT {name}) and COUNT({name})",
                 {"table": self.table.name, "column": name},
             )
         return col
@@ -485,26 +485,19 @@ class _Typer:
                 f"{_snippet(node)}",
                 node,
             )
-        if (
-            isinstance(node, exp.Cast)
-            and not isinstance(node, exp.TryCast)
-            and isinstance(node.args.get("to"), exp.DataType)
-            and node.args["to"].this == exp.DataType.Type.DOUBLE
-            and not _real_args(node) - {"this", "to"}
-            and self.type(node.this) in _NUMERIC + ("null",)
-        ):
-            return "float"  # a number converted to DOUBLE cannot fail
         if isinstance(node, exp.Cast) and not isinstance(node, exp.TryCast):
             raise _unsupported(
                 f"CAST can fail on data and is not allowed; use TRY_CAST: {_snippet(node)}", node
             )
+        if isinstance(node, exp.Try) and self.clause == "WHERE":
+            _only_args(node, {"this"})
+            return self.type(node.this)
         if isinstance(node, exp.Neg):
-            t = self._expect(node.this, _NUMERIC, "unary minus")
-            return t if _is_constant(node.this) else "float"
+            return self._expect(node.this, _NUMERIC, "unary minus")
         if isinstance(node, (exp.Add, exp.Sub, exp.Mul)):
-            self._expect(node.this, _NUMERIC, "arithmetic")
-            self._expect(node.expression, _NUMERIC, "arithmetic")
-            return "float"
+            a = self._expect(node.this, _NUMERIC, "arithmetic")
+            b = self._expect(node.expression, _NUMERIC, "arithmetic")
+            return _common([a, b], node)
         if isinstance(node, exp.DPipe):
             _only_args(node, {"this", "expression", "safe"})
             self._expect(node.this, ("text",), "||")
@@ -577,24 +570,19 @@ class _Typer:
             self._expect(node.this, ("text",), node.key.upper())
             self._expect(node.expression, ("text",), node.key.upper())
             return "bool"
-        if isinstance(node, (exp.Abs, exp.Sign)):
+        if isinstance(node, (exp.Abs, exp.Sign, exp.Floor, exp.Ceil)):
             _only_args(node, {"this"})
-            self._expect(node.this, _NUMERIC, node.key.upper())
-            return "float"
-        if isinstance(node, (exp.Floor, exp.Ceil)):
-            _only_args(node, {"this"})
-            self._expect(node.this, _NUMERIC, node.key.upper())
-            return "float"
+            return self._expect(node.this, _NUMERIC, node.key.upper())
         if isinstance(node, exp.Round):
             _only_args(node, {"this", "decimals"})
-            self._expect(node.this, _NUMERIC, "ROUND")
+            t = self._expect(node.this, _NUMERIC, "ROUND")
             digits = node.args.get("decimals")
             if digits is not None:
                 lit = digits.this if isinstance(digits, exp.Neg) else digits
                 if not (isinstance(lit, exp.Literal) and not lit.is_string
                         and isinstance(_number(lit), int)):
                     raise _unsupported("ROUND digits must be an integer constant", node)
-            return "float"
+            return t
         if isinstance(node, (exp.Coalesce, exp.Greatest, exp.Least)):
             _only_args(node, {"this", "expressions", "is_nvl", "is_null", "ignore_nulls"})
             args = [node.this] + list(node.expressions)
@@ -618,29 +606,35 @@ class _Typer:
             return target
         raise _unsupported(f"function {name} is not allowed", node)
 
-    def cast_int_operands(self, tree: exp.Expression) -> exp.Expression:
-        """Wrap integer operands of arithmetic/numeric functions in CAST(… AS DOUBLE)."""
-        numeric_ops = (exp.Add, exp.Sub, exp.Mul, exp.Neg, exp.Abs, exp.Sign, exp.Floor,
-                       exp.Ceil, exp.Round)
-
-        def wrap(node: exp.Expression) -> exp.Expression:
-            if isinstance(node, numeric_ops):
-                for key in ("this", "expression"):
-                    child = node.args.get(key)
-                    if child is None or _is_constant(child):
-                        continue
-                    if self.type(child) == "int":
-                        node.set(key, exp.Cast(this=child, to=exp.DataType.build("DOUBLE")))
-            return node
-
-        return tree.transform(wrap, copy=False)
-
 
 _HAVING_NODES = (
     exp.Paren, exp.Column, exp.Literal, exp.Boolean, exp.Null, exp.Neg, exp.Abs, exp.Add,
     exp.Sub, exp.Mul, exp.Div, exp.And, exp.Or, exp.Not, exp.Is, exp.In, exp.Between,
     exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE,
 )
+
+
+_ARITHMETIC = (exp.Add, exp.Sub, exp.Mul, exp.Neg, exp.Abs)
+
+
+def _guard_arithmetic(tree: exp.Expression) -> exp.Expression:
+    """Wrap every non-constant ``+ - *``, unary minus and ABS in DuckDB's ``TRY(…)``.
+
+    Integer and DECIMAL arithmetic raises on overflow (``abs(-2**63)``, ``age * 2``, a
+    DECIMAL product beyond 38 digits); an error after the charge would be a failure the
+    analyst paid for, and its occurrence would depend on the data. ``TRY`` turns it into
+    NULL and leaves every other value (and its type) unchanged. Idempotent.
+    """
+    targets = [n for n in tree.walk() if isinstance(n, _ARITHMETIC) and n.find(exp.Column)
+               and not isinstance(n.parent, exp.Try)]
+    for node in targets:
+        if node is tree:
+            tree = exp.Try(this=node)
+            continue
+        wrapper = exp.Try()
+        node.replace(wrapper)
+        wrapper.set("this", node)
+    return tree
 
 
 def _is_constant(node: exp.Expression) -> bool:
@@ -675,16 +669,16 @@ def _plan_where(node: exp.Expression | None, scope: _Scope) -> str | None:
     typer.check_predicate(node)
     tree = _canonical_columns(node, scope.resolve)
     tree = _canonicalize_literals(tree)
-    # Integer arithmetic runs in DOUBLE; cast before simplifying so that the canonical form
-    # is a fixed point (planning the canonical SQL again gives the same plan).
-    tree = typer.cast_int_operands(tree)
+    # Guard arithmetic before simplifying too, so that the canonical form is a fixed point
+    # (planning the canonical SQL again gives the same plan).
+    tree = _guard_arithmetic(tree)
     tree = _simplify(tree)
     tree = _canonicalize_literals(tree)
     # Validate what will actually run (simplify may fold constants).
     typer.check_predicate(tree)
     if isinstance(tree, exp.Boolean) and tree.this:
         return None
-    tree = typer.cast_int_operands(tree)
+    tree = _guard_arithmetic(tree)
     return tree.sql(dialect=DIALECT, comments=False)
 
 
@@ -1107,7 +1101,7 @@ def _plan(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
     having_tree, having_refs = _plan_having(
         stmt.args["having"].this if stmt.args.get("having") else None, outputs
     )
-    order_refs = _order_by(stmt, outputs, selects)
+    order_refs = _order_by(stmt, outputs)
     limit = _limit(stmt)
 
     n_groups = table.key_combinations(group_by)
@@ -1158,7 +1152,7 @@ def _plan(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
     return _with_canonical_sql(plan, scope)
 
 
-def _order_by(stmt: exp.Select, outputs: _Outputs, selects) -> list[tuple[_Out, bool, bool]]:
+def _order_by(stmt: exp.Select, outputs: _Outputs) -> list[tuple[_Out, bool, bool]]:
     order = stmt.args.get("order")
     if order is None:
         return []
