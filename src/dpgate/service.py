@@ -506,11 +506,11 @@ class Gateway:
 
 def open_release_store(ledger: Ledger) -> ReleaseStore:
     """The release store living in the same backend as ``ledger``."""
+    if hasattr(ledger, "release_store"):
+        return ledger.release_store()
     connect = getattr(ledger, "connect", None)
     if connect is None:
         raise ExecutionError("this ledger backend has no release store")
-    if hasattr(ledger, "release_store"):
-        return ledger.release_store()
     return SqliteReleaseStore(connect)
 
 
