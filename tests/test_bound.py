@@ -217,13 +217,13 @@ def test_generated_aliases_never_collide_with_data_columns(con, policy):
     # units 1, 3, 5 → "x"; 2, 4 → "y". Counts clip 3 rows to m = 2 per unit.
     assert cols["__dpg_g0"] == ["x", "y"]
     assert out["count"] == [[6, 4]]
-    # SUM(__dpg_v0): each unit 3 × 4.0 = 12 (resolution 1e-5 → 1,200,000 units), clipped
-    # to m × upper = 2 × 10 = 20 → not clipped: 12 per unit.
+    # SUM(__dpg_v0): each unit has 3 rows of 4.0; m = 2 rows' worth = 2 × 4.0 = 8 per unit
+    # (resolution 1e-5 → 800,000 units), within m × upper = 2 × 10 = 20.
     res = pol.table("t").column("__dpg_v0").resolution
-    assert out["sum___dpg_v0"] == [[round(36 / res), round(24 / res)]]
+    assert out["sum___dpg_v0"] == [[round(24 / res), round(16 / res)]]
     assert out["count_distinct___dpg_u"] == [[3, 2]]
-    # SUM(__dpg_p0) and SUM(p0): each row 50, 3 rows per unit → 150, clipped to 2 × 100 = 200.
-    assert out["sum___dpg_p0"] == [[450, 300]] and out["sum_p0"] == [[450, 300]]
+    # SUM(__dpg_p0) and SUM(p0): each row 50, 3 rows per unit → m = 2 rows' worth = 100.
+    assert out["sum___dpg_p0"] == [[300, 200]] and out["sum_p0"] == [[300, 200]]
 
 
 def test_sum_of_doubles_is_exact_and_order_independent(con, policy):
@@ -266,8 +266,9 @@ def test_partial_sums_are_clipped_to_m_times_the_bounds(con, policy):
     # 5 × min(-20, 0) = -100.
     load(con, policy, "prompts", [{"user_id": 1, "region": "eu", "latency": -10.0}] * 9)
     out, _, _ = values(con, policy, "SELECT SUM(latency), STDDEV(latency) FROM prompts")
-    # squares: 9 × 400 = 3600 clipped to 5 × max(20², 200²) = 200000 → 3600 (not clipped)
-    assert out == {"sum_latency": [[-100]], "stddev_pop_latency": [[3600], [-100], [5]]}
+    # squares: 9 rows of 400 → m rows' worth 5 × 400 = 2000 (= 3600 · 5 // 9), within the
+    # clip 5 × max(20², 200²) = 200000
+    assert out == {"sum_latency": [[-100]], "stddev_pop_latency": [[2000], [-100], [5]]}
 
 
 def test_each_unit_keeps_at_most_k_groups_chosen_by_the_salt(con, policy):
@@ -413,10 +414,24 @@ def test_real_data_pums_dup(con):
         "GROUP BY pid)").fetchone()
     cols, _ = run(con, pol, "SELECT COUNT(*), COUNT(DISTINCT pid), SUM(age) FROM dup")
     assert cols["p0"] == [expected_count] and cols["p1"] == [units] == [1000]
-    # age in [0, 100]: each pid's partial sum of ages clipped to [0, 200]
+    # age in [0, 100]: each pid adds m rows' worth, i.e. its clamped sum s if it has
+    # c ≤ 2 ages, else trunc(2·s / c); then clipped to [0, 200]
     expected_age = con.execute(
-        "SELECT SUM(LEAST(s, 200)) FROM (SELECT pid, SUM(LEAST(GREATEST(age, 0), 100)) AS s "
+        "SELECT SUM(LEAST(CASE WHEN c > 2 THEN (s * 2) // c ELSE s END, 200)) FROM "
+        "(SELECT pid, SUM(LEAST(GREATEST(age, 0), 100)) AS s, COUNT(age) AS c "
         "FROM pums.dup GROUP BY pid)").fetchone()[0]
     assert cols["p2"] == [expected_age]
     by_sex, _ = run(con, pol, "SELECT sex, COUNT(DISTINCT pid) FROM dup GROUP BY sex")
     assert sum(by_sex["p0"]) == 1000  # k = 1: every pid counted in exactly one group
+
+
+def test_avg_weighs_a_heavy_unit_by_m_rows_not_by_all_its_rows(con, policy):
+    # m = 5: unit 1 has 10 rows of 100 tokens, unit 2 one row of 10 tokens. Unit 1 adds
+    # m rows' worth = 5 × 100 = 500 and count 5; unit 2 adds 10 and 1 → AVG = 510 / 6 = 85.
+    # Clipping the sum at m × U = 40000 alone would keep 1000 + 10 over a count of 6, i.e. an
+    # "average" of 168.3 above every value in the data.
+    rows = [{"user_id": 1, "region": "eu", "tokens": 100.0}] * 10 + [
+        {"user_id": 2, "region": "eu", "tokens": 10.0}]
+    load(con, policy, "prompts", rows)
+    out, _, _ = values(con, policy, "SELECT AVG(tokens) FROM prompts")
+    assert out == {"avg_tokens": [[510], [6]]}

@@ -131,7 +131,7 @@ def test_laplace_scales_mode():
         (dict(mechanism="gaussian", scales={}), MechanismError),
         (dict(mechanism="gaussian", scales={"p0": 0.0}), MechanismError),
         (dict(mechanism="gaussian", scales={"p0": math.nan}), MechanismError),
-        (dict(mechanism="gaussian", scales={"p0": 2.0**53}), MechanismError),
+        (dict(mechanism="gaussian", scales={"p0": 2.0**53}), InvalidBudget),
     ],
 )
 def test_calibrate_errors(kwargs, error):
@@ -147,7 +147,7 @@ def test_calibrate_bad_sensitivity(sens):
 
 def test_calibrate_too_much_noise_for_64_bits():
     # Δ2 = 1e12 units (e.g. bound 1e9 at resolution 1e-3), ρ = 1e-12: σ = 1e12/√2e-12 ≈ 7e17 > 2^52.
-    with pytest.raises(MechanismError, match="2\\^52"):
+    with pytest.raises(InvalidBudget, match="2\\^52"):
         calibrate({"p0": (1e12, 1e12)}, mechanism="gaussian", rho=1e-12)
 
 

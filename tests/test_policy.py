@@ -347,3 +347,32 @@ def test_repository_policies_load():
         pytest.skip("no policies/ folder")
     for policy in load_policies(folder).values():
         assert policy.tables
+
+
+def test_datasets_of_one_population_must_publish_the_same_cap(tmp_path):
+    from dpgate.errors import PolicyError
+    from dpgate.policy import load_policies
+
+    body = """
+[dataset]
+name = "{name}"
+population = "shared"
+data_version = "1"
+[budget]
+epsilon = {eps}
+delta = 1e-6
+default_query_rho = 0.001
+[tables.t]
+source = "t.csv"
+[tables.t.columns]
+a = {{ type = "int", public_keys = [0, 1] }}
+"""
+    folder = tmp_path / "policies"
+    folder.mkdir()
+    (folder / "g1.toml").write_text(body.format(name="g1", eps=1.0))
+    (folder / "g2.toml").write_text(body.format(name="g2", eps=1.0))
+    assert set(load_policies(folder)) == {"g1", "g2"}  # same cap: fine
+    (folder / "g2.toml").write_text(body.format(name="g2", eps=8.0))
+    with pytest.raises(PolicyError) as err:
+        load_policies(folder)
+    assert "shared" in err.value.message and "g2.toml" in err.value.message

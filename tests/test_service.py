@@ -338,3 +338,38 @@ def test_a_failed_release_does_not_block_the_next_identical_request(gw, monkeypa
     assert len(gw.ledger_entries()) == 2
     assert gw.budget("pums")["spent"]["rho"] == pytest.approx(0.02)
     assert gw.query("pums", q, consumer="analysts", budget=QueryBudget(rho=0.01))["cached"] is True
+
+
+def test_a_vanishing_budget_is_a_client_error_not_a_500(gw):
+    from dpgate.errors import InvalidBudget
+
+    for budget in (QueryBudget(rho=1e-320), QueryBudget(rho=1e-24)):
+        with pytest.raises(InvalidBudget):
+            gw.query("pums", "SELECT SUM(income) FROM persons", consumer="analysts", budget=budget)
+    with pytest.raises(InvalidBudget):
+        gw.query("pums", "SELECT COUNT(*) FROM persons", consumer="analysts",
+                 budget=QueryBudget(epsilon=1e-16), mechanism="laplace")  # b = 4e16 > 2^52
+    assert gw.ledger_entries() == []
+
+
+def test_published_data_version_is_keyed_not_a_plain_hash_of_the_data(tmp_path):
+    import hashlib
+
+    src = tmp_path / "persons.csv"
+    src.write_bytes((DATA / "PUMS_dup.csv").read_bytes())
+    policies = tmp_path / "policies"
+    policies.mkdir()
+    text = POLICY.format(source=src, epsilon=4.0, version="x").replace('data_version = "x"\n', "")
+    (policies / "pums.toml").write_text(text)
+    plain = hashlib.sha256(src.read_bytes()).hexdigest()
+    versions = []
+    for home in ("h1", "h2"):
+        with Gateway.open(Settings(policies=policies, home=tmp_path / home)) as g:
+            v = g.dataset("pums")["data_version"]
+            assert v.startswith("fp-") and plain[:24] not in v
+            versions.append(v)
+    assert versions[0] != versions[1]  # different secret keys
+    with Gateway.open(Settings(policies=policies, home=tmp_path / "h3", fingerprint_key="k")) as g:
+        a = g.dataset("pums")["data_version"]
+    with Gateway.open(Settings(policies=policies, home=tmp_path / "h4", fingerprint_key="k")) as g:
+        assert g.dataset("pums")["data_version"] == a  # replicas sharing the key agree

@@ -34,7 +34,8 @@ the charged budget is exactly the requested one and OpenDP certifies it.
 
 64-bit limits: OpenDP's integer samplers work on ``i64`` and add noise with
 saturating arithmetic. :func:`sample` refuses values with |x| > 2^62
-(:data:`MAX_ABS_VALUE`) and :func:`calibrate` refuses scales above 2^52
+(:data:`MAX_ABS_VALUE`) and :func:`calibrate` refuses scales above 2^52 (as
+:class:`~dpgate.errors.InvalidBudget`: the budget is too small)
 (:data:`MAX_SCALE`), so that saturation cannot happen in practice (it would be
 a 2^10·σ-tail event); an output that still saturates raises
 :class:`MechanismError` instead of releasing a clipped value. HUGEINT sums
@@ -175,10 +176,11 @@ def _check_scale(pid: str, scale: float) -> float:
     if not math.isfinite(s) or s <= 0:
         raise MechanismError(f"noise scale of primitive {pid!r} must be finite and > 0, got {scale!r}")
     if s > MAX_SCALE:
-        raise MechanismError(
-            f"noise scale {s:.4g} (integer units) of primitive {pid!r} exceeds 2^52, beyond what "
-            "64-bit integer noise can carry; coarsen the column's resolution, tighten its bounds or "
-            "raise the budget",
+        # a budget so small that the noise would not fit: the request is at fault (400)
+        raise InvalidBudget(
+            f"the budget is too small: noise scale {s:.4g} (integer units) of primitive {pid!r} "
+            "exceeds 2^52, beyond what 64-bit integer noise can carry; raise the budget, coarsen "
+            "the column's resolution or tighten its bounds",
             {"primitive": pid, "scale": s, "max_scale": MAX_SCALE},
         )
     return s
@@ -276,9 +278,10 @@ def calibrate(
         InvalidRequest: unknown mechanism.
         InvalidBudget: missing, non-finite or non-positive budget; a budget in the
             other mechanism's currency (ε for the Gaussian, ρ for the Laplace);
-            both a budget and scales.
+            both a budget and scales; a budget so small that a scale would exceed
+            :data:`MAX_SCALE`.
         MechanismError: no primitives; a non-finite or non-positive sensitivity;
-            scales missing a primitive; a scale beyond :data:`MAX_SCALE`; OpenDP's
+            scales missing a primitive; OpenDP's
             privacy map disagreeing with our formula beyond 1e-9 relative.
     """
     mech = mechanism_name(mechanism)

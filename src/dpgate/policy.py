@@ -338,8 +338,10 @@ def load_policies(folder: Path) -> dict[str, DatasetPolicy]:
         dataset name → policy.
 
     Raises:
-        PolicyError: the folder does not exist, a file is invalid, or two files
-            declare the same dataset name.
+        PolicyError: the folder does not exist, a file is invalid, two files
+            declare the same dataset name, or two datasets of one population
+            publish different caps (ε, δ) or allocations (the budget follows
+            people: one population has one cap).
     """
     folder = Path(folder)
     if not folder.is_dir():
@@ -353,6 +355,16 @@ def load_policies(folder: Path) -> dict[str, DatasetPolicy]:
             raise _policy_error(
                 path, f"dataset {policy.name!r} is also declared in {out[policy.name].path}"
             )
+        for other in out.values():
+            if other.population == policy.population and (
+                (other.budget.epsilon, other.budget.delta) != (policy.budget.epsilon, policy.budget.delta)
+                or dict(other.allocations) != dict(policy.allocations)
+            ):
+                raise _policy_error(
+                    path,
+                    f"population {policy.population!r} is also used by {other.path} with a different"
+                    " cap or allocations; datasets of one population must publish the same cap",
+                )
         out[policy.name] = policy
     return out
 

@@ -18,7 +18,10 @@ one release.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import math
+import os
 import secrets
 import threading
 import time
@@ -159,6 +162,8 @@ class Gateway:
             engine.close()
             raise
         store = open_release_store(ledger)
+        key = _fingerprint_key(settings)
+        versions = {name: _published_version(v, key) for name, v in versions.items()}
         return cls(policies, engine, versions, ledger, store)
 
     def close(self) -> None:
@@ -521,6 +526,32 @@ def _output_unit(policy: DatasetPolicy, plan: QueryPlan, primitive_id: str) -> f
         res = policy.table(plan.table).column(p.column).resolution or 1.0
         return res if p.kind == "sum" else res * res
     return 1.0
+
+
+def _fingerprint_key(settings: Settings) -> bytes:
+    """The secret that keys published data fingerprints (``DPGATE_FINGERPRINT_KEY`` or a file).
+
+    A plain hash of the source files would be a deterministic, noiseless function
+    of the data: an adversary who knows every row but one could test candidates
+    against it. Keyed with a secret (HMAC-SHA-256) the published version is
+    pseudorandom to anyone without the key. Replicas sharing a ledger should share
+    the key (set ``DPGATE_FINGERPRINT_KEY``) so that they share cached releases.
+    """
+    if settings.fingerprint_key:
+        return settings.fingerprint_key.encode()
+    path = settings.home / "fingerprint.key"
+    if not path.exists():
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32))
+    return path.read_text().strip().encode()
+
+
+def _published_version(version: str, key: bytes) -> str:
+    """A policy-declared version as is; a source fingerprint as ``fp-`` + HMAC(key, fingerprint)."""
+    if not version.startswith("sha256:"):
+        return version
+    return "fp-" + hmac.new(key, version.encode(), hashlib.sha256).hexdigest()[:24]
 
 
 def _relabel(accuracy: Mapping[str, Any], names: list[str], labels: list[str]) -> dict[str, Any]:

@@ -28,6 +28,9 @@ class Settings(BaseSettings):
         max_body_bytes: largest accepted HTTP request body (413 above).
         duckdb_memory_limit: DuckDB ``memory_limit`` (e.g. ``"4GB"``), or None.
         duckdb_threads: DuckDB ``threads``, or None for DuckDB's default.
+        fingerprint_key: secret keying the published data version when it is a
+            fingerprint of the source files (``DPGATE_FINGERPRINT_KEY``; default:
+            a random key kept in ``$home/fingerprint.key``).
     """
 
     model_config = SettingsConfigDict(env_prefix="DPGATE_", extra="ignore")
@@ -42,6 +45,7 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(default=64 * 1024, gt=0)
     duckdb_memory_limit: str | None = None
     duckdb_threads: int | None = Field(default=None, ge=1)
+    fingerprint_key: str | None = Field(default=None, repr=False)
 
     def resolved_ledger_url(self) -> str:
         """The ledger URL, defaulting to ``sqlite:///<home>/ledger.sqlite``."""

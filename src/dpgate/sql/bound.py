@@ -13,8 +13,10 @@ bounded user contribution", PoPETs 2020(2), §3–4, the ZetaSQL/BigQuery design
    :attr:`~dpgate.policy.ColumnPolicy.fixed_point_bounds`). NULL values are left out
    of sums and column counts.
 2. ``partials``: one row per (unit, group): row count clipped to m, non-NULL count
-   clipped to m, fixed-point sum clipped to ``[m·min(lo, 0), m·max(hi, 0)]``, sum of
-   squares clipped to ``[0, m·max(lo², hi²)]``. When a unit has partials in more than
+   clipped to m, fixed-point sum scaled to m rows' worth (``sum·m // count`` when a
+   unit has count > m non-NULL values, so AVG weighs it like m rows) and clipped to
+   ``[m·min(lo, 0), m·max(hi, 0)]``, sum of squares scaled likewise and clipped to
+   ``[0, m·max(lo², hi²)]``. When a unit has partials in more than
    k groups, only k are kept: those with the smallest ``hash(unit, keys, salt)``
    (``salt``: a 63-bit secret drawn per release by the caller). The choice depends
    only on the unit's own rows and the salt, so adding or removing one unit changes
@@ -46,6 +48,11 @@ SALT_PLACEHOLDER = "<salt>"
 _PREFIX = "__dpg_"
 _SRC = _PREFIX + "src"
 
+
+
+def _m_rows_worth(total: str, count: str, m: int) -> str:
+    """SQL of a per-unit partial scaled to at most ``m`` rows' worth: ``total·m // count`` if count > m."""
+    return f"CASE WHEN {count} > {m} THEN ({total} * {m}) // {count} ELSE {total} END"
 
 def bounded_sql(plan: QueryPlan, policy: DatasetPolicy, *, salt: int) -> str:
     """DuckDB SQL computing the plan's primitives with bounded contributions.
@@ -211,13 +218,19 @@ def _render(plan: QueryPlan, policy: DatasetPolicy, salt: str) -> str:
             v = value_of[p.column]
             lo, hi = table.column(p.column).fixed_point_bounds
             row = f"SUM({v})"
-            # COALESCE: a partial whose values are all NULL adds 0 (LEAST/GREATEST skip NULL)
-            clip = f"LEAST(GREATEST(COALESCE(SUM({v}), 0), {m * min(lo, 0)}), {m * max(hi, 0)})"
+            # A unit with c > m values in the group adds m rows' worth: m × its mean
+            # (exact integer arithmetic, truncated), so that AVG = Σ sums / Σ min(c, m)
+            # weighs every unit's rows consistently. COALESCE: a partial whose values
+            # are all NULL adds 0 (LEAST/GREATEST skip NULL). The clip to m·[min(L,0),
+            # max(U,0)] is what the sensitivity rests on.
+            clip = (f"LEAST(GREATEST(COALESCE({_m_rows_worth(f'SUM({v})', f'COUNT({v})', m)}, 0), "
+                    f"{m * min(lo, 0)}), {m * max(hi, 0)})")
         else:  # sum_squares: the parser checked |v| ≤ 2**31, so v*v fits in a BIGINT
             v = value_of[p.column]
             lo, hi = table.column(p.column).fixed_point_bounds
             row = f"SUM({v} * {v})"
-            clip = f"LEAST(COALESCE(SUM({v} * {v}), 0), {m * max(lo * lo, hi * hi)})"
+            clip = (f"LEAST(COALESCE({_m_rows_worth(f'SUM({v} * {v})', f'COUNT({v})', m)}, 0), "
+                    f"{m * max(lo * lo, hi * hi)})")
         if record_level:
             group_cols.append(f"{row} AS {pid}")
         else:

@@ -203,6 +203,14 @@ def _only_args(node: exp.Expression, allowed: set[str]) -> None:
         raise _unsupported(f"{_snippet(node)} uses options that are not supported", node)
 
 
+#: Statement keywords sqlglot may parse as a generic ``Command`` (named in refusals).
+_STATEMENT_WORDS = frozenset(
+    "ALTER ANALYZE ATTACH CALL CHECKPOINT COMMENT COPY CREATE DELETE DESCRIBE DETACH DROP EXECUTE "
+    "EXPLAIN EXPORT FORCE GRANT IMPORT INSERT INSTALL LOAD MERGE PRAGMA PREPARE RESET REVOKE SET "
+    "SHOW SUMMARIZE TRUNCATE UPDATE USE VACUUM".split()
+)
+
+
 def parse_statement(sql: str) -> exp.Select:
     """Parse SQL text into exactly one sqlglot SELECT (DuckDB dialect).
 
@@ -221,9 +229,14 @@ def parse_statement(sql: str) -> exp.Select:
         statements = [s for s in sqlglot.parse(sql, read=DIALECT) if s is not None]
     except ParseError as exc:
         err = exc.errors[0] if exc.errors else {}
+        description = str(err.get("description") or "syntax error")
+        if "<" in description or "'this'" in description:  # parser internals, not for users
+            description = "syntax error"
+        near = str(err.get("highlight") or "").strip()[:40]
         raise InvalidSql(
-            f"the SQL does not parse: {err.get('description', 'syntax error')} "
-            f"(line {err.get('line', '?')}, column {err.get('col', '?')})",
+            f"the SQL does not parse: {description}"
+            + (f" near {near!r}" if near else "")
+            + f" (line {err.get('line', '?')}, column {err.get('col', '?')})",
             {"line": err.get("line"), "column": err.get("col")},
         ) from None
     except (TokenError, SqlglotError) as exc:
@@ -239,10 +252,10 @@ def parse_statement(sql: str) -> exp.Select:
         )
     stmt = statements[0]
     if isinstance(stmt, exp.Command):
-        raise _unsupported(
-            f"{str(stmt.this).upper()} statements are not supported: only a single SELECT is",
-            stmt,
-        )
+        word = str(stmt.this).split()[0].upper() if str(stmt.this).strip() else "this"
+        if word.isalpha() and word in _STATEMENT_WORDS:
+            raise _unsupported(f"{word} statements are not supported: only a single SELECT is", stmt)
+        raise InvalidSql("the SQL does not parse: expected a single SELECT statement")
     if isinstance(stmt, exp.SetOperation):
         raise _unsupported(
             f"set operations ({stmt.key.upper()}) are not supported: only a single SELECT is",
@@ -251,9 +264,11 @@ def parse_statement(sql: str) -> exp.Select:
     if isinstance(stmt, exp.Subquery):
         raise _unsupported("subqueries are not supported: only a single plain SELECT is", stmt)
     if not isinstance(stmt, exp.Select):
-        raise _unsupported(
-            f"{stmt.key.upper()} statements are not supported: only a single SELECT is", stmt
-        )
+        if stmt.key.upper() in _STATEMENT_WORDS or isinstance(stmt, (exp.DDL, exp.DML, exp.Query, exp.Values)):
+            raise _unsupported(
+                f"{stmt.key.upper()} statements are not supported: only a single SELECT is", stmt
+            )
+        raise InvalidSql("the SQL does not parse: expected a single SELECT statement")
     return stmt
 
 
