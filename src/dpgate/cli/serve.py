@@ -75,10 +75,13 @@ def _allocations(policies: Path) -> list[str]:
 
 
 def create_demo_keys(store: KeyStore, policies: Path) -> list[tuple[str, str, str | None, str]] | None:
-    """Create ``demo-analyst``, ``demo-dashboard`` and ``demo-admin`` if the store has no active key.
+    """Create ``demo-analyst``, ``demo-dashboard``, ``demo-admin`` (and ``demo-refresh``) keys.
 
-    The analyst's consumer is the allocation ``analysts`` if a policy declares it,
-    else the first declared allocation other than ``dashboard``.
+    Only when the store has no active key. The analyst's consumer is the allocation
+    ``analysts`` if a policy declares it, else the first declared allocation other
+    than ``dashboard``. When a policy declares a ``dashboard`` allocation,
+    ``demo-refresh`` is an analyst-role key whose consumer is ``dashboard``: the job
+    that refreshes the dashboard's releases (dashboard-role keys only read them).
 
     Returns:
         ``[(role, name, consumer, key), …]`` for the created keys, or None when the
@@ -92,11 +95,15 @@ def create_demo_keys(store: KeyStore, policies: Path) -> list[tuple[str, str, st
     else:
         analyst_consumer = next((a for a in allocations if a != "dashboard"), allocations[0])
     created = []
-    for role, name, consumer in (
+    keys = [
         (Role.ANALYST, "demo-analyst", analyst_consumer),
         (Role.DASHBOARD, "demo-dashboard", None),
         (Role.ADMIN, "demo-admin", None),
-    ):
+    ]
+    if "dashboard" in allocations:
+        # the dashboard's refresh job: runs the dashboard's queries, paid from its allocation
+        keys.append((Role.ANALYST, "demo-refresh", "dashboard"))
+    for role, name, consumer in keys:
         key, _record = store.add(name, role=role, consumer=consumer)
         created.append((role.value, name, consumer, key))
     return created
@@ -128,6 +135,9 @@ def _serve(args: argparse.Namespace, settings) -> int:
             print(f"demo API keys (shown once; only their SHA-256 digests are kept in {store.path}):")
             for role, name, consumer, key in created:
                 print(f"  {role:<10} {name:<15} consumer={consumer or '-':<10} {key}")
+            print("for the README's walkthrough:")
+            for role, name, consumer, key in created:
+                print(f"  export {name.removeprefix('demo-').upper()}={key}")
             analyst_key = created[0][3]
             print("try:")
             print(
