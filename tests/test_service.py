@@ -373,3 +373,42 @@ def test_published_data_version_is_keyed_not_a_plain_hash_of_the_data(tmp_path):
         a = g.dataset("pums")["data_version"]
     with Gateway.open(Settings(policies=policies, home=tmp_path / "h4", fingerprint_key="k")) as g:
         assert g.dataset("pums")["data_version"] == a  # replicas sharing the key agree
+
+
+def test_queries_differing_only_in_post_processing_share_one_charge(gw):
+    # The noisy primitives (count per educ) are charged once; ORDER BY / LIMIT / HAVING /
+    # output order and names are post-processing of them (Dwork & Roth 2014, Prop. 2.1).
+    full = gw.query("pums", "SELECT educ, COUNT(*) AS n FROM persons GROUP BY educ", consumer="analysts",
+                    budget=QueryBudget(rho=0.01))
+    assert full["cached"] is False and len(gw.ledger_entries()) == 1
+    by_key = {row[0]: row[1] for row in full["rows"]}
+    top = gw.query("pums", "SELECT educ, COUNT(*) AS n FROM persons GROUP BY educ ORDER BY n DESC LIMIT 3",
+                   consumer="analysts", budget=QueryBudget(rho=0.01))
+    assert top["cached"] is True and top["charge"] is None
+    assert top["derived_from"] == full["release_id"] and top["release_id"] != full["release_id"]
+    assert [r[1] for r in top["rows"]] == sorted(by_key.values(), reverse=True)[:3]
+    assert all(by_key[e] == n for e, n in top["rows"])
+    having = gw.query("pums", "SELECT COUNT(*) AS c, educ FROM persons GROUP BY educ HAVING COUNT(*) > 100",
+                      consumer="analysts", budget=QueryBudget(rho=0.01))
+    assert having["columns"] == ["c", "educ"]
+    assert sorted(having["rows"], key=lambda r: r[1]) == sorted(
+        [[n, e] for e, n in by_key.items() if n > 100], key=lambda r: r[1])
+    assert len(gw.ledger_entries()) == 1  # still the one charge
+    # the derived release is stored and served again as itself
+    again = gw.query("pums", "SELECT educ, COUNT(*) AS n FROM persons GROUP BY educ ORDER BY n DESC LIMIT 3",
+                     consumer="analysts", budget=QueryBudget(rho=0.01))
+    assert again["release_id"] == top["release_id"]
+    assert "noisy" not in again and "noisy" not in gw.release(full["release_id"])
+    # a different filter is different noise: charged
+    gw.query("pums", "SELECT educ, COUNT(*) FROM persons WHERE age > 30 GROUP BY educ", consumer="analysts",
+             budget=QueryBudget(rho=0.01))
+    assert len(gw.ledger_entries()) == 2
+
+
+def test_swapped_outputs_are_served_from_the_same_noisy_primitives(gw):
+    a = gw.query("pums", "SELECT sex, COUNT(*) AS n, AVG(income) AS avg FROM persons GROUP BY sex",
+                 consumer="analysts", budget=QueryBudget(rho=0.03))
+    b = gw.query("pums", "SELECT sex, AVG(income) AS avg, COUNT(*) AS n FROM persons GROUP BY sex",
+                 consumer="analysts", budget=QueryBudget(rho=0.03))
+    assert b["cached"] is True and len(gw.ledger_entries()) == 1
+    assert [[r[0], r[2], r[1]] for r in b["rows"]] == a["rows"]

@@ -90,6 +90,7 @@ class Release:
         release is served again (which costs nothing).
         """
         doc = json.loads(json.dumps(self.body))  # a deep copy callers may modify
+        doc.pop("noisy", None)  # internal: the noisy primitives behind the released cells
         doc["cached"] = cached
         doc["paid_by"] = doc.get("charge")
         if cached:

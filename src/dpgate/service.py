@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import math
 import os
 import secrets
@@ -31,6 +32,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+import numpy as np
 from dpgate import accounting
 from dpgate.engine import Engine
 from dpgate.errors import (
@@ -344,35 +346,78 @@ class Gateway:
         mech = self._mechanism(policy, mechanism)
         cal, resolved, _ = self._calibrate(policy, plan, mech, budget)
         version = self.data_versions[dataset]
+        # Two keys: ``noise_key`` names the noisy primitives (what is charged and noised:
+        # table, filter, grouping, primitives, bounds, budget, mechanism, data version);
+        # ``key`` names this exact query, post-processing (outputs, HAVING, ORDER BY,
+        # LIMIT) included. Queries that differ only in post-processing share one charge.
+        noise_key = cache_key(_noise_signature(plan), version, mech, resolved)
         key = cache_key(plan.plan_hash, version, mech, resolved)
         display = [o.label or o.name for o in plan.outputs if not o.hidden]
 
-        with self._flight(key):
-            hit = self.release_store.find(key)
+        with self._flight(noise_key):
+            hit = self.release_store.find(key) or self.release_store.find(noise_key)
             if hit is not None:
-                return _rename(hit.to_dict(cached=True), display)
+                return self._serve(hit, policy, plan, key, display)
             # A key whose charged computation failed in this process is charged afresh
             # (the failed charge stays; nothing is refunded) instead of waiting for it.
-            release_key = key if key not in self._failed else f"{key}:retry:{uuid.uuid4().hex}"
+            release_key = (noise_key if noise_key not in self._failed
+                           else f"{noise_key}:retry:{uuid.uuid4().hex}")
             receipt = self.ledger.charge(
                 policy.population, consumer, cal.cost,
                 purpose=f"query on {dataset}: {plan.canonical_sql}"[:500],
                 release_key=release_key,
                 metadata={"dataset": dataset, "plan_hash": plan.plan_hash, "data_version": version},
             )
-            if receipt.duplicate:  # another process charged this key: wait for its release
-                return _rename(self._await_release(key).to_dict(cached=True), display)
+            if receipt.duplicate:  # another process charged these primitives: wait for its release
+                return self._serve(self._await_release(noise_key), policy, plan, key, display)
             # ---- the charge is written; from here on nothing refunds it ----
             try:
-                release = self._compute(policy, plan, cal, resolved, receipt, key, version)
+                release = self._compute(policy, plan, cal, resolved, receipt, noise_key, version)
                 stored = self.release_store.put(release)
             except BaseException:
-                self._failed.add(key)
+                self._failed.add(noise_key)
                 raise
-            self._failed.discard(key)
+            self._failed.discard(noise_key)
             if stored.release_id != release.release_id:  # lost a race to another process
-                return _rename(stored.to_dict(cached=True), display)
+                return self._serve(stored, policy, plan, key, display)
             return stored.to_dict(cached=False)
+
+    def _serve(self, hit: Release, policy: DatasetPolicy, plan: QueryPlan, key: str,
+               display: list[str]) -> dict[str, Any]:
+        """Serve a stored release for ``plan`` at no cost.
+
+        The same query (same plan hash) gets the stored release under this request's
+        column labels. A query that differs only in post-processing gets a new release
+        derived from the stored noisy primitives (post-processing: free, Dwork & Roth
+        2014 Prop. 2.1), stored under its own key and pointing at the release it was
+        derived from.
+        """
+        if hit.plan_hash == plan.plan_hash:
+            return _rename(hit.to_dict(cached=True), display)
+        noisy = hit.body["noisy"]
+        ids = {_primitive_sig(p): p.id for p in plan.primitives}
+        keys = {c: _array(v) for c, v in noisy["keys"].items()}
+        values = {ids[s]: _array(v) for s, v in noisy["values"].items()}
+        scales = {ids[s]: float(v) for s, v in noisy["scales"].items()}
+        halfwidths = {ids[s]: float(v) for s, v in noisy["halfwidths"].items()}
+        table = finalize(plan, policy, keys, values, scales, halfwidths, mechanism=hit.body["mechanism"])
+        labels = [o.label or o.name for o in plan.outputs if not o.hidden]
+        body = dict(hit.body)
+        release_id = "rel_" + uuid.uuid4().hex[:24]
+        created = _now()
+        body.update({
+            "release_id": release_id,
+            "columns": labels,
+            "rows": [list(r) for r in table.rows],
+            "accuracy": _relabel(table.accuracy, list(table.columns), labels),
+            "created_at": created,
+            "plan_hash": plan.plan_hash,
+            "canonical_sql": plan.canonical_sql,
+            "noise_scales": scales,
+            "derived_from": hit.release_id,
+        })
+        stored = self.release_store.put(Release(release_id, key, policy.name, plan.plan_hash, created, body))
+        return _rename(stored.to_dict(cached=True), display)
 
     def _await_release(self, key: str) -> Release:
         deadline = time.monotonic() + PENDING_RELEASE_WAIT_S
@@ -399,6 +444,7 @@ class Gateway:
         keys = {k: values[k] for k in plan.group_by}
         noisy = sample(cal, {p.id: values[p.id] for p in plan.primitives})
         halfwidths = {pid: ci95_halfwidth(cal.mechanism, s) for pid, s in cal.scales.items()}
+        sig = {p.id: _primitive_sig(p) for p in plan.primitives}
         table = finalize(plan, policy, keys, noisy, cal.scales, halfwidths, mechanism=cal.mechanism)
         delta = policy.budget.delta
         table_policy = policy.table(plan.table)
@@ -435,6 +481,14 @@ class Gateway:
                     c: {"lower": col.lower, "upper": col.upper, "resolution": col.resolution}
                     for c, col in table_policy.columns.items() if col.bounded
                 },
+            },
+            # the noisy primitives themselves (DP outputs), so that queries differing only
+            # in post-processing are answered from them for free; not served to clients
+            "noisy": {
+                "keys": {c: np.asarray(v).tolist() for c, v in keys.items()},
+                "values": {sig[pid]: [int(x) for x in np.asarray(v).tolist()] for pid, v in noisy.items()},
+                "scales": {sig[pid]: float(s) for pid, s in cal.scales.items()},
+                "halfwidths": {sig[pid]: float(h) for pid, h in halfwidths.items()},
             },
             "guarantee": {
                 "population": policy.population,
@@ -526,6 +580,31 @@ def _output_unit(policy: DatasetPolicy, plan: QueryPlan, primitive_id: str) -> f
         res = policy.table(plan.table).column(p.column).resolution or 1.0
         return res if p.kind == "sum" else res * res
     return 1.0
+
+
+def _primitive_sig(p) -> str:
+    """A primitive's identity independent of its id: ``kind:column``."""
+    return f"{p.kind}:{p.column or ''}"
+
+
+def _noise_signature(plan: QueryPlan) -> str:
+    """SHA-256 of what a plan noises: table, filter, grouping, primitives, policy digest.
+
+    Post-processing (outputs, their order and names, HAVING, ORDER BY, LIMIT) is
+    left out: plans equal here are answered from the same noisy primitives.
+    """
+    payload = json.dumps({
+        "dataset": plan.dataset, "table": plan.table, "where": plan.where,
+        "group_by": list(plan.group_by), "policy": getattr(plan, "policy_digest", ""),
+        "primitives": sorted(_primitive_sig(p) for p in plan.primitives),
+    }, sort_keys=True, separators=(",", ":"))
+    return "noise:" + hashlib.sha256(payload.encode()).hexdigest()
+
+
+def _array(values: list) -> np.ndarray:
+    """A stored JSON list back as a NumPy vector (ints stay ints; text keys as objects)."""
+    arr = np.asarray(values)
+    return arr if arr.dtype.kind in "iufb" else np.asarray(values, dtype=object)
 
 
 def _fingerprint_key(settings: Settings) -> bytes:
