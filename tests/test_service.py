@@ -412,3 +412,32 @@ def test_swapped_outputs_are_served_from_the_same_noisy_primitives(gw):
                  consumer="analysts", budget=QueryBudget(rho=0.03))
     assert b["cached"] is True and len(gw.ledger_entries()) == 1
     assert [[r[0], r[2], r[1]] for r in b["rows"]] == a["rows"]
+
+
+def test_whether_a_query_fails_never_depends_on_the_data(gw):
+    # ROUND of a huge integer overflows in DuckDB; before, the error itself told whether a row
+    # with age = 59 existed (a release without noise). The whole WHERE is now wrapped in TRY:
+    # a row whose predicate would raise is filtered out, and both probes succeed.
+    probe = ("SELECT COUNT(*) FROM persons WHERE ROUND((1 - LEAST(ABS(age - {v}), 1)) * 5 "
+             "+ 9223372036854775800, -1) > 0")
+    for v in (59, 1000):  # 59 occurs in the data, 1000 cannot
+        r = gw.query("pums", probe.format(v=v), consumer="analysts", budget=QueryBudget(rho=0.001))
+        assert len(r["rows"]) == 1
+
+
+def test_a_rewrite_duckdb_cannot_bind_is_refused_before_the_charge(gw):
+    from dpgate.errors import InvalidSql
+
+    for sql in ("SELECT COUNT(*) FROM persons WHERE ROUND(age, 2147483648) > 1",
+                "SELECT COUNT(*) FROM persons WHERE age = 1 GROUP BY"):
+        with pytest.raises(InvalidSql):
+            gw.query("pums", sql, consumer="analysts", budget=QueryBudget(rho=0.001))
+    assert gw.ledger_entries() == []
+
+
+def test_a_tiny_pure_epsilon_charge_is_never_rounded_down_to_zero(gw):
+    # ε = √(2·1e-30): the worst-case RDP of ε-DP is ≤ αε²/2 (Bun–Steinke 2016, Prop. 3.3); the
+    # charge must carry ρ' = ε²/2 = 1e-30, not a curve that underflowed to 0.
+    r = gw.query("pums", "SELECT COUNT(*) FROM persons", consumer="analysts",
+                 budget=QueryBudget(rho=1e-30), mechanism="laplace")
+    assert r["charge"]["rho"] == pytest.approx(1e-30, rel=1e-6)

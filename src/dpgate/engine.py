@@ -56,7 +56,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dpgate.errors import ExecutionError, PolicyError, QueryTimeout
+from dpgate.errors import ExecutionError, InvalidSql, PolicyError, QueryTimeout
 from dpgate.policy import DatasetPolicy, TablePolicy, quote_identifier
 
 __all__ = ["Engine", "source_fingerprint", "source_files"]
@@ -317,6 +317,40 @@ class Engine:
                     pass
 
     # ------------------------------------------------------------------ queries
+
+    def check(self, sql: str) -> None:
+        """Parse, bind and plan one generated SELECT without running it (``EXPLAIN``).
+
+        Called before the ledger is charged, so that a query DuckDB cannot bind
+        (a malformed rewrite, an out-of-range function argument) is refused for
+        free. Reads no table data: the outcome depends only on the SQL and the schema.
+
+        Raises:
+            InvalidSql: DuckDB cannot parse or bind the SQL (class name only).
+            ExecutionError: the engine is not loaded or is closed; not exactly one SELECT.
+        """
+        with self._lock:
+            if self._closed:
+                raise ExecutionError("the engine is closed")
+            if not self._locked_down:
+                raise ExecutionError("the engine has no data yet: call load() first")
+            cursor = self._con.cursor()
+        try:
+            try:
+                statements = cursor.extract_statements(sql)
+            except duckdb.Error as e:
+                raise InvalidSql(f"the query cannot be run: its rewrite does not parse ({type(e).__name__})") from None
+            if len(statements) != 1 or statements[0].type != duckdb.StatementType.SELECT:
+                raise ExecutionError("the engine executes exactly one SELECT statement")
+            try:
+                cursor.execute("EXPLAIN " + sql)
+            except duckdb.Error as e:
+                raise InvalidSql(
+                    f"the query cannot be run: DuckDB refuses its rewrite ({type(e).__name__}); "
+                    "check the types and arguments of the functions in WHERE"
+                ) from None
+        finally:
+            cursor.close()
 
     def execute(self, sql: str) -> dict[str, np.ndarray]:
         """Run one generated SELECT and return its columns as NumPy arrays (via Arrow, no row loops).

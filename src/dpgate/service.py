@@ -358,6 +358,9 @@ class Gateway:
             hit = self.release_store.find(key) or self.release_store.find(noise_key)
             if hit is not None:
                 return self._serve(hit, policy, plan, key, display)
+            # Bind the rewrite before charging (reads no data): a query DuckDB refuses
+            # whatever the data costs nothing.
+            self.engine.check(bounded_sql(plan, policy, salt=0))
             # A key whose charged computation failed in this process is charged afresh
             # (the failed charge stays; nothing is refunded) instead of waiting for it.
             release_key = (noise_key if noise_key not in self._failed

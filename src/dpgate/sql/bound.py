@@ -163,7 +163,11 @@ def _where(plan: QueryPlan) -> str | None:
             return exp.column(node.name, table=_SRC, quoted=True)
         return node
 
-    return tree.transform(qualify).sql(dialect="duckdb")
+    # TRY(…) around the whole predicate: a row whose predicate would raise at run time
+    # (an overflow in ROUND, say) is filtered out instead of failing the query, so
+    # whether a query succeeds never depends on the data (an error would be a release
+    # without noise).
+    return f"TRY({tree.transform(qualify).sql(dialect='duckdb')})"
 
 
 def _render(plan: QueryPlan, policy: DatasetPolicy, salt: str) -> str:

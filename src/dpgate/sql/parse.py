@@ -979,6 +979,8 @@ def _group_by(stmt: exp.Select, scope: _Scope) -> list[str]:
                 "grouping_sets": "GROUPING SETS"}.get(sorted(extra)[0], sorted(extra)[0].upper())
         raise UnsupportedQuery(f"{what} is not supported: list the group keys",
                                {"construct": what})
+    if not group.expressions:
+        raise InvalidSql("the SQL does not parse: GROUP BY needs at least one group key")
     selects = stmt.expressions
     cols: list[str] = []
     for item in group.expressions:
