@@ -26,7 +26,8 @@ rows:
   :func:`new_charge_entry`, :func:`new_event_entry`), the stored column
   layout (:data:`CHARGE_COLUMNS`, :data:`EVENT_COLUMNS`,
   :data:`POPULATION_COLUMNS`) and the comparison of stored derived state with
-  the replay (:func:`stored_state_problems`).
+  the replay (:func:`stored_state_problems`); the SQL that runs them on the
+  common table layout is :class:`dpgate.ledger.sql.SqlLedger`.
 
 Budget enforcement (adaptive composition)
 -----------------------------------------

@@ -1,8 +1,9 @@
 """The shared ledger: PostgreSQL (psycopg 3), for several gateway replicas at once.
 
 Same rules, entries and reports as the SQLite ledger (:mod:`dpgate.ledger.sqlite`):
-every decision, report, entry and hash comes from :mod:`dpgate.ledger.base`; this
-module only stores rows.
+every decision, report, entry and hash comes from :mod:`dpgate.ledger.base` and
+every statement on the ledger's tables from :mod:`dpgate.ledger.sql` (shared with
+SQLite); this module only holds the connections, schema, migrations and locking.
 
 Layout (schema version 1, recorded in ``schema_migrations``), in one PostgreSQL
 schema (``?schema=…`` in the URL, default ``public``):
@@ -43,56 +44,19 @@ same database and schema and borrows connections from the same pool
 from __future__ import annotations
 
 import hashlib
-import json
-import math
 import os
 import threading
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import psycopg
 from psycopg import sql
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from dpgate.accounting import ORDERS, Cost
 from dpgate.errors import LedgerError
-from dpgate.ledger.base import (
-    CHARGE_COLUMNS,
-    EVENT_COLUMNS,
-    GENESIS_HASH,
-    POPULATION_COLUMNS,
-    CapSpec,
-    ChargeReceipt,
-    Replay,
-    SpendReport,
-    Totals,
-    VerifyReport,
-    allocation_share,
-    build_spend_report,
-    canonical_json,
-    cap_change_result,
-    charge_entry,
-    charge_epsilon,
-    check_charge,
-    display_charge,
-    display_event,
-    event_entry,
-    iter_sorted_entries,
-    new_charge_entry,
-    new_event_entry,
-    population_from_row,
-    prepare_charge,
-    receipt_from_entry,
-    stored_state_problems,
-    unknown_population,
-    utc_now,
-    validate_cap,
-    validate_governance,
-    validate_limit,
-    validate_name,
-    validate_population,
-)
+from dpgate.ledger.base import GENESIS_HASH, utc_now
+from dpgate.ledger.sql import SqlLedger, SqlTransaction, orders_json
 
 if TYPE_CHECKING:  # pragma: no cover
     from dpgate.releases import PostgresReleaseStore
@@ -198,24 +162,8 @@ MIGRATIONS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
     ),
 )
 
-_CHARGE_SELECT = f"SELECT {', '.join(CHARGE_COLUMNS)} FROM charges"
-_EVENT_SELECT = f"SELECT {', '.join(EVENT_COLUMNS)} FROM events"
-_POP_SELECT = f"SELECT {', '.join(POPULATION_COLUMNS)} FROM populations WHERE name = %s"
-_INSERT_CHARGE = (f"INSERT INTO charges ({', '.join(CHARGE_COLUMNS)})"
-                  f" VALUES ({', '.join(['%s'] * len(CHARGE_COLUMNS))})")
-_INSERT_EVENT = (f"INSERT INTO events ({', '.join(EVENT_COLUMNS)})"
-                 f" VALUES ({', '.join(['%s'] * len(EVENT_COLUMNS))})")
-_UPSERT_TOTALS = (
-    "INSERT INTO spend_totals (population, consumer, charges, kinds, rho, curve)"
-    " VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (population, consumer) DO UPDATE SET"
-    " charges = excluded.charges, kinds = excluded.kinds, rho = excluded.rho, curve = excluded.curve"
-)
 _SCHEMA_RE_MAX = 63  # PostgreSQL identifiers are at most 63 bytes
 _OPTIONS = ("schema", "lock_timeout_ms", "pool_size", "pool_timeout_ms")
-
-
-def _orders_json() -> str:
-    return json.dumps(["inf" if math.isinf(a) else a for a in ORDERS])
 
 
 def advisory_key(label: str) -> int:
@@ -233,12 +181,15 @@ def _redact(conninfo: str) -> str:
     return f"postgresql://{host}:{d.get('port') or 5432}/{d.get('dbname') or ''}"
 
 
-class PostgresLedger:
+class PostgresLedger(SqlLedger):
     """The ledger in a PostgreSQL schema (implements :class:`dpgate.ledger.base.Ledger`).
 
     Several processes and hosts may open the same database and schema at once;
     every charge is an atomic check-and-append across all of them (see the
-    module docstring).
+    module docstring). The operations (ensure_population, set_cap, charge, spend,
+    entries, events, populations, chain, verify) are
+    :class:`dpgate.ledger.sql.SqlLedger`'s; this class holds the connection pool,
+    schema, migrations and locking.
 
     Args:
         conninfo: a libpq connection string or ``postgresql://`` URL (without
@@ -263,6 +214,13 @@ class PostgresLedger:
             order grid.
     """
 
+    _PARAM = "%s"
+    _NAME_ORDER = 'name COLLATE "C"'  # code point order, whatever the database's collation
+    #: every writer locks the chain-head row first: writers are serialised in chain order
+    _HEAD_LOCK = "SELECT seq, hash FROM chain_head WHERE id = 1 FOR UPDATE"
+    _REQUIRED_TRIGGERS = TRIGGERS
+    _MIGRATIONS = MIGRATIONS
+
     def __init__(
         self,
         conninfo: str,
@@ -279,6 +237,7 @@ class PostgresLedger:
                                  ("pool_timeout_ms", pool_timeout_ms, 1)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise LedgerError(f"{name} must be an integer >= {low}, got {value!r}")
+        super().__init__()
         self.conninfo = conninfo
         self.schema = schema
         self._lock_timeout_ms = lock_timeout_ms
@@ -289,7 +248,6 @@ class PostgresLedger:
         self._inherited: list[ConnectionPool] = []  # a parent process's pools: never used or closed
         self._pool_lock = threading.Lock()
         self._pid = os.getpid()
-        self._delta_hint: dict[str, float] = {}
         self._closed = False
         conn = self.connect()  # fails fast, with the server's own message, if unreachable
         try:
@@ -421,19 +379,6 @@ class PostgresLedger:
         finally:
             self._putconn(conn)
 
-    @contextmanager
-    def _write(self) -> Iterator[tuple[psycopg.Cursor, int, str]]:
-        """One write transaction holding the chain-head row lock; yields (cursor, head seq, head hash)."""
-        with self._transaction("BEGIN ISOLATION LEVEL READ COMMITTED READ WRITE") as cur:
-            row = cur.execute("SELECT seq, hash FROM chain_head WHERE id = 1 FOR UPDATE").fetchone()
-            if row is None:
-                raise LedgerError("the ledger's chain head row is missing (run dpgate ledger verify)")
-            yield cur, int(row[0]), row[1]
-
-    def _read(self) -> Any:
-        """One read-only transaction on a consistent snapshot."""
-        return self._transaction("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-
     def _guard(self, exc: psycopg.Error, *, committing: bool = False) -> LedgerError:
         if isinstance(exc, psycopg.errors.LockNotAvailable):
             return LedgerError(f"the ledger is busy (lock timeout {self._lock_timeout_ms} ms); try again",
@@ -471,9 +416,9 @@ class PostgresLedger:
                     conn.execute("INSERT INTO schema_migrations (version, name, applied_at) VALUES (%s, %s, %s)",
                                  (version, name, utc_now()))
                 conn.execute("INSERT INTO ledger_meta (key, value) VALUES ('orders', %s) ON CONFLICT DO NOTHING",
-                             (_orders_json(),))
+                             (orders_json(),))
                 stored = conn.execute("SELECT value FROM ledger_meta WHERE key = 'orders'").fetchone()[0]
-                if stored != _orders_json():
+                if stored != orders_json():
                     raise LedgerError(
                         f"the ledger at {self._target} (schema {self.schema!r}) stores RDP curves on "
                         "another order grid than accounting.ORDERS; it cannot be used with this dpgate",
@@ -485,351 +430,32 @@ class PostgresLedger:
                 {"target": self._target, "schema": self.schema},
             ) from exc
 
-    # -- internals -----------------------------------------------------------------------
+    # -- hooks of SqlLedger ----------------------------------------------------------------
 
-    @staticmethod
-    def _population_row(cur: psycopg.Cursor, name: str) -> tuple[CapSpec, dict[str, float]] | None:
-        row = cur.execute(_POP_SELECT, (name,)).fetchone()
-        return None if row is None else population_from_row(row)
+    def _begin(self, *, write: bool) -> Any:
+        """One READ COMMITTED write transaction (the chain-head row is then locked by
+        :attr:`_HEAD_LOCK`) or one REPEATABLE READ READ ONLY snapshot; yields a cursor."""
+        if write:
+            return self._transaction("BEGIN ISOLATION LEVEL READ COMMITTED READ WRITE")
+        return self._transaction("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
 
-    @staticmethod
-    def _append_event(
-        cur: psycopg.Cursor,
-        head: list[Any],
-        population: str,
-        kind: str,
-        actor: str,
-        reason: str,
-        old: Mapping[str, Any] | None,
-        new: Mapping[str, Any],
-    ) -> dict[str, Any]:
-        """Append one event after ``head`` = [seq, hash] (updated in place) and move the chain head."""
-        entry = new_event_entry(population, kind, actor, reason, old, new, seq=head[0] + 1, prev_hash=head[1])
-        cur.execute(_INSERT_EVENT, tuple(entry[c] for c in EVENT_COLUMNS))
-        cur.execute("UPDATE chain_head SET seq = %s, hash = %s WHERE id = 1", (entry["seq"], entry["hash"]))
-        head[0], head[1] = entry["seq"], entry["hash"]
-        return entry
+    @contextmanager
+    def _entry_streams(self, tx: SqlTransaction) -> Iterator[tuple[Iterable[Any], Iterable[Any]]]:
+        """Charges and events through two server-side cursors (never all in memory)."""
+        conn = tx.executor.connection
+        with conn.cursor(name="dpgate_verify_charges") as cc, conn.cursor(name="dpgate_verify_events") as ce:
+            cc.itersize = ce.itersize = 2000
+            cc.execute(self._sql.charges + " ORDER BY seq")
+            ce.execute(self._sql.events + " ORDER BY seq")
+            yield cc, ce
 
-    @staticmethod
-    def _totals(cur: psycopg.Cursor, population: str, consumer: str) -> tuple[Totals, Totals]:
-        pt = ct = Totals()
-        for row in cur.execute(
-            "SELECT consumer, charges, kinds, rho, curve FROM spend_totals"
-            " WHERE population = %s AND consumer IN ('', %s)",
-            (population, consumer),
-        ):
-            t = Totals.from_row(*row[1:])
-            if row[0] == "":
-                pt = t
-            else:
-                ct = t
-        return pt, ct
-
-    # -- governance ----------------------------------------------------------------------
-
-    def ensure_population(
-        self,
-        name: str,
-        *,
-        epsilon: float | None = None,
-        delta: float,
-        allocations: Mapping[str, float] | None = None,
-        actor: str = "policy",
-        reason: str = "policy file",
-        rho_cap: float | None = None,
-    ) -> None:
-        """Create population ``name`` if absent, else record any cap or allocation change.
-
-        Same contract as :meth:`dpgate.ledger.sqlite.SqliteLedger.ensure_population`:
-        the cap (ε, δ) is fixed into B(α) = α·ρ_cap with ρ_cap =
-        ``accounting.rho_for_cap(ε, δ, "tight")`` ([CKS20] Cor. 13), or stated as
-        ``rho_cap`` directly; creation is a ``population_created`` event, a differing
-        cap ``cap_changed`` and differing allocations ``allocations_changed``; equal
-        values write nothing (idempotent; safe when several replicas start at once).
-
-        Args:
-            name: population name (1-128 characters ``[A-Za-z0-9._:@/+-]``).
-            epsilon: cap ε > 0 (total), or None with ``rho_cap``.
-            delta: cap δ in (0, 1).
-            allocations: consumer → share in [0, 1], summing to ≤ 1 (empty or None: open).
-            actor, reason: recorded with the events (non-empty).
-            rho_cap: the budget in ρ (total), instead of ε.
-
-        Raises:
-            PolicyError: invalid name, cap, allocations, actor or reason (nothing written).
-            LedgerError: the store failed.
-        """
-        cap, allocs = validate_population(name, epsilon, delta, allocations, actor, reason, rho_cap)
-        with self._write() as (cur, seq, hash_):
-            head = [seq, hash_]
-            current = self._population_row(cur, name)
-            if current is None:
-                cur.execute(
-                    "INSERT INTO populations (name, epsilon, delta, rho_cap, alpha_star, rho_stated,"
-                    " allocations, created_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
-                    (name, cap.epsilon, cap.delta, cap.rho_cap, cap.alpha_star, cap.rho_stated,
-                     canonical_json(allocs), utc_now()),
-                )
-                self._append_event(cur, head, name, "population_created", actor, reason, None,
-                                   {"cap": cap.to_dict(), "allocations": allocs})
-            else:
-                old_cap, old_allocs = current
-                if not old_cap.same_cap(cap):
-                    self._apply_cap(cur, head, name, old_cap, cap, actor, reason)
-                if old_allocs != allocs:
-                    cur.execute("UPDATE populations SET allocations = %s WHERE name = %s",
-                                (canonical_json(allocs), name))
-                    self._append_event(cur, head, name, "allocations_changed", actor, reason,
-                                       {"allocations": old_allocs}, {"allocations": allocs})
-        self._delta_hint[name] = cap.delta
-
-    def _apply_cap(self, cur: psycopg.Cursor, head: list[Any], name: str, old: CapSpec, new: CapSpec,
-                   actor: str, reason: str) -> dict[str, Any]:
-        cur.execute(
-            "UPDATE populations SET epsilon = %s, delta = %s, rho_cap = %s, alpha_star = %s, rho_stated = %s"
-            " WHERE name = %s",
-            (new.epsilon, new.delta, new.rho_cap, new.alpha_star, new.rho_stated, name),
-        )
-        return self._append_event(cur, head, name, "cap_changed", actor, reason, old.to_dict(), new.to_dict())
-
-    def set_cap(
-        self,
-        population: str,
-        *,
-        epsilon: float | None = None,
-        delta: float,
-        actor: str,
-        reason: str,
-        rho_cap: float | None = None,
-    ) -> dict[str, Any]:
-        """Change a population's cap: a recorded ``cap_changed`` event, never an edit.
-
-        Same contract as :meth:`dpgate.ledger.sqlite.SqliteLedger.set_cap`: lowering
-        the cap below the spend refuses every later charge; an equal cap records
-        nothing (``changed`` False).
-
-        Returns:
-            ``{population, changed, old, new, event_id, actor, reason, created_at}``;
-            ``old``/``new`` are ``{epsilon, delta, rho_cap, alpha_star, rho_stated}``.
-
-        Raises:
-            InvalidBudget: invalid cap. InvalidRequest: empty actor or reason.
-            UnknownPopulation: no such population. LedgerError: the store failed.
-        """
-        validate_name(population, "population")
-        cap = validate_cap(epsilon, delta, rho_cap=rho_cap)
-        validate_governance(actor, reason)
-        event = None
-        with self._write() as (cur, seq, hash_):
-            current = self._population_row(cur, population)
-            if current is None:
-                raise unknown_population(population)
-            old = current[0]
-            if not old.same_cap(cap):
-                event = self._apply_cap(cur, [seq, hash_], population, old, cap, actor, reason)
-        if event is not None:
-            self._delta_hint[population] = cap.delta
-        return cap_change_result(population, old, cap, event, actor, reason)
-
-    # -- charging ------------------------------------------------------------------------
-
-    def charge(
-        self,
-        population: str,
-        consumer: str,
-        cost: Cost,
-        *,
-        purpose: str,
-        release_key: str | None = None,
-        metadata: Mapping[str, Any] | None = None,
-    ) -> ChargeReceipt:
-        """Atomically check the consumer's and the population's filter and append one charge.
-
-        One READ COMMITTED transaction that locks the chain head (``FOR UPDATE``)
-        first, so that charges from every process and replica are serialised: read
-        the cap, allocations and exact totals; return the stored receipt if
-        ``release_key`` was charged before (single flight); decide with
-        :func:`dpgate.ledger.base.check_charge` (zCDP filter and Rényi filter:
-        Feldman & Zrnic 2021, §3; Whitehouse et al. 2023) against share × B(α) for
-        the consumer and B(α) = α·ρ_cap for the population; append the
-        hash-chained entry; update the totals and the chain head; commit. Never
-        refunded.
-
-        Args:
-            population: the population charged.
-            consumer: the allocation charged (any name for an open population).
-            cost: the cost of this charge (ρ or an RDP curve on ``accounting.ORDERS``).
-            purpose: non-empty description stored with the entry.
-            release_key: single-flight key (e.g. the release cache key), or None.
-            metadata: JSON-serialisable mapping stored with the entry (no NaN/inf).
-
-        Returns:
-            :class:`~dpgate.ledger.base.ChargeReceipt` (``duplicate=True`` if
-            ``release_key`` had been charged: nothing new written).
-
-        Raises:
-            InvalidBudget: invalid cost. InvalidRequest: invalid name, purpose,
-                release_key or metadata. UnknownPopulation, UnknownConsumer: not found.
-            BudgetExhausted: a filter refuses (details in ρ and ε at the cap's δ);
-                nothing written.
-            LedgerError: the store failed, or the lock wait exceeded ``lock_timeout_ms``.
-        """
-        req = prepare_charge(population, consumer, cost, purpose=purpose, release_key=release_key,
-                             metadata=metadata)
-        hint = self._delta_hint.get(population)
-        eps = charge_epsilon(req.cost, hint) if hint is not None else None  # outside the lock
-        refusal = None
-        receipt: ChargeReceipt | None = None
-        with self._write() as (cur, seq, hash_):
-            current = self._population_row(cur, population)
-            if current is None:
-                raise unknown_population(population)
-            cap, allocs = current
-            share = allocation_share(population, consumer, allocs)
-            if release_key is not None:
-                row = cur.execute(_CHARGE_SELECT + " WHERE population = %s AND release_key = %s",
-                                  (population, release_key)).fetchone()
-                if row is not None:
-                    receipt = receipt_from_entry(charge_entry(row), duplicate=True)
-            if receipt is None:
-                pt, ct = self._totals(cur, population, consumer)
-                pt_after, ct_after, refusal = check_charge(req, cap, share, pt, ct)
-                if refusal is None:
-                    if eps is None or hint != cap.delta:
-                        eps = charge_epsilon(req.cost, cap.delta)
-                    entry = new_charge_entry(req, seq=seq + 1, prev_hash=hash_, epsilon_at_delta=eps,
-                                             delta=cap.delta)
-                    cur.execute(_INSERT_CHARGE, tuple(entry[c] for c in CHARGE_COLUMNS))
-                    cur.executemany(_UPSERT_TOTALS, [(population, "", *pt_after.to_row()),
-                                                     (population, consumer, *ct_after.to_row())])
-                    cur.execute("UPDATE chain_head SET seq = %s, hash = %s WHERE id = 1",
-                                (entry["seq"], entry["hash"]))
-                    receipt = receipt_from_entry(entry, duplicate=False, cost=req.cost)
-        self._delta_hint[population] = cap.delta
-        if refusal is not None:
-            raise refusal.error()
-        assert receipt is not None
-        return receipt
-
-    # -- reading -------------------------------------------------------------------------
-
-    def populations(self) -> list[str]:
-        """Population names, sorted (read-only)."""
-        with self._read() as cur:
-            return [r[0] for r in cur.execute("SELECT name FROM populations ORDER BY name COLLATE \"C\"")]
-
-    def spend(self, population: str) -> SpendReport:
-        """Spent and remaining budget of ``population`` and of each consumer (read-only,
-        one snapshot); see :func:`dpgate.ledger.base.build_spend_report`.
-
-        Raises:
-            UnknownPopulation: no such population. LedgerError: the store failed.
-        """
-        with self._read() as cur:
-            current = self._population_row(cur, population)
-            if current is None:
-                raise unknown_population(population)
-            rows = cur.execute(
-                "SELECT consumer, charges, kinds, rho, curve FROM spend_totals WHERE population = %s",
-                (population,),
-            ).fetchall()
-        cap, allocs = current
-        totals = {r[0]: Totals.from_row(*r[1:]) for r in rows}
-        pt = totals.pop("", Totals())
-        return build_spend_report(population, cap, allocs, pt, totals)
-
-    def entries(self, population: str | None = None, *, limit: int | None = None) -> list[dict[str, Any]]:
-        """Charges in ``seq`` order (read-only); with ``limit``, the most recent ``limit``.
-
-        Each dict: seq, charge_id, population, consumer, kind, rho, epsilon_at_delta,
-        delta, cost (dict), purpose, release_key, metadata (dict), created_at,
-        prev_hash, hash, type ("charge").
-
-        Raises:
-            InvalidRequest: ``limit`` not a positive integer. LedgerError: store failure.
-        """
-        validate_limit(limit)
-        query = _CHARGE_SELECT
-        args: list[Any] = []
-        if population is not None:
-            query += " WHERE population = %s"
-            args.append(population)
-        query += " ORDER BY seq DESC"
-        if limit is not None:
-            query += " LIMIT %s"
-            args.append(limit)
-        with self._read() as cur:
-            rows = cur.execute(query, args).fetchall()  # type: ignore[call-overload]
-        return [display_charge(charge_entry(r)) for r in reversed(rows)]
-
-    def events(self, population: str | None = None) -> list[dict[str, Any]]:
-        """Governance events in ``seq`` order (read-only); dicts as in
-        :meth:`dpgate.ledger.sqlite.SqliteLedger.events` (``old``/``new`` parsed)."""
-        query = _EVENT_SELECT
-        args: tuple = ()
-        if population is not None:
-            query += " WHERE population = %s"
-            args = (population,)
-        with self._read() as cur:
-            rows = cur.execute(query + " ORDER BY seq", args).fetchall()  # type: ignore[call-overload]
-        return [display_event(event_entry(r)) for r in rows]
-
-    def chain(self) -> list[dict[str, Any]]:
-        """Every entry (charges and events) in ``seq`` order, exactly as hashed (read-only):
-        :func:`dpgate.ledger.base.entry_hash` of each dict reproduces its ``hash``."""
-        with self._read() as cur:
-            charges = [charge_entry(r) for r in cur.execute(_CHARGE_SELECT + " ORDER BY seq").fetchall()]
-            events = [event_entry(r) for r in cur.execute(_EVENT_SELECT + " ORDER BY seq").fetchall()]
-        return list(iter_sorted_entries(charges, events))
-
-    def verify(self) -> VerifyReport:
-        """Check the ledger's integrity (read-only; one consistent snapshot).
-
-        Recomputes from the entries alone (:class:`dpgate.ledger.base.Replay`, entries
-        streamed with server-side cursors): the hash chain, the caps and allocations in
-        force, the exact spend per population and consumer, and that every charge
-        fitted its filters when written; then compares with the stored derived state
-        and checks that the append-only triggers exist *and are enabled* and that the
-        schema migrations are recorded (:func:`dpgate.ledger.base.stored_state_problems`).
-
-        Returns:
-            :class:`~dpgate.ledger.base.VerifyReport`.
-
-        Raises:
-            LedgerError: the store cannot be read.
-        """
-        replay = Replay()
-        with self._read() as cur:
-            conn = cur.connection
-            with conn.cursor(name="dpgate_verify_charges") as cc, conn.cursor(name="dpgate_verify_events") as ce:
-                cc.itersize = ce.itersize = 2000
-                cc.execute(_CHARGE_SELECT + " ORDER BY seq")
-                ce.execute(_EVENT_SELECT + " ORDER BY seq")
-                for entry in iter_sorted_entries((charge_entry(r) for r in cc), (event_entry(r) for r in ce)):
-                    replay.feed(entry)
-            head = cur.execute("SELECT seq, hash FROM chain_head WHERE id = 1").fetchone()
-            pops = {r[0]: r[1:] for r in cur.execute(
-                f"SELECT name, {', '.join(POPULATION_COLUMNS)} FROM populations")}
-            stored_totals = {(r[0], r[1]): r[2:] for r in cur.execute(
-                "SELECT population, consumer, charges, kinds, rho, curve FROM spend_totals")}
-            triggers = {r[0] for r in cur.execute(
-                "SELECT t.tgname FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid"
-                " JOIN pg_namespace n ON n.oid = c.relnamespace"
-                " WHERE n.nspname = %s AND c.relname IN ('charges', 'events') AND NOT t.tgisinternal"
-                " AND t.tgenabled IN ('O', 'A')",
-                (self.schema,))}
-            versions = {r[0] for r in cur.execute("SELECT version FROM schema_migrations")}
-        problems = stored_state_problems(
-            replay,
-            head=None if head is None else (int(head[0]), head[1]),
-            populations=pops,
-            totals=stored_totals,
-            triggers=triggers,
-            required_triggers=TRIGGERS,
-            versions=versions,
-            required_versions=[v for v, _, _ in MIGRATIONS],
-        )
-        return VerifyReport(not problems, problems, replay.count, replay.head, replay.charges, replay.events)
+    def _trigger_names(self, tx: SqlTransaction) -> set[str]:
+        return {r[0] for r in tx.execute(
+            "SELECT t.tgname FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid"
+            " JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE n.nspname = %s AND c.relname IN ('charges', 'events') AND NOT t.tgisinternal"
+            " AND t.tgenabled IN ('O', 'A')",
+            (self.schema,))}
 
     # -- releases and lifecycle ------------------------------------------------------------
 

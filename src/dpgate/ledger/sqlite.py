@@ -21,63 +21,31 @@ processes. Threads of one process also queue on a lock first, which avoids
 SQLite's sleeping busy handler between them. ``synchronous=FULL`` (default)
 makes a committed charge survive power loss, not only a crashed process.
 
+The operations on these tables (governance, charging, reading, verifying) are
+:class:`dpgate.ledger.sql.SqlLedger`'s, shared with the PostgreSQL backend; this
+module holds the connections, pragmas, schema, migrations and locking.
+
 The release store (:mod:`dpgate.releases`) shares the file through
 :meth:`SqliteLedger.connect`.
 """
 
 from __future__ import annotations
 
-import json
-import math
 import os
 import sqlite3
 import threading
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Iterator
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from dpgate.accounting import ORDERS, Cost
 from dpgate.errors import DpgateError, LedgerError
-from dpgate.ledger.base import (
-    CHARGE_COLUMNS as _CHARGE_COLS,
-    EVENT_COLUMNS as _EVENT_COLS,
-    GENESIS_HASH,
-    POPULATION_COLUMNS,
-    CapSpec,
-    ChargeReceipt,
-    Replay,
-    SpendReport,
-    Totals,
-    VerifyReport,
-    allocation_share,
-    build_spend_report,
-    canonical_json,
-    cap_change_result,
-    charge_entry as _charge_entry,
-    charge_epsilon,
-    check_charge,
-    display_charge as _display_charge,
-    display_event as _display_event,
-    event_entry as _event_entry,
-    iter_sorted_entries,
-    new_charge_entry,
-    new_event_entry,
-    population_from_row,
-    prepare_charge,
-    receipt_from_entry as _receipt,
-    stored_state_problems,
-    unknown_population,
-    utc_now,
-    validate_cap,
-    validate_governance,
-    validate_limit,
-    validate_name,
-    validate_population,
-)
+from dpgate.ledger.base import GENESIS_HASH, utc_now
+from dpgate.ledger.sql import SqlLedger, SqlTransaction, orders_json
 
 __all__ = ["SqliteLedger", "MIGRATIONS", "open_sqlite_ledger"]
 
+#: The append-only triggers :meth:`SqliteLedger.verify` requires.
 _TRIGGERS = ("charges_no_update", "charges_no_delete", "events_no_update", "events_no_delete")
 
 #: Schema migrations: (version, name, statements). Applied in order, once each, inside one
@@ -163,16 +131,16 @@ MIGRATIONS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
     ),
 )
 
-_POP_COLS = ", ".join(POPULATION_COLUMNS)
 _SYNC_MODES = {"off": "OFF", "normal": "NORMAL", "full": "FULL", "extra": "EXTRA"}
 
 
-def _orders_json() -> str:
-    return json.dumps(["inf" if math.isinf(a) else a for a in ORDERS])
-
-
-class SqliteLedger:
+class SqliteLedger(SqlLedger):
     """The ledger in one SQLite file (implements :class:`dpgate.ledger.base.Ledger`).
+
+    The operations (ensure_population, set_cap, charge, spend, entries, events,
+    populations, chain, verify) are :class:`dpgate.ledger.sql.SqlLedger`'s; this
+    class holds the connections, pragmas, schema and locking: every write is one
+    ``BEGIN IMMEDIATE`` transaction.
 
     Args:
         path: the database file (created with its parent folder if absent and
@@ -193,6 +161,12 @@ class SqliteLedger:
             written with another RDP order grid.
     """
 
+    _PARAM = "?"
+    _NAME_ORDER = "name"  # SQLite's default BINARY collation: code point order
+    _HEAD_LOCK = None  # BEGIN IMMEDIATE already excludes every other writer
+    _REQUIRED_TRIGGERS = _TRIGGERS
+    _MIGRATIONS = MIGRATIONS
+
     def __init__(
         self,
         path: str | os.PathLike[str],
@@ -201,6 +175,7 @@ class SqliteLedger:
         busy_timeout_ms: int = 30_000,
         create: bool = True,
     ) -> None:
+        super().__init__()
         self.path = Path(path).expanduser().absolute()
         if synchronous.lower() not in _SYNC_MODES:
             raise LedgerError(f"synchronous must be one of {', '.join(_SYNC_MODES)}, got {synchronous!r}")
@@ -218,7 +193,6 @@ class SqliteLedger:
         self._registry_lock = threading.Lock()
         self._pid = os.getpid()
         self._wlock = threading.Lock()
-        self._delta_hint: dict[str, float] = {}
         self._closed = False
         self._migrate()
 
@@ -346,9 +320,9 @@ class SqliteLedger:
                         {"path": str(self.path)},
                     )
                 conn.execute("INSERT OR IGNORE INTO ledger_meta (key, value) VALUES ('orders', ?)",
-                             (_orders_json(),))
+                             (orders_json(),))
                 stored = conn.execute("SELECT value FROM ledger_meta WHERE key = 'orders'").fetchone()[0]
-                if stored != _orders_json():
+                if stored != orders_json():
                     raise LedgerError(
                         f"the ledger at {self.path} stores RDP curves on another order grid than "
                         "accounting.ORDERS; it cannot be used with this dpgate",
@@ -361,419 +335,23 @@ class SqliteLedger:
             self.close()
             raise
 
-    # -- internals -----------------------------------------------------------------------
+    # -- hooks of SqlLedger ----------------------------------------------------------------
+
+    @contextmanager
+    def _begin(self, *, write: bool) -> Iterator[sqlite3.Connection]:
+        """One write (``BEGIN IMMEDIATE``) or read transaction; SQLite errors become LedgerError."""
+        try:
+            with (self._write() if write else self._read()) as conn:
+                yield conn
+        except sqlite3.Error as exc:
+            raise self._guard(exc) from exc
 
     @staticmethod
-    def _population_row(conn: sqlite3.Connection, name: str) -> tuple[CapSpec, dict[str, float]] | None:
-        row = conn.execute(f"SELECT {_POP_COLS} FROM populations WHERE name = ?", (name,)).fetchone()
-        return None if row is None else population_from_row(row)
+    def _flag(value: bool) -> int:
+        return int(value)
 
-    @staticmethod
-    def _append_event(
-        conn: sqlite3.Connection,
-        population: str,
-        kind: str,
-        actor: str,
-        reason: str,
-        old: Mapping[str, Any] | None,
-        new: Mapping[str, Any],
-    ) -> dict[str, Any]:
-        head_seq, head_hash = conn.execute("SELECT seq, hash FROM chain_head WHERE id = 1").fetchone()
-        entry = new_event_entry(population, kind, actor, reason, old, new, seq=head_seq + 1, prev_hash=head_hash)
-        conn.execute(
-            f"INSERT INTO events ({', '.join(_EVENT_COLS)}) VALUES ({', '.join('?' * len(_EVENT_COLS))})",
-            tuple(entry[c] for c in _EVENT_COLS),
-        )
-        conn.execute("UPDATE chain_head SET seq = ?, hash = ? WHERE id = 1", (entry["seq"], entry["hash"]))
-        return entry
-
-    @staticmethod
-    def _totals(conn: sqlite3.Connection, population: str, consumer: str) -> tuple[Totals, Totals]:
-        pt = ct = Totals()
-        for row in conn.execute(
-            "SELECT consumer, charges, kinds, rho, curve FROM spend_totals"
-            " WHERE population = ? AND consumer IN ('', ?)",
-            (population, consumer),
-        ):
-            t = Totals.from_row(*row[1:])
-            if row[0] == "":
-                pt = t
-            else:
-                ct = t
-        return pt, ct
-
-    # -- governance ----------------------------------------------------------------------
-
-    def ensure_population(
-        self,
-        name: str,
-        *,
-        epsilon: float | None = None,
-        delta: float,
-        allocations: Mapping[str, float] | None = None,
-        actor: str = "policy",
-        reason: str = "policy file",
-        rho_cap: float | None = None,
-    ) -> None:
-        """Create population ``name`` if absent, else record any cap or allocation change.
-
-        The cap (ε, δ) is fixed into the budget curve B(α) = α·ρ_cap with
-        ρ_cap = ``accounting.rho_for_cap(ε, δ, "tight")`` ([CKS20] Cor. 13).
-        Alternatively ``rho_cap`` states the budget directly in ρ (then the
-        recorded ε is its tight conversion at δ). Creation is recorded as a
-        ``population_created`` event; a differing cap as ``cap_changed`` and
-        differing allocations as ``allocations_changed`` (old and new values,
-        actor, reason, time). Equal values write nothing, so calling this on
-        every start is idempotent.
-
-        Args:
-            name: population name (1-128 characters ``[A-Za-z0-9._:@/+-]``).
-            epsilon: cap ε > 0 (total), or None with ``rho_cap``.
-            delta: cap δ in (0, 1).
-            allocations: consumer → share in [0, 1], summing to ≤ 1; empty or
-                None: an open population (any consumer, held to the population's
-                budget only).
-            actor, reason: recorded with the events (non-empty).
-            rho_cap: the budget in ρ (total), instead of ε.
-
-        Raises:
-            PolicyError: invalid name, cap, allocations, actor or reason (nothing written).
-            LedgerError: the store failed.
-        """
-        cap, allocs = validate_population(name, epsilon, delta, allocations, actor, reason, rho_cap)
-        try:
-            with self._write() as conn:
-                current = self._population_row(conn, name)
-                if current is None:
-                    now = utc_now()
-                    conn.execute(
-                        "INSERT INTO populations (name, epsilon, delta, rho_cap, alpha_star, rho_stated,"
-                        " allocations, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                        (name, cap.epsilon, cap.delta, cap.rho_cap, cap.alpha_star, int(cap.rho_stated),
-                         canonical_json(allocs), now),
-                    )
-                    self._append_event(conn, name, "population_created", actor, reason, None,
-                                       {"cap": cap.to_dict(), "allocations": allocs})
-                    return
-                old_cap, old_allocs = current
-                if not old_cap.same_cap(cap):
-                    self._apply_cap(conn, name, old_cap, cap, actor, reason)
-                if old_allocs != allocs:
-                    conn.execute("UPDATE populations SET allocations = ? WHERE name = ?",
-                                 (canonical_json(allocs), name))
-                    self._append_event(conn, name, "allocations_changed", actor, reason,
-                                       {"allocations": old_allocs}, {"allocations": allocs})
-        except sqlite3.Error as exc:
-            raise self._guard(exc) from exc
-        self._delta_hint[name] = cap.delta
-
-    def _apply_cap(self, conn: sqlite3.Connection, name: str, old: CapSpec, new: CapSpec,
-                   actor: str, reason: str) -> dict[str, Any]:
-        conn.execute(
-            "UPDATE populations SET epsilon = ?, delta = ?, rho_cap = ?, alpha_star = ?, rho_stated = ?"
-            " WHERE name = ?",
-            (new.epsilon, new.delta, new.rho_cap, new.alpha_star, int(new.rho_stated), name),
-        )
-        return self._append_event(conn, name, "cap_changed", actor, reason, old.to_dict(), new.to_dict())
-
-    def set_cap(
-        self,
-        population: str,
-        *,
-        epsilon: float | None = None,
-        delta: float,
-        actor: str,
-        reason: str,
-        rho_cap: float | None = None,
-    ) -> dict[str, Any]:
-        """Change a population's cap: a recorded ``cap_changed`` event, never an edit.
-
-        The new cap is fixed into a new budget curve (see :meth:`ensure_population`).
-        Lowering it below what was already spent is allowed; every later charge is
-        then refused and the remaining budget is reported as 0. Charges are never
-        refunded or rewritten. A cap equal to the current one records nothing
-        (``changed`` is False).
-
-        Args:
-            population: the population.
-            epsilon: new cap ε > 0 (total), or None with ``rho_cap``.
-            delta: new cap δ in (0, 1).
-            actor: who made the change (non-empty).
-            reason: why (non-empty).
-            rho_cap: the new budget in ρ (total), instead of ε.
-
-        Returns:
-            ``{population, changed, old, new, event_id, actor, reason, created_at}``;
-            ``old``/``new`` are ``{epsilon, delta, rho_cap, alpha_star, rho_stated}``.
-
-        Raises:
-            InvalidBudget: invalid cap. InvalidRequest: empty actor or reason.
-            UnknownPopulation: no such population. LedgerError: the store failed.
-        """
-        validate_name(population, "population")
-        cap = validate_cap(epsilon, delta, rho_cap=rho_cap)
-        validate_governance(actor, reason)
-        try:
-            with self._write() as conn:
-                current = self._population_row(conn, population)
-                if current is None:
-                    raise unknown_population(population)
-                old = current[0]
-                if old.same_cap(cap):
-                    return cap_change_result(population, old, cap, None, actor, reason)
-                event = self._apply_cap(conn, population, old, cap, actor, reason)
-        except sqlite3.Error as exc:
-            raise self._guard(exc) from exc
-        self._delta_hint[population] = cap.delta
-        return cap_change_result(population, old, cap, event, actor, reason)
-
-    # -- charging ------------------------------------------------------------------------
-
-    def charge(
-        self,
-        population: str,
-        consumer: str,
-        cost: Cost,
-        *,
-        purpose: str,
-        release_key: str | None = None,
-        metadata: Mapping[str, Any] | None = None,
-    ) -> ChargeReceipt:
-        """Atomically check the consumer's and the population's filter and append one charge.
-
-        One ``BEGIN IMMEDIATE`` transaction: read the cap, allocations and exact
-        totals; return the stored receipt if ``release_key`` was charged before
-        (single flight across processes); decide with
-        :func:`dpgate.ledger.base.filter_decision` (zCDP filter and Rényi filter:
-        Feldman & Zrnic 2021, "Individual privacy accounting via a Rényi filter",
-        §3; Whitehouse et al. 2023, "Fully-adaptive composition in differential
-        privacy") against share × B(α) for the consumer
-        and B(α) = α·ρ_cap for the population; append the hash-chained entry;
-        update the totals and the chain head; commit. The charge is never
-        refunded.
-
-        Args:
-            population: the population charged.
-            consumer: the allocation charged (any name for an open population).
-            cost: the cost of this charge (``Cost.zcdp(ρ)``, ``Cost.continuous_gaussian(ρ)``,
-                ``Cost.rdp(curve)``, ``Cost.pure(ε)``, …).
-            purpose: non-empty description stored with the entry.
-            release_key: single-flight key (e.g. the release cache key), or None.
-            metadata: JSON-serialisable mapping stored with the entry (no NaN/inf).
-
-        Returns:
-            :class:`~dpgate.ledger.base.ChargeReceipt` (``duplicate=True`` if
-            ``release_key`` had been charged: nothing new written).
-
-        Raises:
-            InvalidBudget: invalid cost (NaN, negative, zero, wrong grid, ∞ at a finite order).
-            InvalidRequest: invalid name, purpose, release_key or metadata.
-            UnknownPopulation: no such population.
-            UnknownConsumer: the population allocates nothing to ``consumer``.
-            BudgetExhausted: a filter refuses (details: requested/spent/cap/remaining
-                in ρ and ε at the cap's δ); nothing written.
-            LedgerError: the store failed or stayed busy past the busy timeout.
-        """
-        req = prepare_charge(population, consumer, cost, purpose=purpose, release_key=release_key,
-                             metadata=metadata)
-        cost = req.cost
-        hint = self._delta_hint.get(population)
-        eps = charge_epsilon(cost, hint) if hint is not None else None  # outside the write lock
-        refusal = None
-        receipt: ChargeReceipt | None = None
-        try:
-            with self._write() as conn:
-                current = self._population_row(conn, population)
-                if current is None:
-                    raise unknown_population(population)
-                cap, allocs = current
-                share = allocation_share(population, consumer, allocs)
-                if release_key is not None:
-                    row = conn.execute(
-                        f"SELECT {', '.join(_CHARGE_COLS)} FROM charges"
-                        " WHERE population = ? AND release_key = ?",
-                        (population, release_key),
-                    ).fetchone()
-                    if row is not None:
-                        receipt = _receipt(_charge_entry(row), duplicate=True)
-                if receipt is None:
-                    pt, ct = self._totals(conn, population, consumer)
-                    pt_after, ct_after, refusal = check_charge(req, cap, share, pt, ct)
-                if receipt is None and refusal is None:
-                    if eps is None or hint != cap.delta:
-                        eps = charge_epsilon(cost, cap.delta)
-                    head_seq, head_hash = conn.execute("SELECT seq, hash FROM chain_head WHERE id = 1").fetchone()
-                    entry = new_charge_entry(req, seq=head_seq + 1, prev_hash=head_hash, epsilon_at_delta=eps,
-                                             delta=cap.delta)
-                    conn.execute(
-                        f"INSERT INTO charges ({', '.join(_CHARGE_COLS)})"
-                        f" VALUES ({', '.join('?' * len(_CHARGE_COLS))})",
-                        tuple(entry[c] for c in _CHARGE_COLS),
-                    )
-                    conn.executemany(
-                        "INSERT INTO spend_totals (population, consumer, charges, kinds, rho, curve)"
-                        " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (population, consumer) DO UPDATE SET"
-                        " charges = excluded.charges, kinds = excluded.kinds, rho = excluded.rho,"
-                        " curve = excluded.curve",
-                        [(population, "", *pt_after.to_row()),
-                         (population, consumer, *ct_after.to_row())],
-                    )
-                    conn.execute("UPDATE chain_head SET seq = ?, hash = ? WHERE id = 1",
-                                 (entry["seq"], entry["hash"]))
-                    receipt = _receipt(entry, duplicate=False, cost=cost)
-        except sqlite3.Error as exc:
-            raise self._guard(exc) from exc
-        self._delta_hint[population] = cap.delta
-        if refusal is not None:
-            raise refusal.error()
-        assert receipt is not None
-        return receipt
-
-    # -- reading -------------------------------------------------------------------------
-
-    def populations(self) -> list[str]:
-        """Population names, sorted (read-only)."""
-        try:
-            with self._read() as conn:
-                return [r[0] for r in conn.execute("SELECT name FROM populations ORDER BY name")]
-        except sqlite3.Error as exc:
-            raise self._guard(exc) from exc
-
-    def spend(self, population: str) -> SpendReport:
-        """Spent and remaining budget of ``population`` and of each consumer (read-only).
-
-        ρ totals are exact sums of the entries; ε is at the cap's δ by the
-        tightest conversion valid for what was composed (see
-        :func:`dpgate.ledger.base.build_spend_report`).
-
-        Raises:
-            UnknownPopulation: no such population. LedgerError: the store failed.
-        """
-        try:
-            with self._read() as conn:
-                current = self._population_row(conn, population)
-                if current is None:
-                    raise unknown_population(population)
-                rows = conn.execute(
-                    "SELECT consumer, charges, kinds, rho, curve FROM spend_totals WHERE population = ?",
-                    (population,),
-                ).fetchall()
-        except sqlite3.Error as exc:
-            raise self._guard(exc) from exc
-        cap, allocs = current
-        totals = {r[0]: Totals.from_row(*r[1:]) for r in rows}
-        pt = totals.pop("", Totals())
-        return build_spend_report(population, cap, allocs, pt, totals)
-
-    def entries(self, population: str | None = None, *, limit: int | None = None) -> list[dict[str, Any]]:
-        """Charges in ``seq`` order (read-only); with ``limit``, the most recent ``limit``.
-
-        Each dict: seq, charge_id, population, consumer, kind, rho, epsilon_at_delta,
-        delta, cost (dict), purpose, release_key, metadata (dict), created_at,
-        prev_hash, hash, type ("charge").
-
-        Raises:
-            InvalidRequest: ``limit`` not a positive integer. LedgerError: store failure.
-        """
-        validate_limit(limit)
-        sql = f"SELECT {', '.join(_CHARGE_COLS)} FROM charges"
-        args: list[Any] = []
-        if population is not None:
-            sql += " WHERE population = ?"
-            args.append(population)
-        sql += " ORDER BY seq DESC"
-        if limit is not None:
-            sql += " LIMIT ?"
-            args.append(limit)
-        try:
-            with self._read() as conn:
-                rows = conn.execute(sql, args).fetchall()
-        except sqlite3.Error as exc:
-            raise self._guard(exc) from exc
-        return [_display_charge(_charge_entry(r)) for r in reversed(rows)]
-
-    def events(self, population: str | None = None) -> list[dict[str, Any]]:
-        """Governance events in ``seq`` order (read-only).
-
-        Each dict: seq, event_id, population, kind ("population_created",
-        "cap_changed", "allocations_changed"), actor, reason, old, new (dicts),
-        created_at, prev_hash, hash, type ("event").
-        """
-        sql = f"SELECT {', '.join(_EVENT_COLS)} FROM events"
-        args: tuple = ()
-        if population is not None:
-            sql += " WHERE population = ?"
-            args = (population,)
-        try:
-            with self._read() as conn:
-                rows = conn.execute(sql + " ORDER BY seq", args).fetchall()
-        except sqlite3.Error as exc:
-            raise self._guard(exc) from exc
-        return [_display_event(_event_entry(r)) for r in rows]
-
-    def chain(self) -> list[dict[str, Any]]:
-        """Every entry (charges and events) in ``seq`` order, exactly as hashed (read-only).
-
-        ``cost``, ``metadata``, ``old`` and ``new`` are the stored JSON texts, so
-        :func:`dpgate.ledger.base.entry_hash` of each dict reproduces its ``hash``
-        and an auditor can check the chain outside dpgate.
-        """
-        try:
-            with self._read() as conn:
-                charges = [_charge_entry(r) for r in
-                           conn.execute(f"SELECT {', '.join(_CHARGE_COLS)} FROM charges ORDER BY seq")]
-                events = [_event_entry(r) for r in
-                          conn.execute(f"SELECT {', '.join(_EVENT_COLS)} FROM events ORDER BY seq")]
-        except sqlite3.Error as exc:
-            raise self._guard(exc) from exc
-        return list(iter_sorted_entries(charges, events))
-
-    def verify(self) -> VerifyReport:
-        """Check the ledger's integrity (read-only; one consistent snapshot).
-
-        Recomputes, from the entries alone: the hash chain (consecutive ``seq``,
-        ``prev_hash`` links, every hash), the caps and allocations in force, the
-        exact spend per population and consumer, and that every charge fitted
-        its filters when written (:class:`dpgate.ledger.base.Replay`); then
-        compares with the stored derived state (populations, spend totals, chain
-        head) and checks the append-only triggers and the schema version.
-
-        Returns:
-            :class:`~dpgate.ledger.base.VerifyReport` (``ok`` False with one
-            sentence per problem, e.g. after a row was edited with the triggers
-            dropped).
-
-        Raises:
-            LedgerError: the store cannot be read.
-        """
-        replay = Replay()
-        try:
-            with self._read() as conn:
-                charges = (_charge_entry(r) for r in
-                           conn.execute(f"SELECT {', '.join(_CHARGE_COLS)} FROM charges ORDER BY seq"))
-                events = (_event_entry(r) for r in
-                          conn.execute(f"SELECT {', '.join(_EVENT_COLS)} FROM events ORDER BY seq"))
-                for entry in iter_sorted_entries(charges, events):
-                    replay.feed(entry)
-                head = conn.execute("SELECT seq, hash FROM chain_head WHERE id = 1").fetchone()
-                pops = {r[0]: r[1:] for r in conn.execute(f"SELECT name, {_POP_COLS} FROM populations")}
-                stored_totals = {(r[0], r[1]): r[2:] for r in conn.execute(
-                    "SELECT population, consumer, charges, kinds, rho, curve FROM spend_totals")}
-                triggers = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'")}
-                versions = {r[0] for r in conn.execute("SELECT version FROM schema_migrations")}
-        except sqlite3.Error as exc:
-            raise self._guard(exc) from exc
-        problems = stored_state_problems(
-            replay,
-            head=None if head is None else (head[0], head[1]),
-            populations=pops,
-            totals=stored_totals,
-            triggers=triggers,
-            required_triggers=_TRIGGERS,
-            versions=versions,
-            required_versions=[v for v, _, _ in MIGRATIONS],
-        )
-        return VerifyReport(not problems, problems, replay.count, replay.head, replay.charges, replay.events)
+    def _trigger_names(self, tx: SqlTransaction) -> set[str]:
+        return {r[0] for r in tx.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'")}
 
     # -- lifecycle -----------------------------------------------------------------------
 

@@ -1,0 +1,650 @@
+"""The SQL plumbing both ledger backends share (:class:`SqlLedger`).
+
+Every decision, report, entry and hash comes from :mod:`dpgate.ledger.base`;
+this module holds what the SQLite and PostgreSQL backends do *with SQL* in the
+same way: the statements on the common layout (``populations``, ``events``,
+``charges``, ``spend_totals``, ``chain_head``), the governance and charge
+transactions, the reads and the replay of :meth:`SqlLedger.verify`.
+
+A backend subclass keeps only what is its own and fills these hooks:
+
+* :attr:`SqlLedger._PARAM` — the driver's placeholder (``?`` for ``sqlite3``,
+  ``%s`` for psycopg); every shared statement is built with it once per class;
+* :meth:`SqlLedger._begin` — one transaction (write: serialised against every
+  other writer of the hash chain; read: one consistent snapshot), committed on
+  success and rolled back on error, yielding an *executor* (an object with
+  DB-API ``execute(query, params)`` returning a cursor, and ``executemany``) and
+  turning driver errors into :class:`~dpgate.errors.LedgerError`;
+* :attr:`SqlLedger._HEAD_LOCK` — a statement run first in every write
+  transaction that locks the chain-head row and returns ``(seq, hash)``
+  (PostgreSQL ``SELECT … FOR UPDATE``), or None when the transaction itself
+  already excludes every other writer (SQLite ``BEGIN IMMEDIATE``; the head is
+  then read when first needed);
+* :meth:`SqlLedger._flag` (how a boolean column is written),
+  :attr:`SqlLedger._NAME_ORDER` (the binary collation of population names),
+  :meth:`SqlLedger._entry_streams` (how :meth:`~SqlLedger.verify` streams the
+  entries), :meth:`SqlLedger._trigger_names`, :attr:`SqlLedger._REQUIRED_TRIGGERS`
+  and :attr:`SqlLedger._MIGRATIONS` (what :meth:`~SqlLedger.verify` requires).
+
+Connection management, pragmas and pooling, the schema DDL and triggers,
+migrations and the locking itself stay in ``sqlite.py`` and ``postgres.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
+from typing import Any, ClassVar, Iterable, Iterator, Mapping
+
+from dpgate.accounting import ORDERS, Cost
+from dpgate.errors import LedgerError
+from dpgate.ledger.base import (
+    CHARGE_COLUMNS,
+    EVENT_COLUMNS,
+    POPULATION_COLUMNS,
+    CapSpec,
+    ChargeReceipt,
+    Replay,
+    SpendReport,
+    Totals,
+    VerifyReport,
+    allocation_share,
+    build_spend_report,
+    canonical_json,
+    cap_change_result,
+    charge_entry,
+    charge_epsilon,
+    check_charge,
+    display_charge,
+    display_event,
+    event_entry,
+    iter_sorted_entries,
+    new_charge_entry,
+    new_event_entry,
+    population_from_row,
+    prepare_charge,
+    receipt_from_entry,
+    stored_state_problems,
+    unknown_population,
+    utc_now,
+    validate_cap,
+    validate_governance,
+    validate_limit,
+    validate_name,
+    validate_population,
+)
+
+__all__ = ["SqlLedger", "SqlTransaction", "orders_json"]
+
+_HEAD_SELECT = "SELECT seq, hash FROM chain_head WHERE id = 1"
+
+
+def orders_json() -> str:
+    """The ``ledger_meta`` value recording ``accounting.ORDERS`` (JSON list; ∞ as ``"inf"``).
+
+    A stored ledger whose value differs holds RDP curves on another order grid
+    and must not be used (each backend's migration checks it).
+    """
+    return json.dumps(["inf" if math.isinf(a) else a for a in ORDERS])
+
+
+@dataclass(frozen=True)
+class _Statements:
+    """The shared statements, written with one driver's placeholder."""
+
+    population: str
+    insert_population: str
+    update_allocations: str
+    update_cap: str
+    insert_event: str
+    insert_charge: str
+    move_head: str
+    totals: str
+    upsert_totals: str
+    charge_by_release_key: str
+    spend_totals: str
+    charges: str
+    events: str
+    where_population: str
+    limit: str
+    all_populations: str
+    all_totals: str
+
+    @classmethod
+    def build(cls, p: str) -> "_Statements":
+        charges = f"SELECT {', '.join(CHARGE_COLUMNS)} FROM charges"
+        return cls(
+            population=f"SELECT {', '.join(POPULATION_COLUMNS)} FROM populations WHERE name = {p}",
+            insert_population=(
+                "INSERT INTO populations (name, epsilon, delta, rho_cap, alpha_star, rho_stated,"
+                f" allocations, created_at) VALUES ({', '.join([p] * 8)})"
+            ),
+            update_allocations=f"UPDATE populations SET allocations = {p} WHERE name = {p}",
+            update_cap=(
+                f"UPDATE populations SET epsilon = {p}, delta = {p}, rho_cap = {p}, alpha_star = {p},"
+                f" rho_stated = {p} WHERE name = {p}"
+            ),
+            insert_event=(f"INSERT INTO events ({', '.join(EVENT_COLUMNS)})"
+                          f" VALUES ({', '.join([p] * len(EVENT_COLUMNS))})"),
+            insert_charge=(f"INSERT INTO charges ({', '.join(CHARGE_COLUMNS)})"
+                           f" VALUES ({', '.join([p] * len(CHARGE_COLUMNS))})"),
+            move_head=f"UPDATE chain_head SET seq = {p}, hash = {p} WHERE id = 1",
+            totals=("SELECT consumer, charges, kinds, rho, curve FROM spend_totals"
+                    f" WHERE population = {p} AND consumer IN ('', {p})"),
+            upsert_totals=(
+                "INSERT INTO spend_totals (population, consumer, charges, kinds, rho, curve)"
+                f" VALUES ({', '.join([p] * 6)}) ON CONFLICT (population, consumer) DO UPDATE SET"
+                " charges = excluded.charges, kinds = excluded.kinds, rho = excluded.rho,"
+                " curve = excluded.curve"
+            ),
+            charge_by_release_key=f"{charges} WHERE population = {p} AND release_key = {p}",
+            spend_totals=f"SELECT consumer, charges, kinds, rho, curve FROM spend_totals WHERE population = {p}",
+            charges=charges,
+            events=f"SELECT {', '.join(EVENT_COLUMNS)} FROM events",
+            where_population=f" WHERE population = {p}",
+            limit=f" LIMIT {p}",
+            all_populations=f"SELECT name, {', '.join(POPULATION_COLUMNS)} FROM populations",
+            all_totals="SELECT population, consumer, charges, kinds, rho, curve FROM spend_totals",
+        )
+
+
+class SqlTransaction:
+    """One open ledger transaction: the backend's executor and the chain head.
+
+    Args:
+        executor: the backend's DB-API executor (``sqlite3.Connection`` or a psycopg
+            cursor): ``execute(query[, params])`` returns an iterable cursor with
+            ``fetchone``/``fetchall``; a psycopg cursor is reused by the next
+            ``execute``, so every result is consumed before the next statement.
+        head: the chain head ``(seq, hash)`` if the transaction already read (and
+            locked) it; None: read on first use of :meth:`head`.
+
+    Attributes:
+        executor: the executor (for backend hooks that need the driver).
+    """
+
+    __slots__ = ("executor", "_head")
+
+    def __init__(self, executor: Any, head: tuple[int, str] | None = None) -> None:
+        self.executor = executor
+        self._head = head
+
+    def execute(self, query: str, params: Iterable[Any] | None = None) -> Any:
+        """Run one statement; returns the driver's cursor (iterate or fetch it before the next).
+
+        Raises:
+            the driver's error (the enclosing :meth:`SqlLedger._begin` turns it into LedgerError).
+        """
+        if params is None:
+            return self.executor.execute(query)
+        return self.executor.execute(query, params)
+
+    def executemany(self, query: str, rows: Iterable[Iterable[Any]]) -> None:
+        """Run one statement once per parameter row (driver errors as :meth:`execute`)."""
+        self.executor.executemany(query, rows)
+
+    def head(self) -> tuple[int, str]:
+        """The chain head ``(seq, hash)`` as of this transaction (after its own appends).
+
+        Raises:
+            LedgerError: the ``chain_head`` row is missing.
+        """
+        if self._head is None:
+            row = self.execute(_HEAD_SELECT).fetchone()
+            if row is None:
+                raise LedgerError("the ledger's chain head row is missing (run dpgate ledger verify)")
+            self._head = (row[0], row[1])
+        return self._head
+
+    def lock_head(self, statement: str) -> None:
+        """Run the backend's row-lock statement on the chain head and keep the ``(seq, hash)`` it returns.
+
+        Raises:
+            LedgerError: the ``chain_head`` row is missing.
+        """
+        row = self.execute(statement).fetchone()
+        if row is None:
+            raise LedgerError("the ledger's chain head row is missing (run dpgate ledger verify)")
+        self._head = (int(row[0]), row[1])
+
+    def set_head(self, seq: int, hash_: str) -> None:
+        """Record the new chain head after an append (the caller updates the ``chain_head`` row)."""
+        self._head = (seq, hash_)
+
+
+class SqlLedger:
+    """The ledger's operations on the common SQL layout (implements :class:`dpgate.ledger.base.Ledger`
+    together with a backend subclass that provides the hooks listed in :mod:`dpgate.ledger.sql`).
+
+    Not used directly: open :class:`dpgate.ledger.sqlite.SqliteLedger` or
+    :class:`dpgate.ledger.postgres.PostgresLedger` (or :func:`dpgate.ledger.open_ledger`).
+    Subclasses call ``super().__init__()`` before their first transaction.
+    """
+
+    #: The driver's placeholder ("?" or "%s").
+    _PARAM: ClassVar[str] = "?"
+    #: ORDER BY expression listing population names in binary (code point) order.
+    _NAME_ORDER: ClassVar[str] = "name"
+    #: Statement locking the chain-head row and returning (seq, hash), run first in every
+    #: write transaction; None when :meth:`_begin` already excludes every other writer.
+    _HEAD_LOCK: ClassVar[str | None] = None
+    #: The append-only triggers :meth:`verify` requires.
+    _REQUIRED_TRIGGERS: ClassVar[tuple[str, ...]] = ()
+    #: The backend's schema migrations ``(version, name, statements)``; :meth:`verify`
+    #: requires every version to be recorded.
+    _MIGRATIONS: ClassVar[tuple[tuple[int, str, tuple[str, ...]], ...]] = ()
+    _sql: ClassVar[_Statements] = _Statements.build("?")
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._sql = _Statements.build(cls._PARAM)
+
+    def __init__(self) -> None:
+        # cap δ last seen per population: lets a charge compute its ε outside the write
+        # transaction (recomputed inside if the cap's δ changed meanwhile)
+        self._delta_hint: dict[str, float] = {}
+
+    # -- hooks ---------------------------------------------------------------------------
+
+    def _begin(self, *, write: bool) -> AbstractContextManager[Any]:
+        """One transaction yielding the backend's executor (see the module docstring)."""
+        raise NotImplementedError
+
+    @staticmethod
+    def _flag(value: bool) -> Any:
+        """A boolean as stored in a boolean column (``rho_stated``)."""
+        return value
+
+    @contextmanager
+    def _entry_streams(self, tx: SqlTransaction) -> Iterator[tuple[Iterable[Any], Iterable[Any]]]:
+        """Charge rows and event rows, each in ``seq`` order, to be read interleaved.
+
+        This default needs an executor whose ``execute`` returns a new cursor each
+        time (``sqlite3.Connection``); PostgreSQL overrides it with server-side cursors.
+        """
+        yield (tx.execute(self._sql.charges + " ORDER BY seq"),
+               tx.execute(self._sql.events + " ORDER BY seq"))
+
+    def _trigger_names(self, tx: SqlTransaction) -> set[str]:
+        """Names of the (enabled) triggers on the ledger's tables."""
+        raise NotImplementedError
+
+    # -- transactions and shared steps -----------------------------------------------------
+
+    @contextmanager
+    def _tx(self, *, write: bool) -> Iterator[SqlTransaction]:
+        with self._begin(write=write) as executor:
+            tx = SqlTransaction(executor)
+            if write and self._HEAD_LOCK is not None:
+                tx.lock_head(self._HEAD_LOCK)
+            yield tx
+
+    def _population_row(self, tx: SqlTransaction, name: str) -> tuple[CapSpec, dict[str, float]] | None:
+        row = tx.execute(self._sql.population, (name,)).fetchone()
+        return None if row is None else population_from_row(row)
+
+    def _move_head(self, tx: SqlTransaction, entry: Mapping[str, Any]) -> None:
+        tx.execute(self._sql.move_head, (entry["seq"], entry["hash"]))
+        tx.set_head(entry["seq"], entry["hash"])
+
+    def _append_event(
+        self,
+        tx: SqlTransaction,
+        population: str,
+        kind: str,
+        actor: str,
+        reason: str,
+        old: Mapping[str, Any] | None,
+        new: Mapping[str, Any],
+    ) -> dict[str, Any]:
+        """Append one governance event after the chain head and move the head."""
+        seq, prev_hash = tx.head()
+        entry = new_event_entry(population, kind, actor, reason, old, new, seq=seq + 1, prev_hash=prev_hash)
+        tx.execute(self._sql.insert_event, tuple(entry[c] for c in EVENT_COLUMNS))
+        self._move_head(tx, entry)
+        return entry
+
+    def _totals(self, tx: SqlTransaction, population: str, consumer: str) -> tuple[Totals, Totals]:
+        pt = ct = Totals()
+        for row in tx.execute(self._sql.totals, (population, consumer)):
+            t = Totals.from_row(*row[1:])
+            if row[0] == "":
+                pt = t
+            else:
+                ct = t
+        return pt, ct
+
+    def _apply_cap(self, tx: SqlTransaction, name: str, old: CapSpec, new: CapSpec,
+                   actor: str, reason: str) -> dict[str, Any]:
+        tx.execute(self._sql.update_cap,
+                   (new.epsilon, new.delta, new.rho_cap, new.alpha_star, self._flag(new.rho_stated), name))
+        return self._append_event(tx, name, "cap_changed", actor, reason, old.to_dict(), new.to_dict())
+
+    # -- governance ----------------------------------------------------------------------
+
+    def ensure_population(
+        self,
+        name: str,
+        *,
+        epsilon: float | None = None,
+        delta: float,
+        allocations: Mapping[str, float] | None = None,
+        actor: str = "policy",
+        reason: str = "policy file",
+        rho_cap: float | None = None,
+    ) -> None:
+        """Create population ``name`` if absent, else record any cap or allocation change.
+
+        The cap (ε, δ) is fixed into the budget curve B(α) = α·ρ_cap with
+        ρ_cap = ``accounting.rho_for_cap(ε, δ, "tight")`` ([CKS20] Cor. 13).
+        Alternatively ``rho_cap`` states the budget directly in ρ (then the
+        recorded ε is its tight conversion at δ). Creation is recorded as a
+        ``population_created`` event; a differing cap as ``cap_changed`` and
+        differing allocations as ``allocations_changed`` (old and new values,
+        actor, reason, time). Equal values write nothing, so calling this on
+        every start is idempotent (also when several processes or replicas
+        start at once: one write transaction).
+
+        Args:
+            name: population name (1-128 characters ``[A-Za-z0-9._:@/+-]``).
+            epsilon: cap ε > 0 (total), or None with ``rho_cap``.
+            delta: cap δ in (0, 1).
+            allocations: consumer → share in [0, 1], summing to ≤ 1; empty or
+                None: an open population (any consumer, held to the population's
+                budget only).
+            actor, reason: recorded with the events (non-empty).
+            rho_cap: the budget in ρ (total), instead of ε.
+
+        Raises:
+            PolicyError: invalid name, cap, allocations, actor or reason (nothing written).
+            LedgerError: the store failed.
+        """
+        cap, allocs = validate_population(name, epsilon, delta, allocations, actor, reason, rho_cap)
+        with self._tx(write=True) as tx:
+            current = self._population_row(tx, name)
+            if current is None:
+                tx.execute(self._sql.insert_population,
+                           (name, cap.epsilon, cap.delta, cap.rho_cap, cap.alpha_star, self._flag(cap.rho_stated),
+                            canonical_json(allocs), utc_now()))
+                self._append_event(tx, name, "population_created", actor, reason, None,
+                                   {"cap": cap.to_dict(), "allocations": allocs})
+            else:
+                old_cap, old_allocs = current
+                if not old_cap.same_cap(cap):
+                    self._apply_cap(tx, name, old_cap, cap, actor, reason)
+                if old_allocs != allocs:
+                    tx.execute(self._sql.update_allocations, (canonical_json(allocs), name))
+                    self._append_event(tx, name, "allocations_changed", actor, reason,
+                                       {"allocations": old_allocs}, {"allocations": allocs})
+        self._delta_hint[name] = cap.delta
+
+    def set_cap(
+        self,
+        population: str,
+        *,
+        epsilon: float | None = None,
+        delta: float,
+        actor: str,
+        reason: str,
+        rho_cap: float | None = None,
+    ) -> dict[str, Any]:
+        """Change a population's cap: a recorded ``cap_changed`` event, never an edit.
+
+        The new cap is fixed into a new budget curve (see :meth:`ensure_population`).
+        Lowering it below what was already spent is allowed; every later charge is
+        then refused and the remaining budget is reported as 0. Charges are never
+        refunded or rewritten. A cap equal to the current one records nothing
+        (``changed`` is False).
+
+        Args:
+            population: the population.
+            epsilon: new cap ε > 0 (total), or None with ``rho_cap``.
+            delta: new cap δ in (0, 1).
+            actor: who made the change (non-empty).
+            reason: why (non-empty).
+            rho_cap: the new budget in ρ (total), instead of ε.
+
+        Returns:
+            ``{population, changed, old, new, event_id, actor, reason, created_at}``;
+            ``old``/``new`` are ``{epsilon, delta, rho_cap, alpha_star, rho_stated}``.
+
+        Raises:
+            InvalidBudget: invalid cap. InvalidRequest: empty actor or reason.
+            UnknownPopulation: no such population. LedgerError: the store failed.
+        """
+        validate_name(population, "population")
+        cap = validate_cap(epsilon, delta, rho_cap=rho_cap)
+        validate_governance(actor, reason)
+        event = None
+        with self._tx(write=True) as tx:
+            current = self._population_row(tx, population)
+            if current is None:
+                raise unknown_population(population)
+            old = current[0]
+            if not old.same_cap(cap):
+                event = self._apply_cap(tx, population, old, cap, actor, reason)
+        if event is not None:
+            self._delta_hint[population] = cap.delta
+        return cap_change_result(population, old, cap, event, actor, reason)
+
+    # -- charging ------------------------------------------------------------------------
+
+    def charge(
+        self,
+        population: str,
+        consumer: str,
+        cost: Cost,
+        *,
+        purpose: str,
+        release_key: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> ChargeReceipt:
+        """Atomically check the consumer's and the population's filter and append one charge.
+
+        One write transaction that excludes every other writer of the ledger for
+        its whole length, across threads, processes and (PostgreSQL) replicas —
+        SQLite: ``BEGIN IMMEDIATE``; PostgreSQL: READ COMMITTED with the chain-head
+        row locked first (``SELECT … FOR UPDATE``): read the cap, allocations and
+        exact totals; return the stored receipt if ``release_key`` was charged
+        before (single flight); decide with :func:`dpgate.ledger.base.check_charge`
+        (zCDP filter and Rényi filter: Feldman & Zrnic 2021, "Individual privacy
+        accounting via a Rényi filter", §3; Whitehouse et al. 2023, "Fully-adaptive
+        composition in differential privacy") against share × B(α) for the
+        consumer and B(α) = α·ρ_cap for the population; append the hash-chained
+        entry; update the totals and the chain head; commit. The charge is never
+        refunded.
+
+        Args:
+            population: the population charged.
+            consumer: the allocation charged (any name for an open population).
+            cost: the cost of this charge (``Cost.zcdp(ρ)``, ``Cost.continuous_gaussian(ρ)``,
+                ``Cost.rdp(curve)`` on ``accounting.ORDERS``, ``Cost.pure(ε)``, …).
+            purpose: non-empty description stored with the entry.
+            release_key: single-flight key (e.g. the release cache key), or None.
+            metadata: JSON-serialisable mapping stored with the entry (no NaN/inf).
+
+        Returns:
+            :class:`~dpgate.ledger.base.ChargeReceipt` (``duplicate=True`` if
+            ``release_key`` had been charged: nothing new written).
+
+        Raises:
+            InvalidBudget: invalid cost (NaN, negative, zero, wrong grid, ∞ at a finite order).
+            InvalidRequest: invalid name, purpose, release_key or metadata.
+            UnknownPopulation: no such population.
+            UnknownConsumer: the population allocates nothing to ``consumer``.
+            BudgetExhausted: a filter refuses (details: requested/spent/cap/remaining
+                in ρ and ε at the cap's δ); nothing written.
+            LedgerError: the store failed, or stayed busy (locked by another writer)
+                past the backend's busy or lock timeout.
+        """
+        req = prepare_charge(population, consumer, cost, purpose=purpose, release_key=release_key,
+                             metadata=metadata)
+        cost = req.cost
+        hint = self._delta_hint.get(population)
+        eps = charge_epsilon(cost, hint) if hint is not None else None  # outside the write transaction
+        refusal = None
+        receipt: ChargeReceipt | None = None
+        with self._tx(write=True) as tx:
+            current = self._population_row(tx, population)
+            if current is None:
+                raise unknown_population(population)
+            cap, allocs = current
+            share = allocation_share(population, consumer, allocs)
+            if release_key is not None:
+                row = tx.execute(self._sql.charge_by_release_key, (population, release_key)).fetchone()
+                if row is not None:
+                    receipt = receipt_from_entry(charge_entry(row), duplicate=True)
+            if receipt is None:
+                pt, ct = self._totals(tx, population, consumer)
+                pt_after, ct_after, refusal = check_charge(req, cap, share, pt, ct)
+                if refusal is None:
+                    if eps is None or hint != cap.delta:
+                        eps = charge_epsilon(cost, cap.delta)
+                    seq, prev_hash = tx.head()
+                    entry = new_charge_entry(req, seq=seq + 1, prev_hash=prev_hash, epsilon_at_delta=eps,
+                                             delta=cap.delta)
+                    tx.execute(self._sql.insert_charge, tuple(entry[c] for c in CHARGE_COLUMNS))
+                    tx.executemany(self._sql.upsert_totals, [(population, "", *pt_after.to_row()),
+                                                             (population, consumer, *ct_after.to_row())])
+                    self._move_head(tx, entry)
+                    receipt = receipt_from_entry(entry, duplicate=False, cost=cost)
+        self._delta_hint[population] = cap.delta
+        if refusal is not None:
+            raise refusal.error()
+        assert receipt is not None
+        return receipt
+
+    # -- reading -------------------------------------------------------------------------
+
+    def populations(self) -> list[str]:
+        """Population names, sorted by code point (read-only).
+
+        Raises:
+            LedgerError: the store failed.
+        """
+        with self._tx(write=False) as tx:
+            return [r[0] for r in tx.execute(f"SELECT name FROM populations ORDER BY {self._NAME_ORDER}")]
+
+    def spend(self, population: str) -> SpendReport:
+        """Spent and remaining budget of ``population`` and of each consumer (read-only,
+        one snapshot).
+
+        ρ totals are exact sums of the entries; ε is at the cap's δ by the
+        tightest conversion valid for what was composed (see
+        :func:`dpgate.ledger.base.build_spend_report`).
+
+        Raises:
+            UnknownPopulation: no such population. LedgerError: the store failed.
+        """
+        with self._tx(write=False) as tx:
+            current = self._population_row(tx, population)
+            if current is None:
+                raise unknown_population(population)
+            rows = tx.execute(self._sql.spend_totals, (population,)).fetchall()
+        cap, allocs = current
+        totals = {r[0]: Totals.from_row(*r[1:]) for r in rows}
+        pt = totals.pop("", Totals())
+        return build_spend_report(population, cap, allocs, pt, totals)
+
+    def entries(self, population: str | None = None, *, limit: int | None = None) -> list[dict[str, Any]]:
+        """Charges in ``seq`` order (read-only); with ``limit``, the most recent ``limit``.
+
+        Each dict: seq, charge_id, population, consumer, kind, rho, epsilon_at_delta,
+        delta, cost (dict), purpose, release_key, metadata (dict), created_at,
+        prev_hash, hash, type ("charge").
+
+        Raises:
+            InvalidRequest: ``limit`` not a positive integer. LedgerError: store failure.
+        """
+        validate_limit(limit)
+        query = self._sql.charges
+        args: list[Any] = []
+        if population is not None:
+            query += self._sql.where_population
+            args.append(population)
+        query += " ORDER BY seq DESC"
+        if limit is not None:
+            query += self._sql.limit
+            args.append(limit)
+        with self._tx(write=False) as tx:
+            rows = tx.execute(query, args).fetchall()
+        return [display_charge(charge_entry(r)) for r in reversed(rows)]
+
+    def events(self, population: str | None = None) -> list[dict[str, Any]]:
+        """Governance events in ``seq`` order (read-only).
+
+        Each dict: seq, event_id, population, kind ("population_created",
+        "cap_changed", "allocations_changed"), actor, reason, old, new (dicts),
+        created_at, prev_hash, hash, type ("event").
+
+        Raises:
+            LedgerError: the store failed.
+        """
+        query = self._sql.events
+        args: tuple = ()
+        if population is not None:
+            query += self._sql.where_population
+            args = (population,)
+        with self._tx(write=False) as tx:
+            rows = tx.execute(query + " ORDER BY seq", args).fetchall()
+        return [display_event(event_entry(r)) for r in rows]
+
+    def chain(self) -> list[dict[str, Any]]:
+        """Every entry (charges and events) in ``seq`` order, exactly as hashed (read-only).
+
+        ``cost``, ``metadata``, ``old`` and ``new`` are the stored JSON texts, so
+        :func:`dpgate.ledger.base.entry_hash` of each dict reproduces its ``hash``
+        and an auditor can check the chain outside dpgate.
+
+        Raises:
+            LedgerError: the store failed.
+        """
+        with self._tx(write=False) as tx:
+            charges = [charge_entry(r) for r in tx.execute(self._sql.charges + " ORDER BY seq").fetchall()]
+            events = [event_entry(r) for r in tx.execute(self._sql.events + " ORDER BY seq").fetchall()]
+        return list(iter_sorted_entries(charges, events))
+
+    def verify(self) -> VerifyReport:
+        """Check the ledger's integrity (read-only; one consistent snapshot).
+
+        Recomputes, from the entries alone (:class:`dpgate.ledger.base.Replay`, entries
+        streamed): the hash chain (consecutive ``seq``, ``prev_hash`` links, every
+        hash), the caps and allocations in force, the exact spend per population and
+        consumer, and that every charge fitted its filters when written; then
+        compares with the stored derived state (populations, spend totals, chain
+        head) and checks that the append-only triggers exist (PostgreSQL: and are
+        enabled) and that every schema migration is recorded
+        (:func:`dpgate.ledger.base.stored_state_problems`).
+
+        Returns:
+            :class:`~dpgate.ledger.base.VerifyReport` (``ok`` False with one
+            sentence per problem, e.g. after a row was edited with the triggers
+            dropped).
+
+        Raises:
+            LedgerError: the store cannot be read.
+        """
+        replay = Replay()
+        with self._tx(write=False) as tx:
+            with self._entry_streams(tx) as (charge_rows, event_rows):
+                for entry in iter_sorted_entries((charge_entry(r) for r in charge_rows),
+                                                 (event_entry(r) for r in event_rows)):
+                    replay.feed(entry)
+            head = tx.execute(_HEAD_SELECT).fetchone()
+            pops = {r[0]: r[1:] for r in tx.execute(self._sql.all_populations)}
+            stored_totals = {(r[0], r[1]): r[2:] for r in tx.execute(self._sql.all_totals)}
+            triggers = self._trigger_names(tx)
+            versions = {r[0] for r in tx.execute("SELECT version FROM schema_migrations")}
+        problems = stored_state_problems(
+            replay,
+            head=None if head is None else (head[0], head[1]),
+            populations=pops,
+            totals=stored_totals,
+            triggers=triggers,
+            required_triggers=self._REQUIRED_TRIGGERS,
+            versions=versions,
+            required_versions=[v for v, _, _ in self._MIGRATIONS],
+        )
+        return VerifyReport(not problems, problems, replay.count, replay.head, replay.charges, replay.events)
