@@ -114,6 +114,7 @@ class _Statements:
 
     @classmethod
     def build(cls, p: str) -> "_Statements":
+        """Every shared statement with ``p`` as the driver's placeholder (``?`` or ``%s``)."""
         charges = f"SELECT {', '.join(CHARGE_COLUMNS)} FROM charges"
         return cls(
             population=f"SELECT {', '.join(POPULATION_COLUMNS)} FROM populations WHERE name = {p}",
