@@ -361,6 +361,8 @@ def test_plan_round_trips_through_dict(policy):
 # --- canonical form: same meaning, same hash; different meaning, different hash ---------------------
 
 SAME = [
+    ("SELECT COUNT(*) FROM prompts WHERE week IN (3)", "SELECT COUNT(*) FROM prompts WHERE week = 3.0"),
+    ("SELECT COUNT(*) FROM prompts WHERE week NOT IN (3, 3)", "SELECT COUNT(*) FROM prompts WHERE week <> 3"),
     ("SELECT COUNT(*) FROM prompts", "select   count(*)\n  from PROMPTS ;"),
     ("SELECT COUNT(*) FROM prompts", 'SELECT COUNT(*) FROM "prompts" -- a comment'),
     ("SELECT COUNT(*) FROM prompts", "SELECT COUNT(1) FROM prompts"),

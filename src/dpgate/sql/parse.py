@@ -399,7 +399,8 @@ def _canonical_number(value: int | float) -> str:
 
 
 def _canonicalize_literals(tree: exp.Expression) -> exp.Expression:
-    """Normalise numeric literals (``1.0`` → ``1``) and sort/deduplicate IN lists, in place."""
+    """Normalise numeric literals (``1.0`` → ``1``), sort/deduplicate IN lists and turn a
+    one-element IN into ``=``, in place."""
 
     def canonical(node: exp.Expression) -> exp.Expression:
         if isinstance(node, exp.Literal) and not node.is_string:
@@ -415,6 +416,8 @@ def _canonicalize_literals(tree: exp.Expression) -> exp.Expression:
                 key = (f"{'s' if e.is_string else 'n'}:{e.this}" if isinstance(e, exp.Literal)
                        else e.sql(dialect=DIALECT))
                 items.setdefault(key, e)
+            if len(items) == 1:  # x IN (v) is x = v, NULLs included
+                return exp.EQ(this=node.this, expression=next(iter(items.values())))
             node.set("expressions", [items[k] for k in sorted(items)])  # one set: linear
             return node
         return canonical(node)
