@@ -196,6 +196,38 @@ def _toml_name(out: Path) -> str:
     return name if not name[0].isdigit() else f"d_{name}"
 
 
+
+def events_table_toml(source: str, *, k: int, m: int, keys: int, lower: float, upper: float) -> str:
+    """The policy's ``[tables.events]`` block for a synthetic data set (x at resolution 0.01)."""
+    return f"""[tables.events]
+source = "{source}"
+privacy_unit = "unit_id"
+max_groups_per_unit = {k}
+max_rows_per_unit = {m}
+
+[tables.events.columns]
+key = {{ type = "int", public_keys = "range(0, {keys})" }}
+x   = {{ type = "float", lower = {lower!r}, upper = {upper!r}, resolution = 0.01 }}
+"""
+
+
+def pums_table_toml(source: str) -> str:
+    """The policy's ``[tables.pums]`` block for a PUMS bootstrap (one row per person, k = m = 1)."""
+    return f"""[tables.pums]
+source = "{source}"
+privacy_unit = "pid"
+max_groups_per_unit = 1
+max_rows_per_unit = 1
+
+[tables.pums.columns]
+age     = {{ type = "int", lower = 0, upper = 100 }}
+sex     = {{ type = "int", public_keys = [0, 1] }}
+educ    = {{ type = "int", public_keys = "range(1, 17)" }}
+race    = {{ type = "int", public_keys = "range(1, 7)" }}
+income  = {{ type = "float", lower = 0, upper = 500000, resolution = 1 }}
+married = {{ type = "int", public_keys = [0, 1] }}
+"""
+
 def generate_synthetic(
     out: Path, *, rows: int, units: int, keys: int, seed: int = 2026, lower: float = 0.0,
     upper: float = 100.0, max_groups_per_unit: int = 1, max_rows_per_unit: int = 5,
@@ -232,16 +264,7 @@ default_query_rho = 0.01
 [allocations]
 analysts = 1.0
 
-[tables.events]
-source = "events.parquet"
-privacy_unit = "unit_id"
-max_groups_per_unit = {max_groups_per_unit}
-max_rows_per_unit = {max_rows_per_unit}
-
-[tables.events.columns]
-key = {{ type = "int", public_keys = "range(0, {keys})" }}
-x   = {{ type = "float", lower = {lower!r}, upper = {upper!r}, resolution = 0.01 }}
-"""
+{events_table_toml("events.parquet", k=max_groups_per_unit, m=max_rows_per_unit, keys=keys, lower=lower, upper=upper)}"""
     manifest = {
         "kind": "synthetic", "dataset": name, "table": "events", "rows": rows, "units": units, "keys": keys,
         "seed": seed, "lower": lower, "upper": upper, "max_groups_per_unit": max_groups_per_unit,
@@ -279,20 +302,7 @@ default_query_rho = 0.01
 [allocations]
 analysts = 1.0
 
-[tables.pums]
-source = "pums.parquet"
-privacy_unit = "pid"
-max_groups_per_unit = 1
-max_rows_per_unit = 1
-
-[tables.pums.columns]
-age     = {{ type = "int", lower = 0, upper = 100 }}
-sex     = {{ type = "int", public_keys = [0, 1] }}
-educ    = {{ type = "int", public_keys = "range(1, 17)" }}
-race    = {{ type = "int", public_keys = "range(1, 7)" }}
-income  = {{ type = "float", lower = 0, upper = 500000, resolution = 1 }}
-married = {{ type = "int", public_keys = [0, 1] }}
-"""
+{pums_table_toml("pums.parquet")}"""
     manifest = {"kind": "pums", "dataset": name, "table": "pums", "rows": rows, "units": rows, "seed": seed,
                 "source": str(SHARED_DATA / "PUMS.csv")}
     return _finish(out, name, policy, manifest, t0, progress)

@@ -41,6 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.datagen import events_table_toml, pums_table_toml
 from dpgate import accounting
 
 #: Analyst queries: name → template over ``{table}``, ``{key}`` (a public-key column), ``{x}`` (bounded).
@@ -120,20 +121,7 @@ name = "{name}"
 population = "{name}-persons"
 
 {head}
-[tables.pums]
-source = "{(data / 'pums.parquet').resolve()}"
-privacy_unit = "pid"
-max_groups_per_unit = 1
-max_rows_per_unit = 1
-
-[tables.pums.columns]
-age     = {{ type = "int", lower = 0, upper = 100 }}
-sex     = {{ type = "int", public_keys = [0, 1] }}
-educ    = {{ type = "int", public_keys = "range(1, 17)" }}
-race    = {{ type = "int", public_keys = "range(1, 7)" }}
-income  = {{ type = "float", lower = 0, upper = 500000, resolution = 1 }}
-married = {{ type = "int", public_keys = [0, 1] }}
-""")
+{pums_table_toml(str((data / 'pums.parquet').resolve()))}""")
         out.append({"dataset": name, "kind": kind, "k": 1, "m": 1, "rows": manifest["rows"],
                     "units": manifest["units"], "table": "pums"})
         return out
@@ -145,16 +133,8 @@ name = "{name}"
 population = "{name}-units"
 
 {head}
-[tables.events]
-source = "{(data / 'events.parquet').resolve()}"
-privacy_unit = "unit_id"
-max_groups_per_unit = {k}
-max_rows_per_unit = {m}
-
-[tables.events.columns]
-key = {{ type = "int", public_keys = "range(0, {manifest['keys']})" }}
-x   = {{ type = "float", lower = {manifest['lower']!r}, upper = {manifest['upper']!r}, resolution = 0.01 }}
-""")
+{events_table_toml(str((data / 'events.parquet').resolve()), k=k, m=m, keys=manifest['keys'],
+                    lower=manifest['lower'], upper=manifest['upper'])}""")
         out.append({"dataset": name, "kind": kind, "k": k, "m": m, "rows": manifest["rows"],
                     "units": manifest["units"], "table": "events", "keys": manifest["keys"]})
     return out

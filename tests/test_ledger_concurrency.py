@@ -64,8 +64,11 @@ def test_processes_charge_exactly_the_budget(tmp_path):
     led.close()
 
 
-def test_threads_asking_half_the_cap(tmp_path):
-    led = open_ledger(f"sqlite:///{tmp_path / 'ledger.sqlite'}")
+def threads_asking_half_the_cap(led) -> None:
+    """8 threads each ask for half of a ρ_cap = 0.5 budget at once: exactly 2 succeed.
+
+    Shared by the SQLite test below and the PostgreSQL one (tests/test_ledger_postgres.py).
+    """
     led.ensure_population("p", rho_cap=0.5, delta=DELTA, allocations={})
     barrier = threading.Barrier(8)
     outcomes: list[bool] = []
@@ -89,6 +92,11 @@ def test_threads_asking_half_the_cap(tmp_path):
     assert sorted(outcomes) == [False] * 6 + [True] * 2
     assert led.spend("p").spent_rho == 0.5
     assert led.verify().ok
+
+
+def test_threads_asking_half_the_cap(tmp_path):
+    led = open_ledger(f"sqlite:///{tmp_path / 'ledger.sqlite'}")
+    threads_asking_half_the_cap(led)
     led.close()
 
 

@@ -57,7 +57,7 @@ from test_ledger import (  # noqa: E402,F401  (collected here again, with this m
     test_spend_report_is_json_ready,
     test_unknown_population_and_consumer,
 )
-from test_ledger_concurrency import _LOOP, _charge_worker  # noqa: E402
+from test_ledger_concurrency import _LOOP, _charge_worker, threads_asking_half_the_cap  # noqa: E402
 
 from dpgate.accounting import Cost  # noqa: E402
 from dpgate.errors import BudgetExhausted, InvalidRequest, LedgerError, NotFound  # noqa: E402
@@ -518,29 +518,7 @@ def test_two_replicas_interleaving_share_one_budget_and_chain(pg_url):
 
 
 def test_threads_asking_half_the_cap(pg_ledger):
-    pg_ledger.ensure_population("p", rho_cap=0.5, delta=DELTA, allocations={})
-    barrier = threading.Barrier(8)
-    outcomes: list[bool] = []
-    lock = threading.Lock()
-
-    def go(i: int) -> None:
-        barrier.wait()
-        try:
-            pg_ledger.charge("p", f"t{i}", Cost.zcdp(0.25), purpose="half the cap")
-            ok = True
-        except BudgetExhausted:
-            ok = False
-        with lock:
-            outcomes.append(ok)
-
-    threads = [threading.Thread(target=go, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert sorted(outcomes) == [False] * 6 + [True] * 2
-    assert pg_ledger.spend("p").spent_rho == 0.5
-    assert pg_ledger.verify().ok
+    threads_asking_half_the_cap(pg_ledger)
 
 
 def test_lock_timeout_is_a_ledger_error_and_writes_nothing(pg_url):

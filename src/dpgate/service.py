@@ -248,37 +248,37 @@ class Gateway:
                                 {"mechanism": mech})
         return mech
 
-    def _calibrate(self, policy: DatasetPolicy, plan: QueryPlan, mech: str, budget: QueryBudget | None):
-        """Return (calibration, resolved budget dict, sensitivities)."""
+    @staticmethod
+    def _resolve_budget(policy: DatasetPolicy, mech: str, budget: QueryBudget | None) -> dict[str, Any]:
+        """The budget as it enters the cache key: ``{ci95}``, ``{rho}`` or ``{epsilon[, delta]}``.
+
+        Cheap (no calibration), so that a cache hit does no privacy arithmetic.
+        """
+        budget = budget or QueryBudget()
+        if budget.ci95 is not None:
+            return {"ci95": float(budget.ci95)}
+        if budget.epsilon is not None:
+            if mech == "gaussian":  # a standalone (ε, δ) guarantee at the cap's δ
+                return {"epsilon": float(budget.epsilon), "delta": policy.budget.delta}
+            return {"epsilon": float(budget.epsilon)}
+        rho = budget.rho if budget.rho is not None else policy.budget.default_query_rho
+        return {"rho": float(rho)}
+
+    def _calibrate(self, policy: DatasetPolicy, plan: QueryPlan, mech: str, resolved: Mapping[str, Any]):
+        """Return (calibration, sensitivities) for a resolved budget (see :meth:`_resolve_budget`)."""
         sens = sensitivities(plan, policy)
         pairs = {pid: (s.l1, s.l2) for pid, s in sens.items()}
-        budget = budget or QueryBudget()
-        delta = policy.budget.delta
-        if budget.ci95 is not None:
-            scales = {}
-            for p in plan.primitives:
-                unit = _output_unit(policy, plan, p.id)
-                scales[p.id] = sigma_for_ci95(mech, budget.ci95 / unit)
-            cal = calibrate(pairs, mechanism=mech, scales=scales)
-            resolved = {"ci95": float(budget.ci95)}
-        elif mech == "gaussian":
-            if budget.epsilon is not None:
-                rho = accounting.rho_for_cap(budget.epsilon, delta, "tight")
-                resolved = {"epsilon": float(budget.epsilon), "delta": delta}
-            else:
-                rho = budget.rho if budget.rho is not None else policy.budget.default_query_rho
-                resolved = {"rho": float(rho)}
-            cal = calibrate(pairs, mechanism=mech, rho=rho)
-        else:  # laplace: pure ε; a ρ budget buys ε = √(2ρ) (ε-DP ⇒ ε²/2-zCDP, Bun–Steinke 2016 Prop. 1.4)
-            if budget.epsilon is not None:
-                eps = budget.epsilon
-                resolved = {"epsilon": float(eps)}
-            else:
-                rho = budget.rho if budget.rho is not None else policy.budget.default_query_rho
-                eps = math.sqrt(2.0 * rho)
-                resolved = {"rho": float(rho)}
-            cal = calibrate(pairs, mechanism=mech, epsilon=eps)
-        return cal, resolved, sens
+        if "ci95" in resolved:
+            scales = {p.id: sigma_for_ci95(mech, resolved["ci95"] / _output_unit(policy, plan, p.id))
+                      for p in plan.primitives}
+            return calibrate(pairs, mechanism=mech, scales=scales), sens
+        if mech == "gaussian":
+            rho = (accounting.rho_for_cap(resolved["epsilon"], resolved["delta"], "tight")
+                   if "epsilon" in resolved else resolved["rho"])
+            return calibrate(pairs, mechanism=mech, rho=rho), sens
+        # laplace: pure ε; a ρ budget buys ε = √(2ρ) (ε-DP ⇒ ε²/2-zCDP, Bun–Steinke 2016 Prop. 1.4)
+        eps = resolved["epsilon"] if "epsilon" in resolved else math.sqrt(2.0 * resolved["rho"])
+        return calibrate(pairs, mechanism=mech, epsilon=eps), sens
 
     # ----------------------------------------------------------------- explain
 
@@ -291,7 +291,8 @@ class Gateway:
         """
         policy, plan = self._plan(dataset, sql)
         mech = self._mechanism(policy, mechanism)
-        cal, resolved, sens = self._calibrate(policy, plan, mech, budget)
+        resolved = self._resolve_budget(policy, mech, budget)
+        cal, sens = self._calibrate(policy, plan, mech, resolved)
         delta = policy.budget.delta
         return {
             "dataset": dataset,
@@ -344,7 +345,7 @@ class Gateway:
         """
         policy, plan = self._plan(dataset, sql)
         mech = self._mechanism(policy, mechanism)
-        cal, resolved, _ = self._calibrate(policy, plan, mech, budget)
+        resolved = self._resolve_budget(policy, mech, budget)
         version = self.data_versions[dataset]
         # Two keys: ``noise_key`` names the noisy primitives (what is charged and noised:
         # table, filter, grouping, primitives, bounds, budget, mechanism, data version);
@@ -358,8 +359,9 @@ class Gateway:
             hit = self.release_store.find(key) or self.release_store.find(noise_key)
             if hit is not None:
                 return self._serve(hit, policy, plan, key, display)
-            # Bind the rewrite before charging (reads no data): a query DuckDB refuses
-            # whatever the data costs nothing.
+            # Calibrate and bind the rewrite before charging (reads no data): a query
+            # DuckDB refuses whatever the data costs nothing.
+            cal, _ = self._calibrate(policy, plan, mech, resolved)
             self.engine.check(bounded_sql(plan, policy, salt=0))
             # A key whose charged computation failed in this process is charged afresh
             # (the failed charge stays; nothing is refunded) instead of waiting for it.
