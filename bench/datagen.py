@@ -51,7 +51,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from dpgate.sample_data import categorical, counter_uniform
+from dpgate.sample_data import counter_uniform
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "smartnoise"

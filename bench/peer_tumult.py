@@ -45,7 +45,7 @@ def _spark():
 def _queries(ta, ds: dict, query: str, rho: float):
     """(query, budget) pairs making up one benchmark query."""
     QB, KeySet = ta.QueryBuilder, ta.KeySet
-    unit, key, x, k, m = ds["unit"], ds["key"], ds["x"], ds["k"], ds["m"]
+    key, x, k, m = ds["key"], ds["x"], ds["k"], ds["m"]
     keys = KeySet.from_dict({key: list(ds["keys"])})
 
     def grouped():

@@ -12,7 +12,6 @@ import threading
 from pathlib import Path
 
 import duckdb
-import numpy as np
 import pytest
 
 from dpgate import accounting
