@@ -124,7 +124,8 @@ def test_role_table():
 
 def test_keys_cli_add_list_revoke(tmp_path, capsys):
     home = str(tmp_path / "state")
-    assert main(["keys", "add", "carol", "--role", "analyst", "--consumer", "analysts", "--home", home, "--json"]) == 0
+    assert main(["keys", "add", "carol", "--role", "analyst", "--consumer", "analysts", "--home", home, "--json",
+                 "--no-consumer-check"]) == 0
     created = json.loads(capsys.readouterr().out)
     key = created["key"]
     store = KeyStore(tmp_path / "state" / "keys.json")
@@ -139,8 +140,10 @@ def test_keys_cli_add_list_revoke(tmp_path, capsys):
     with pytest.raises(Unauthenticated):
         store.authenticate(key)
 
-    # an unknown key name is the documented error shape on stderr, exit status 2
-    assert main(["keys", "revoke", "nobody", "--home", home]) == 2
+    # an unknown key name: one sentence on stderr (the documented error shape with --json), exit 4
+    assert main(["keys", "revoke", "nobody", "--home", home]) == 4
+    assert capsys.readouterr().err == "dpgate: error: no active API key named 'nobody' [not_found]\n"
+    assert main(["keys", "revoke", "nobody", "--home", home, "--json"]) == 4
     err = json.loads(capsys.readouterr().err)
     assert err["error"]["code"] == "not_found"
 
