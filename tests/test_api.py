@@ -355,6 +355,9 @@ def test_external_charges(server, keys):
         ]
         for bad in bad_curves:
             assert_error(admin.post("/v1/ledger/charges", json=bad), 400, "invalid_request")
+        # an admin names the consumer that pays
+        no_consumer = {k: v for k, v in charge.items() if k != "consumer"}
+        assert_error(admin.post("/v1/ledger/charges", json=no_consumer), 400, "invalid_request")
         r = admin.post("/v1/ledger/charges", json={**charge, "curve": [0.1, 0.2], "orders": [2.0, 3.0]})
         assert_error(r, 400, "invalid_budget")  # not the ledger's grid
 
@@ -364,6 +367,11 @@ def test_external_charges(server, keys):
         assert r.status_code == 201, r.text
         assert r.json()["rho"] == pytest.approx(0.005, rel=1e-12)
         assert_error(service.post("/v1/ledger/charges", json={**ok, "consumer": "dashboard"}), 403, "forbidden")
+        # the consumer comes from the service key: it may be left out of the body
+        implicit = {k: v for k, v in ok.items() if k != "consumer"}
+        r = service.post("/v1/ledger/charges", json=implicit)
+        assert r.status_code == 201, r.text
+        assert r.json()["consumer"] == "analysts"
         assert_error(service.post("/v1/queries", json={"dataset": "usage", "sql": "SELECT COUNT(*) FROM prompts"}), 403, "forbidden")
     with server.client(keys["analyst"]) as analyst:
         assert_error(analyst.post("/v1/ledger/charges", json=charge), 403, "forbidden")

@@ -151,3 +151,39 @@ def test_keys_cli_add_list_revoke(tmp_path, capsys):
     assert main(["keys", "add", "dash", "--role", "dashboard", "--home", home]) == 0
     out = capsys.readouterr().out
     assert out.count("dpg_") == 1
+
+
+@pytest.mark.parametrize("role", ["service", "analyst"])
+def test_a_hand_edited_spending_key_without_a_consumer_is_refused_at_load(store, role):
+    """Issue 9 item 14: such a key could otherwise charge whatever consumer a request names."""
+    key, _ = store.add("trainer", role=role, consumer="analysts")
+    raw = json.loads(store.path.read_text())
+    raw["keys"][0].pop("consumer")  # the hand edit
+    store.path.write_text(json.dumps(raw))
+    fresh = KeyStore(store.path)
+    with pytest.raises(PolicyError, match=f"'trainer'.* {role} key without a consumer") as refused:
+        fresh.authenticate(key)
+    assert "--consumer C" in refused.value.message
+    raw["keys"][0]["consumer"] = None
+    store.path.write_text(json.dumps(raw))
+    with pytest.raises(PolicyError, match="without a consumer"):
+        KeyStore(store.path).records()
+    raw["keys"][0]["consumer"] = "bad name!"
+    store.path.write_text(json.dumps(raw))
+    with pytest.raises(PolicyError, match="invalid consumer name"):
+        KeyStore(store.path).records()
+
+
+def test_dashboard_and_admin_keys_need_no_consumer(store):
+    store.add("wall", role="dashboard")
+    key, _ = store.add("root", role="admin")
+    assert KeyStore(store.path).authenticate(key).consumer is None
+
+
+def test_a_revoked_key_is_told_so(store):
+    key, _ = store.add("old-laptop", role="analyst", consumer="analysts")
+    store.revoke("old-laptop")
+    with pytest.raises(Unauthenticated, match="'old-laptop' was revoked at .*ask an admin for a new key"):
+        store.authenticate(key)
+    with pytest.raises(Unauthenticated, match="no key with this id and secret"):
+        store.authenticate(key[:-2] + ("AA" if not key.endswith("AA") else "BB"))

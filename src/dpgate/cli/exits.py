@@ -57,7 +57,7 @@ MEANINGS: tuple[tuple[int, str], ...] = (
                     "the bind address is taken"),
     (FAILED, "failed while running: `execution_error`, `mechanism_error`, `internal` (a charge, if any, stays)"),
     (INTERRUPTED, "interrupted (Ctrl-C)"),
-    (BROKEN_PIPE, "the output pipe was closed (e.g. `| head`)"),
+    (BROKEN_PIPE, "the output pipe was closed (e.g. piped into `head`)"),
 )
 
 

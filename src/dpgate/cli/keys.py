@@ -24,8 +24,15 @@ def known_consumers(policies: Path) -> set[str] | None:
     None when some policy has no ``[allocations]`` (its population is open to any
     consumer). Raises PolicyError when the folder is missing or a policy is invalid.
     """
+    from dpgate.errors import PolicyError
     from dpgate.policy import load_policies
 
+    if not Path(policies).is_dir():
+        raise PolicyError(
+            f"cannot check --consumer: policies folder {str(policies)!r} does not exist; pass --policies DIR "
+            "(or --no-consumer-check for a key made before its policy)",
+            {"policies": str(policies)},
+        )
     names: set[str] = set()
     for policy in load_policies(policies).values():
         if not policy.allocations:
