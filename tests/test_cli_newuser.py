@@ -348,12 +348,17 @@ def test_every_settings_flag_reaches_its_setting(tmp_path):
     values = {"policies": "p", "home": "h", "ledger_url": "sqlite:///x", "host": "::1", "port": "8123",
               "keys_file": "k.json", "query_timeout_s": "7.5", "max_body_bytes": "1000",
               "duckdb_memory_limit": "1GB", "duckdb_threads": "3"}
+    serve = parser._subparsers._group_actions[0].choices["serve"]  # the `dpgate serve` parser
     argv = ["serve"]
     for name in Settings.model_fields:
         flag = setting_flag(name)
         if flag is None:
             continue
-        argv += [flag, values[name]]
+        # every flag named in the README's table exists on `dpgate serve` and lands in its setting
+        assert flag in serve._option_string_actions, f"dpgate serve has no {flag} (setting {name})"
+        assert serve._option_string_actions[flag].dest == flag.lstrip("-").replace("-", "_")
+        if name in values:
+            argv += [flag, values[name]]
     settings = settings_from_args(parser.parse_args(argv))
     assert settings.port == 8123 and settings.query_timeout_s == 7.5 and settings.max_body_bytes == 1000
     assert str(settings.keys_file) == "k.json" and settings.duckdb_threads == 3
