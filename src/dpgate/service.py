@@ -30,7 +30,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, ClassVar, Mapping
 
 import numpy as np
 from dpgate import accounting
@@ -64,34 +64,70 @@ PENDING_RELEASE_WAIT_S = 60.0
 class QueryBudget:
     """The budget a query asks for; at most one field is set (none: the policy's default).
 
+    The one validator of requested budgets: the HTTP API (``budget`` in a query
+    body, via :meth:`from_request`) and the CLI (``--rho``/``--epsilon``/``--ci95``)
+    both build one, so both refuse the same values with the same error.
+
     Attributes:
-        rho: total zCDP ρ of this release (summed over its noisy primitives).
+        rho: total zCDP ρ of this release (summed over its noisy primitives);
+            finite, > 0, at most :attr:`MAX_RHO`.
         epsilon: a standalone (ε, δ) guarantee for this release at the cap's δ,
             turned into ρ by the tight zCDP conversion (Canonne–Kamath–Steinke
-            2020); for the Laplace mechanism the pure ε of the release.
-        ci95: target 95 % interval half-width of each noisy primitive, in the
-            primitive's output units (rows for counts, column units for sums).
+            2020); for the Laplace mechanism the pure ε of the release; finite,
+            > 0, at most :attr:`MAX_EPSILON`.
+        ci95: target 95 % interval half-width of each released cell, in the
+            cell's units (rows for counts, column units for sums); finite, > 0,
+            at most :attr:`MAX_CI95`.
 
     Raises:
         InvalidBudget: more than one field set, or a value that is not a finite
-            positive number.
+            positive number within its limit.
     """
+
+    #: Largest ρ a query may name (per release; far above any sane cap).
+    MAX_RHO: ClassVar[float] = 1e4
+    #: Largest ε a query may name (per release).
+    MAX_EPSILON: ClassVar[float] = 1e4
+    #: Largest ci95 half-width a query may name (output units).
+    MAX_CI95: ClassVar[float] = 1e15
+    #: The budget fields, in the order documented.
+    FIELDS: ClassVar[tuple[str, ...]] = ("rho", "epsilon", "ci95")
 
     rho: float | None = None
     epsilon: float | None = None
     ci95: float | None = None
 
     def __post_init__(self) -> None:
-        given = {k: v for k, v in (("rho", self.rho), ("epsilon", self.epsilon), ("ci95", self.ci95)) if v is not None}
+        given = {k: getattr(self, k) for k in self.FIELDS if getattr(self, k) is not None}
         if len(given) > 1:
-            raise InvalidBudget("give at most one of rho, epsilon, ci95", {"given": sorted(given)})
+            raise InvalidBudget(
+                f"a budget names one of rho, epsilon, ci95, not {' and '.join(given)}", {"given": list(given)}
+            )
+        limits = {"rho": self.MAX_RHO, "epsilon": self.MAX_EPSILON, "ci95": self.MAX_CI95}
         for name, value in given.items():
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise InvalidBudget(f"budget {name} must be a number", {"field": name})
             if not math.isfinite(value) or value <= 0:
-                raise InvalidBudget(f"budget {name} must be a finite positive number", {"field": name})
-            if value > 1e6:
-                raise InvalidBudget(f"budget {name} is implausibly large (> 1e6)", {"field": name})
+                raise InvalidBudget(f"budget {name} must be a finite number > 0", {"field": name})
+            if value > limits[name]:
+                raise InvalidBudget(
+                    f"budget {name} must be at most {limits[name]:g}", {"field": name, "max": limits[name]}
+                )
+
+    @classmethod
+    def from_request(cls, fields: Mapping[str, Any]) -> "QueryBudget":
+        """The budget of a request body's ``budget`` object: exactly one of rho, epsilon, ci95.
+
+        Raises:
+            InvalidBudget: none or several named, or a value :class:`QueryBudget` refuses.
+        """
+        given = {k: v for k, v in fields.items() if v is not None}
+        if not given:
+            raise InvalidBudget(
+                "budget names none of rho, epsilon, ci95 (omit budget for the policy's default_query_rho)",
+                {"given": []},
+            )
+        return cls(**given)
 
 
 def _now() -> str:
@@ -189,7 +225,7 @@ class Gateway:
         try:
             return self.policies[dataset]
         except KeyError:
-            raise UnknownDataset(f"unknown dataset {dataset!r}", {"dataset": dataset}) from None
+            raise UnknownDataset.named(dataset, self.policies) from None
 
     def population_of(self, dataset: str) -> str:
         """The population (ledger key) whose budget ``dataset`` spends."""

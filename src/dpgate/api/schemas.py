@@ -18,14 +18,18 @@ the noise on each released count/sum, in the column's units.
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, model_validator
+from pydantic_core import PydanticCustomError
+
+from dpgate.errors import did_you_mean
+from dpgate.service import QueryBudget
 
 #: Largest ρ or ε a request may name (anything near it is refused by any sane cap anyway).
-MAX_PRIVACY_PARAMETER = 1e4
+MAX_PRIVACY_PARAMETER = QueryBudget.MAX_RHO
 #: Largest ci95 half-width a request may name.
-MAX_CI95 = 1e15
+MAX_CI95 = QueryBudget.MAX_CI95
 #: Longest SQL text accepted.
 MAX_SQL_CHARS = 20_000
 #: Most RDP orders in an external curve.
@@ -52,9 +56,31 @@ CurveValue = Annotated[float, BeforeValidator(_infinity_from_text), Field(ge=0)]
 
 
 class RequestModel(BaseModel):
-    """Base of request bodies: strict types, unknown fields refused."""
+    """Base of request bodies: strict types, unknown fields refused.
+
+    An unknown field is refused with a message that names the fields the object
+    accepts and the closest one (``budjet`` → did you mean ``budget``?).
+    """
 
     model_config = ConfigDict(strict=True, extra="forbid")
+
+    #: Extra words for particular unknown fields (why the field does not exist).
+    field_hints: ClassVar[dict[str, str]] = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_fields(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            allowed = list(cls.model_fields)
+            unknown = [k for k in data if k not in cls.model_fields]
+            if unknown:
+                first = str(unknown[0])
+                hint = cls.field_hints.get(first) or did_you_mean(first, allowed).strip(" ()")
+                more = f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""
+                message = f"unknown field {first!r}{more}" + (f": {hint}" if hint else "")
+                message += f"; expected: {', '.join(allowed)}"
+                raise PydanticCustomError("extra_forbidden", "{message}", {"message": message})
+        return data
 
 
 class ResponseModel(BaseModel):
@@ -70,6 +96,12 @@ Number = float | Literal["inf", "-inf", "nan"]
 # --- requests --------------------------------------------------------------------------
 
 
+def _budget_field(maximum: float, what: str) -> Any:
+    """A budget number: typed here, validated by :class:`~dpgate.service.QueryBudget` (one
+    validator for HTTP and CLI); the limits are published in the OpenAPI schema."""
+    return Field(default=None, description=what, json_schema_extra={"exclusiveMinimum": 0, "maximum": maximum})
+
+
 class BudgetRequest(RequestModel):
     """The privacy budget of one release: exactly one of ``rho``, ``epsilon``, ``ci95``.
 
@@ -81,18 +113,19 @@ class BudgetRequest(RequestModel):
       Steinke 2020, Cor. 13; Laplace: the release's pure ε.
     * ``ci95`` — the 95 % half-width wanted on each noisy count/sum, in output
       units; the gateway derives the noise scale and charges the implied cost.
+
+    Values are checked by :class:`dpgate.service.QueryBudget` (the CLI's
+    validator too): a value that is not a finite number in (0, max], or a budget
+    naming none or several, is 400 ``invalid_budget``.
     """
 
-    rho: PositiveParameter | None = None
-    epsilon: PositiveParameter | None = None
-    ci95: Annotated[float, Field(gt=0, le=MAX_CI95, allow_inf_nan=False)] | None = None
+    rho: float | None = _budget_field(QueryBudget.MAX_RHO, "zCDP ρ of this release")
+    epsilon: float | None = _budget_field(QueryBudget.MAX_EPSILON, "ε of this release at the cap's δ (pure ε for Laplace)")
+    ci95: float | None = _budget_field(QueryBudget.MAX_CI95, "95 % half-width wanted on each released cell")
 
-    @model_validator(mode="after")
-    def _exactly_one(self) -> "BudgetRequest":
-        named = [k for k in ("rho", "epsilon", "ci95") if getattr(self, k) is not None]
-        if len(named) != 1:
-            raise ValueError("budget must name exactly one of rho, epsilon, ci95")
-        return self
+    def to_query_budget(self) -> QueryBudget:
+        """The validated :class:`~dpgate.service.QueryBudget`; raises InvalidBudget."""
+        return QueryBudget.from_request({"rho": self.rho, "epsilon": self.epsilon, "ci95": self.ci95})
 
 
 class QueryRequest(RequestModel):
@@ -100,6 +133,10 @@ class QueryRequest(RequestModel):
 
     The consumer whose allocation pays is the API key's, never a field of the body.
     """
+
+    field_hints: ClassVar[dict[str, str]] = {
+        "consumer": "the consumer (allocation that pays) comes from the API key, never from the request",
+    }
 
     dataset: DatasetName
     sql: Annotated[str, StringConstraints(min_length=1, max_length=MAX_SQL_CHARS)]
@@ -122,7 +159,9 @@ class ExternalChargeRequest(RequestModel):
     """
 
     population: Name
-    consumer: Name
+    consumer: Name | None = Field(
+        default=None, description="who pays: required with an admin key; a service key's own consumer otherwise"
+    )
     kind: Literal["rdp", "gaussian", "zcdp"] = "rdp"
     curve: Annotated[list[CurveValue], Field(min_length=1, max_length=MAX_CURVE_POINTS)] | None = None
     orders: Annotated[list[Order], Field(min_length=1, max_length=MAX_CURVE_POINTS)] | None = None
@@ -275,9 +314,10 @@ class Amount(ResponseModel):
 
 
 class ConsumerSpend(ResponseModel):
-    """One allocation's spend (totals)."""
+    """One allocation's spend (totals). ``share`` is null for a consumer of a population
+    without ``[allocations]`` (any consumer may spend up to the whole cap)."""
 
-    share: float
+    share: float | None = Field(description="share of the cap's ρ; null: no allocations (the whole cap)")
     cap_rho: Number
     spent_rho: Number
     spent_epsilon: Number

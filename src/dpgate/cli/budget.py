@@ -36,7 +36,7 @@ def run(args: argparse.Namespace, settings) -> int:
 
     policies = load_policies(settings.policies)
     if args.dataset not in policies:
-        raise UnknownDataset(f"unknown dataset {args.dataset!r}", {"dataset": args.dataset})
+        raise UnknownDataset.named(args.dataset, policies)
     policy = policies[args.dataset]
     settings.home.mkdir(parents=True, exist_ok=True)
     ledger = open_ledger(settings.resolved_ledger_url())

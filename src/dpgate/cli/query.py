@@ -2,6 +2,10 @@
 
 Runs one query in-process (no HTTP): charges the consumer's allocation, prints
 the released table with ± 95 % intervals, the charge and the remaining budget.
+With ``--json`` it prints the release document exactly as ``POST /v1/queries``
+answers it (``dpgate budget NAME --json`` gives the spend). The budget flags go
+through the same validator as the HTTP API's ``budget``
+(:class:`dpgate.service.QueryBudget`).
 """
 
 from __future__ import annotations
@@ -55,9 +59,9 @@ def run(args: argparse.Namespace, settings) -> int:
     with Gateway.open(settings, progress=None if args.json else print) as gw:
         release = gw.query(args.dataset, args.sql, consumer=args.consumer, budget=budget,
                            mechanism=args.mechanism)
-        report = gw.budget(args.dataset)
+        report = None if args.json else gw.budget(args.dataset)
     if args.json:
-        print_json({"release": release, "budget": report})
+        print_json(release)  # the same document as the HTTP API's answer
         return 0
     format_release(release)
     charge = release.get("charge")
