@@ -22,6 +22,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, model_validator
 
+from dpgate.policy import MECHANISMS
+
 #: Largest ρ or ε a request may name (anything near it is refused by any sane cap anyway).
 MAX_PRIVACY_PARAMETER = 1e4
 #: Largest ci95 half-width a request may name.
@@ -65,6 +67,8 @@ class ResponseModel(BaseModel):
 
 #: A number in a response; non-finite values are the strings "inf", "-inf" or "nan".
 Number = float | Literal["inf", "-inf", "nan"]
+#: The mechanisms a request may name (the one list: :data:`dpgate.policy.MECHANISMS`).
+MechanismChoice = Literal[tuple(MECHANISMS)]
 
 
 # --- requests --------------------------------------------------------------------------
@@ -106,7 +110,7 @@ class QueryRequest(RequestModel):
     budget: BudgetRequest | None = Field(
         default=None, description="per-release budget; the dataset's default_query_rho when absent"
     )
-    mechanism: Literal["gaussian", "laplace"] | None = Field(
+    mechanism: MechanismChoice | None = Field(
         default=None, description="noise mechanism; the dataset's policy default when absent"
     )
 
