@@ -174,6 +174,16 @@ def test_calibrate_too_much_noise_for_64_bits():
         calibrate({"p0": (1e12, 1e12)}, mechanism="gaussian", rho=1e-12)
 
 
+@pytest.mark.parametrize("kwargs", [dict(mechanism="gaussian", rho=5e-324),
+                                    dict(mechanism="laplace", epsilon=5e-324),
+                                    dict(mechanism="laplace", epsilon=1e-310)])
+def test_a_subnormal_budget_is_too_small_not_an_internal_error(kwargs):
+    # Split over two primitives, 5e-324 underflows to 0 (a ZeroDivisionError or ValueError
+    # once, a 500); a vanishing budget is the request's fault: 400 invalid_budget.
+    with pytest.raises(InvalidBudget, match="too small"):
+        calibrate({"p0": (1.0, 1.0), "p1": (3.0, 3.0)}, **kwargs)
+
+
 def test_privacy_map_disagreement_is_an_error(monkeypatch):
     # If our formula and OpenDP's map ever disagree, calibration must refuse.
     monkeypatch.setattr(mechanisms, "_formula", lambda mech, d, s: 2 * d * d / (2 * s * s))

@@ -184,14 +184,36 @@ def _check_scale(pid: str, scale: float) -> float:
     if not math.isfinite(s) or s <= 0:
         raise MechanismError(f"noise scale of primitive {pid!r} must be finite and > 0, got {scale!r}")
     if s > MAX_SCALE:
-        # a budget so small that the noise would not fit: the request is at fault (400)
-        raise InvalidBudget(
-            f"the budget is too small: noise scale {s:.4g} (integer units) of primitive {pid!r} "
-            "exceeds 2^52, beyond what 64-bit integer noise can carry; raise the budget, coarsen "
-            "the column's resolution or tighten its bounds",
-            {"primitive": pid, "scale": s, "max_scale": MAX_SCALE},
-        )
+        raise _budget_too_small(pid, s)
     return s
+
+
+def _budget_too_small(pid: str, scale: float) -> InvalidBudget:
+    # a budget so small that the noise would not fit: the request is at fault (400)
+    return InvalidBudget(
+        f"the budget is too small: noise scale {scale:.4g} (integer units) of primitive {pid!r} "
+        "exceeds 2^52, beyond what 64-bit integer noise can carry; raise the budget, coarsen "
+        "the column's resolution or tighten its bounds",
+        {"primitive": pid, "scale": scale if math.isfinite(scale) else None, "max_scale": MAX_SCALE},
+    )
+
+
+def _scale_for_share(gaussian: bool, pid: str, d_in: float, share: float) -> float:
+    """σ = Δ2/√(2ρ_i) or b = Δ1/ε_i for one primitive's share of the budget.
+
+    A share so small that it underflows (a subnormal budget split n ways) or that the
+    scale overflows is a budget too small (400), not an internal error.
+    """
+    if not share > 0:
+        raise _budget_too_small(pid, math.inf)
+    with np.errstate(all="ignore"):
+        try:
+            s = accounting.gaussian_sigma(d_in, share) if gaussian else d_in / share
+        except (ValueError, ZeroDivisionError, OverflowError):
+            s = math.inf
+    if not math.isfinite(s):
+        raise _budget_too_small(pid, s)
+    return _check_scale(pid, s)
 
 
 def _certify(mech: MechanismName, pid: str, d_in: float, scale: float, share: float) -> tuple[float, float]:
@@ -345,7 +367,7 @@ def calibrate(
             out_scales[pid], costs[pid] = 0.0, 0.0
             continue
         if scales is None:
-            s = _check_scale(pid, accounting.gaussian_sigma(d, share) if gaussian else d / share)
+            s = _scale_for_share(gaussian, pid, d, share)
             s, mapped = _certify(mech, pid, d, s, share)
         else:
             s = _check_scale(pid, scales[pid])

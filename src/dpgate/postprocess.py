@@ -61,7 +61,7 @@ from dpgate.errors import Internal
 from dpgate.policy import DatasetPolicy, TablePolicy
 from dpgate.sql.plan import FUNCTION_PRIMITIVES, AggregateOutput, KeyOutput, QueryPlan, evaluate_predicate
 
-__all__ = ["ReleasedTable", "finalize"]
+__all__ = ["ReleasedTable", "finalize", "output_unit"]
 
 _COUNTS = ("count", "count_column", "count_distinct_unit")
 
@@ -146,11 +146,7 @@ def _finalize(plan, policy, keys, noisy, scales, halfwidths, mechanism, resoluti
     for p in plan.primitives:
         if p.id not in noisy or p.id not in scales or p.id not in halfwidths:
             raise Internal(f"post-processing is missing primitive {p.id!r}")
-        unit = 1.0
-        if p.kind == "sum":
-            unit = float(res(p.column))
-        elif p.kind == "sum_squares":
-            unit = float(res(p.column)) ** 2
+        unit = output_unit(p.kind, res(p.column) if p.column else None)
         raw = np.asarray(noisy[p.id])
         prim[p.id] = (raw.astype(np.float64) * unit, float(scales[p.id]) * unit, float(halfwidths[p.id]) * unit)
 
@@ -214,6 +210,25 @@ def _finite_json(value: Any) -> Any:
     if isinstance(value, (float, np.floating)) and not math.isfinite(value):
         return None
     return value
+
+
+def output_unit(kind: str, resolution: float | None) -> float:
+    """Size of one integer unit of a primitive in output units (the one definition).
+
+    Args:
+        kind: the primitive's kind (:data:`~dpgate.sql.plan.PrimitiveKind`).
+        resolution: its column's resolution (ignored for counts; None counts as 1).
+
+    Returns:
+        1 for counts (rows, units), ``resolution`` for a fixed-point ``sum``,
+        ``resolution²`` for a ``sum_squares``.
+    """
+    r = 1.0 if resolution is None else float(resolution)
+    if kind == "sum":
+        return r
+    if kind == "sum_squares":
+        return r * r
+    return 1.0
 
 
 def _row_count(plan: QueryPlan, keys: Mapping[str, np.ndarray], noisy: Mapping[str, np.ndarray]) -> int:

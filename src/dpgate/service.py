@@ -47,7 +47,7 @@ from dpgate.errors import (
 from dpgate.ledger import Ledger, open_ledger
 from dpgate.mechanisms import calibrate, ci95_halfwidth, sample, sigma_for_ci95
 from dpgate.policy import MECHANISMS, DatasetPolicy, load_policies
-from dpgate.postprocess import finalize
+from dpgate.postprocess import finalize, output_unit
 from dpgate.releases import Release, ReleaseStore, SqliteReleaseStore, cache_key
 from dpgate.sensitivity import primitive_linf, sensitivities
 from dpgate.settings import Settings
@@ -612,10 +612,7 @@ def check_representable(plan: QueryPlan, policy: DatasetPolicy) -> None:
 def _output_unit(policy: DatasetPolicy, plan: QueryPlan, primitive_id: str) -> float:
     """Size of one integer unit of a primitive in output units (1 for counts)."""
     p = plan.primitive(primitive_id)
-    if p.kind in ("sum", "sum_squares"):
-        res = policy.table(plan.table).column(p.column).resolution or 1.0
-        return res if p.kind == "sum" else res * res
-    return 1.0
+    return output_unit(p.kind, policy.table(plan.table).column(p.column).resolution if p.column else None)
 
 
 def _primitive_sig(p) -> str:
