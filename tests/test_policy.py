@@ -156,7 +156,9 @@ c = { type = "int", lower = 10, upper = 990, resolution = 10 }
          "both bounds, such as 0.01"),
         ('x = { type = "int", lower = 5, upper = 999, resolution = 10 }',
          "use lower = 0 or 10, or a resolution that divides both bounds, such as 1"),
-        ('x = { type = "int", lower = 0.5, upper = 3 }', "lower = 0.5 is not a multiple of the resolution 1"),
+        ('x = { type = "int", lower = 0.5, upper = 3 }',
+         "lower = 0.5 is not a multiple of the resolution 1, so the clamp applied would differ "
+         "from the published one: use lower = 0 or 1 (an int column's bounds are whole numbers)"),
     ],
 )
 def test_bounds_must_be_multiples_of_the_resolution(tmp_path, column, problem):
@@ -195,6 +197,8 @@ def test_default_float_resolution_with_too_many_digits_says_what_to_do(tmp_path)
          "resolution must be between 1e-100 and 1e+100"),
         ('x = { type = "float", lower = 0, upper = 0, resolution = 1e300 }',
          "resolution must be between 1e-100 and 1e+100"),
+        ('x = { type = "float", lower = 0, upper = 1e-95 }',
+         "resolution must be between 1e-100 and 1e+100 (got 1e-101, the default for these bounds)"),
     ],
 )
 def test_bounds_and_resolutions_whose_doubles_could_overflow_are_refused(tmp_path, column, problem):

@@ -69,8 +69,8 @@ from __future__ import annotations
 import math
 import re
 import tomllib
-from decimal import Decimal
 from dataclasses import dataclass, field
+from decimal import Decimal
 from fractions import Fraction
 from functools import lru_cache
 from pathlib import Path
@@ -569,17 +569,20 @@ def _show(v: int | float | Fraction) -> str:
 
 
 def _not_a_multiple(name: str, bound: int | float, lower: float, upper: float,
-                    resolution: float) -> str:
+                    resolution: float, ctype: str) -> str:
     q = _exact(bound) / _exact(resolution)
     below, above = (math.floor(q) * _exact(resolution), math.ceil(q) * _exact(resolution))
-    finest = min(Decimal(repr(float(resolution))).adjusted(), _decimal_exponent(lower),
-                 _decimal_exponent(upper))
-    return (
+    text = (
         f"{name} = {_show(bound)} is not a multiple of the resolution {_show(resolution)}, so "
         f"the clamp applied would differ from the published one: use {name} = {_show(below)} "
-        f"or {_show(above)}, or a resolution that divides both bounds, such as "
-        f"{_show(_power_of_ten(int(finest)))}"
+        f"or {_show(above)}"
     )
+    finest = min(Decimal(repr(float(resolution))).adjusted(), _decimal_exponent(lower),
+                 _decimal_exponent(upper))
+    if ctype == "int" and finest < 0:  # an int column's bounds are whole numbers
+        return text + " (an int column's bounds are whole numbers)"
+    return text + (", or a resolution that divides both bounds, such as "
+                   f"{_show(_power_of_ten(int(finest)))}")
 
 
 def _parse_public_keys(v: Any, ctype: str, path: Path, table: str, column: str) -> tuple | range:
@@ -677,19 +680,22 @@ def _parse_column(name: str, raw: Any, path: Path, table: str) -> ColumnPolicy:
                     path, f"resolution of an int column must be a whole number (got {resolution:g})",
                     table, name,
                 )
-            if not limits.MIN_RESOLUTION <= resolution <= limits.MAX_RESOLUTION:
-                raise _policy_error(
-                    path,
-                    f"resolution must be between {limits.MIN_RESOLUTION:g} and "
-                    f"{limits.MAX_RESOLUTION:g} (got {resolution:g}), so that released values and "
-                    "their noise are finite doubles",
-                    table, name,
-                )
+        if resolution is not None and not limits.MIN_RESOLUTION <= resolution <= limits.MAX_RESOLUTION:
+            given = raw.get("resolution") is not None
+            raise _policy_error(
+                path,
+                f"resolution must be between {limits.MIN_RESOLUTION:g} and "
+                f"{limits.MAX_RESOLUTION:g} (got {resolution:g}"
+                + ("" if given else ", the default for these bounds") + "), so that released "
+                "values and their noise are finite doubles"
+                + ("" if given else "; round the bounds to fewer decimals"),
+                table, name,
+            )
         if lower is not None:
             for key, bound in (("lower", lower), ("upper", upper)):
                 if (_exact(bound) / _exact(resolution)).denominator != 1:
                     raise _policy_error(
-                        path, _not_a_multiple(key, bound, lower, upper, resolution), table, name
+                        path, _not_a_multiple(key, bound, lower, upper, resolution, ctype), table, name
                     )
             lo, hi = _fixed_point_bounds(lower, upper, resolution)
             steps = max(abs(lo), abs(hi))
