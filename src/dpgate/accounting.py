@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Iterable, Literal, Mapping, Sequence
+from typing import Any, Iterable, Literal, Mapping, Sequence, get_args
 
 import numpy as np
 from scipy.optimize import brentq
@@ -104,11 +104,10 @@ ORDERS: tuple[float, ...] = (
     160.0, 192.0, 256.0, 320.0, 384.0, 512.0, 640.0, 768.0, 1024.0, math.inf,
 )  # fmt: skip
 
-#: Names accepted by :func:`rho_for_cap` (and the CLI): ρ-zCDP → (ε, δ) conversions.
-CONVERSIONS: tuple[str, ...] = ("simple", "tight", "exact")
-
 CostKind = Literal["zcdp", "gaussian", "rdp"]
 Conversion = Literal["simple", "tight", "exact"]
+#: Names accepted by :func:`rho_for_cap` (and the CLI): ρ-zCDP → (ε, δ) conversions.
+CONVERSIONS: tuple[str, ...] = get_args(Conversion)
 
 
 # --------------------------------------------------------------------------------------

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar, Mapping
 
 import numpy as np
-from dpgate import accounting
+from dpgate import accounting, limits
 from dpgate.engine import Engine
 from dpgate.errors import (
     Conflict,
@@ -42,20 +42,19 @@ from dpgate.errors import (
     InvalidBudget,
     UnknownDataset,
     UnknownPopulation,
+    UnsupportedQuery,
 )
 from dpgate.ledger import Ledger, open_ledger
 from dpgate.mechanisms import calibrate, ci95_halfwidth, sample, sigma_for_ci95
-from dpgate.policy import DatasetPolicy, load_policies
-from dpgate.postprocess import finalize
+from dpgate.policy import MECHANISMS, DatasetPolicy, load_policies
+from dpgate.postprocess import finalize, output_unit
 from dpgate.releases import Release, ReleaseStore, SqliteReleaseStore, cache_key
-from dpgate.sensitivity import sensitivities
+from dpgate.sensitivity import primitive_linf, sensitivities
 from dpgate.settings import Settings
 from dpgate.sql.bound import bounded_sql, bounded_sql_template
 from dpgate.sql.parse import parse_query
 from dpgate.sql.plan import QueryPlan
 
-#: Mechanism names accepted in requests and policies.
-MECHANISMS = ("gaussian", "laplace")
 #: How long a request waits for a release another process is computing (seconds).
 PENDING_RELEASE_WAIT_S = 60.0
 
@@ -279,7 +278,7 @@ class Gateway:
 
     def _mechanism(self, policy: DatasetPolicy, mechanism: str | None) -> str:
         mech = mechanism or policy.budget.mechanism
-        if mech not in MECHANISMS:
+        if not isinstance(mech, str) or mech not in MECHANISMS:
             raise InvalidBudget(f"unknown mechanism {mech!r}; use one of {', '.join(MECHANISMS)}",
                                 {"mechanism": mech})
         return mech
@@ -302,6 +301,7 @@ class Gateway:
 
     def _calibrate(self, policy: DatasetPolicy, plan: QueryPlan, mech: str, resolved: Mapping[str, Any]):
         """Return (calibration, sensitivities) for a resolved budget (see :meth:`_resolve_budget`)."""
+        check_representable(plan, policy)
         sens = sensitivities(plan, policy)
         pairs = {pid: (s.l1, s.l2) for pid, s in sens.items()}
         if "ci95" in resolved:
@@ -403,14 +403,16 @@ class Gateway:
             # (the failed charge stays; nothing is refunded) instead of waiting for it.
             release_key = (noise_key if noise_key not in self._failed
                            else f"{noise_key}:retry:{uuid.uuid4().hex}")
-            receipt = self.ledger.charge(
-                policy.population, consumer, cal.cost,
-                purpose=f"query on {dataset}: {plan.canonical_sql}"[:500],
-                release_key=release_key,
-                metadata={"dataset": dataset, "plan_hash": plan.plan_hash, "data_version": version},
-            )
-            if receipt.duplicate:  # another process charged these primitives: wait for its release
-                return self._serve(self._await_release(noise_key), policy, plan, key, display)
+            receipt = None  # every primitive a constant (sensitivity 0): exact, nothing to charge
+            if not cal.exact:
+                receipt = self.ledger.charge(
+                    policy.population, consumer, cal.cost,
+                    purpose=f"query on {dataset}: {plan.canonical_sql}"[:500],
+                    release_key=release_key,
+                    metadata={"dataset": dataset, "plan_hash": plan.plan_hash, "data_version": version},
+                )
+                if receipt.duplicate:  # another process charged these primitives: wait for its release
+                    return self._serve(self._await_release(noise_key), policy, plan, key, display)
             # ---- the charge is written; from here on nothing refunds it ----
             try:
                 release = self._compute(policy, plan, cal, resolved, receipt, noise_key, version)
@@ -480,7 +482,7 @@ class Gateway:
             raise
         except Exception as exc:  # noqa: BLE001 - no data in the message
             raise ExecutionError("executing the bounded query failed; the charge stays",
-                                 {"charge_id": receipt.charge_id}) from exc
+                                 {"charge_id": receipt and receipt.charge_id}) from exc
         del salt
         keys = {k: values[k] for k in plan.group_by}
         noisy = sample(cal, {p.id: values[p.id] for p in plan.primitives})
@@ -499,7 +501,7 @@ class Gateway:
             "rows": [list(r) for r in table.rows],
             "accuracy": _relabel(table.accuracy, list(table.columns),
                                  [o.label or o.name for o in plan.outputs if not o.hidden]),
-            "charge": {
+            "charge": None if receipt is None else {
                 "charge_id": receipt.charge_id,
                 "rho": receipt.rho,
                 "epsilon_at_delta": receipt.epsilon_at_delta,
@@ -614,13 +616,39 @@ def open_release_store(ledger: Ledger) -> ReleaseStore:
     return SqliteReleaseStore(connect)
 
 
+def check_representable(plan: QueryPlan, policy: DatasetPolicy) -> None:
+    """Refuse, before the charge, a query that some data could make overflow (issue 9 item 1).
+
+    Reads only the plan and the policy. Every primitive's per-unit, per-group bound
+    (:func:`dpgate.sensitivity.primitive_linf`, integer units) must be at most 2^62
+    (:data:`dpgate.limits.MAX_STEPS`): then no partial, group sum or rescaling in the
+    bounded query can leave DuckDB's 128-bit integers on any data (the argument is in
+    :mod:`dpgate.limits`). The policy loader enforces it for sums (m·max|bound|/resolution);
+    what remains is the sum of squares of VAR/STDDEV, m·max(lower², upper²)/resolution².
+
+    Raises:
+        UnsupportedQuery: naming the aggregate, its bound and what to change.
+    """
+    table = policy.table(plan.table)
+    for p in plan.primitives:
+        linf = primitive_linf(p, policy, plan.table)
+        if linf > limits.MAX_STEPS:
+            what = ("its sum of squares (VAR/STDDEV), m·max(lower², upper²)/resolution²"
+                    if p.kind == "sum_squares" else f"its {p.kind.replace('_', ' ')}")
+            raise UnsupportedQuery(
+                f"one unit may add up to {linf:.3g} to {what} of column {p.column!r} per group, "
+                "more than 2^62: the exact aggregate could overflow on some data; coarsen the "
+                f"column's resolution, tighten its bounds or lower max_rows_per_unit "
+                f"(now {table.max_rows_per_unit})",
+                {"column": p.column, "primitive": p.kind, "bound": str(linf),
+                 "max": str(limits.MAX_STEPS)},
+            )
+
+
 def _output_unit(policy: DatasetPolicy, plan: QueryPlan, primitive_id: str) -> float:
     """Size of one integer unit of a primitive in output units (1 for counts)."""
     p = plan.primitive(primitive_id)
-    if p.kind in ("sum", "sum_squares"):
-        res = policy.table(plan.table).column(p.column).resolution or 1.0
-        return res if p.kind == "sum" else res * res
-    return 1.0
+    return output_unit(p.kind, policy.table(plan.table).column(p.column).resolution if p.column else None)
 
 
 def _primitive_sig(p) -> str:

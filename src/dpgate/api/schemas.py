@@ -26,6 +26,8 @@ from pydantic_core import PydanticCustomError
 from dpgate.errors import did_you_mean
 from dpgate.service import QueryBudget
 
+from dpgate.policy import MECHANISMS
+
 #: Largest ρ or ε a request may name (anything near it is refused by any sane cap anyway).
 MAX_PRIVACY_PARAMETER = QueryBudget.MAX_RHO
 #: Largest ci95 half-width a request may name.
@@ -91,6 +93,8 @@ class ResponseModel(BaseModel):
 
 #: A number in a response; non-finite values are the strings "inf", "-inf" or "nan".
 Number = float | Literal["inf", "-inf", "nan"]
+#: The mechanisms a request may name (the one list: :data:`dpgate.policy.MECHANISMS`).
+MechanismChoice = Literal[tuple(MECHANISMS)]
 
 
 # --- requests --------------------------------------------------------------------------
@@ -143,7 +147,7 @@ class QueryRequest(RequestModel):
     budget: BudgetRequest | None = Field(
         default=None, description="per-release budget; the dataset's default_query_rho when absent"
     )
-    mechanism: Literal["gaussian", "laplace"] | None = Field(
+    mechanism: MechanismChoice | None = Field(
         default=None, description="noise mechanism; the dataset's policy default when absent"
     )
 

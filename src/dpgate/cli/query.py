@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 
 from dpgate.cli import add_common_options, print_json, print_table
+from dpgate.policy import MECHANISMS
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -25,7 +26,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--rho", type=float, help="zCDP ρ of this release (total over its primitives)")
     g.add_argument("--epsilon", type=float, help="standalone ε of this release at the cap's δ")
     g.add_argument("--ci95", type=float, help="target 95%% half-width per noisy primitive")
-    p.add_argument("--mechanism", choices=("gaussian", "laplace"))
+    p.add_argument("--mechanism", choices=tuple(MECHANISMS))
     add_common_options(p)
     p.set_defaults(func=run)
 
