@@ -273,7 +273,12 @@ def test_budget_exhausted_details(ledger):
     assert d["requested"] == {"rho": 0.05, "epsilon": accounting.zcdp_epsilon_tight(0.05, DELTA)}
     assert d["spent"] == {"rho": 0.06, "epsilon": accounting.zcdp_epsilon_tight(0.06, DELTA)}
     assert d["cap"]["rho"] == 0.1
-    assert d["cap"]["epsilon"] == pytest.approx(accounting.zcdp_epsilon_tight(0.1, DELTA), rel=1e-12)
+    # a consumer holding the whole budget is refused where the population is: the population's
+    # published ε (the best single-order conversion of α·0.1 on the grid) is the cap named
+    assert d["scope"] == "population"
+    assert d["cap"]["epsilon"] == ledger.spend("p").epsilon
+    assert accounting.zcdp_epsilon_tight(0.1, DELTA) <= d["cap"]["epsilon"] <= 1.01 * accounting.zcdp_epsilon_tight(
+        0.1, DELTA)
     assert d["remaining"]["rho"] == pytest.approx(0.04, rel=1e-12)
     assert d["remaining"]["epsilon"] == pytest.approx(accounting.zcdp_epsilon_tight(0.04, DELTA), rel=1e-9)
     assert d["rule"] == "zcdp"

@@ -579,10 +579,11 @@ def check_charge(
     consumer_totals: Totals,
     selection_delta: float = 0.0,
 ) -> tuple[Totals, Totals, Refusal | None]:
-    """Run the consumer's filter, then the population's (:func:`filter_decision`).
+    """Run the consumer's filter and the population's (:func:`filter_decision`).
 
     The consumer's budget is ``BudgetCurve.of(cap, share)``, the population's
-    ``BudgetCurve.of(cap)``; a charge must pass both.
+    ``BudgetCurve.of(cap)``; a charge must pass both. The consumer's runs first unless it
+    holds the whole budget (share 1), so that a refusal names the scope that binds.
 
     Returns:
         ``(population_totals_after, consumer_totals_after, refusal)``: the totals with
@@ -590,14 +591,15 @@ def check_charge(
     """
     pt_after = population_totals.add(cost, selection_delta)
     ct_after = consumer_totals.add(cost, selection_delta)
-    cb = BudgetCurve.of(cap, share)
-    dc = filter_decision(consumer_totals, cost, cb, ct_after, selection_delta)
-    if not dc.ok:
-        return pt_after, ct_after, Refusal(population, consumer, "consumer", cost, consumer_totals, cb, cap, dc,
-                                           selection_delta)
-    pb = BudgetCurve.of(cap)
-    dp = filter_decision(population_totals, cost, pb, pt_after, selection_delta)
-    if not dp.ok:
-        return pt_after, ct_after, Refusal(population, consumer, "population", cost, population_totals, pb, cap,
-                                           dp, selection_delta)
+    cb, pb = BudgetCurve.of(cap, share), BudgetCurve.of(cap)
+    # a consumer holding the whole budget (an open population, or a share of 1) can only be
+    # refused where the population is: name the population then
+    scopes = [("population", population_totals, pb, pt_after), ("consumer", consumer_totals, cb, ct_after)]
+    if share < 1.0:
+        scopes.reverse()
+    for scope, totals, budget, after in scopes:
+        decision = filter_decision(totals, cost, budget, after, selection_delta)
+        if not decision.ok:
+            return pt_after, ct_after, Refusal(population, consumer, scope, cost, totals, budget, cap, decision,
+                                               selection_delta)
     return pt_after, ct_after, None
