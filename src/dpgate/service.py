@@ -388,6 +388,7 @@ class Gateway:
             self.engine.check(bounded_sql(plan, policy, salt=0))
 
             def charge(release_key: str):
+                """Charge this query's cost under the attempt's single-flight key."""
                 return self.ledger.charge(
                     policy.population, consumer, cal.cost,
                     purpose=f"query on {dataset}: {plan.canonical_sql}"[:500],
