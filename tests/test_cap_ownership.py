@@ -10,8 +10,8 @@ from __future__ import annotations
 import logging
 
 import pytest
+from _api_server import LiveServer
 from _small_project import write_project
-from fastapi.testclient import TestClient
 
 from dpgate import accounting
 from dpgate.api import create_app
@@ -139,13 +139,13 @@ def test_http_cap_change_survives_an_app_restart(settings):
     store = KeyStore(settings.resolved_keys_file())
     admin = store.add("root", role="admin")[0]
     dashboard = store.add("wall", role="dashboard")[0]
-    with TestClient(create_app(settings)) as client:
-        r = client.post("/v1/admin/populations/shoppers/cap", headers={"Authorization": f"Bearer {admin}"},
+    with LiveServer(create_app(settings)) as server, server.client(admin) as client:
+        r = client.post("/v1/admin/populations/shoppers/cap",
                         json={"epsilon": 0.5, "delta": DELTA, "reason": "incident"})
         assert r.status_code == 200, r.text
         assert r.json()["exhausted"] is False
-    with TestClient(create_app(settings)) as client:  # a deploy
-        page = client.get("/v1/datasets/shop", headers={"Authorization": f"Bearer {dashboard}"}).json()
+    with LiveServer(create_app(settings)) as server, server.client(dashboard) as client:  # a deploy
+        page = client.get("/v1/datasets/shop").json()
         assert page["cap"]["epsilon"] == 0.5
         assert page["policy_drift"]["drifted"] is True
         assert page["policy_drift"]["policy"]["cap"]["epsilon"] == 4.0

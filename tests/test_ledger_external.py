@@ -12,8 +12,8 @@ import math
 
 import numpy as np
 import pytest
+from _api_server import LiveServer
 from _small_project import write_project
-from fastapi.testclient import TestClient
 
 from dpgate import accounting
 from dpgate.accounting import ORDERS, Cost
@@ -152,7 +152,7 @@ def test_orders_are_published_to_every_role_and_external_charges_accept_the_call
                             else None)[0]
             for role in ("analyst", "dashboard", "admin", "service")}
     orders, curve, _ = dp_sgd(0.01, 1.0, 10_000)
-    with TestClient(create_app(settings)) as client:
+    with LiveServer(create_app(settings)) as server, server.client() as client:
         for role, key in keys.items():
             r = client.get("/v1/ledger/orders", headers={"Authorization": f"Bearer {key}"})
             assert r.status_code == 200, (role, r.text)

@@ -29,6 +29,7 @@ Clocks of replicas are assumed synchronised to well within the lease.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from contextlib import contextmanager
@@ -42,6 +43,8 @@ from dpgate.releases.model import Release
 from dpgate.releases.store import ReleaseStore
 
 __all__ = ["SingleFlight", "ReleaseCache", "Flight", "DEFAULT_LEASE_S", "MAX_ATTEMPTS"]
+
+log = logging.getLogger("dpgate")
 
 #: Default lease (seconds) after a charge within which its release must be stored.
 DEFAULT_LEASE_S = 90.0
@@ -128,7 +131,7 @@ class Flight:
                 receipt = charge(key)
             except LedgerError as exc:
                 if (exc.details or {}).get("outcome") == "unknown":
-                    cache.store.mark_failed(noise, key, None, f"ledger commit with an unknown outcome: {exc.message}")
+                    cache.mark_failed(noise, key, None, f"ledger commit with an unknown outcome: {exc.message}")
                 raise
             if receipt.duplicate:
                 hit = cache.await_release(self.keys, key, receipt)
@@ -139,8 +142,8 @@ class Flight:
                 release = compute(receipt)
                 stored = cache.store.put(release)
             except BaseException as exc:
-                cache.store.mark_failed(noise, key, getattr(receipt, "charge_id", None),
-                                        f"the release was not stored: {type(exc).__name__}")
+                cache.mark_failed(noise, key, getattr(receipt, "charge_id", None),
+                                  f"the release was not stored: {type(exc).__name__}")
                 raise
             return stored, stored.release_id == release.release_id
         raise Conflict("an identical query was charged several times but no release was stored; "
@@ -172,6 +175,16 @@ class ReleaseCache:
         """Hold the in-process single-flight lock of ``keys.noise`` and yield the :class:`Flight`."""
         with self.flights.hold(keys.noise):
             yield Flight(self, keys)
+
+    def mark_failed(self, noise_key: str, release_key: str, charge_id: str | None, reason: str) -> None:
+        """Mark attempt ``release_key`` failed in the store; if the store cannot be written either,
+        log it and go on (the caller's own error matters more; other processes then declare the
+        attempt lost when its lease runs out)."""
+        try:
+            self.store.mark_failed(noise_key, release_key, charge_id, reason)
+        except Exception:  # noqa: BLE001 - never mask the error that caused the failure
+            log.warning("could not record the failed release attempt %s; other processes will wait for "
+                        "its lease (%g s) to run out", release_key, self.lease_s, exc_info=True)
 
     def current_attempt(self, noise_key: str) -> str:
         """The ledger key of the current attempt at ``noise_key``: the first not marked failed."""
