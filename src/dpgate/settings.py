@@ -30,7 +30,7 @@ class Settings(BaseSettings):
         duckdb_threads: DuckDB ``threads``, or None for DuckDB's default.
         fingerprint_key: secret keying the published data version when it is a
             fingerprint of the source files (``DPGATE_FINGERPRINT_KEY``; default:
-            a random key kept in ``$home/fingerprint.key``).
+            a random key created once in the shared release store, so replicas sharing a ledger share it).
     """
 
     model_config = SettingsConfigDict(env_prefix="DPGATE_", extra="ignore")
@@ -42,7 +42,7 @@ class Settings(BaseSettings):
     )
     home: Path = Field(
         default=Path("./.dpgate"),
-        description="state folder: SQLite ledger and release store, API keys file, fingerprint key",
+        description="state folder: SQLite ledger and release store, API keys file",
         json_schema_extra={"flag": "--home"},
     )
     ledger_url: str | None = Field(
@@ -80,7 +80,7 @@ class Settings(BaseSettings):
         repr=False,
         description="secret keying the published data version when it is a fingerprint of the source files; "
         "replicas sharing a ledger should share it (environment only: a secret does not belong on a command line)",
-        json_schema_extra={"default_text": "random, kept in `$DPGATE_HOME/fingerprint.key`"},
+        json_schema_extra={"default_text": "random, created once in the release store (shared by replicas of one ledger)"},
     )
 
     def resolved_ledger_url(self) -> str:

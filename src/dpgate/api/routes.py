@@ -279,6 +279,23 @@ def post_external_charge(
     return json_safe(receipt)
 
 
+@v1.get(
+    "/ledger/orders",
+    response_model=schemas.LedgerOrders,
+    tags=["ledger"],
+    summary="The ledger's RDP order grid and the orders each population's cap checks (any role)",
+)
+def get_ledger_orders(
+    gateway: GatewayDep,
+    principal: Annotated[Principal, Depends(get_principal)],
+) -> dict[str, Any]:
+    """The RDP orders the ledger accounts at (``inf`` is the pure-ε order) and, per population,
+    α_cap: the filter checks ε(α) ≤ α·ρ_cap at the grid orders up to α_cap (the order whose
+    conversion proves the cap), and nothing above it. External accountants (DP-SGD) should report
+    their curve at least up to α_cap; a curve on their own grid is mapped conservatively."""
+    return json_safe(gateway.ledger_orders())
+
+
 @v1.get("/admin/ledger", response_model=schemas.LedgerView, tags=["admin"], summary="Ledger entries and governance events")
 def get_ledger(
     gateway: GatewayDep,

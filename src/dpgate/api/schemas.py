@@ -156,7 +156,9 @@ class ExternalChargeRequest(RequestModel):
     """``POST /v1/ledger/charges``: charge a cost computed outside the gateway (e.g. DP-SGD).
 
     * ``kind = "rdp"``: ``curve`` is ε(α) at ``orders`` (default: the ledger's order
-      grid ``dpgate.accounting.ORDERS``; a curve on another grid is refused).
+      grid ``dpgate.accounting.ORDERS``; a curve on the caller's own grid is mapped onto
+      the ledger's conservatively: each ledger order takes the value at the next caller
+      order above it, see ``GET /v1/ledger/orders``).
     * ``kind = "gaussian"``: a composition of continuous Gaussian mechanisms of
       total zCDP ``rho`` (eligible for exact Gaussian-DP reporting).
     * ``kind = "zcdp"``: any ρ-zCDP mechanism.
@@ -268,6 +270,7 @@ class Cap(ResponseModel):
     epsilon: Number
     delta: float
     rho: Number | None = None
+    alpha_cap: Number | None = Field(default=None, description="the Rényi order whose filter proves the cap")
 
 
 class ColumnInfo(ResponseModel):
@@ -302,6 +305,8 @@ class DatasetInfo(ResponseModel):
     cap: Cap
     allocations: dict[str, float]
     tables: dict[str, TableInfo]
+    policy_drift: dict[str, Any] | None = Field(
+        default=None, description="how the policy file differs from the ledger's cap and allocations, which hold")
 
 
 class DatasetList(ResponseModel):
@@ -361,10 +366,31 @@ class LedgerView(ResponseModel):
 
 
 class CapChangeResult(ResponseModel):
-    """The recorded governance event of a cap change: old and new cap, actor, reason."""
+    """The recorded governance event of a cap change: old and new cap, actor, reason, and where the
+    population now stands (``exhausted``; ``over_by`` when the cap is below what was spent)."""
 
     population: str
     actor: str
     reason: str
     old: dict[str, Any] | None = None
     new: dict[str, Any]
+    exhausted: bool | None = None
+    over_by: dict[str, Any] | None = None
+
+
+class PopulationOrders(ResponseModel):
+    """The orders one population's filter checks."""
+
+    alpha_cap: Number
+    rule: str = Field(description='"alpha_cap" (grid orders up to alpha_cap) or "legacy" (every order)')
+    checked_orders: list[Number]
+    epsilon: Number
+    delta: float
+    rho: Number
+
+
+class LedgerOrders(ResponseModel):
+    """``GET /v1/ledger/orders``: the ledger's RDP order grid and, per population, α_cap."""
+
+    orders: list[Number]
+    populations: dict[str, PopulationOrders]
