@@ -171,15 +171,15 @@ def test_null_units_never_reach_an_aggregate_and_null_values_are_excluded(tmp_pa
         assert all_rows - n_rows == 88  # the NULL-unit rows exist in the file
         # With a huge ρ the noise is far below 0.5 and rounding recovers the bounded value.
         r = g.query("pums", "SELECT COUNT(*), COUNT(age), COUNT(income), SUM(income) FROM persons",
-                    consumer="analysts", budget=QueryBudget(rho=1e5))
+                    consumer="analysts", budget=QueryBudget(rho=1e4))
         assert len(r["rows"]) == 1
         c_all, c_age, c_income, sum_income = r["rows"][0]
         # no person has more than 4 rows (m = 4), so nothing is clipped
         assert c_all == n_rows and c_age == n_age and c_income == n_income
-        # SUM's noise in fixed-point units: σ = Δ2 / √(2ρ/4) = 2,000,000 / 223.6 ≈ 8,944
-        assert abs(sum_income - s_income) < 6 * 2_000_000 / math.sqrt(2 * 1e5 / 4)
+        # SUM's noise in fixed-point units: σ = Δ2 / √(2ρ/4) = 2,000,000 / 70.7 ≈ 28,284 (ρ ≤ 1e4, the budget limit)
+        assert abs(sum_income - s_income) < 6 * 2_000_000 / math.sqrt(2 * 1e4 / 4)
         avg = g.query("pums", "SELECT AVG(income) FROM persons", consumer="analysts",
-                      budget=QueryBudget(rho=1e5))["rows"][0][0]
+                      budget=QueryBudget(rho=1e4))["rows"][0][0]
         assert avg == pytest.approx(s_income / n_income, rel=1e-3)
     finally:
         g.close()
