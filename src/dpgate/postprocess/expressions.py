@@ -27,8 +27,8 @@ over one value per released row, with SQL NULL semantics:
   cannot fail in post-processing because of the values it got; only a malformed
   expression raises, and :func:`check_postprocess_expression` finds those at
   planning time, before any charge;
-* non-deterministic functions (``RANDOM()``, ``RAND()``, ``NOW()``,
-  ``CURRENT_DATE``, ``UUID()``, …) are refused: a release must be a function of
+* non-deterministic functions (``RANDOM``, ``RAND``, ``NOW``, ``CURRENT_DATE``,
+  ``UUID``, …, see :data:`NONDETERMINISTIC_FUNCTIONS`) are refused: a release must be a function of
   its stored noisy values alone.
 
 This is post-processing of released values ([DR14] Prop. 2.1): it costs no
@@ -885,9 +885,21 @@ def _comparable(a: Vector, b: Vector, left: exp.Expression, right: exp.Expressio
         return _cast(a, "float" if b.type in numeric else b.type, None), b
     if b.type == "text" and isinstance(right, exp.Literal) and a.type != "text":
         return a, _cast(b, "float" if a.type in numeric else a.type, None)
+    # a text key compared with a number literal (``HAVING sex = 1`` on a text key): the key is
+    # read as a number, NULL where it is not one (DuckDB's implicit cast, with TRY semantics)
+    if a.type == "text" and b.type in numeric and _is_number_literal(right):
+        return _cast(a, "float", None), _convert(b, "float")
+    if b.type == "text" and a.type in numeric and _is_number_literal(left):
+        return _convert(a, "float"), _cast(b, "float", None)
     if {a.type, b.type} <= {"int", "float", "bool"}:
         return _cast(a, "float", None), _cast(b, "float", None)
     raise ExpressionError(f"{_snippet(node)} compares {a.type} with {b.type}", node)
+
+
+def _is_number_literal(node: exp.Expression) -> bool:
+    while isinstance(node, (exp.Paren, exp.Neg)):
+        node = node.this
+    return isinstance(node, exp.Literal) and not node.is_string
 
 
 def _parse_bool(s: str) -> bool | None:
@@ -1133,7 +1145,7 @@ def check_postprocess_expression(expr: exp.Expression, cell_names: Collection[st
 
     Walks the whole tree: every node must be one the evaluator supports, every
     column reference must name a cell, and non-deterministic functions
-    (:data:`NONDETERMINISTIC_FUNCTIONS`: ``RANDOM()``, ``NOW()``,
+    (:data:`NONDETERMINISTIC_FUNCTIONS`: ``RANDOM``, ``NOW``,
     ``CURRENT_DATE``, …) are refused. When ``cell_names`` maps names to value
     types (:data:`VALUE_TYPES`), the expression is also type-checked by
     evaluating it on zero rows (no data involved), so that a charged release can
