@@ -18,8 +18,9 @@ from dpgate import accounting
 from dpgate.errors import BudgetExhausted, ExecutionError, MechanismError, UnsupportedQuery
 from dpgate.service import Gateway, QueryBudget
 from dpgate.settings import Settings
+from tests.shared_data import smartnoise_dir
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "smartnoise"
+DATA = smartnoise_dir()
 pytestmark = pytest.mark.skipif(not (DATA / "PUMS_dup.csv").exists(), reason="../shared/data not present")
 
 POLICY = """

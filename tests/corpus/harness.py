@@ -39,6 +39,7 @@ from dpgate.policy import load_policy
 from dpgate.service import Gateway, QueryBudget, open_release_store
 
 from tests.corpus.library import write_library
+from tests.shared_data import smartnoise_dir
 
 HERE = Path(__file__).resolve().parent
 CORPUS_FILE = HERE / "queries.toml"
@@ -92,13 +93,9 @@ def load_corpus(path: Path = CORPUS_FILE) -> list[CorpusQuery]:
 
 
 def shared_data_dir() -> Path | None:
-    """``../shared/data/smartnoise`` next to the repository (or its worktree), or None."""
-    repo = HERE.parents[1]
-    for base in (repo.parent, repo.parent.parent):
-        candidate = base / "shared" / "data" / "smartnoise"
-        if (candidate / "PUMS_pid.csv").exists():
-            return candidate
-    return None
+    """``../shared/data/smartnoise`` (:func:`tests.shared_data.smartnoise_dir`), or None if absent."""
+    path = smartnoise_dir()
+    return path if (path / "PUMS_pid.csv").exists() else None
 
 
 # --- outcomes ------------------------------------------------------------------------------------
