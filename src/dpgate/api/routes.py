@@ -87,7 +87,8 @@ GatewayDep = Annotated[Gateway, Depends(get_gateway)]
 def _budget(budget: schemas.BudgetRequest | None) -> QueryBudget | None:
     if budget is None:
         return None
-    return QueryBudget(rho=budget.rho, epsilon=budget.epsilon, ci95=budget.ci95)
+    return QueryBudget(rho=budget.rho, epsilon=budget.epsilon, ci95=budget.ci95,
+                       expected_count=budget.expected_count)
 
 
 def _consumer_of(principal: Principal) -> str:
@@ -150,7 +151,8 @@ def explain_query(
 ) -> dict[str, Any]:
     """Show the plan, the bounded SQL template, the sensitivities and the cost a query would
     charge. Reads no data and charges nothing."""
-    explanation = gateway.explain(body.dataset, body.sql, budget=_budget(body.budget), mechanism=body.mechanism)
+    explanation = gateway.explain(body.dataset, body.sql, budget=_budget(body.budget), mechanism=body.mechanism,
+                                  consumer=principal.consumer)
     return json_safe(explanation)
 
 

@@ -79,13 +79,17 @@ class BudgetRequest(RequestModel):
     * ``epsilon`` — Gaussian: a standalone (ε, δ) guarantee for this release at
       the cap's δ, turned into ρ by the tight conversion of Canonne, Kamath &
       Steinke 2020, Cor. 13; Laplace: the release's pure ε.
-    * ``ci95`` — the 95 % half-width wanted on each noisy count/sum, in output
-      units; the gateway derives the noise scale and charges the implied cost.
+    * ``ci95`` — the 95 % half-width wanted on each released cell, in its output
+      units; the gateway derives the noise scales and charges the implied cost
+      (explain shows it and whether it fits). AVG, VAR and STDDEV need
+      ``expected_count``: the rows per group the analyst expects (the half-width of a
+      ratio depends on the count, unknown before the release).
     """
 
     rho: PositiveParameter | None = None
     epsilon: PositiveParameter | None = None
     ci95: Annotated[float, Field(gt=0, le=MAX_CI95, allow_inf_nan=False)] | None = None
+    expected_count: Annotated[float, Field(gt=1, le=1e15, allow_inf_nan=False)] | None = None
 
     @model_validator(mode="after")
     def _exactly_one(self) -> "BudgetRequest":

@@ -19,13 +19,17 @@ budget. The parts:
   omitted with a reason;
 * :mod:`dpgate.postprocess.release` — the released table from noisy primitives
   (:func:`finalize`, :func:`aggregate_cell`, :func:`derived_cell`): scaling,
-  AVG/VAR/STDDEV, accuracy, suppression, HAVING, ORDER BY, LIMIT.
+  AVG/VAR/STDDEV, accuracy, suppression, HAVING, ORDER BY, LIMIT;
+* :mod:`dpgate.postprocess.calibration` — the inverse for a ``{"ci95": w}`` budget
+  (:func:`scales_for_ci95`): noise scales such that every released cell's reported
+  half-width is at most ``w``.
 
 References: [DR14] C. Dwork, A. Roth, The Algorithmic Foundations of Differential
 Privacy, 2014. [BS16] M. Bun, T. Steinke, Concentrated Differential Privacy, TCC 2016.
 """
 
 from dpgate.postprocess.accuracy import CellAccuracy, CellNoise, PrimitiveNoise, propagate_accuracy
+from dpgate.postprocess.calibration import CellTarget, Ci95Scales, ci95_rules, scales_for_ci95
 from dpgate.postprocess.expressions import (
     NONDETERMINISTIC_FUNCTIONS,
     SUPPORTED_NODES,
@@ -54,6 +58,8 @@ __all__ = [
     "VALUE_TYPES",
     "CellAccuracy",
     "CellNoise",
+    "CellTarget",
+    "Ci95Scales",
     "ExpressionError",
     "PrimitiveNoise",
     "ReleasedCell",
@@ -61,6 +67,7 @@ __all__ = [
     "Vector",
     "aggregate_cell",
     "check_postprocess_expression",
+    "ci95_rules",
     "derived_cell",
     "evaluate",
     "evaluate_predicate",
@@ -69,5 +76,6 @@ __all__ = [
     "order_by",
     "primitive_noise",
     "propagate_accuracy",
+    "scales_for_ci95",
     "sort_rows",
 ]
