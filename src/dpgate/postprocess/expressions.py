@@ -162,10 +162,19 @@ class Vector:
     def to_list(self) -> list[Any]:
         """JSON-ready Python values: int, float (finite), bool, str (dates and
         timestamps as ISO 8601 text), ``None`` for NULL."""
-        out: list[Any] = []
-        conv = _TO_PY[self.type]
-        for v, ok in zip(self.values.tolist() if self.values.dtype.kind != "O" else self.values, self.valid.tolist()):
-            out.append(conv(v) if ok else None)
+        if self.type == "null":
+            return [None] * len(self)
+        if self.type in ("int", "float", "bool", "text") and self.values.dtype.kind in "iufbO":
+            # fast path: NumPy's tolist gives Python scalars; valid floats are finite by construction
+            out = self.values.tolist()
+            if self.type == "float":
+                out = [v if math.isfinite(v) else None for v in out]
+        else:
+            conv = _TO_PY[self.type]
+            out = [conv(v) if ok else None for v, ok in zip(self.values, self.valid.tolist())]
+        if not self.valid.all():
+            for i in np.flatnonzero(~self.valid).tolist():
+                out[i] = None
         return out
 
     def as_float(self) -> np.ndarray:
@@ -206,9 +215,11 @@ _TO_PY: dict[str, Callable[[Any], Any]] = {
 
 def _vector_of_objects(arr: np.ndarray) -> Vector:
     n = len(arr)
+    items = arr.tolist()
+    if all(type(v) is str for v in items):  # the common case: text keys
+        return Vector(arr, np.ones(n, dtype=bool), "text")
     valid = np.ones(n, dtype=bool)
     kinds: set[str] = set()
-    items = arr.tolist()
     for i, v in enumerate(items):
         if v is None or (isinstance(v, float) and not math.isfinite(v)):
             valid[i] = False
