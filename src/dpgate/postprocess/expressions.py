@@ -736,10 +736,12 @@ class _Evaluator:
         known = a.valid & b.valid
         fn = _CMP_OPS[op]
         if a.values.dtype.kind == "O" or b.values.dtype.kind == "O":
-            r = np.zeros(self.n, dtype=bool)
-            idx = np.flatnonzero(known)
-            if len(idx):
-                r[idx] = np.array([bool(fn(a.values[i], b.values[i])) for i in idx], dtype=bool)
+            if not known.any():
+                return np.zeros(self.n, dtype=bool), known
+            # NULL positions get a valid value of the same type (their result is masked anyway),
+            # so that NumPy's object loop compares Python values without meeting None
+            av, bv = _filled(a.values, known), _filled(b.values, known)
+            r = np.asarray(fn(av, bv), dtype=bool)
         else:
             with np.errstate(invalid="ignore"):
                 r = np.asarray(fn(a.values, b.values), dtype=bool)
@@ -822,9 +824,10 @@ class _Evaluator:
         if not skip_nulls:
             for t in texts:
                 valid &= t.valid
-        out = np.empty(self.n, dtype=object)
-        for i in range(self.n):
-            out[i] = "".join(t.values[i] for t in texts if t.valid[i]) if valid[i] else None
+        out = np.full(self.n, "", dtype=object)
+        for t in texts:  # NumPy's object loop: Python str + str per row
+            out = out + np.where(t.valid, t.values, "")
+        out[~valid] = None
         return Vector(out, valid, "text")
 
     def text_fn(self, node: exp.Expression) -> Vector:
@@ -840,6 +843,15 @@ class _Evaluator:
         out = np.empty(self.n, dtype=object)
         out[:] = [fn(x) if ok else None for x, ok in zip(v.values, v.valid)]
         return Vector(out, v.valid, "text")
+
+
+def _filled(values: np.ndarray, known: np.ndarray) -> np.ndarray:
+    """``values`` with the positions not ``known`` replaced by a known value (object arrays)."""
+    if values.dtype.kind != "O" or known.all():
+        return values
+    out = values.copy()
+    out[~known] = values[np.argmax(known)]
+    return out
 
 
 def _and3(a: np.ndarray, ka: np.ndarray, b: np.ndarray, kb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -941,10 +953,6 @@ def _parse_timestamp(s: str) -> _dt.datetime | None:
         return _to_timestamp(d) if d is not None else None
 
 
-def _float_text(x: float) -> str:
-    return repr(float(x))
-
-
 def _cast(v: Vector, target: str, scale: int | None) -> Vector:
     """CAST with TRY semantics: a value that does not convert becomes NULL."""
     n = len(v)
@@ -976,17 +984,15 @@ def _cast(v: Vector, target: str, scale: int | None) -> Vector:
     if target == "text":
         if v.type == "text":
             return v
-        conv: Callable[[Any], str]
-        if v.type == "int":
-            conv = lambda x: str(int(x))  # noqa: E731
-        elif v.type == "float":
-            conv = _float_text
+        if v.type in ("int", "float"):
+            # NumPy's shortest round-trip repr: 10, 2.5, 3.0, 1e+20 (as DuckDB prints them)
+            out = v.values.astype(str).astype(object)
         elif v.type == "bool":
-            conv = lambda x: "true" if x else "false"  # noqa: E731
+            out = np.where(v.values, "true", "false").astype(object)
         else:
-            conv = _iso
-        out = np.empty(n, dtype=object)
-        out[:] = [conv(x) if ok else None for x, ok in zip(v.values, v.valid)]
+            out = np.empty(n, dtype=object)
+            out[:] = [_iso(x) if ok else None for x, ok in zip(v.values, v.valid)]
+        out[~v.valid] = None
         return Vector(out, v.valid, "text")
     if target == "bool":
         if v.type == "bool":
@@ -1201,21 +1207,8 @@ def _ranks(v: Vector, index: np.ndarray) -> np.ndarray:
     present = index[sub_valid]
     if len(present) == 0:
         return ranks
-    vals = v.values[present]
-    if v.type in ("text", "date", "timestamp"):
-        vals = np.asarray(vals, dtype=object)
-        order = sorted(range(len(vals)), key=lambda i: vals[i])
-        dense = np.empty(len(vals), dtype=np.int64)
-        rank, prev = -1, object()
-        for i in order:
-            if rank < 0 or vals[i] != prev:
-                rank += 1
-                prev = vals[i]
-            dense[i] = rank
-        ranks[sub_valid] = dense
-    else:
-        _, inverse = np.unique(vals, return_inverse=True)
-        ranks[sub_valid] = inverse.reshape(-1)
+    _, inverse = np.unique(v.values[present], return_inverse=True)  # object arrays: one Python type
+    ranks[sub_valid] = inverse.reshape(-1)
     return ranks
 
 
