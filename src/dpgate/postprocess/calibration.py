@@ -259,11 +259,26 @@ def _solve(primitives: Sequence[str], weights: Mapping[str, float], bound: Calla
     def ok(t: float) -> bool:
         return bound({pid: h(pid, t * direction[pid]) for pid in primitives}) <= limit
 
-    # Below t_lo every scale is ≤ 1e-6: every half-width is 0 and the bound holds.
-    lo = 1e-6 / max(direction.values())
-    hi = lo * 16.0
-    while ok(hi):
-        lo, hi = hi, hi * 16.0
+    # Below t = 1e-6 / max d every scale is ≤ 1e-6: every half-width is 0 and the bound holds.
+    t = _largest(ok, 1e-6 / max(direction.values()))
+    scales = {pid: t * direction[pid] for pid in primitives}
+    # Half-widths are integers: the bound usually has slack at t. Give it to each part in turn,
+    # costliest first (coordinate ascent; the bound stays ≤ limit at every step).
+    for pid in sorted(primitives, key=lambda p: -(sensitivities[p] / scales[p]) ** r):
+        def ok_alone(f: float, pid=pid) -> bool:
+            trial = dict(scales, **{pid: scales[pid] * f})
+            return bound({p: h(p, trial[p]) for p in primitives}) <= limit
+
+        scales[pid] *= _largest(ok_alone, 1.0)
+    return scales
+
+
+def _largest(ok: Callable[[float], bool], lo: float) -> float:
+    """The largest x ≥ ``lo`` with ``ok(x)`` (to 1e-12 relative), for ``ok`` true up to a point and
+    false after it, given ``ok(lo)``: doubling, then bisection on a log scale."""
+    hi = lo * 2.0
+    while ok(hi) and hi < 1e300:
+        lo, hi = hi, hi * 2.0
     while hi / lo > 1.0 + 1e-12:
         mid = math.sqrt(lo * hi)
         if mid <= lo or mid >= hi:
@@ -272,25 +287,4 @@ def _solve(primitives: Sequence[str], weights: Mapping[str, float], bound: Calla
             lo = mid
         else:
             hi = mid
-    scales = {pid: lo * direction[pid] for pid in primitives}
-    # Half-widths are integers: the bound usually has slack at t. Give it to each part in turn,
-    # costliest first (coordinate ascent; the bound stays ≤ limit at every step).
-    order = sorted(primitives, key=lambda p: -(sensitivities[p] / scales[p]) ** r)
-    for pid in order:
-        def ok_alone(f: float, pid=pid) -> bool:
-            trial = dict(scales, **{pid: scales[pid] * f})
-            return bound({p: h(p, trial[p]) for p in primitives}) <= limit
-
-        f_lo, f_hi = 1.0, 2.0
-        while ok_alone(f_hi) and f_hi < 1e12:
-            f_lo, f_hi = f_hi, f_hi * 2.0
-        while f_hi / f_lo > 1.0 + 1e-12:
-            mid = math.sqrt(f_lo * f_hi)
-            if mid <= f_lo or mid >= f_hi:
-                break
-            if ok_alone(mid):
-                f_lo = mid
-            else:
-                f_hi = mid
-        scales[pid] *= f_lo
-    return scales
+    return lo
