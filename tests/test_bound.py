@@ -19,6 +19,7 @@ import pytest
 from dpgate.policy import load_policy, parse_policy, quote_identifier as q
 from dpgate.sql.bound import SALT_PLACEHOLDER, bounded_sql, bounded_sql_template
 from dpgate.sql.parse import parse_query
+from tests.shared_data import smartnoise_dir
 
 FIXTURE = Path(__file__).parent / "fixtures" / "policies" / "planner.toml"
 SALT = 0x1234_5678_9ABC
@@ -383,7 +384,7 @@ def test_text_units(con, policy):
     assert sum(cols["p1"]) == 2 and cols["p0"][1] >= 3 and sum(cols["p0"]) == 4
 
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "smartnoise"
+SHARED = smartnoise_dir()
 
 
 @pytest.mark.shared_data

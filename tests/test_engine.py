@@ -19,8 +19,9 @@ import pytest
 from dpgate.engine import Engine, source_fingerprint
 from dpgate.errors import ExecutionError, PolicyError, QueryTimeout
 from dpgate.policy import load_policies, load_policy
+from tests.shared_data import smartnoise_dir
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "smartnoise"
+SHARED = smartnoise_dir()
 
 HOSTILE_CSV = textwrap.dedent(
     """\

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import csv
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -32,8 +31,9 @@ from scipy.stats import beta
 
 from dpgate import accounting
 from dpgate.mechanisms import calibrate, sample
+from tests.shared_data import smartnoise_dir
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "smartnoise"
+DATA = smartnoise_dir()
 N = 100_000  # draws per dataset for the bound
 N_SELECT = 10_000  # draws per dataset to choose the threshold (a separate sample)
 ALPHA = 1e-6

@@ -30,9 +30,10 @@ from dpgate.sample_data import (
     pareto_counts,
     usage_tables,
 )
+from tests.shared_data import smartnoise_dir
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "smartnoise"
+SHARED = smartnoise_dir()
 
 
 @pytest.fixture(scope="module")

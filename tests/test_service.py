@@ -18,19 +18,10 @@ from dpgate import accounting
 from dpgate.errors import BudgetExhausted, ExecutionError, MechanismError, UnsupportedQuery
 from dpgate.service import Gateway, QueryBudget
 from dpgate.settings import Settings
+from tests.shared_data import smartnoise_dir
+from tests.shared_data import smartnoise_dir
 
-def _data_dir() -> Path:
-    """``../shared/data/smartnoise`` next to the repository (a clone in /work/X or a worktree
-    in /work/wt/X)."""
-    here = Path(__file__).resolve()
-    for root in (here.parents[1].parent, here.parents[2].parent):
-        candidate = root / "shared" / "data" / "smartnoise"
-        if candidate.exists():
-            return candidate
-    return here.parents[1].parent / "shared" / "data" / "smartnoise"
-
-
-DATA = _data_dir()
+DATA = smartnoise_dir()
 pytestmark = pytest.mark.skipif(not (DATA / "PUMS_dup.csv").exists(), reason="../shared/data not present")
 
 POLICY = """

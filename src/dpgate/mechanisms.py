@@ -84,6 +84,7 @@ __all__ = [
     "MechanismName",
     "calibrate",
     "ci95_halfwidth",
+    "ci_halfwidth",
     "mechanism_name",
     "sample",
     "sigma_for_ci95",
@@ -593,3 +594,57 @@ def sigma_for_ci95(mechanism: str, halfwidth: float) -> float:
         else:
             hi = mid
     return lo
+
+
+@lru_cache(maxsize=4096)
+def _ci_cached(mech: MechanismName, scale: float, alpha: float) -> float:
+    if mech == "discrete_laplace":
+        # P(|Z| ≤ t) = 1 − 2q^{t+1}/(1+q), q = e^{−1/b} ([GRS12]); smallest integer t with this ≥ 1 − α.
+        log_q = -1.0 / scale
+
+        def covers(k: int) -> bool:
+            return k >= 0 and 2.0 * math.exp((k + 1) * log_q) / (1.0 + math.exp(log_q)) <= alpha
+
+        t = max(0, math.ceil((math.log(alpha / 2.0) + math.log1p(math.exp(log_q))) / log_q - 1.0))
+        while t > 0 and covers(t - 1):
+            t -= 1
+        while not covers(t):
+            t += 1
+        return float(t)
+    if scale <= _EXACT_CI_MAX_SIGMA:
+        _enable_contrib()
+        a = float(dp.discrete_gaussian_scale_to_accuracy(float(scale), float(alpha)))
+        return max(0.0, a - 1.0)
+    z = statistics.NormalDist().inv_cdf(1.0 - alpha / 2.0)
+    return float(math.ceil(z * scale - 0.5))
+
+
+def ci_halfwidth(mechanism: str, scale: float, alpha: float = 0.05) -> float:
+    """(1 − α) half-width of the noise: the smallest integer t with P(|Z| ≤ t) ≥ 1 − α.
+
+    :func:`ci95_halfwidth` at any level, computed the same way (discrete
+    Laplace: exact closed form of [GRS12]; discrete Gaussian: OpenDP's exact
+    ``discrete_gaussian_scale_to_accuracy`` for σ ≤ 10^4, the continuity-corrected
+    normal quantile above). Used for union (Bonferroni) bounds over several
+    primitives, e.g. α = 0.05/k each for a 95 % statement about k of them.
+
+    Args:
+        mechanism: ``"gaussian"``/``"discrete_gaussian"`` or ``"laplace"``/``"discrete_laplace"``.
+        scale: σ or b > 0, finite (integer units).
+        alpha: miss probability in (0, 1).
+
+    Returns:
+        t as a float (an integer value), in the units of ``scale``.
+
+    Raises:
+        InvalidRequest: unknown mechanism.
+        MechanismError: scale not finite or not > 0, or alpha outside (0, 1).
+    """
+    mech = mechanism_name(mechanism)
+    s = float(scale)
+    if not math.isfinite(s) or s <= 0:
+        raise MechanismError(f"noise scale must be finite and > 0, got {scale!r}")
+    a = float(alpha)
+    if not (0.0 < a < 1.0):
+        raise MechanismError(f"alpha must be in (0, 1), got {alpha!r}")
+    return _ci_cached(mech, s, a)

@@ -47,9 +47,10 @@ from dpgate.errors import (
 )
 from dpgate.ledger import Ledger, open_ledger
 from dpgate.ledger.base import FINITE_ORDERS, PolicyDrift
-from dpgate.mechanisms import calibrate, ci95_halfwidth, sample, sigma_for_ci95
+from dpgate.mechanisms import calibrate, ci95_halfwidth, mechanism_name, sample
 from dpgate.policy import MECHANISMS, DatasetPolicy, load_policies
 from dpgate.postprocess import finalize, output_unit
+from dpgate.postprocess.calibration import CellTarget, ci95_rules, scales_for_ci95
 from dpgate.releases import (
     CacheKeys,
     NoisyPrimitives,
@@ -64,7 +65,7 @@ from dpgate.sensitivity import primitive_linf, sensitivities
 from dpgate.settings import Settings
 from dpgate.sql.bound import bounded_sql, bounded_sql_template
 from dpgate.sql.parse import parse_query
-from dpgate.sql.plan import QueryPlan
+from dpgate.sql.plan import AggregateOutput, QueryPlan
 
 #: Margin (seconds) added to the engine's query timeout to make the release lease: how long
 #: after a charge its release must be stored before another process declares it lost.
@@ -92,13 +93,19 @@ class QueryBudget:
             turned into ρ by the tight zCDP conversion (Canonne–Kamath–Steinke
             2020); for the Laplace mechanism the pure ε of the release; finite,
             > 0, at most :attr:`MAX_EPSILON`.
-        ci95: target 95 % interval half-width of each released cell, in the
-            cell's units (rows for counts, column units for sums); finite, > 0,
-            at most :attr:`MAX_CI95`.
+        ci95: target 95 % half-width of each *released cell*, in its output units (rows
+            for counts, column units for sums and averages): the noise is calibrated so
+            that every aggregate column's reported ``ci95`` is at most this
+            (:func:`dpgate.postprocess.calibration.scales_for_ci95`); finite, > 0, at
+            most :attr:`MAX_CI95`.
+        expected_count: with ``ci95`` only: the number of rows the analyst expects per
+            group, an assumption needed for AVG, VAR and STDDEV (whose half-width
+            depends on the count, unknown before the release); never read from data.
 
     Raises:
-        InvalidBudget: more than one field set, or a value that is not a finite
-            positive number within its limit.
+        InvalidBudget: more than one of rho/epsilon/ci95 set, a value that is not a
+            finite positive number within its limit, or ``expected_count`` without
+            ``ci95``.
     """
 
     #: Largest ρ a query may name (per release; far above any sane cap).
@@ -113,6 +120,7 @@ class QueryBudget:
     rho: float | None = None
     epsilon: float | None = None
     ci95: float | None = None
+    expected_count: float | None = None
 
     def __post_init__(self) -> None:
         given = {k: getattr(self, k) for k in self.FIELDS if getattr(self, k) is not None}
@@ -130,6 +138,13 @@ class QueryBudget:
                 raise InvalidBudget(
                     f"budget {name} must be at most {limits[name]:g}", {"field": name, "max": limits[name]}
                 )
+        n = self.expected_count
+        if n is not None:
+            if self.ci95 is None:
+                raise InvalidBudget("expected_count goes with a ci95 budget", {"field": "expected_count"})
+            if isinstance(n, bool) or not isinstance(n, (int, float)) or not math.isfinite(n) or not 1 < n <= 1e15:
+                raise InvalidBudget("expected_count must be a number of rows > 1 (and ≤ 1e15)",
+                                    {"field": "expected_count"})
 
     @classmethod
     def from_request(cls, fields: Mapping[str, Any]) -> "QueryBudget":
@@ -319,6 +334,8 @@ class Gateway:
         """
         budget = budget or QueryBudget()
         if budget.ci95 is not None:
+            if budget.expected_count is not None:
+                return {"ci95": float(budget.ci95), "expected_count": float(budget.expected_count)}
             return {"ci95": float(budget.ci95)}
         if budget.epsilon is not None:
             if mech == "gaussian":  # a standalone (ε, δ) guarantee at the cap's δ
@@ -328,14 +345,17 @@ class Gateway:
         return {"rho": float(rho)}
 
     def _calibrate(self, policy: DatasetPolicy, plan: QueryPlan, mech: str, resolved: Mapping[str, Any]):
-        """Return (calibration, sensitivities) for a resolved budget (see :meth:`_resolve_budget`)."""
+        """Return (calibration, sensitivities) for a resolved budget (see :meth:`_resolve_budget`).
+
+        A ``ci95`` budget constrains each released aggregate cell (AVG/VAR/STDDEV at the
+        budget's ``expected_count``; :func:`~dpgate.postprocess.calibration.scales_for_ci95`).
+        """
         check_representable(plan, policy)
         sens = sensitivities(plan, policy)
         pairs = {pid: (s.l1, s.l2) for pid, s in sens.items()}
         if "ci95" in resolved:
-            scales = {p.id: sigma_for_ci95(mech, resolved["ci95"] / _output_unit(policy, plan, p.id))
-                      for p in plan.primitives}
-            return calibrate(pairs, mechanism=mech, scales=scales), sens
+            return calibrate(pairs, mechanism=mech, scales=self._ci95_scales(policy, plan, mech, resolved,
+                                                                             sens).scales), sens
         if mech == "gaussian":
             rho = (accounting.rho_for_cap(resolved["epsilon"], resolved["delta"], "tight")
                    if "epsilon" in resolved else resolved["rho"])
@@ -344,20 +364,38 @@ class Gateway:
         eps = resolved["epsilon"] if "epsilon" in resolved else math.sqrt(2.0 * resolved["rho"])
         return calibrate(pairs, mechanism=mech, epsilon=eps), sens
 
+    @staticmethod
+    def _ci95_scales(policy: DatasetPolicy, plan: QueryPlan, mech: str, resolved: Mapping[str, Any], sens):
+        """Scales (integer units) meeting a ``ci95`` budget on every aggregate output."""
+        targets = _cell_targets(policy, plan)
+        gaussian = mechanism_name(mech) == "discrete_gaussian"
+        d_in = {pid: (s.l2 if gaussian else s.l1) for pid, s in sens.items()}
+        units = {p.id: _output_unit(policy, plan, p.id) for p in plan.primitives}
+        return scales_for_ci95(targets, d_in, units, mechanism=mech, halfwidth=resolved["ci95"],
+                               expected_count=resolved.get("expected_count"))
+
     # ----------------------------------------------------------------- explain
 
     def explain(self, dataset: str, sql: str, *, budget: QueryBudget | None = None,
-                mechanism: str | None = None) -> dict[str, Any]:
+                mechanism: str | None = None, consumer: str | None = None) -> dict[str, Any]:
         """Plan, bounded SQL (salt hidden), sensitivities and cost of a query.
 
         Reads no data and charges nothing. Raises the same errors as :meth:`query`
-        before its charge.
+        before its charge. ``cost.fits`` says whether the charge fits what is left
+        for ``consumer`` (or for the population when None), from the ledger's spend
+        report: a charge that does not fit is refused by :meth:`query` with
+        ``budget_exhausted`` and nothing is written. A ``ci95`` budget adds
+        ``accuracy_target``: each cell's rule and the half-width it will report.
         """
         policy, plan = self._plan(dataset, sql)
         mech = self._mechanism(policy, mechanism)
         resolved = self._resolve_budget(policy, mech, budget)
         cal, sens = self._calibrate(policy, plan, mech, resolved)
         delta = self.ledger.cap(policy.population).rho_delta
+        extra: dict[str, Any] = {}
+        if "ci95" in resolved:
+            extra["accuracy_target"] = self._ci95_scales(policy, plan, mech, resolved, sens).describe(
+                resolved["ci95"], resolved.get("expected_count"))
         return {
             "dataset": dataset,
             "canonical_sql": plan.canonical_sql,
@@ -373,8 +411,23 @@ class Gateway:
                 "epsilon": cal.epsilon,
                 "epsilon_at_delta": accounting.cost_epsilon(cal.cost, delta),
                 "delta": delta,
+                **self._fit(policy, cal.cost, consumer),
             },
+            **extra,
         }
+
+    def _fit(self, policy: DatasetPolicy, cost: accounting.Cost, consumer: str | None) -> dict[str, Any]:
+        """Whether ``cost`` fits what is left (the ledger's spend report), as explain reports it."""
+        report = self.ledger.spend(policy.population)
+        if consumer is not None and consumer in report.consumers:
+            left, who = report.consumers[consumer].remaining_rho, f"consumer {consumer!r}"
+        else:
+            left, who = report.remaining_rho, f"population {policy.population!r}"
+        need = cost.rho_bound()  # ρ for a zCDP charge; for a pure-ε curve, the ρ it is at most
+        fits = bool(need <= left)
+        verdict = "fits" if fits else "does NOT fit: the query would be refused with budget_exhausted"
+        return {"fits": fits, "remaining_rho": left,
+                "message": f"this release costs rho={need:.6g}; {who} has rho={left:.6g} left: it {verdict}"}
 
     # ----------------------------------------------------------------- query
 
@@ -531,7 +584,9 @@ class Gateway:
             "canonical_sql": plan.canonical_sql,
             "mechanism": cal.mechanism,
             "noise_scales": dict(cal.scales),
-            "budget": dict(resolved),
+            "budget": dict(resolved, **({"accuracy_target": ci95_rules(
+                _cell_targets(policy, plan), resolved["ci95"], resolved.get("expected_count"))}
+                if "ci95" in resolved else {})),
             "bounds": {
                 "privacy_unit": table_policy.privacy_unit,
                 "max_groups_per_unit": table_policy.max_groups_per_unit,
@@ -769,6 +824,18 @@ def check_representable(plan: QueryPlan, policy: DatasetPolicy) -> None:
                 {"column": p.column, "primitive": p.kind, "bound": str(linf),
                  "max": str(limits.MAX_STEPS)},
             )
+
+
+def _cell_targets(policy: DatasetPolicy, plan: QueryPlan) -> list[CellTarget]:
+    """The aggregate outputs of ``plan`` as ``ci95`` targets (name, function, primitives, bounds)."""
+    table = policy.table(plan.table)
+    targets = []
+    for o in plan.outputs:
+        if isinstance(o, AggregateOutput):
+            col = table.column(o.column) if o.column else None
+            bounds = (float(col.lower), float(col.upper)) if col is not None and col.bounded else None
+            targets.append(CellTarget(o.label or o.name, o.function, tuple(o.primitives), bounds))
+    return targets
 
 
 def _output_unit(policy: DatasetPolicy, plan: QueryPlan, primitive_id: str) -> float:

@@ -172,7 +172,8 @@ def explain_query(
 ) -> dict[str, Any]:
     """Show the plan, the bounded SQL template, the sensitivities and the cost a query would
     charge. Reads no data and charges nothing."""
-    explanation = gateway.explain(body.dataset, body.sql, budget=_budget(body.budget), mechanism=body.mechanism)
+    explanation = gateway.explain(body.dataset, body.sql, budget=_budget(body.budget), mechanism=body.mechanism,
+                                  consumer=principal.consumer)
     return json_safe(explanation)
 
 

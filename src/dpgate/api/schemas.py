@@ -115,8 +115,11 @@ class BudgetRequest(RequestModel):
     * ``epsilon`` — Gaussian: a standalone (ε, δ) guarantee for this release at
       the cap's δ, turned into ρ by the tight conversion of Canonne, Kamath &
       Steinke 2020, Cor. 13; Laplace: the release's pure ε.
-    * ``ci95`` — the 95 % half-width wanted on each noisy count/sum, in output
-      units; the gateway derives the noise scale and charges the implied cost.
+    * ``ci95`` — the 95 % half-width wanted on each released cell, in its output
+      units; the gateway derives the noise scales and charges the implied cost
+      (explain shows it and whether it fits). AVG, VAR and STDDEV need
+      ``expected_count``: the rows per group the analyst expects (the half-width of a
+      ratio depends on the count, unknown before the release).
 
     Values are checked by :class:`dpgate.service.QueryBudget` (the CLI's
     validator too): a value that is not a finite number in (0, max], or a budget
@@ -126,10 +129,12 @@ class BudgetRequest(RequestModel):
     rho: float | None = _budget_field(QueryBudget.MAX_RHO, "zCDP ρ of this release")
     epsilon: float | None = _budget_field(QueryBudget.MAX_EPSILON, "ε of this release at the cap's δ (pure ε for Laplace)")
     ci95: float | None = _budget_field(QueryBudget.MAX_CI95, "95 % half-width wanted on each released cell")
+    expected_count: float | None = _budget_field(1e15, "with ci95: rows expected per group (AVG/VAR/STDDEV)")
 
     def to_query_budget(self) -> QueryBudget:
         """The validated :class:`~dpgate.service.QueryBudget`; raises InvalidBudget."""
-        return QueryBudget.from_request({"rho": self.rho, "epsilon": self.epsilon, "ci95": self.ci95})
+        return QueryBudget.from_request({"rho": self.rho, "epsilon": self.epsilon, "ci95": self.ci95,
+                                          "expected_count": self.expected_count})
 
 
 class QueryRequest(RequestModel):

@@ -1,4 +1,4 @@
-"""``dpgate query --dataset NAME "SQL" [--rho R | --epsilon E | --ci95 W] [--mechanism M]``.
+"""``dpgate query --dataset NAME "SQL" [--rho R | --epsilon E | --ci95 W [--expected-count N]] [--mechanism M]``.
 
 Runs one query in-process (no HTTP): charges the consumer's allocation, prints
 the released table with ± 95 % intervals, the charge and the remaining budget.
@@ -25,7 +25,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g = p.add_mutually_exclusive_group()
     g.add_argument("--rho", type=float, help="zCDP ρ of this release (total over its primitives)")
     g.add_argument("--epsilon", type=float, help="standalone ε of this release at the cap's δ")
-    g.add_argument("--ci95", type=float, help="target 95%% half-width per noisy primitive")
+    g.add_argument("--ci95", type=float, help="target 95%% half-width of each released cell")
+    p.add_argument("--expected-count", type=float,
+                   help="with --ci95: rows you expect per group (needed for AVG/VAR/STDDEV)")
     p.add_argument("--mechanism", choices=tuple(MECHANISMS))
     add_common_options(p)
     p.set_defaults(func=run)
@@ -56,7 +58,7 @@ def run(args: argparse.Namespace, settings) -> int:
     """Run the query and print the release, its charge and the remaining budget."""
     from dpgate.service import Gateway, QueryBudget
 
-    budget = QueryBudget(rho=args.rho, epsilon=args.epsilon, ci95=args.ci95)
+    budget = QueryBudget(rho=args.rho, epsilon=args.epsilon, ci95=args.ci95, expected_count=args.expected_count)
     with Gateway.open(settings, progress=None if args.json else print) as gw:
         release = gw.query(args.dataset, args.sql, consumer=args.consumer, budget=budget,
                            mechanism=args.mechanism)

@@ -32,8 +32,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Mapping
 
 import numpy as np
-import sqlglot
-from sqlglot import exp
 
 PrimitiveKind = Literal["count", "count_column", "count_distinct_unit", "sum", "sum_squares"]
 AggregateFunction = Literal[
@@ -255,144 +253,11 @@ class QueryPlan:
 
 
 def evaluate_predicate(predicate: str, values: Mapping[str, Any]) -> np.ndarray:
-    """Evaluate a plan's HAVING predicate over released (noisy) values.
+    """Compatibility alias of :func:`dpgate.postprocess.evaluate_predicate` (moved there).
 
-    SQL three-valued logic: a row is kept only where the predicate is TRUE (NULL,
-    i.e. a suppressed cell or NaN, makes a comparison unknown, and unknown rows are
-    dropped). Division by zero gives NULL. This is post-processing: it reads only
-    noisy values and public keys.
-
-    Args:
-        predicate: ``plan.having`` (canonical SQL over canonical output names).
-        values: output name → 1-D array (or sequence) of one value per row; numbers
-            (NaN or None for NULL) or, for text/bool keys, objects (None for NULL).
-
-    Returns:
-        Boolean array, True for rows to keep.
-
-    Raises:
-        ValueError: the predicate uses a construct outside the HAVING subset, or
-            names an output not in ``values``.
+    Imported lazily: ``dpgate.postprocess`` imports this module. Raises ``ValueError``
+    (:class:`~dpgate.postprocess.ExpressionError`) as before.
     """
-    tree = sqlglot.parse_one(predicate, read="duckdb")
-    arrays = {k: np.asarray(v) for k, v in values.items()}
-    n = len(next(iter(arrays.values()))) if arrays else 1
-    val, known = _eval(tree, arrays, n)
-    return np.asarray(val, dtype=bool) & known
+    from dpgate.postprocess.expressions import evaluate_predicate as _evaluate_predicate
 
-
-def _null_mask(arr: np.ndarray) -> np.ndarray:
-    if arr.dtype.kind == "f":
-        return np.isnan(arr)
-    if arr.dtype.kind == "O":
-        return np.array([v is None or (isinstance(v, float) and v != v) for v in arr], dtype=bool)
-    return np.zeros(arr.shape, dtype=bool)
-
-
-def _filled(arr: np.ndarray, known: np.ndarray) -> np.ndarray:
-    if arr.dtype.kind != "O" or known.all():
-        return arr
-    fill = next((v for v, k in zip(arr, known) if k), 0)
-    out = arr.copy()
-    out[~known] = fill
-    return out
-
-
-_CMP = {
-    exp.EQ: np.equal,
-    exp.NEQ: np.not_equal,
-    exp.GT: np.greater,
-    exp.GTE: np.greater_equal,
-    exp.LT: np.less,
-    exp.LTE: np.less_equal,
-}
-
-
-def _eval(node: exp.Expression, arrays: Mapping[str, np.ndarray], n: int):
-    """Return (values, known) arrays of length n."""
-    full = lambda v, dtype=None: np.full(n, v, dtype=dtype)  # noqa: E731
-    if isinstance(node, exp.Paren):
-        return _eval(node.this, arrays, n)
-    if isinstance(node, exp.Column):
-        name = node.name
-        if name not in arrays:
-            raise ValueError(f"HAVING refers to {name!r}, which is not an output")
-        arr = arrays[name]
-        if arr.dtype.kind == "O":
-            arr = np.array([None if (isinstance(v, float) and v != v) else v for v in arr],
-                           dtype=object)
-        known = ~_null_mask(arr)
-        return arr, known
-    if isinstance(node, exp.Literal):
-        if node.is_string:
-            return full(node.this, object), full(True)
-        return full(float(node.this)), full(True)
-    if isinstance(node, exp.Boolean):
-        return full(bool(node.this)), full(True)
-    if isinstance(node, exp.Null):
-        return full(np.nan), full(False)
-    if isinstance(node, exp.Neg):
-        v, k = _eval(node.this, arrays, n)
-        return -v.astype(float), k
-    if isinstance(node, exp.Abs):
-        v, k = _eval(node.this, arrays, n)
-        return np.abs(v.astype(float)), k
-    if isinstance(node, (exp.Add, exp.Sub, exp.Mul, exp.Div)):
-        a, ka = _eval(node.this, arrays, n)
-        b, kb = _eval(node.expression, arrays, n)
-        a = np.where(ka, a, 0).astype(float)
-        b = np.where(kb, b, 1).astype(float)
-        with np.errstate(all="ignore"):
-            if isinstance(node, exp.Add):
-                r = a + b
-            elif isinstance(node, exp.Sub):
-                r = a - b
-            elif isinstance(node, exp.Mul):
-                r = a * b
-            else:
-                r = a / b
-        known = ka & kb & np.isfinite(r)
-        return r, known
-    if type(node) in _CMP:
-        a, ka = _eval(node.this, arrays, n)
-        b, kb = _eval(node.expression, arrays, n)
-        known = ka & kb
-        r = _CMP[type(node)](_filled(a, known), _filled(b, known))
-        return np.asarray(r, dtype=bool) & known, known
-    if isinstance(node, exp.Not):
-        v, k = _eval(node.this, arrays, n)
-        return ~np.asarray(v, dtype=bool) & k, k
-    if isinstance(node, (exp.And, exp.Or)):
-        a, ka = _eval(node.this, arrays, n)
-        b, kb = _eval(node.expression, arrays, n)
-        a = np.asarray(a, dtype=bool) & ka
-        b = np.asarray(b, dtype=bool) & kb
-        if isinstance(node, exp.And):
-            false = (ka & ~a) | (kb & ~b)
-            true = a & b
-        else:
-            true = a | b
-            false = ka & ~a & kb & ~b
-        return true, true | false
-    if isinstance(node, exp.Is):
-        v, k = _eval(node.this, arrays, n)
-        if isinstance(node.expression, exp.Null):
-            return ~k, full(True)
-        if isinstance(node.expression, exp.Boolean):
-            target = bool(node.expression.this)
-            return k & (np.asarray(v, dtype=bool) == target), full(True)
-    if isinstance(node, exp.In):
-        a, ka = _eval(node.this, arrays, n)
-        true = np.zeros(n, dtype=bool)
-        any_unknown = ~ka
-        for e in node.expressions:
-            b, kb = _eval(e, arrays, n)
-            known = ka & kb
-            true |= np.asarray(np.equal(_filled(a, known), _filled(b, known)), dtype=bool) & known
-            any_unknown |= ~kb
-        return true, true | ~any_unknown
-    if isinstance(node, exp.Between):
-        lo = exp.GTE(this=node.this.copy(), expression=node.args["low"].copy())
-        hi = exp.LTE(this=node.this.copy(), expression=node.args["high"].copy())
-        return _eval(exp.And(this=lo, expression=hi), arrays, n)
-    raise ValueError(f"HAVING construct {node.sql(dialect='duckdb')!r} cannot be evaluated")
+    return _evaluate_predicate(predicate, values)
