@@ -150,3 +150,32 @@ def test_normalise_time():
     assert normalise_time("  ") is None and normalise_time(None) is None
     with pytest.raises(InvalidRequest):
         normalise_time("30/11/2026")
+
+
+def test_browsing_queries_use_the_indexes(tmp_path):
+    import sqlite3
+
+    led = open_ledger(f"sqlite:///{tmp_path / 'l.sqlite'}")
+    _fill(led, n=6)
+    led.close()
+    conn = sqlite3.connect(str(tmp_path / "l.sqlite"))
+    try:
+        names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+        assert {"charges_by_consumer", "charges_by_time", "events_by_time"} <= names
+        plan = " ".join(str(r) for r in conn.execute(
+            "EXPLAIN QUERY PLAN SELECT seq FROM charges WHERE consumer = 'dash' ORDER BY seq DESC LIMIT 51"))
+        assert "charges_by_consumer" in plan
+        plan = " ".join(str(r) for r in conn.execute(
+            "EXPLAIN QUERY PLAN SELECT MIN(seq), MAX(seq) FROM charges WHERE created_at >= '2026' AND created_at < '2027'"))
+        assert "charges_by_time" in plan and "COVERING" in plan
+    finally:
+        conn.close()
+
+
+def test_a_time_window_before_every_entry_or_after_them_is_empty(ledger):
+    _fill(ledger, n=4)
+    assert ledger.entries_page(until="2000-01-01").entries == []
+    assert ledger.entries_page("event", since="2999-01-01").entries == []
+    last = ledger.entries()[-1]["created_at"]
+    page = ledger.entries_page(since=last, consumer="ml", limit=5)
+    assert all(e["created_at"] >= last and e["consumer"] == "ml" for e in page.entries)

@@ -114,9 +114,12 @@ def sign_in(page, key: str, path: str = "/ui/login"):
     page.wait_for_load_state()
 
 
-def shot(page, name: str) -> None:
+def shot(page, name: str, height: int = 1400) -> None:
+    """Save a screenshot of the page's top ``height`` pixels (1280 wide) as ``SHOTS/name.png``."""
     SHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+    full = page.evaluate("document.documentElement.scrollHeight")
+    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True,
+                    clip={"x": 0, "y": 0, "width": 1280, "height": min(full, height)})
 
 
 def xss_guard(page) -> list[str]:

@@ -37,10 +37,24 @@ from dpgate.ledger.base import (
     validate_name,
 )
 
-__all__ = ["EntryPage", "LedgerBrowsing", "normalise_time", "MAX_PAGE_SIZE"]
+__all__ = ["BROWSE_MIGRATION", "EntryPage", "LedgerBrowsing", "normalise_time", "MAX_PAGE_SIZE"]
 
 #: Largest page :meth:`LedgerBrowsing.entries_page` returns.
 MAX_PAGE_SIZE = 1000
+
+#: Ledger schema migration 3 (both backends, appended to their ``MIGRATIONS``): the indexes the
+#: browsing queries use. A consumer filter walks ``charges_by_consumer`` newest first; a time
+#: window is first turned into the exact ``seq`` range of the entries inside it with a covering
+#: scan of ``charges_by_time`` / ``events_by_time``, then read by primary key like any page.
+BROWSE_MIGRATION: tuple[int, str, tuple[str, ...]] = (
+    3,
+    "indexes for browsing the ledger: charges by consumer and by time, events by time",
+    (
+        "CREATE INDEX IF NOT EXISTS charges_by_consumer ON charges (consumer, seq)",
+        "CREATE INDEX IF NOT EXISTS charges_by_time ON charges (created_at, seq)",
+        "CREATE INDEX IF NOT EXISTS events_by_time ON events (created_at, seq)",
+    ),
+)
 
 
 def normalise_time(value: str | datetime | None, what: str = "time") -> str | None:
@@ -157,12 +171,16 @@ class LedgerBrowsing:
             where.append(f"consumer = {p}")
             args.append(validate_name(consumer, "consumer"))
         lo, hi = normalise_time(since, "since"), normalise_time(until, "until")
+        window: list[str] = []
+        window_args: list[Any] = []
         if lo is not None:
-            where.append(f"created_at >= {p}")
-            args.append(lo)
+            window.append(f"created_at >= {p}")
+            window_args.append(lo)
         if hi is not None:
-            where.append(f"created_at < {p}")
-            args.append(hi)
+            window.append(f"created_at < {p}")
+            window_args.append(hi)
+        where += window
+        args += window_args
         if before is not None:
             where.append(f"seq < {p}")
             args.append(before)
@@ -175,6 +193,15 @@ class LedgerBrowsing:
                  + (f" WHERE {' AND '.join(where)}" if where else "")
                  + f" ORDER BY seq {order} LIMIT {p}")
         with self._tx(write=False) as tx:  # type: ignore[attr-defined]
+            if window:
+                # the exact seq range of the entries in the window (a covering index scan), so that
+                # the page below reads only rows inside it, however far back the window lies
+                bounds = tx.execute(f"SELECT MIN(seq), MAX(seq) FROM {table} WHERE {' AND '.join(window)}",
+                                    window_args).fetchone()
+                if bounds is None or bounds[0] is None:
+                    return EntryPage([], None, None)
+                query = query.replace(" ORDER BY", f"{' AND' if where else ' WHERE'} seq BETWEEN {p} AND {p} ORDER BY", 1)
+                args += [int(bounds[0]), int(bounds[1])]
             rows = tx.execute(query, [*args, limit + 1]).fetchall()
         more = len(rows) > limit
         rows = rows[:limit]
