@@ -16,7 +16,9 @@ a dashboard viewer and an analyst and requests each page ``--repeat`` times.
 
 Prints, per page: the first request (the burn-down's series are read from the
 ledger once per process, then incrementally), the median and the 95th
-percentile of the rest, and the page's weight: its HTML plus the assets it links
+percentile of the rest, the median CPU time of the process per request (the
+server's work, less sensitive than wall time to other jobs on a shared
+machine), and the page's weight: its HTML plus the assets it links
 (stylesheet, icon). Not a test: timings depend on the machine and its load.
 """
 
@@ -25,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import re
 import shutil
 import statistics
@@ -122,17 +125,18 @@ async def _measure(settings: Settings, repeat: int) -> list[dict]:
         out = []
         for role, path, what in pages:
             client = clients[role]
-            times = []
+            times, cpu = [], []
             for i in range(repeat + 1):
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 r = await client.get(path)
                 times.append((time.perf_counter() - t0) * 1000)
+                cpu.append((time.process_time() - c0) * 1000)
                 assert r.status_code == 200, (path, r.status_code, r.text[:300])
             weight = await _weight(client, r.text)
             rest = sorted(times[1:])
             out.append({"page": path, "what": what, "first_ms": times[0], "median_ms": statistics.median(rest),
-                        "p95_ms": rest[int(0.95 * (len(rest) - 1))], "html_bytes": len(r.content),
-                        "weight_bytes": weight})
+                        "p95_ms": rest[int(0.95 * (len(rest) - 1))], "cpu_ms": statistics.median(cpu[1:]),
+                        "html_bytes": len(r.content), "weight_bytes": weight})
         for c in clients.values():
             await c.aclose()
         print(f"ledger entries: {ledger_total:,}", file=sys.stderr)
@@ -157,11 +161,14 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
-    print(f"| page | what | first request (ms) | median (ms) | p95 (ms) | HTML (KB) | with assets (KB) |")
-    print("|---|---|---:|---:|---:|---:|---:|")
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(f"load average at the end: {load:.1f} on {os.cpu_count()} cores")
+    print("| page | what | first request (ms) | median (ms) | p95 (ms) | CPU median (ms) | HTML (KB) "
+          "| with assets (KB) |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(f"| `{r['page']}` | {r['what']} | {r['first_ms']:.1f} | {r['median_ms']:.1f} | {r['p95_ms']:.1f} "
-              f"| {r['html_bytes'] / 1000:.1f} | {r['weight_bytes'] / 1000:.1f} |")
+              f"| {r['cpu_ms']:.1f} | {r['html_bytes'] / 1000:.1f} | {r['weight_bytes'] / 1000:.1f} |")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
     return 0

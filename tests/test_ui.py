@@ -520,6 +520,11 @@ def test_docs_load_swagger_ui_from_this_server(server):
             asset = c.get(src)
             assert asset.status_code == 200, src
         assert "SwaggerUIBundle" in c.get("/ui/static/swagger-init.js").text
+        bundle = c.get("/docs/static/swagger-ui-bundle.js", headers={"Accept-Encoding": "gzip"})
+        assert bundle.headers["content-encoding"] == "gzip" and "SwaggerUIBundle" in bundle.text
+        assert int(bundle.headers["content-length"]) < len(bundle.content) / 3  # sent compressed
+        plain = c.get("/docs/static/swagger-ui-bundle.js", headers={"Accept-Encoding": "identity"})
+        assert "content-encoding" not in plain.headers and plain.content == bundle.content
         assert c.get("/docs/static/../../etc/passwd").status_code == 404
         assert c.get("/docs/static/redoc.standalone.js").status_code == 404  # an allow-list
         assert c.get("/openapi.json").status_code == 200

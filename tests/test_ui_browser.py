@@ -114,12 +114,16 @@ def sign_in(page, key: str, path: str = "/ui/login"):
     page.wait_for_load_state()
 
 
-def shot(page, name: str, height: int = 1400) -> None:
-    """Save a screenshot of the page's top ``height`` pixels (1280 wide) as ``SHOTS/name.png``."""
+def shot(page, name: str, height: int = 1400, start=None) -> None:
+    """Save a screenshot as ``SHOTS/name.png``: ``height`` pixels (1280 wide) from the top of the
+    page, or from the top of the element ``start`` (a locator)."""
     SHOTS.mkdir(parents=True, exist_ok=True)
     full = page.evaluate("document.documentElement.scrollHeight")
+    top = 0
+    if start is not None:
+        top = max(0, int(start.evaluate("e => e.getBoundingClientRect().top + window.scrollY")) - 8)
     page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True,
-                    clip={"x": 0, "y": 0, "width": 1280, "height": min(full, height)})
+                    clip={"x": 0, "y": top, "width": 1280, "height": min(full - top, height)})
 
 
 def xss_guard(page) -> list[str]:
@@ -196,7 +200,7 @@ def test_admin_sees_the_burn_down_and_changes_a_cap(new_page, keys, server):
     counts = {rows.nth(i).locator("th").inner_text(): int(rows.nth(i).locator("td").first.inner_text())
               for i in range(rows.count())}
     assert counts["analysts"] == 2 and counts["dashboard"] == 1 + 8
-    shot(page, "admin")
+    shot(page, "admin", start=section)
     # change the cap, with a reason
     section.get_by_label("ε").fill("3.5")
     section.get_by_label("Reason (recorded in the ledger)").fill("quarterly review: lower the cap")

@@ -11,6 +11,8 @@ that allows scripts from this origin only.
 
 from __future__ import annotations
 
+import gzip
+from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -107,11 +109,21 @@ def docs() -> Response:
     return Response(html, media_type="text/html; charset=utf-8", headers=headers)
 
 
+@lru_cache(maxsize=len(_SWAGGER_FILES))
+def _gzipped(path: Path) -> bytes:
+    return gzip.compress(path.read_bytes(), compresslevel=9)
+
+
 @router.get("/docs/static/{name}")
-def docs_static(name: str) -> Response:
-    """Swagger UI's script and stylesheet (an allow-list of file names)."""
+def docs_static(request: Request, name: str) -> Response:
+    """Swagger UI's script and stylesheet (an allow-list of file names), gzip-compressed when
+    the client accepts it (1.7 MB → 0.44 MB; compressed once per process)."""
     folder = _swagger_dir()
     if name not in _SWAGGER_FILES or folder is None or not (folder / name).is_file():
         raise NotFound(f"no such file: /docs/static/{name}")
-    return FileResponse(folder / name, media_type=_SWAGGER_FILES[name],
-                        headers={"Cache-Control": "public, max-age=86400", "X-Content-Type-Options": "nosniff"})
+    headers = {"Cache-Control": "public, max-age=86400", "X-Content-Type-Options": "nosniff",
+               "Vary": "Accept-Encoding"}
+    if "gzip" in request.headers.get("accept-encoding", "").lower():
+        return Response(_gzipped(folder / name), media_type=_SWAGGER_FILES[name],
+                        headers={**headers, "Content-Encoding": "gzip"})
+    return FileResponse(folder / name, media_type=_SWAGGER_FILES[name], headers=headers)
