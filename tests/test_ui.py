@@ -560,3 +560,44 @@ def test_pages_weigh_less_than_300_kb_with_their_assets(client, role, path):
     for src in set(re.findall(r'(?:src|href)="(/ui/static/[^"]+)"', r.text)):
         total += len(c.get(src).content)
     assert total < 300_000, (path, total)
+
+
+def test_policy_drift_is_shown_when_the_gateway_reports_it(client, server, monkeypatch):
+    gw = server.app_state.gateway
+    original = gw.datasets
+
+    def drifted():
+        out = original()
+        for d in out:
+            d["policy_drift"] = {"drifted": d["name"] == "usage",
+                                 "differences": ["cap: the policy file states epsilon = 4 <b>"] if d["name"] == "usage" else [],
+                                 "message": "the policy file differs from the ledger <i>" if d["name"] == "usage" else ""}
+        return out
+
+    monkeypatch.setattr(gw, "datasets", drifted)
+    admin = client("admin")
+    page = admin.get("/ui/admin").text
+    assert "Policy file of dataset usage: the policy file differs from the ledger &lt;i&gt;" in page
+    assert "Policy file of dataset hostile" not in page  # drifted: false and no message
+    assert "the policy file differs from the ledger &lt;i&gt;" in admin.get("/ui/datasets").text
+    monkeypatch.setattr(gw, "datasets", original)
+    assert "Policy file of dataset" not in admin.get("/ui/admin").text  # no field: nothing shown
+
+
+def test_a_cap_below_the_spend_is_said_so(client, server, monkeypatch):
+    gw = server.app_state.gateway
+    original = gw.set_cap
+
+    def set_cap(population, **kw):  # the ledger's report of where the population stands (when it gives one)
+        out = original(population, **kw)
+        return {**out, "exhausted": True, "message": f"the cap of {population!r} is now below what was spent <x>"}
+
+    monkeypatch.setattr(gw, "set_cap", set_cap)
+    admin = client("admin")
+    token = csrf_token(admin.get("/ui/admin").text)
+    r = admin.post("/ui/admin/populations/hostile-pop/cap", follow_redirects=True,
+                   data={"csrf_token": token, "epsilon": "0.01", "delta": "1e-6", "reason": "incident"})
+    assert 'class="flash warn"' in r.text and "is now below what was spent &lt;x&gt;" in r.text
+    monkeypatch.setattr(gw, "set_cap", original)
+    admin.post("/ui/admin/populations/hostile-pop/cap",
+               data={"csrf_token": token, "epsilon": "2", "delta": "1e-6", "reason": "restore"})

@@ -259,3 +259,15 @@ def test_recent_releases_are_those_paid_by_the_consumer():
 ])
 def test_accept_negotiation(accept, html):
     assert wants_html(accept) is html
+
+
+def test_drift_warning_reads_the_gateway_report_and_degrades():
+    from dpgate.ui.data import drift_warning
+
+    assert drift_warning({"name": "usage"}) is None  # no policy_drift field (older gateways)
+    assert drift_warning({"name": "usage", "policy_drift": {"drifted": False, "differences": [], "message": ""}}) is None
+    w = drift_warning({"name": "usage", "policy_drift": {"drifted": True, "differences": ["cap: a", "allocations: b"]}})
+    assert w == {"dataset": "usage", "message": "cap: a; allocations: b", "differences": ["cap: a", "allocations: b"]}
+    legacy = drift_warning({"name": "u", "policy_drift": {"drifted": False, "message": "re-fix the cap"}})
+    assert legacy["message"] == "re-fix the cap"
+    assert drift_warning({"name": "u", "policy_drift": True})["message"] == "True"

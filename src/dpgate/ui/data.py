@@ -35,6 +35,7 @@ from dpgate.ui.charts import Series, bar_chart, burndown_chart, fmt_number, line
 
 __all__ = [
     "BurndownCache",
+    "drift_warning",
     "explanation_view",
     "populations_overview",
     "release_view",
@@ -104,11 +105,7 @@ def populations_overview(gateway: Any) -> list[dict[str, Any]]:
             total_frac = (_number(report.get("spent", {}).get("rho")) or 0.0) / _number(cap.get("rho"))  # type: ignore[operator]
         units = sorted({t.get("privacy_unit") or "record" for d in by_population.get(name, [])
                         for t in d.get("tables", {}).values()})
-        drift = []
-        for d in by_population.get(name, []):
-            info = d.get("policy_drift")
-            if info:
-                drift.append({"dataset": d["name"], "detail": info})
+        drift = [w for d in by_population.get(name, []) if (w := drift_warning(d)) is not None]
         alpha_cap = cap.get("alpha_cap", report.get("alpha_cap"))
         out.append({
             "name": name,
@@ -125,6 +122,24 @@ def populations_overview(gateway: Any) -> list[dict[str, Any]]:
             "drift": drift,
         })
     return out
+
+
+def drift_warning(dataset: Mapping[str, Any]) -> dict[str, Any] | None:
+    """``{"dataset", "message", "differences"}`` when the dataset's ``policy_drift`` has something
+    to say (its policy file differs from the ledger's cap or allocations, or the cap needs
+    re-fixing), else None. Accepts the gateway's report dict (``drifted``, ``differences``,
+    ``message``) or any other truthy value (shown as text); absent: None."""
+    info = dataset.get("policy_drift")
+    if not info:
+        return None
+    if isinstance(info, Mapping):
+        differences = [str(x) for x in info.get("differences") or []]
+        message = str(info.get("message") or "")
+        if not info.get("drifted") and not message:
+            return None
+        return {"dataset": dataset.get("name", ""), "message": message or "; ".join(differences),
+                "differences": differences}
+    return {"dataset": dataset.get("name", ""), "message": str(info), "differences": []}
 
 
 @dataclass

@@ -50,7 +50,7 @@ from dpgate.auth import KeyStore, Permission, Principal, Role
 from dpgate.errors import DpgateError, Forbidden, InvalidRequest, NotFound, Unauthenticated
 from dpgate.ledger.browse import MAX_PAGE_SIZE, normalise_time
 from dpgate.service import Gateway, QueryBudget
-from dpgate.ui.data import BurndownCache, explanation_view, populations_overview, recent_releases, release_view
+from dpgate.ui.data import BurndownCache, drift_warning, explanation_view, populations_overview, recent_releases, release_view
 from dpgate.ui.render import PAGE_HEADERS, error_page, page
 from dpgate.ui.sessions import COOKIE_NAME, Session, SessionStore, csrf_matches
 
@@ -340,7 +340,8 @@ async def logout(request: Request) -> Response:
 @router.get("/datasets")
 def datasets(request: Request, principal: Annotated[Principal, Depends(signed_in(Permission.READ_DATASETS))]) -> Response:
     """Every dataset's published guarantee: population, cap, allocations, units, bounds, keys."""
-    return page(request, "datasets.html", {"active": "datasets", "datasets": _gateway(request).datasets()})
+    return page(request, "datasets.html", {"active": "datasets", "datasets": _gateway(request).datasets(),
+                                           "drift": drift_warning})
 
 
 # ------------------------------------------------------------------------------- admin
@@ -399,16 +400,11 @@ async def change_cap(request: Request, population: str,
         return _redirect(f"/ui/admin#pop-{zlib.crc32(population.encode()):08x}")
     session.add_flash("ok", _cap_change_sentence(population, result, report.to_dict(), principal.name, reason))
     if isinstance(result, Mapping) and result.get("exhausted"):
-        session.add_flash("warn", f"The new cap is below what {population} has already spent: "
-                                  f"every further charge will be refused ({_describe(result.get('exhausted'))}).")
+        session.add_flash("warn", str(result.get("message") or
+                                      f"The new cap of {population} is at or below what it has already spent: "
+                                      "every further charge will be refused; past charges stay."))
     anchor = "pop-" + format(zlib.crc32(population.encode()), "08x")
     return _redirect(f"/ui/admin#{anchor}")
-
-
-def _describe(value: Any) -> str:
-    if isinstance(value, Mapping):
-        return ", ".join(f"{k} {_fmt(v)}" for k, v in value.items())
-    return _fmt(value)
 
 
 def _fmt(value: Any) -> str:
