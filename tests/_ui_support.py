@@ -9,7 +9,6 @@ page failed to escape it (each payload sets ``window.__xss``).
 from __future__ import annotations
 
 import re
-import shutil
 from pathlib import Path
 
 import httpx
@@ -101,7 +100,3 @@ def sign_in(base_url: str, key: str, **client_options) -> httpx.Client:
     assert r.status_code == 303, r.text
     return client
 
-
-def copy_policies_only(src: Path, dst: Path) -> None:
-    """Copy a project's policies folder (helper for tests that edit a policy)."""
-    shutil.copytree(src / "policies", dst / "policies")

@@ -23,7 +23,6 @@ import pytest
 from markupsafe import escape
 from _api_server import LiveServer
 from _ui_support import (
-    XSS_IMG,
     XSS_REASON,
     XSS_SCRIPT,
     XSS_SQL,

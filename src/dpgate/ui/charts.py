@@ -142,9 +142,11 @@ class _Frame:
         self.y0, self.y1 = y0, (y1 if y1 != y0 else y0 + 1)
 
     def px(self, x: float) -> float:
+        """Pixel column of data value ``x``."""
         return ML + (x - self.x0) / (self.x1 - self.x0) * (W - ML - MR)
 
     def py(self, y: float) -> float:
+        """Pixel row of data value ``y`` (up is larger)."""
         return H - MB - (y - self.y0) / (self.y1 - self.y0) * (H - MT - MB)
 
 

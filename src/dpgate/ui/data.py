@@ -23,7 +23,7 @@ import threading
 import time
 import zlib
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -150,6 +150,7 @@ class _Track:
     cum: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
     def extend(self, times: np.ndarray, rhos: np.ndarray) -> None:
+        """Append charges (epoch seconds, ρ each), continuing the cumulative sum."""
         start = float(self.cum[-1]) if len(self.cum) else 0.0
         self.times = np.concatenate([self.times, times])
         self.cum = np.concatenate([self.cum, start + np.cumsum(rhos)])

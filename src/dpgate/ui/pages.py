@@ -90,6 +90,7 @@ class UIRoute(APIRoute):
         handler = super().get_route_handler()
 
         async def html_errors(request: Request) -> Response:
+            """Run the handler; turn its failures into HTML pages or a sign-in redirect."""
             try:
                 return await handler(request)
             except SignInRequired as exc:
@@ -170,6 +171,7 @@ def signed_in(permission: Permission | None = None) -> Callable[[Request], Princ
     """
 
     def dependency(request: Request) -> Principal:
+        """The live signed-in principal (see :func:`signed_in`)."""
         _, session = _session(request)
         if session is None or session.principal is None:
             raise SignInRequired("expired" if request.cookies.get(COOKIE_NAME) else "")
@@ -438,11 +440,13 @@ class _LedgerFilters:
         self.since, self.until, self.limit = since or None, until or None, limit
 
     def query(self, **extra: Any) -> str:
+        """The filters (and ``extra`` parameters) as a URL query string."""
         params = {"show": self.show, "population": self.population, "consumer": self.consumer,
                   "since": self.since, "until": self.until, "limit": self.limit, **extra}
         return urlencode({k: v for k, v in params.items() if v not in (None, "")})
 
     def kwargs(self) -> dict[str, Any]:
+        """The filters as keyword arguments of :meth:`LedgerBrowsing.entries_page`."""
         return {"population": self.population, "consumer": self.consumer, "since": self.since, "until": self.until}
 
 
@@ -527,6 +531,7 @@ def ledger_export(
     gateway.ledger.entries_page(kind, limit=1, **f.kwargs())  # validate the filters before streaming
 
     def entries() -> Iterator[dict[str, Any]]:
+        """Every matching entry, oldest first, read a page of MAX_PAGE_SIZE at a time."""
         cursor = 0
         while True:
             chunk = gateway.ledger.entries_page(kind, after=cursor, limit=MAX_PAGE_SIZE, **f.kwargs())
@@ -537,10 +542,12 @@ def ledger_export(
             cursor = chunk.entries[0]["seq"]
 
     def jsonl() -> Iterator[bytes]:
+        """The entries as JSON lines."""
         for e in entries():
             yield (json.dumps(e, ensure_ascii=False, sort_keys=True) + "\n").encode()
 
     def as_csv() -> Iterator[bytes]:
+        """The entries as CSV, in chunks of about 64 KB."""
         columns = _CSV_CHARGES if kind == "charge" else _CSV_EVENTS
         buf = io.StringIO()
         writer = csv.writer(buf)
