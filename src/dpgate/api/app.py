@@ -22,6 +22,7 @@ from dpgate.api.routes import health, v1
 from dpgate.auth import KeyStore
 from dpgate.service import Gateway
 from dpgate.settings import Settings
+from dpgate.ui import install_ui
 
 _DESCRIPTION = """\
 A differentially private SQL gateway. Analysts send aggregate SQL; the gateway
@@ -64,7 +65,8 @@ def create_app(
 
     Returns:
         A FastAPI application with every endpoint of the design's HTTP table,
-        OpenAPI docs at ``/docs`` and ``/openapi.json``, the one error shape,
+        the web pages under ``/ui`` (:mod:`dpgate.ui`), OpenAPI docs at ``/docs``
+        (Swagger UI from local files) and ``/openapi.json``, the one error shape,
         and a request body limit of ``settings.max_body_bytes``.
 
     Raises:
@@ -92,7 +94,7 @@ def create_app(
         version=__version__,
         description=_DESCRIPTION,
         lifespan=lifespan,
-        docs_url="/docs",
+        docs_url=None,  # /docs is served by dpgate.ui with local assets (no CDN)
         redoc_url=None,
         openapi_url="/openapi.json",
         default_response_class=SafeJSONResponse,
@@ -103,6 +105,7 @@ def create_app(
     install_error_handlers(app)
     app.include_router(health)
     app.include_router(v1)
+    install_ui(app)  # /ui pages, /docs (local Swagger UI), / (UI or JSON index)
     app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=settings.max_body_bytes)
 
     original_openapi = app.openapi

@@ -57,6 +57,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from dpgate.errors import LedgerError
 from dpgate.ledger.base import GENESIS_HASH, utc_now
+from dpgate.ledger.browse import BROWSE_MIGRATION
 from dpgate.ledger.sql import SqlLedger, SqlTransaction, orders_json
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -172,6 +173,8 @@ MIGRATIONS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
         ),
     ),
 )
+
+MIGRATIONS += (BROWSE_MIGRATION,)  # the ledger browser's indexes (dpgate.ledger.browse)
 
 _SCHEMA_RE_MAX = 63  # PostgreSQL identifiers are at most 63 bytes
 _OPTIONS = ("schema", "lock_timeout_ms", "pool_size", "pool_timeout_ms")

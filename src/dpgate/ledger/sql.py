@@ -40,6 +40,7 @@ from typing import Any, ClassVar, Iterable, Iterator, Mapping
 
 from dpgate.accounting import ORDERS, Cost
 from dpgate.errors import LedgerError
+from dpgate.ledger.browse import LedgerBrowsing
 from dpgate.ledger.caps import POPULATION_COLUMNS, CapSpec, population_from_row, validate_cap, validate_population
 from dpgate.ledger.entries import (
     EVENT_COLUMNS,
@@ -215,7 +216,7 @@ class SqlTransaction:
         self._head = (seq, hash_)
 
 
-class SqlLedger:
+class SqlLedger(LedgerBrowsing):
     """The ledger's operations on the common SQL layout (implements :class:`dpgate.ledger.base.Ledger`
     together with a backend subclass that provides the hooks listed in :mod:`dpgate.ledger.sql`).
 

@@ -46,6 +46,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from dpgate.errors import DpgateError, LedgerError
 from dpgate.ledger.base import GENESIS_HASH, utc_now
+from dpgate.ledger.browse import BROWSE_MIGRATION
 from dpgate.ledger.sql import SqlLedger, SqlTransaction, orders_json
 
 __all__ = ["SqliteLedger", "MIGRATIONS", "open_sqlite_ledger"]
@@ -145,6 +146,8 @@ MIGRATIONS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
         ),
     ),
 )
+
+MIGRATIONS += (BROWSE_MIGRATION,)  # the ledger browser's indexes (dpgate.ledger.browse)
 
 _SYNC_MODES = {"off": "OFF", "normal": "NORMAL", "full": "FULL", "extra": "EXTRA"}
 

@@ -1,0 +1,448 @@
+"""What the pages show, computed from the gateway's JSON-ready documents (no HTTP, no HTML).
+
+* :func:`populations_overview` — each population's cap, spend and allocations,
+  the datasets (and privacy units) that spend it, and policy drift warnings;
+* :class:`BurndownCache` — each population's cumulative spend over time, kept
+  up to date incrementally from the ledger (only charges newer than the last
+  one seen are read: :meth:`dpgate.ledger.browse.LedgerBrowsing.spend_series`);
+* :func:`release_view` — a stored release as table rows with their 95 %
+  half-widths and as charts;
+* :func:`explanation_view` — an explained query: cost, whether it fits what is
+  left, and the expected ± of each noisy output.
+
+Numbers pass through unchanged: the pages format them, they never recompute a
+privacy quantity the gateway reported (the burn-down's ε axis labels use
+:func:`dpgate.accounting.zcdp_epsilon`, the tight conversion of
+Canonne, Kamath & Steinke 2020, Cor. 13, of the ρ shown).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+import zlib
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+from markupsafe import Markup
+
+from dpgate import accounting
+from dpgate.mechanisms import ci95_halfwidth
+from dpgate.ui.charts import Series, bar_chart, burndown_chart, fmt_number, line_chart, meter
+
+__all__ = [
+    "BurndownCache",
+    "drift_warning",
+    "explanation_view",
+    "populations_overview",
+    "release_view",
+]
+
+#: Most points drawn per burn-down line (more charges are sampled at this many instants).
+BURNDOWN_POINTS = 320
+#: Most bars or line points drawn in one release chart (the table has every row).
+MAX_CHART_POINTS = 120
+#: Most lines in one release chart (more: the chart shows the first ones, the table all).
+MAX_CHART_SERIES = 8
+
+
+def _number(v: Any) -> float | None:
+    if isinstance(v, str) and v in ("inf", "-inf", "nan"):
+        v = float(v)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        return None
+    return float(v)
+
+
+def _epoch(text: str) -> float:
+    return datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith("Z") else text).timestamp()
+
+
+def _epochs(texts: Sequence[str]) -> np.ndarray:
+    """Epoch seconds of the ledger's ``created_at`` texts (UTC, ``…Z``), vectorised."""
+    try:
+        if all(t.endswith("Z") for t in texts):
+            stamps = np.array([t[:-1] for t in texts], dtype="datetime64[us]")
+            return stamps.astype(np.int64).astype(float) / 1e6
+    except ValueError:
+        pass
+    return np.fromiter((_epoch(t) for t in texts), float, len(texts))
+
+
+# ------------------------------------------------------------------------------- admin
+
+
+def populations_overview(gateway: Any) -> list[dict[str, Any]]:
+    """Every population of the ledger with its spend report, datasets and warnings.
+
+    Each item: ``name``, ``report`` (:meth:`SpendReport.to_dict`: cap, spent,
+    remaining in ρ and ε at the cap's δ, consumers), ``consumers`` (rows with a
+    ``fraction`` of the allocation spent and a ``meter``), ``datasets`` (names
+    with their tables' privacy units), ``units`` (distinct privacy units),
+    ``alpha_cap`` (when the ledger reports one) and ``drift`` (one sentence per
+    dataset whose policy file disagrees with the ledger, when the gateway
+    reports ``policy_drift``).
+    """
+    datasets = gateway.datasets()
+    by_population: dict[str, list[dict[str, Any]]] = {}
+    for d in datasets:
+        by_population.setdefault(d["population"], []).append(d)
+    out = []
+    for name in gateway.ledger.populations():
+        report = gateway.ledger.spend(name).to_dict()
+        consumers = []
+        for cname, c in sorted(report.get("consumers", {}).items()):
+            cap_rho, spent = _number(c.get("cap_rho")), _number(c.get("spent_rho")) or 0.0
+            frac = spent / cap_rho if cap_rho else None
+            consumers.append({**c, "name": cname, "fraction": frac,
+                              "meter": meter(spent, cap_rho or 0.0, label=f"{cname} spent of its allocation")})
+        cap = report.get("cap", {})
+        total_frac = None
+        if _number(cap.get("rho")):
+            total_frac = (_number(report.get("spent", {}).get("rho")) or 0.0) / _number(cap.get("rho"))  # type: ignore[operator]
+        units = sorted({t.get("privacy_unit") or "record" for d in by_population.get(name, [])
+                        for t in d.get("tables", {}).values()})
+        drift = [w for d in by_population.get(name, []) if (w := drift_warning(d)) is not None]
+        alpha_cap = cap.get("alpha_cap", report.get("alpha_cap"))
+        out.append({
+            "name": name,
+            "report": report,
+            "consumers": consumers,
+            "fraction": total_frac,
+            "meter": meter((_number(report.get("spent", {}).get("rho")) or 0.0), _number(cap.get("rho")) or 0.0,
+                           label=f"{name} spent of its cap"),
+            "datasets": [{"name": d["name"], "units": sorted({t.get("privacy_unit") or "record"
+                                                               for t in d.get("tables", {}).values()})}
+                         for d in by_population.get(name, [])],
+            "units": units,
+            "alpha_cap": alpha_cap,
+            "drift": drift,
+        })
+    return out
+
+
+def drift_warning(dataset: Mapping[str, Any]) -> dict[str, Any] | None:
+    """``{"dataset", "message", "differences"}`` when the dataset's ``policy_drift`` has something
+    to say (its policy file differs from the ledger's cap or allocations, or the cap needs
+    re-fixing), else None. Accepts the gateway's report dict (``drifted``, ``differences``,
+    ``message``) or any other truthy value (shown as text); absent: None."""
+    info = dataset.get("policy_drift")
+    if not info:
+        return None
+    if isinstance(info, Mapping):
+        differences = [str(x) for x in info.get("differences") or []]
+        message = str(info.get("message") or "")
+        if not info.get("drifted") and not message:
+            return None
+        return {"dataset": dataset.get("name", ""), "message": message or "; ".join(differences),
+                "differences": differences}
+    return {"dataset": dataset.get("name", ""), "message": str(info), "differences": []}
+
+
+@dataclass
+class _Track:
+    """Charge times (epoch seconds) and the cumulative ρ after each, in ``seq`` order."""
+
+    times: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    cum: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+    def extend(self, times: np.ndarray, rhos: np.ndarray) -> None:
+        """Append charges (epoch seconds, ρ each), continuing the cumulative sum."""
+        start = float(self.cum[-1]) if len(self.cum) else 0.0
+        self.times = np.concatenate([self.times, times])
+        self.cum = np.concatenate([self.cum, start + np.cumsum(rhos)])
+
+
+@dataclass
+class _Population:
+    last_seq: int = 0
+    total: _Track = field(default_factory=_Track)
+    consumers: dict[str, _Track] = field(default_factory=dict)
+
+
+class BurndownCache:
+    """Per population, the cumulative ρ after each charge, overall and per consumer.
+
+    The first chart of a population reads its charges once (one index range
+    scan); later charts read only charges with a larger ``seq`` (the ledger is
+    append-only and ``seq`` grows in commit order, also across replicas sharing
+    a PostgreSQL ledger) and extend the cumulative sums, so a chart costs
+    O(points drawn), not O(charges). Memory: about 32 bytes per charge. Thread-safe.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._populations: dict[str, _Population] = {}
+
+    def _refresh(self, ledger: Any, population: str) -> _Population:
+        with self._lock:
+            pop = self._populations.setdefault(population, _Population())
+            rows = ledger.spend_series(population, after=pop.last_seq)
+            if rows:
+                times = _epochs([r[1] for r in rows])
+                rhos = np.fromiter((r[3] for r in rows), float, len(rows))
+                consumers = np.array([r[2] for r in rows], dtype=object)
+                pop.total.extend(times, rhos)
+                for name in dict.fromkeys(r[2] for r in rows):
+                    mask = consumers == name
+                    pop.consumers.setdefault(name, _Track()).extend(times[mask], rhos[mask])
+                pop.last_seq = rows[-1][0]
+            return pop
+
+    def chart(self, ledger: Any, population: str, report: Mapping[str, Any], events: Sequence[Mapping[str, Any]],
+              *, now: float | None = None, zoom: bool = False) -> dict[str, Any]:
+        """The burn-down of ``population``: ``{"svg": Markup, "rows": [...], "charges": n}``.
+
+        Args:
+            ledger: the ledger (``spend_series``).
+            population: its name.
+            report: its spend report (for the allocation caps and δ).
+            events: its governance events (population_created, cap_changed) for the cap line.
+            now: the right end of the time axis (epoch seconds; default: now).
+            zoom: scale the y axis to the spend rather than to the cap.
+
+        ``rows`` are the data behind the chart for a table: per consumer, the
+        charges and the ρ spent.
+        """
+        pop = self._refresh(ledger, population)
+        now = time.time() if now is None else now
+        cap_steps: list[tuple[float, float]] = []
+        for e in events:
+            cap = (e.get("new") or {}).get("cap")
+            if e.get("kind") in ("population_created", "cap_changed") and cap and _number(cap.get("rho_cap")):
+                cap_steps.append((_epoch(e["created_at"]), float(cap["rho_cap"])))
+        first = [float(pop.total.times[0])] if len(pop.total.times) else []
+        t0 = min([t for t, _ in cap_steps] + first + [now])
+        t1 = max(now, float(pop.total.times[-1]) if len(pop.total.times) else now, t0 + 1.0)
+        consumers_report = report.get("consumers", {})
+        names = sorted(set(pop.consumers) | set(consumers_report))
+        series, rows, alloc = [], [], []
+        for name in names:
+            track = pop.consumers.get(name, _Track())
+            xs, ys = _sampled(track.times, track.cum, t0, t1)
+            series.append(Series(name, xs, ys, step=True))
+            cap_rho = _number(consumers_report.get(name, {}).get("cap_rho"))
+            if cap_rho is not None:
+                alloc.append((name, cap_rho))
+            rows.append({"consumer": name, "charges": int(len(track.times)),
+                         "rho": float(track.cum[-1]) if len(track.cum) else 0.0})
+        xs, ys = _sampled(pop.total.times, pop.total.cum, t0, t1)
+        total = Series("population", xs, ys, step=True)
+        spent = float(pop.total.cum[-1]) if len(pop.total.cum) else 0.0
+        delta = _number(report.get("cap", {}).get("delta"))
+        right: list[tuple[float, str]] = []
+        if delta:
+            top = max(([] if zoom else [c for _, c in cap_steps]) + [spent, 1e-12])
+            for frac in (0.25, 0.5, 0.75, 1.0):
+                rho = top * frac
+                right.append((rho, f"ε {fmt_number(accounting.zcdp_epsilon(rho, delta), 3)}"))
+        svg = burndown_chart(series, total, cap_steps, alloc, ident=f"burn-{zlib.crc32(population.encode()):08x}",
+                             title=f"Budget burn-down of population {population}", t0=t0, t1=t1,
+                             right_ticks=right, zoom=zoom)
+        return {"svg": svg, "rows": rows, "charges": int(len(pop.total.times))}
+
+
+def _sampled(times: np.ndarray, cum: np.ndarray, t0: float, t1: float) -> tuple[list[float], list[float | None]]:
+    """A cumulative step series from t0 (0) to its last charge, at most :data:`BURNDOWN_POINTS` points."""
+    if len(times) == 0:
+        return [t0], [0.0]
+    if len(times) <= BURNDOWN_POINTS:
+        return [t0, *times.tolist()], [0.0, *cum.tolist()]
+    grid = np.linspace(max(t0, float(times[0])), float(times[-1]), BURNDOWN_POINTS)
+    idx = np.searchsorted(times, grid, side="right") - 1
+    ys = np.where(idx >= 0, cum[np.clip(idx, 0, None)], 0.0)
+    return [t0, *grid.tolist()], [0.0, *ys.tolist()]
+
+
+# ------------------------------------------------------------------------------- releases
+
+
+def _halfwidths(accuracy: Mapping[str, Any], n: int) -> list[float | None]:
+    rows = accuracy.get("ci95_rows")
+    if isinstance(rows, list) and len(rows) == n:
+        return [_number(v) for v in rows]
+    one = _number(accuracy.get("ci95"))
+    return [one] * n
+
+
+def release_view(release: Mapping[str, Any], *, charts: bool = True, max_charts: int | None = None) -> dict[str, Any]:
+    """A release as the pages show it.
+
+    Returns ``{"keys": [...], "values": [...], "header": [...], "rows": [...],
+    "charts": [{"column", "svg"}], "omitted": n}``: ``header``/``rows`` interleave
+    each noisy column with its ± (95 % half-width per row: the release's
+    ``ci95_rows`` when present, else its ``ci95``); key columns are the
+    columns without an accuracy entry (group keys are public, not noisy).
+    """
+    columns = list(release.get("columns", []))
+    rows = [list(r) for r in release.get("rows", [])]
+    accuracy = release.get("accuracy", {}) or {}
+    values = [c for c in columns if c in accuracy]
+    keys = [c for c in columns if c not in accuracy]
+    halfwidths = {c: _halfwidths(accuracy[c], len(rows)) for c in values}
+    header: list[dict[str, Any]] = []
+    for c in columns:
+        header.append({"name": c, "kind": "value" if c in accuracy else "key"})
+        if c in accuracy:
+            header.append({"name": f"± {c}", "kind": "ci"})
+    table = []
+    for i, r in enumerate(rows):
+        cells = []
+        for j, c in enumerate(columns):
+            v = r[j] if j < len(r) else None
+            cells.append({"value": v, "kind": "value" if c in accuracy else "key"})
+            if c in accuracy:
+                cells.append({"value": halfwidths[c][i], "kind": "ci"})
+        table.append(cells)
+    out_charts = []
+    omitted = 0
+    if charts:
+        for j, c in enumerate(values):
+            if max_charts is not None and len(out_charts) >= max_charts:
+                omitted += 1
+                continue
+            svg = _release_chart(release, columns, rows, keys, c, halfwidths[c], j)
+            if svg is not None:
+                out_charts.append({"column": c, "svg": svg, "approximate": bool(accuracy[c].get("approximate"))})
+    return {"keys": keys, "values": values, "header": header, "rows": table, "charts": out_charts,
+            "omitted": omitted}
+
+
+def _release_chart(release: Mapping[str, Any], columns: list[str], rows: list[list[Any]], keys: list[str],
+                   column: str, errs: list[float | None], j: int) -> Markup | None:
+    ci = columns.index(column)
+    ys = [_number(r[ci]) if ci < len(r) else None for r in rows]
+    if not any(y is not None for y in ys):
+        return None
+    rid = str(release.get("release_id", "r"))[-10:]
+    ident = f"c-{rid}-{j}"
+    title = f"{column} ({release.get('dataset', '')}), with 95 % error bars"
+    if not keys:
+        return bar_chart([column], ys[:1], errs[:1], ident=ident, title=title, y_label=column)
+    kidx = [columns.index(k) for k in keys]
+    x_key = kidx[-1]
+    xs_raw = [r[x_key] for r in rows]
+    numeric_x = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in xs_raw) and len(set(xs_raw)) > 2
+    if len(keys) == 1:
+        if numeric_x:
+            order = sorted(range(len(rows)), key=lambda i: xs_raw[i])[:MAX_CHART_POINTS]
+            s = Series(column, [float(xs_raw[i]) for i in order], [ys[i] for i in order], [errs[i] for i in order])
+            return line_chart([s], ident=ident, title=title, x_label=keys[0], y_label=column)
+        n = min(len(rows), MAX_CHART_POINTS)
+        return bar_chart([str(x) for x in xs_raw[:n]], ys[:n], errs[:n], ident=ident, title=title,
+                         y_label=column, x_label=keys[0])
+    # several keys: one line (or bar group) per combination of the other keys, x = the last key
+    groups: dict[tuple, list[int]] = {}
+    for i, r in enumerate(rows):
+        groups.setdefault(tuple(r[k] for k in kidx[:-1]), []).append(i)
+    if numeric_x:
+        series = []
+        for g, idx in list(groups.items())[:MAX_CHART_SERIES]:
+            idx = sorted(idx, key=lambda i: xs_raw[i])[:MAX_CHART_POINTS]
+            series.append(Series(" · ".join(str(v) for v in g), [float(xs_raw[i]) for i in idx],
+                                 [ys[i] for i in idx], [errs[i] for i in idx]))
+        return line_chart(series, ident=ident, title=title, x_label=keys[-1], y_label=column)
+    n = min(len(rows), MAX_CHART_POINTS)
+    labels = [" · ".join(str(rows[i][k]) for k in kidx) for i in range(n)]
+    return bar_chart(labels, ys[:n], errs[:n], ident=ident, title=title, y_label=column, x_label=" · ".join(keys))
+
+
+# ------------------------------------------------------------------------------- explain
+
+
+_UNIT_KINDS = {"sum": 1, "sum_squares": 2}
+
+
+def explanation_view(explanation: Mapping[str, Any], dataset_info: Mapping[str, Any],
+                     remaining: Mapping[str, Any] | None) -> dict[str, Any]:
+    """An explained query for the console.
+
+    Args:
+        explanation: :meth:`Gateway.explain`'s document.
+        dataset_info: :meth:`Gateway.dataset`'s document (column resolutions).
+        remaining: the caller's allocation from the budget report (``remaining_rho``,
+            ``remaining_epsilon``), and ``population_remaining_rho``; None when
+            the caller has no allocation (e.g. an admin).
+
+    Returns:
+        ``{"primitives": [{id, kind, column, l1, l2, scale, ci95}], "outputs":
+        [{name, ci95 | None, note}], "cost": …, "fits": True/False/None,
+        "fits_note": str}``. ``ci95`` of a count or sum is the 95 % half-width of
+        its noise in output units (:func:`dpgate.mechanisms.ci95_halfwidth` of the
+        noise scale, times the column's resolution for sums); derived outputs
+        (AVG, VAR, STDDEV) get theirs from the noisy values, so only after the run.
+        ``fits`` is the gateway's own verdict when it gives one, else whether the
+        cost's ρ is within both the allocation's and the population's remaining ρ
+        (the ledger's filter decides at run time).
+    """
+    plan = explanation.get("plan", {}) or {}
+    prims = {p.get("id"): p for p in plan.get("primitives", [])}
+    table = (dataset_info.get("tables", {}) or {}).get(plan.get("table"), {})
+    cols = table.get("columns", {}) if isinstance(table, Mapping) else {}
+    mech = str(explanation.get("mechanism", "discrete_gaussian"))
+    mech_name = "laplace" if "laplace" in mech else "gaussian"
+    primitives = []
+    ci_by_id: dict[str, float | None] = {}
+    for pid, sens in (explanation.get("sensitivity") or {}).items():
+        p = prims.get(pid, {})
+        scale = _number((explanation.get("noise_scales") or {}).get(pid))
+        ci = None
+        if scale is not None:
+            try:
+                ci = float(ci95_halfwidth(mech_name, scale))
+            except Exception:  # noqa: BLE001 - a display helper must not fail the page
+                ci = None
+            power = _UNIT_KINDS.get(str(p.get("kind")), 0)
+            res = _number((cols.get(p.get("column")) or {}).get("resolution")) if power else None
+            if ci is not None and power:
+                ci *= (res or 1.0) ** power
+        ci_by_id[pid] = ci
+        primitives.append({"id": pid, "kind": p.get("kind", ""), "column": p.get("column") or "",
+                           "l1": sens.get("l1"), "l2": sens.get("l2"), "scale": scale, "ci95": ci})
+    given = explanation.get("accuracy") if isinstance(explanation.get("accuracy"), Mapping) else None
+    outputs = []
+    for o in plan.get("outputs", []):
+        if o.get("hidden"):
+            continue
+        name = o.get("name")
+        ids = o.get("primitives") or []
+        ci, note = None, ""
+        if given and isinstance(given.get(name), Mapping):
+            ci = _number(given[name].get("ci95"))
+            note = "approximate" if given[name].get("approximate") else ""
+        elif not ids:
+            note = "group key (public)"
+        elif len(ids) == 1 and o.get("function") in ("count", "sum", "count_distinct", None):
+            ci = ci_by_id.get(ids[0])
+        else:
+            note = "derived from noisy " + " and ".join(str(prims.get(i, {}).get("kind", i)) for i in ids) \
+                + ": ± known after the run"
+        outputs.append({"name": name, "ci95": ci, "note": note})
+    cost = explanation.get("cost", {}) or {}
+    fits = explanation.get("fits")
+    fits_note = ""
+    if not isinstance(fits, bool):
+        fits = None
+        rho = _number(cost.get("rho"))
+        if remaining is not None and rho is not None:
+            left = [v for v in (_number(remaining.get("remaining_rho")),
+                                _number(remaining.get("population_remaining_rho"))) if v is not None]
+            if left:
+                fits = rho <= min(left) * (1 + 1e-12)
+                fits_note = f"ρ {fmt_number(rho)} of {fmt_number(min(left))} left"
+    return {"primitives": primitives, "outputs": outputs, "cost": cost, "fits": fits, "fits_note": fits_note}
+
+
+def recent_releases(releases: Iterable[Mapping[str, Any]], consumer: str | None, limit: int = 10) -> list[dict[str, Any]]:
+    """The newest releases paid by ``consumer``'s allocation (at most ``limit``)."""
+    out = []
+    for r in releases:
+        paid = r.get("paid_by") or r.get("charge") or {}
+        if consumer is not None and paid.get("consumer") == consumer:
+            out.append(dict(r))
+            if len(out) >= limit:
+                break
+    return out

@@ -1,0 +1,273 @@
+"""Unit tests of the web pages' parts: SVG charts, the session store and CSRF tokens, view data.
+
+The chart tests check geometry against hand computations (where a bar's top and
+its error bar's ends must be in pixels), and that text from data is escaped.
+"""
+
+from __future__ import annotations
+
+import re
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from dpgate.auth import Principal, Role
+from dpgate.ui import charts
+from dpgate.ui.charts import Series, bar_chart, burndown_chart, fmt_number, line_chart, meter, nice_ticks
+from dpgate.ui.data import explanation_view, recent_releases, release_view
+from dpgate.ui.docs import wants_html
+from dpgate.ui.sessions import SessionStore, csrf_matches
+
+SVG = "{http://www.w3.org/2000/svg}"
+
+
+def _parse(svg) -> ET.Element:
+    return ET.fromstring(str(svg))  # well-formed XML (so escaping did not break it)
+
+
+# --------------------------------------------------------------------------- charts
+
+
+def test_nice_ticks_cover_the_range_with_round_steps():
+    assert nice_ticks(0, 10) == [0, 2, 4, 6, 8, 10]
+    assert nice_ticks(-3, 7)[0] <= -3 and nice_ticks(-3, 7)[-1] >= 7
+    ticks = nice_ticks(0, 0.3111)
+    steps = {round(b - a, 12) for a, b in zip(ticks, ticks[1:])}
+    assert len(steps) == 1 and ticks[-1] >= 0.3111
+    assert nice_ticks(5, 5) == sorted(nice_ticks(5, 5)) and len(nice_ticks(5, 5)) > 1
+    assert nice_ticks(float("nan"), 1) == [0.0]
+
+
+def test_fmt_number():
+    assert fmt_number(1e-6) == "1e-6"
+    assert fmt_number(0.3110649549) == "0.3111"
+    assert fmt_number(1234567) == "1,234,567"
+    assert fmt_number(1518182.0) == "1,518,182"
+    assert fmt_number(float("inf")) == "∞" and fmt_number(float("nan")) == "nan"
+    assert fmt_number(None) == "" and fmt_number("eu") == "eu"
+
+
+def test_bar_geometry_and_error_bars_match_the_values():
+    svg = bar_chart(["a", "b"], [100.0, -20.0], [10.0, 5.0], ident="t", title="T", y_label="n")
+    root = _parse(svg)
+    rects = [r for r in root.iter(SVG + "rect")]
+    assert len(rects) == 2
+    # y axis: ticks of nice_ticks(-25, 110) = -50 … 125? compute the frame the same way the chart does
+    ticks = nice_ticks(-25.0, 110.0)
+    y0, y1 = ticks[0], ticks[-1]
+
+    def py(v):  # the chart's mapping, by hand: value → pixel (top margin MT, bottom margin MB)
+        return charts.H - charts.MB - (v - y0) / (y1 - y0) * (charts.H - charts.MT - charts.MB)
+
+    top_a = float(rects[0].get("y"))
+    assert top_a == pytest.approx(py(100.0), abs=0.06)
+    assert float(rects[0].get("height")) == pytest.approx(py(0.0) - py(100.0), abs=0.1)
+    # the negative bar hangs from 0 down to -20
+    assert float(rects[1].get("y")) == pytest.approx(py(0.0), abs=0.06)
+    assert float(rects[1].get("height")) == pytest.approx(py(-20.0) - py(0.0), abs=0.1)
+    whiskers = [p.get("d") for p in root.iter(SVG + "path") if p.get("class") == "err"]
+    assert len(whiskers) == 2
+    lo, hi = re.match(r"M[\d.]+,([\d.]+)V([\d.]+)", whiskers[0]).groups()
+    assert float(lo) == pytest.approx(py(90.0), abs=0.06) and float(hi) == pytest.approx(py(110.0), abs=0.06)
+    assert rects[0].find(SVG + "title").text == "a: 100 ± 10"
+
+
+def test_chart_text_from_data_is_escaped():
+    evil = "<script>alert('x')</script>"
+    for svg in (bar_chart([evil], [1.0], [0.5], ident='i"d', title=evil, y_label=evil, x_label=evil),
+                line_chart([Series(evil, [1, 2, 3], [1.0, 2.0, 3.0], [0.1, 0.1, 0.1])], ident="l", title=evil),
+                burndown_chart([Series(evil, [0, 1], [0.0, 0.1], step=True)], Series("population", [0, 1], [0.0, 0.1]),
+                               [(0, 0.3)], [(evil, 0.2)], ident="b", title=evil, t0=0, t1=10),
+                meter(1, 2, label=evil)):
+        text = str(svg)
+        assert "<script>" not in text
+        _parse(svg)  # still well-formed
+        assert "&lt;script&gt;" in text or "&lt;scri" in text
+
+
+def test_missing_and_non_finite_values_draw_no_bar():
+    root = _parse(bar_chart(["a", "b", "c"], [None, float("nan"), 3.0], [None, 1.0, float("inf")], ident="m", title="t"))
+    assert len(list(root.iter(SVG + "rect"))) == 1
+    assert not [p for p in root.iter(SVG + "path") if p.get("class") == "err"]
+
+
+def test_line_chart_orders_points_and_draws_one_whisker_per_point():
+    s = Series("n", [0, 1, 2, 3], [5.0, 6.0, None, 8.0], [1.0, 1.0, 1.0, 1.0])
+    root = _parse(line_chart([s], ident="x", title="t", x_label="week"))
+    assert len(list(root.iter(SVG + "circle"))) == 3
+    assert len([p for p in root.iter(SVG + "path") if p.get("class") == "err"]) == 3
+    line = [p.get("d") for p in root.iter(SVG + "path") if p.get("class") != "err"][0]
+    assert line.count("M") == 2  # the gap at x = 2 breaks the line
+
+
+def test_burndown_zoom_leaves_out_the_cap_above_the_spend():
+    args = ([Series("a", [0, 5], [0.0, 0.01], step=True)], Series("population", [0, 5], [0.0, 0.01], step=True),
+            [(0, 0.3)], [("a", 0.12)])
+    full = str(burndown_chart(*args, ident="f", title="t", t0=0, t1=10))
+    zoomed = str(burndown_chart(*args, ident="z", title="t", t0=0, t1=10, zoom=True))
+    assert 'stroke="#B00020"' in full and "cap above the chart" not in full
+    assert "cap above the chart" in zoomed and 'stroke-dasharray="8 4"><title>' not in zoomed
+
+
+def test_meter_fraction_and_colour():
+    assert 'width="109.0"' in str(meter(1, 2, label="x", width=220))
+    assert "#B00020" in str(meter(3, 2, label="x")) and "#8F6A00" in str(meter(0.9, 1, label="x"))
+    assert "0.0 %" in str(meter(1, 0, label="x"))
+
+
+# --------------------------------------------------------------------------- sessions
+
+
+def _principal(key_id="k1", role=Role.ANALYST):
+    return Principal(name="alice", role=role, consumer="analysts", key_id=key_id)
+
+
+class Clock:
+    def __init__(self):
+        self.t = 1000.0
+
+    def __call__(self):
+        return self.t
+
+
+def test_sessions_expire_when_idle_and_absolutely():
+    clock = Clock()
+    store = SessionStore(idle_timeout_s=60, absolute_timeout_s=300, anonymous_timeout_s=30, clock=clock)
+    sid, s = store.sign_in(_principal())
+    for _ in range(4):  # used every 50 s: the idle timeout never bites …
+        clock.t += 50
+        assert store.get(sid) is s
+    clock.t += 50
+    assert store.get(sid) is s
+    clock.t += 51  # … the absolute one does (301 s after sign-in)
+    assert store.get(sid) is None
+    sid2, _ = store.sign_in(_principal())
+    clock.t += 61
+    assert store.get(sid2) is None
+    anon, _ = store.anonymous()
+    clock.t += 31
+    assert store.get(anon) is None
+
+
+def test_sign_in_replaces_the_previous_session_and_sign_out_ends_it():
+    store = SessionStore()
+    anon, pre = store.anonymous()
+    sid, s = store.sign_in(_principal(), previous=anon)
+    assert sid != anon and s.csrf_token != pre.csrf_token
+    assert store.get(anon) is None and store.get(sid) is s
+    store.end(sid)
+    assert store.get(sid) is None
+    assert store.get(None) is None and store.get("x" * 500) is None
+
+
+def test_the_store_is_bounded_and_evicts_anonymous_sessions_first():
+    store = SessionStore(max_sessions=5, max_per_key=2)
+    signed = [store.sign_in(_principal(key_id=f"k{i}"))[0] for i in range(3)]
+    anons = [store.anonymous()[0] for _ in range(10)]
+    assert len(store) == 5
+    assert all(store.get(s) is not None for s in signed)  # anonymous ones went first
+    assert store.get(anons[-1]) is not None and store.get(anons[0]) is None
+    a, b, c = (store.sign_in(_principal(key_id="same"))[0] for _ in range(3))
+    assert store.get(a) is None and store.get(b) is not None and store.get(c) is not None
+    assert store.end_key("same") == 2
+
+
+def test_csrf_tokens_compare_exactly():
+    store = SessionStore()
+    _, s = store.anonymous()
+    _, other = store.anonymous()
+    assert csrf_matches(s, s.csrf_token)
+    assert not csrf_matches(s, other.csrf_token)
+    assert not csrf_matches(s, s.csrf_token[:-1])
+    assert not csrf_matches(s, "")
+    assert not csrf_matches(s, None)
+    assert not csrf_matches(None, s.csrf_token)
+    assert not csrf_matches(s, "\udcff")  # a lone surrogate from a form does not crash
+    assert len(s.csrf_token) >= 40  # 32 random bytes, URL-safe base64
+
+
+def test_flash_messages_are_shown_once_and_explained_requests_remembered():
+    _, s = SessionStore().anonymous()
+    s.add_flash("ok", "done")
+    assert s.pop_flash() == [("ok", "done")] and s.pop_flash() == []
+    for i in range(40):
+        s.remember_explained(f"d{i}")
+    assert len(s.explained) == 16 and s.explained[-1] == "d39"
+
+
+# --------------------------------------------------------------------------- view data
+
+RELEASE = {
+    "release_id": "rel_0123456789abcdef01234567",
+    "dataset": "usage",
+    "columns": ["region", "prompts", "avg_tokens"],
+    "rows": [["eu", 100, 10.5], ["us", 90, 11.5]],
+    "accuracy": {"prompts": {"ci95": 190.0}, "avg_tokens": {"ci95": 3.0, "ci95_rows": [1.0, 2.0], "approximate": True}},
+}
+
+
+def test_release_view_pairs_each_value_with_its_row_half_width():
+    v = release_view(RELEASE)
+    assert v["keys"] == ["region"] and v["values"] == ["prompts", "avg_tokens"]
+    assert [h["name"] for h in v["header"]] == ["region", "prompts", "± prompts", "avg_tokens", "± avg_tokens"]
+    assert [c["value"] for c in v["rows"][1]] == ["us", 90, 190.0, 11.5, 2.0]
+    assert [c["column"] for c in v["charts"]] == ["prompts", "avg_tokens"] and v["charts"][1]["approximate"]
+    assert release_view(RELEASE, max_charts=1)["omitted"] == 1
+    numeric = {**RELEASE, "columns": ["week", "n"], "rows": [[3, 1], [1, 2], [2, 3]], "accuracy": {"n": {"ci95": 1}}}
+    assert "<circle" in str(release_view(numeric)["charts"][0]["svg"])  # an ordered key: a line
+
+
+def test_explanation_view_gives_the_output_half_widths():
+    explanation = {
+        "plan": {"table": "prompts", "primitives": [{"id": "p0", "kind": "count"}, {"id": "p1", "kind": "sum", "column": "tokens"}],
+                 "outputs": [{"name": "region"}, {"name": "n", "function": "count", "primitives": ["p0"]},
+                             {"name": "s", "function": "sum", "primitives": ["p1"]},
+                             {"name": "a", "function": "avg", "primitives": ["p1", "p0"]}]},
+        "sensitivity": {"p0": {"l1": 5, "l2": 5}, "p1": {"l1": 40000, "l2": 40000}},
+        "noise_scales": {"p0": 10.0, "p1": 1000.0},
+        "mechanism": "discrete_gaussian",
+        "cost": {"rho": 0.01},
+    }
+    info = {"tables": {"prompts": {"columns": {"tokens": {"resolution": 0.5}}}}}
+    from dpgate.mechanisms import ci95_halfwidth
+
+    v = explanation_view(explanation, info, {"remaining_rho": 0.005, "population_remaining_rho": 1.0})
+    out = {o["name"]: o for o in v["outputs"]}
+    assert out["n"]["ci95"] == ci95_halfwidth("gaussian", 10.0)
+    # a sum's noise is in resolution units: ± in tokens = half-width × 0.5
+    assert out["s"]["ci95"] == pytest.approx(ci95_halfwidth("gaussian", 1000.0) * 0.5)
+    assert out["a"]["ci95"] is None and "after the run" in out["a"]["note"]
+    assert out["region"]["note"] == "group key (public)"
+    assert v["fits"] is False  # 0.01 > 0.005 left in the allocation
+    assert explanation_view(explanation, info, {"remaining_rho": 0.5, "population_remaining_rho": 1.0})["fits"] is True
+    assert explanation_view(explanation, info, None)["fits"] is None
+    assert explanation_view({**explanation, "fits": True}, info, None)["fits"] is True  # the gateway's verdict wins
+
+
+def test_recent_releases_are_those_paid_by_the_consumer():
+    rs = [{"release_id": "a", "paid_by": {"consumer": "analysts"}}, {"release_id": "b", "paid_by": {"consumer": "dashboard"}},
+          {"release_id": "c", "charge": {"consumer": "analysts"}}]
+    assert [r["release_id"] for r in recent_releases(rs, "analysts")] == ["a", "c"]
+    assert recent_releases(rs, None) == []
+
+
+@pytest.mark.parametrize("accept,html", [
+    ("text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8", True),
+    ("*/*", False), (None, False), ("application/json", False),
+    ("text/html;q=0.5, application/json", False), ("application/json;q=0.1, text/html", True),
+    ("text/html;q=bogus", False),
+])
+def test_accept_negotiation(accept, html):
+    assert wants_html(accept) is html
+
+
+def test_drift_warning_reads_the_gateway_report_and_degrades():
+    from dpgate.ui.data import drift_warning
+
+    assert drift_warning({"name": "usage"}) is None  # no policy_drift field (older gateways)
+    assert drift_warning({"name": "usage", "policy_drift": {"drifted": False, "differences": [], "message": ""}}) is None
+    w = drift_warning({"name": "usage", "policy_drift": {"drifted": True, "differences": ["cap: a", "allocations: b"]}})
+    assert w == {"dataset": "usage", "message": "cap: a; allocations: b", "differences": ["cap: a", "allocations: b"]}
+    legacy = drift_warning({"name": "u", "policy_drift": {"drifted": False, "message": "re-fix the cap"}})
+    assert legacy["message"] == "re-fix the cap"
+    assert drift_warning({"name": "u", "policy_drift": True})["message"] == "True"
