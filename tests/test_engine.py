@@ -1,4 +1,5 @@
-"""The DuckDB engine (dpgate.engine): loading with TRY_CAST, lock-down, timeouts, results.
+"""The DuckDB engine (dpgate.engines.duckdb, through EngineSet): loading with TRY_CAST, lock-down,
+timeouts, results.
 
 Real DuckDB, real files written to tmp_path (and the shared smartnoise CSVs when present).
 """
@@ -16,11 +17,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from dpgate.engine import Engine, source_fingerprint
+from dpgate.engines import EngineSet as Engine, source_fingerprint
 from dpgate.errors import ExecutionError, PolicyError, QueryTimeout
 from dpgate.policy import load_policies, load_policy
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "smartnoise"
+SHARED = next((p for p in (Path(__file__).resolve().parents[2] / "shared" / "data" / "smartnoise",
+                      Path("/work/shared/data/smartnoise")) if p.is_dir()),
+            Path(__file__).resolve().parents[2] / "shared" / "data" / "smartnoise")
 
 HOSTILE_CSV = textwrap.dedent(
     """\
@@ -92,7 +95,7 @@ def engine():
 def test_csv_hostile_values_load_with_try_cast(hostile, engine):
     lines = []
     versions = engine.load(hostile, progress=lines.append)
-    assert lines == [f"loading ds.h ({len(HOSTILE_CSV.encode())} B)…"]
+    assert lines == [f"loading ds.h ({len(HOSTILE_CSV.encode())} B, in memory)…"]
     out = engine.execute('SELECT * FROM "ds"."h"')
     # Only the declared columns (policy spelling) and the unit column; "extra" is not loaded.
     assert list(out) == ["x", "N", "flag", "name", "UID"]
@@ -284,11 +287,11 @@ def test_locked_configuration(hostile, engine, statement):
     with pytest.raises(ExecutionError):
         engine.execute(statement)
     # … and DuckDB itself refuses each of these on the locked connection.
-    cursor = engine._con.cursor()
+    cursor = engine.engine("ds")._con.cursor()
     with pytest.raises(duckdb.Error):
         cursor.execute(statement)
     cursor.close()
-    settings = dict(engine._con.execute(
+    settings = dict(engine.engine("ds")._con.execute(
         "SELECT name, value FROM duckdb_settings() WHERE name IN ('enable_external_access', "
         "'lock_configuration', 'autoload_known_extensions', 'autoinstall_known_extensions')"
     ).fetchall())
@@ -394,14 +397,17 @@ def test_source_fingerprint(tmp_path):
         source_fingerprint([tmp_path / "absent"])
 
 
-def test_engine_arguments():
+def test_engine_arguments(tmp_path):
     for bad in (0, -1, float("nan"), float("inf")):
         with pytest.raises(ValueError):
             Engine(timeout_s=bad)
     with pytest.raises(ValueError):
         Engine(threads=0)
     e = Engine(memory_limit="256MB", threads=1)
-    assert e._con.execute("SELECT current_setting('threads')").fetchone()[0] == 1
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "h.csv").write_text(HOSTILE_CSV)
+    e.load(load_policies(write_policy(tmp_path, HOSTILE_TABLE)))
+    assert e.engine("ds")._con.execute("SELECT current_setting('threads')").fetchone()[0] == 1
     e.close()
 
 

@@ -19,7 +19,9 @@ from dpgate.errors import BudgetExhausted, ExecutionError, MechanismError, Unsup
 from dpgate.service import Gateway, QueryBudget
 from dpgate.settings import Settings
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "smartnoise"
+DATA = next((p for p in (Path(__file__).resolve().parents[2] / "shared" / "data" / "smartnoise",
+                      Path("/work/shared/data/smartnoise")) if p.is_dir()),
+            Path(__file__).resolve().parents[2] / "shared" / "data" / "smartnoise")
 pytestmark = pytest.mark.skipif(not (DATA / "PUMS_dup.csv").exists(), reason="../shared/data not present")
 
 POLICY = """
