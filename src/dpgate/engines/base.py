@@ -683,3 +683,225 @@ def round_half_away(value: exp.Expression) -> exp.Expression:
         exp.Not(this=exp.LT(this=value.copy(), expression=dbl(float("inf")))),
     )
     return exp.Case(ifs=[exp.If(this=big, true=value.copy())], default=rounded)
+
+
+# ---------------------------------------------------------------------------- TRY semantics
+
+
+class PredicateRewriter:
+    """Rewrite DuckDB ``TRY(…)`` row predicates for an engine without ``TRY``.
+
+    The bounding rewrite wraps the WHERE (and every arithmetic node in it) in
+    DuckDB's ``TRY``: a row whose predicate would raise (integer overflow, say)
+    yields NULL and is filtered out, so whether a charged query succeeds never
+    depends on the data. An engine without ``TRY`` must compute the same values
+    without ever raising. This class walks the predicate, keeps the constructs
+    that cannot raise, and asks the engine-specific hooks for the others:
+
+    * :meth:`int_arith` — integer ``+ - *``, unary minus and ABS (DuckDB: NULL on
+      64-bit overflow);
+    * :meth:`float_arith` — double ``+ - *`` (DuckDB: IEEE, ±inf on overflow, 0
+      on underflow, never an error);
+    * :meth:`try_cast` — the lossless ``TRY_CAST`` directions (see :meth:`_try_cast`);
+    * :meth:`like`, :meth:`compare_text`, :meth:`ends_with`, :meth:`contains`, :meth:`floor_ceil`.
+
+    Anything else raises :class:`~dpgate.errors.UnsupportedQuery` before the
+    charge (the query is refused on that engine, never run with other semantics).
+
+    Args:
+        types: column name (case-folded) → declared type (:func:`column_types`).
+        engine: engine name for messages.
+    """
+
+    _PASS = (exp.Column, exp.Literal, exp.Boolean, exp.Null, exp.Paren, exp.And, exp.Or, exp.Not,
+             exp.EQ, exp.NEQ, exp.NullSafeEQ, exp.NullSafeNEQ, exp.Is, exp.In, exp.Lower, exp.Upper,
+             exp.Length, exp.Trim, exp.Concat, exp.DPipe, exp.StartsWith, exp.Coalesce, exp.Greatest,
+             exp.Least, exp.Nullif, exp.Sign, exp.Between, exp.GT, exp.GTE, exp.LT, exp.LTE)
+
+    def __init__(self, types: Mapping[str, str], engine: str) -> None:
+        self.types = types
+        self.engine = engine
+
+    # -- entry point
+
+    def rewrite(self, tree: exp.Expression) -> exp.Expression:
+        """Replace every ``TRY(e)`` node of ``tree`` by the engine's safe form of ``e``."""
+        outer = [n for n in tree.find_all(exp.Try) if not any(isinstance(p, exp.Try) for p in _ancestors(n))]
+        for node in outer:
+            safe = self.safe(node.this)
+            if node is tree:
+                return safe
+            node.replace(safe)
+        return tree
+
+    def safe(self, node: exp.Expression) -> exp.Expression:
+        """The engine's never-raising form of ``node`` (same value as DuckDB's ``TRY``)."""
+        if isinstance(node, exp.Try):
+            return self.safe(node.this)
+        if isinstance(node, (exp.Column, exp.Literal, exp.Boolean, exp.Null, exp.Identifier, exp.DataType)):
+            return node.copy()
+        if isinstance(node, (exp.Add, exp.Sub, exp.Mul)):
+            a, b = self.safe(node.this), self.safe(node.expression)
+            t = self.type(node)
+            if t == "int":
+                return self.int_arith(type(node), a, b)
+            if t == "float":
+                return self.float_arith(type(node), self.as_double(a, node.this), self.as_double(b, node.expression))
+            raise self.refuse(node)
+        if isinstance(node, exp.Neg):
+            a = self.safe(node.this)
+            t = self.type(node)
+            if t == "int":
+                return self.int_arith(exp.Neg, a, None)
+            if t in ("float", "null"):
+                return exp.Neg(this=a)
+            raise self.refuse(node)
+        if isinstance(node, exp.Abs):
+            a = self.safe(node.this)
+            t = self.type(node)
+            if t == "int":
+                return self.int_arith(exp.Abs, a, None)
+            if t in ("float", "null"):
+                return exp.Abs(this=a)
+            raise self.refuse(node)
+        if isinstance(node, (exp.Floor, exp.Ceil)):
+            if node.args.get("decimals") is not None:
+                raise self.refuse(node)
+            return self.floor_ceil(type(node), self.safe(node.this), self.type(node.this))
+        if isinstance(node, exp.TryCast):
+            return self._try_cast(node)
+        if isinstance(node, exp.Escape):
+            raise self.refuse(node)
+        if isinstance(node, (exp.Like, exp.ILike)):
+            return self.like(type(node), self.safe(node.this), self.safe(node.expression))
+        if isinstance(node, exp.EndsWith):
+            return self.ends_with(self.safe(node.this), self.safe(node.expression))
+        if isinstance(node, exp.Contains):
+            return self.contains(self.safe(node.this), self.safe(node.expression))
+        if isinstance(node, (exp.GT, exp.GTE, exp.LT, exp.LTE, exp.Between)):
+            out = node.copy()
+            for key, child in list(node.args.items()):
+                if isinstance(child, exp.Expression):
+                    out.set(key, self.safe(child))
+            if any(self.type(c) == "text" for c in node.iter_expressions()):
+                return self.compare_text(out)
+            return out
+        if isinstance(node, self._PASS):
+            out = node.copy()
+            for key, child in list(node.args.items()):
+                if isinstance(child, exp.Expression):
+                    out.set(key, self.safe(child))
+                elif isinstance(child, list):
+                    out.set(key, [self.safe(c) if isinstance(c, exp.Expression) else c for c in child])
+            return out
+        raise self.refuse(node)
+
+    # -- helpers
+
+    def type(self, node: exp.Expression) -> str:
+        """Static type of a predicate sub-expression (:func:`static_type`)."""
+        return static_type(node, self.types)
+
+    def refuse(self, node: exp.Expression) -> Exception:
+        """The error for a construct this engine cannot run with DuckDB's TRY semantics."""
+        from dpgate.errors import UnsupportedQuery
+
+        try:
+            text = node.sql(dialect="duckdb")
+        except Exception:  # noqa: BLE001
+            text = type(node).__name__
+        text = " ".join(text.split())[:80]
+        return UnsupportedQuery(
+            f"{text} is not supported in WHERE on the {self.engine} engine yet (it could fail on "
+            "data, or give a different answer than DuckDB); rewrite the condition without it",
+            {"construct": text, "engine": self.engine},
+        )
+
+    def as_double(self, value: exp.Expression, original: exp.Expression) -> exp.Expression:
+        """``value`` as a double (integers are converted exactly up to 2**53, as DuckDB does)."""
+        if self.type(original) == "int":
+            return exp.Cast(this=value, to=exp.DataType.build("double"))
+        return value
+
+    def _try_cast(self, node: exp.TryCast) -> exp.Expression:
+        """TRY_CAST in the directions whose result is the same on every engine:
+        int → int/double/text, double → double/int (half away from zero, NULL outside
+        the target range), text → text, bool → bool. Others are refused."""
+        to = node.args["to"]
+        kind = to.this if isinstance(to, exp.DataType) else None
+        src = self.type(node.this)
+        value = self.safe(node.this)
+        ints = {exp.DataType.Type.BIGINT: (-2**63, 2**63 - 1), exp.DataType.Type.INT: (-2**31, 2**31 - 1)}
+        if kind in ints:
+            lo, hi = ints[kind]
+            if src == "int":
+                if kind == exp.DataType.Type.BIGINT:
+                    return value
+                return exp.Case(ifs=[exp.If(this=exp.Between(this=value.copy(), low=exp.Literal.number(lo),
+                                                             high=exp.Literal.number(hi)),
+                                            true=value.copy())])
+            if src == "float":
+                r = round_half_away(value)
+                ok = exp.and_(exp.GTE(this=r.copy(), expression=dbl(float(lo))),
+                              exp.LT(this=r.copy(), expression=dbl(float(hi) + 1.0)))
+                return exp.Case(ifs=[exp.If(this=ok, true=exp.Cast(this=r, to=exp.DataType.build("bigint")))])
+        if kind == exp.DataType.Type.DOUBLE and src in ("int", "float"):
+            return exp.Cast(this=value, to=exp.DataType.build("double"))
+        if kind in (exp.DataType.Type.VARCHAR, exp.DataType.Type.TEXT) and src in ("int", "text"):
+            return exp.Cast(this=value, to=exp.DataType.build("varchar"))
+        if kind == exp.DataType.Type.BOOLEAN and src == "bool":
+            return value
+        raise self.refuse(node)
+
+    # -- engine hooks (defaults: the construct cannot raise on this engine)
+
+    def int_arith(self, op: type, a: exp.Expression, b: exp.Expression | None) -> exp.Expression:
+        """64-bit integer ``op`` that is NULL on overflow (``b`` is None for Neg/Abs)."""
+        raise NotImplementedError
+
+    def float_arith(self, op: type, a: exp.Expression, b: exp.Expression) -> exp.Expression:
+        """IEEE double ``op`` (±inf on overflow, 0 on underflow, never an error)."""
+        return op(this=a, expression=b)
+
+    def floor_ceil(self, op: type, a: exp.Expression, t: str) -> exp.Expression:
+        """FLOOR/CEIL with DuckDB's value (a double for a double)."""
+        return op(this=a)
+
+    def like(self, op: type, a: exp.Expression, pattern: exp.Expression) -> exp.Expression:
+        """LIKE/ILIKE without an escape character (DuckDB's default)."""
+        return op(this=a, expression=pattern)
+
+    def compare_text(self, node: exp.Expression) -> exp.Expression:
+        """An ordering comparison of text, bytewise (DuckDB's default collation)."""
+        return node
+
+    def ends_with(self, a: exp.Expression, b: exp.Expression) -> exp.Expression:
+        """``ends_with(a, b)``."""
+        return exp.EndsWith(this=a, expression=b)
+
+    def contains(self, a: exp.Expression, b: exp.Expression) -> exp.Expression:
+        """``contains(a, b)`` (substring)."""
+        return exp.Contains(this=a, expression=b)
+
+
+def _ancestors(node: exp.Expression):
+    p = node.parent
+    while p is not None:
+        yield p
+        p = p.parent
+
+
+def replace_isfinite(tree: exp.Expression) -> exp.Expression:
+    """DuckDB's ``isfinite(x)`` → :func:`finite` (``x > -inf AND x < inf``)."""
+    for node in list(tree.find_all(exp.Anonymous)):
+        if str(node.this).lower() == "isfinite" and len(node.expressions) == 1:
+            node.replace(exp.Paren(this=finite(node.expressions[0])))
+    return tree
+
+
+def replace_round(tree: exp.Expression) -> exp.Expression:
+    """One-argument ``ROUND(x)`` of a double (the fixed-point step) → :func:`round_half_away`."""
+    for node in list(tree.find_all(exp.Round)):
+        if node.args.get("decimals") is None and not any(isinstance(p, exp.Try) for p in _ancestors(node)):
+            node.replace(round_half_away(node.this))
+    return tree
