@@ -285,7 +285,12 @@ class DuckDBEngine:
             relation, is_csv = self._source_relation(table, files, keep_attached=in_place)
             described = self._con.execute(f"DESCRIBE SELECT * FROM {relation}").fetchall()
             stored = {str(row[0]): str(row[1]) for row in described}
-            names = resolve_columns(table, list(stored))
+            raw = self._csv_header(files[0], len(described)) if is_csv else list(stored)
+            # DuckDB renames a CSV column whose name repeats another's up to case
+            # (user_id → user_id_1): check ambiguity on the header as written, then map
+            # each header name to DuckDB's column at the same position.
+            by_position = dict(zip(raw, stored))
+            names = {k: by_position[v] for k, v in resolve_columns(table, raw).items()}
             if is_csv and not in_place:
                 # Stage the needed columns as read, then cast: DuckDB pushes a TRY_CAST down
                 # into the CSV reader, which then fails on the first bad value.
@@ -314,6 +319,15 @@ class DuckDBEngine:
                     self._con.execute("DETACH DATABASE IF EXISTS __dpgate_source")
                 except duckdb.Error:  # pragma: no cover
                     pass
+
+    def _csv_header(self, file: str, width: int) -> list[str]:
+        """The header row of a CSV file as written (same dialect sniffing, no renaming)."""
+        row = self._con.execute(
+            f"SELECT * FROM read_csv({_sql_string(file)}, header = false, all_varchar = true) LIMIT 1"
+        ).fetchone()
+        names = [str(v) if v is not None else "" for v in (row or ())]
+        return names if len(names) == width else [str(r[0]) for r in self._con.execute(
+            f"DESCRIBE SELECT * FROM read_csv({_sql_string(file)}, header = true, all_varchar = true)").fetchall()]
 
     def _projection(self, table: TablePolicy, names: dict[str, str], stored: dict[str, str],
                     relation: str, *, csv_in_place: bool) -> list[str]:
