@@ -150,12 +150,14 @@ class Gateway:
     # ----------------------------------------------------------------- lifecycle
 
     @classmethod
-    def open(cls, settings: Settings, *, progress: Callable[[str], None] | None = None) -> "Gateway":
-        """Load the policies, the data (DuckDB), the ledger and the release store.
+    def open(cls, settings: Settings, *, progress: Callable[[str], None] | None = None,
+             salt_source: Callable[[], int] | None = None) -> "Gateway":
+        """Load the policies, the data (each dataset's engine), the ledger and the release store.
 
         Args:
             settings: injected configuration.
             progress: called with human-readable progress lines (loading large files).
+            salt_source: see :class:`Gateway` (tests only; default: the OS CSPRNG).
         Raises:
             PolicyError: a policy file is invalid or names a missing source or column.
             LedgerError: the ledger cannot be opened.
@@ -179,7 +181,7 @@ class Gateway:
         store = open_release_store(ledger)
         key = _fingerprint_key(settings)
         versions = {name: None if v is None else _published_version(v, key) for name, v in versions.items()}
-        return cls(policies, engine, versions, ledger, store, fingerprint_key=key)
+        return cls(policies, engine, versions, ledger, store, fingerprint_key=key, salt_source=salt_source)
 
     def close(self) -> None:
         """Close the release store, the ledger and the engine."""

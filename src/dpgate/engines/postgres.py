@@ -154,16 +154,23 @@ class _PgPredicates(PredicateRewriter):
                        expression=exp.Mul(this=exp.Div(this=dbl(DBL_MAX), expression=exp.Abs(this=b.copy())),
                                           expression=margin.copy())),
             )
-            under = exp.and_(
-                exp.LT(this=exp.Abs(this=b.copy()), expression=dbl(1.0)),
-                exp.LT(this=exp.Abs(this=a.copy()),
-                       expression=exp.Div(this=dbl(5e-324), expression=exp.Abs(this=b.copy()))),
-            )
+            # A product rounds to 0 iff |a·b| <= 2**-1075 (ties to even). Then |a| < 1 (as
+            # |b| >= 2**-1074), so |a|·2**100 is exact and finite, and 2**-975 / |b| neither
+            # overflows nor underflows; the margin flags the boundary band as 0 (never an error).
+            scaled = exp.Mul(this=exp.Abs(this=a.copy()), expression=dbl(2.0 ** 100))
+            limit = exp.Mul(this=exp.Div(this=dbl(2.0 ** -975), expression=exp.Abs(this=b.copy())),
+                            expression=dbl(1 + 2.0 ** -50))
+            product = exp.Mul(this=a.copy(), expression=b.copy())
+            signed_zero = exp.Mul(this=exp.Mul(this=sa.copy(), expression=sb.copy()), expression=dbl(0.0))
+            tiny = exp.Case(ifs=[exp.If(this=exp.LTE(this=scaled, expression=limit), true=signed_zero)],
+                            default=product.copy())
+            small = exp.and_(exp.LT(this=exp.Abs(this=b.copy()), expression=dbl(1.0)),
+                             exp.LT(this=exp.Abs(this=a.copy()), expression=dbl(1.0)))
             return exp.Case(ifs=[
-                exp.If(this=exp.or_(special(a, b), zero), true=exp.Mul(this=a.copy(), expression=b.copy())),
+                exp.If(this=exp.or_(special(a, b), zero), true=product.copy()),
                 exp.If(this=over, true=exp.Mul(this=exp.Mul(this=sa.copy(), expression=sb.copy()), expression=inf.copy())),
-                exp.If(this=under, true=exp.Mul(this=exp.Mul(this=sa.copy(), expression=sb.copy()), expression=dbl(0.0))),
-            ], default=exp.Mul(this=a.copy(), expression=b.copy()))
+                exp.If(this=small, true=tiny),
+            ], default=product)
         same_sign = (exp.EQ(this=sa.copy(), expression=sb.copy()) if op is exp.Add
                      else exp.EQ(this=sa.copy(), expression=exp.Neg(this=sb.copy())))
         over = exp.and_(

@@ -121,6 +121,13 @@ class _SparkPredicates(PredicateRewriter):
         name = {exp.Add: "try_add", exp.Sub: "try_subtract", exp.Mul: "try_multiply"}[op]
         return exp.Anonymous(this=name, expressions=[a, b])
 
+    def like(self, op, a, pattern):
+        # Spark's LIKE escapes with a backslash; DuckDB's has no escape character: a
+        # literal pattern gets its backslashes doubled (each then matches itself).
+        if not (isinstance(pattern, exp.Literal) and pattern.is_string):
+            raise self.refuse(op(this=a, expression=pattern))
+        return op(this=a, expression=exp.Literal.string(pattern.this.replace("\\", "\\\\")))
+
     def floor_ceil(self, op, a, t):
         if t != "float":
             return op(this=a)
