@@ -18,7 +18,8 @@ from typing import Sequence
 from dpgate.errors import DpgateError
 
 #: Sub-command modules, in help order. A module that is not present is skipped.
-COMMAND_MODULES = ("serve", "query", "explain", "budget", "ledger", "accounting", "keys", "demo")
+COMMAND_MODULES = ("serve", "query", "explain", "budget", "ledger", "accounting", "keys", "demo",
+                   "datasets")
 
 
 def add_common_options(parser: argparse.ArgumentParser) -> None:
