@@ -227,6 +227,7 @@ def test_postgres_equals_duckdb(reference, postgres, policy):
     _check_engine(postgres, "postgres", reference, policy, SALTS)
 
 
+@pytest.mark.spark
 @pytest.mark.slow
 def test_spark_equals_duckdb(reference, spark, policy):
     _check_engine(spark, "spark", reference, policy, SALTS[1:2])
