@@ -54,7 +54,9 @@ import pyarrow.parquet as pq
 from dpgate.sample_data import counter_uniform
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "smartnoise"
+SHARED_DATA = next((p for p in (Path(__file__).resolve().parents[2] / "shared" / "data" / "smartnoise",
+                                 Path("/work/shared/data/smartnoise")) if p.is_dir()),
+                   Path(__file__).resolve().parents[2] / "shared" / "data" / "smartnoise")
 DEFAULT_CHUNK = 1_000_000
 
 _S_WEIGHT, _S_HOME, _S_STRAY, _S_KEY, _S_X, _S_PUMS = 101, 102, 103, 104, 105, 106

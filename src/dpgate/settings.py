@@ -25,7 +25,8 @@ class Settings(BaseSettings):
             (``DPGATE_LEDGER_URL``).
         host, port: bind address of ``dpgate serve``.
         keys_file: API keys file (hashes only); default ``$home/keys.json``.
-        query_timeout_s: per-query DuckDB timeout in seconds.
+        query_timeout_s: per-query timeout in seconds, on every engine (DuckDB interrupt,
+            PostgreSQL ``statement_timeout``, Spark job interruption).
         max_body_bytes: largest accepted HTTP request body (413 above).
         duckdb_memory_limit: DuckDB ``memory_limit`` (e.g. ``"4GB"``), or None.
         duckdb_threads: DuckDB ``threads``, or None for DuckDB's default.

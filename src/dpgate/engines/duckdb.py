@@ -72,7 +72,7 @@ from dpgate.engines.base import (
     lossy_unit_error,
     non_canonical_unit_error,
     parse_bounded,
-    portable_group_hash,
+    group_hash,
     resolve_columns,
     source_files,
     source_fingerprint,
@@ -231,8 +231,8 @@ class DuckDBEngine:
             if progress is not None:
                 where = "in memory" if mode == "memory" else "in place"
                 progress(f"loading {policy.name}.{table.name} ({_human_size(size)}, {where})…")
-            unique = self._load_table(table, t_files, mode)
-            self._tables[table.name] = TableInfo(table.name, mode, unique)
+            unique, integer = self._load_table(table, t_files, mode)
+            self._tables[table.name] = TableInfo(table.name, mode, unique, integer)
             files.extend(t_files)
             if mode == "in_place":
                 in_place_files.extend(t_files)
@@ -278,7 +278,8 @@ class DuckDBEngine:
             table, f"unknown source kind {Path(source).suffix!r}: use .csv, .parquet or duckdb:<file>:<table>"
         )
 
-    def _load_table(self, table: TablePolicy, files: list[str], mode: str) -> bool:
+    def _load_table(self, table: TablePolicy, files: list[str], mode: str) -> tuple[bool, bool]:
+        """Create the table or view; returns (unit unique, unit stored as an integer)."""
         in_place = mode == "in_place"
         attached = table.source.startswith("duckdb:")
         try:
@@ -303,7 +304,7 @@ class DuckDBEngine:
                 self._con.execute(f"CREATE VIEW {table.relation} AS {body}")
             else:
                 self._con.execute(f"CREATE TABLE {table.relation} AS {body}")
-            return self._unit_unique(table)
+            return self._unit_unique(table), self._unit_integer(table)
         except duckdb.Error as e:
             # DuckDB's message can quote a row of the file: keep it out of the error.
             raise table_error(
@@ -370,6 +371,15 @@ class DuckDBEngine:
             raise non_canonical_unit_error(table, name, int(bad))
         return f"CAST({guarded} AS BIGINT)"
 
+    def _unit_integer(self, table: TablePolicy) -> bool:
+        """Whether the loaded unit column has an integer type (exact arithmetic hashing)."""
+        if table.privacy_unit is None:
+            return False
+        rows = self._con.execute(f"DESCRIBE SELECT {quote_identifier(table.privacy_unit)} FROM {table.relation}").fetchall()
+        # integers that a BIGINT holds (the hash's arithmetic casts to BIGINT)
+        return str(rows[0][1]).upper() in ("TINYINT", "SMALLINT", "INTEGER", "BIGINT", "UTINYINT",
+                                            "USMALLINT", "UINTEGER")
+
     def _unit_unique(self, table: TablePolicy) -> bool:
         """Whether every non-NULL unit value occurs in one row at most (one scan)."""
         if table.privacy_unit is None:
@@ -407,7 +417,7 @@ class DuckDBEngine:
                 return query
         else:
             tree = parse_bounded(query)
-        return portable_group_hash(tree).sql(dialect="duckdb")
+        return group_hash(tree, self.policy, self._tables, "duckdb").sql(dialect="duckdb")
 
     def _cursor(self) -> "duckdb.DuckDBPyConnection":
         with self._lock:

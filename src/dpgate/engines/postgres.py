@@ -57,7 +57,7 @@ from dpgate.engines.base import (
     null_like_unit,
     object_array,
     parse_bounded,
-    portable_group_hash,
+    group_hash,
     relations,
     replace_isfinite,
     replace_relations,
@@ -367,7 +367,12 @@ class PostgresEngine:
                 "AND i.indnkeyatts = 1 AND i.indpred IS NULL AND i.indexprs IS NULL AND i.indkey[0] = %s)",
                 (oid, attnum[names[next(n for n in names if n.casefold() == unit.casefold())]]),
             ).fetchone()[0]
-        self._tables[table.name] = TableInfo(table.name, "live", bool(unique))
+        integer = unit is not None and self._unit_integer_type(stored[names[next(n for n in names if n.casefold() == unit.casefold())]])
+        self._tables[table.name] = TableInfo(table.name, "live", bool(unique), integer)
+
+    @staticmethod
+    def _unit_integer_type(pg_type: str) -> bool:
+        return _type_matches(pg_type, _INT_UNIT)
 
     def _unit_expression(self, table: TablePolicy, name: str, pg_type: str, src: exp.Expression) -> exp.Expression:
         declared = table.find_column(name)
@@ -448,7 +453,7 @@ class PostgresEngine:
         if foreign:
             raise ExecutionError("the query reads a table this engine does not hold")
         types = column_types(self.policy, tree)
-        tree = portable_group_hash(tree, collate_c=True)
+        tree = group_hash(tree, self.policy, self._tables, "postgres")
         tree = _PgPredicates(types, "postgres").rewrite(tree)
         tree = replace_isfinite(tree)
         tree = replace_round(tree)

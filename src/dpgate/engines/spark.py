@@ -48,7 +48,7 @@ from dpgate.engines.base import (
     lossy_unit_error,
     null_like_unit,
     parse_bounded,
-    portable_group_hash,
+    group_hash,
     relations,
     replace_isfinite,
     replace_relations,
@@ -250,7 +250,11 @@ class SparkEngine:
             u = exp.column(unit, quoted=True).sql(dialect="spark")
             row = spark.sql(f"SELECT count({u}) = count(DISTINCT {u}) AS ok FROM `{view}`").collect()[0]
             unique = bool(row["ok"])
-        self._tables[table.name] = TableInfo(table.name, "in_place" if files is not None else "live", unique)
+        integer = False
+        if unit is not None:
+            ut = stored[names[next(n for n in names if n.casefold() == unit.casefold())]].replace(" ", "")
+            integer = ut.split("(")[0] in ("tinyint", "smallint", "int", "bigint")
+        self._tables[table.name] = TableInfo(table.name, "in_place" if files is not None else "live", unique, integer)
         return files
 
     def _unit_expression(self, table: TablePolicy, name: str, spark_type: str, src: exp.Expression) -> exp.Expression:
@@ -319,7 +323,7 @@ class SparkEngine:
         if foreign:
             raise ExecutionError("the query reads a table this engine does not hold")
         types = column_types(self.policy, tree)
-        tree = portable_group_hash(tree)
+        tree = group_hash(tree, self.policy, self._tables, "spark")
         tree = _SparkPredicates(types, "spark").rewrite(tree)
         tree = replace_isfinite(tree)
         tree = replace_round(tree)
