@@ -534,12 +534,12 @@ def _parquet_policy(tmp_path, load: str, rows: int = 1000, unique: bool = True) 
     uid = np.arange(rows) if unique else np.arange(rows) // 2
     pq.write_table(pa.table({"uid": uid, "x": np.arange(rows) % 7, "extra": np.zeros(rows)}),
                    tmp_path / "data" / "p.parquet")
-    folder = write_policy(tmp_path, f"""
+    folder = write_policy(tmp_path, """
         [tables.p]
         source = "data/p.parquet"
         privacy_unit = "uid"
         [tables.p.columns]
-        x = {{ type = "int", lower = 0, upper = 10 }}
+        x = { type = "int", lower = 0, upper = 10 }
         """)
     text = (folder / "ds.toml").read_text().replace('population = "people"\n',
                                                    f'population = "people"\nload = "{load}"\n')

@@ -364,7 +364,7 @@ def test_pums_through_the_gateway_postgres_equals_duckdb(tmp_path):
     with pg_schema() as schema:
         pg_load(schema, "persons", table)
         duck = write_policy(tmp_path / "duck", "pums", 'data_version = "v1"\n', PUMS_TABLES.format(source=csv))
-        pg = write_policy(tmp_path / "pg", "pums", f'data_version = "v1"\nengine = "postgres"\n',
+        pg = write_policy(tmp_path / "pg", "pums", 'data_version = "v1"\nengine = "postgres"\n',
                           PUMS_TABLES.format(source=f"{schema}.persons"))
         env_var = "DPGATE_CONNECTION_PUMS"
         import os

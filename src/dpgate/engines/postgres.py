@@ -119,6 +119,7 @@ class _PgPredicates(PredicateRewriter):
     _INT_MIN, _INT_MAX = -2**63, 2**63 - 1
 
     def int_arith(self, op, a, b):
+        """Computed in NUMERIC, NULL outside the 64-bit range (DuckDB's TRY on overflow)."""
         num = exp.DataType.build("numeric")
         na = exp.Cast(this=a, to=num)
         if op is exp.Neg:
@@ -131,6 +132,7 @@ class _PgPredicates(PredicateRewriter):
         return exp.Case(ifs=[exp.If(this=ok, true=exp.Cast(this=r, to=exp.DataType.build("bigint")))])
 
     def float_arith(self, op, a, b):
+        """IEEE result without PostgreSQL's overflow/underflow errors (see below)."""
         # PostgreSQL raises when a finite product/sum overflows (or a product of non-zero
         # numbers underflows to 0); DuckDB returns ±inf (or 0). Decide in advance, with a
         # 2**-50 relative margin so the exact operation is never reached when it would raise.
@@ -185,9 +187,11 @@ class _PgPredicates(PredicateRewriter):
         ], default=op(this=a.copy(), expression=b.copy()))
 
     def like(self, op, a, pattern):
+        """``ESCAPE ''``: no escape character, as in DuckDB."""
         return exp.Escape(this=op(this=a, expression=pattern), expression=exp.Literal.string(""))
 
     def compare_text(self, node):
+        """Bytewise order (``COLLATE "C"``), as DuckDB's default collation."""
         def c(x):
             return exp.Collate(this=x, expression=exp.to_identifier("C", quoted=True))
 
@@ -195,9 +199,11 @@ class _PgPredicates(PredicateRewriter):
         return node
 
     def ends_with(self, a, b):
+        """``right(a, length(b)) = b`` (PostgreSQL has no ends_with)."""
         return exp.EQ(this=exp.Right(this=a, expression=exp.Length(this=b.copy())), expression=b)
 
     def contains(self, a, b):
+        """``strpos(a, b) > 0``."""
         return exp.GT(this=exp.StrPosition(this=a, substr=b), expression=exp.Literal.number(0))
 
 

@@ -113,6 +113,7 @@ class _SparkPredicates(PredicateRewriter):
     """TRY semantics on Spark: integer overflow → NULL with ``try_*``; doubles are IEEE already."""
 
     def int_arith(self, op, a, b):
+        """``try_add``/``try_subtract``/``try_multiply``: NULL on 64-bit overflow."""
         if op is exp.Neg:
             return exp.Anonymous(this="try_subtract", expressions=[exp.Literal.number(0), a])
         if op is exp.Abs:
@@ -122,6 +123,7 @@ class _SparkPredicates(PredicateRewriter):
         return exp.Anonymous(this=name, expressions=[a, b])
 
     def like(self, op, a, pattern):
+        """A literal pattern with its backslashes doubled (Spark escapes with one)."""
         # Spark's LIKE escapes with a backslash; DuckDB's has no escape character: a
         # literal pattern gets its backslashes doubled (each then matches itself).
         if not (isinstance(pattern, exp.Literal) and pattern.is_string):
@@ -129,6 +131,7 @@ class _SparkPredicates(PredicateRewriter):
         return op(this=a, expression=exp.Literal.string(pattern.this.replace("\\", "\\\\")))
 
     def floor_ceil(self, op, a, t):
+        """FLOOR/CEIL of a double kept a double (Spark returns BIGINT)."""
         if t != "float":
             return op(this=a)
         # Spark's FLOOR/CEIL of a double return BIGINT (saturating); DuckDB's a double.
