@@ -139,8 +139,10 @@ def worker(engine: str, data: Path, runs: int, pg_schema: str | None) -> dict:
                      f"{pg_schema}.events"),
     }[engine]
     policy = _load_policy(data, lines, source)
-    options = EngineOptions(timeout_s=3600, spark_master=os.environ.get("DPGATE_SPARK_MASTER", "local[*]"))
-    record: dict = {"engine": engine, "data": str(data)}
+    options = EngineOptions(timeout_s=3600, spark_master=os.environ.get("DPGATE_SPARK_MASTER", "local[*]"),
+                            duckdb_memory_limit=os.environ.get("DPGATE_DUCKDB_MEMORY_LIMIT"))
+    record: dict = {"engine": engine, "data": str(data),
+                    "duckdb_memory_limit": options.duckdb_memory_limit}
     with PeakMemory() as mem:
         t0 = time.perf_counter()
         engines = EngineSet(options=options)
