@@ -106,8 +106,23 @@ def cks_epsilon(rho: float, delta: float) -> float:
 
 
 def rho_cap_oracle(epsilon: float, delta: float) -> float:
-    """Largest ρ with cks_epsilon(ρ, δ) <= ε (bisection on the oracle above)."""
-    return brentq(lambda r: cks_epsilon(r, delta) - epsilon, 1e-9, 50.0, xtol=1e-15, rtol=1e-13)
+    """ρ_cap of a cap (ε, δ) by the ledger's published rule (DESIGN.md, Accounting): the largest
+    ρ whose RDP value α·ρ converts to ε at one order α of the ledger's grid, maximised over
+    the grid's orders. The conversion at each order is dp-accounting's (an independent oracle);
+    the root is found by bisection."""
+    import math
+
+    from dp_accounting.rdp import rdp_privacy_accountant as oracle
+
+    from dpgate.accounting import ORDERS
+
+    best = 0.0
+    for alpha in (a for a in ORDERS if math.isfinite(a)):
+        conv = lambda r: oracle.compute_epsilon([alpha], [alpha * r], delta)[0] - epsilon  # noqa: E731
+        if conv(1e-12) >= 0:
+            continue
+        best = max(best, brentq(conv, 1e-12, 100.0, xtol=1e-15, rtol=1e-13))
+    return best
 
 
 # --- `dpgate serve` as a subprocess ----------------------------------------------------------

@@ -190,13 +190,14 @@ def test_authentication_and_error_shapes(server, keys, settings):
         assert ["body", "sql"] in [e["loc"] for e in assert_error(r, 400, "invalid_request")["errors"]]
         # the consumer comes from the key: a body naming one is refused
         assert_error(analyst.post("/v1/queries", json={**query, "consumer": "dashboard"}), 400, "invalid_request")
-        # non-finite, non-positive, huge or several budgets
+        # non-finite, non-positive, huge or several budgets: the service's one validator (QueryBudget)
         for raw in (b"NaN", b"Infinity", b"-Infinity", b"1e400", b"0", b"-0.5", b"1e300"):
             body = b'{"dataset": "usage", "sql": "SELECT COUNT(*) FROM prompts", "budget": {"rho": ' + raw + b"}}"
             r = analyst.post("/v1/queries", content=body, headers={"content-type": "application/json"})
-            assert_error(r, 400, "invalid_request")
-        assert_error(analyst.post("/v1/queries", json={**query, "budget": {"rho": 0.1, "epsilon": 1.0}}), 400, "invalid_request")
-        assert_error(analyst.post("/v1/queries", json={**query, "budget": {}}), 400, "invalid_request")
+            assert_error(r, 400, "invalid_budget")
+        assert_error(analyst.post("/v1/queries", json={**query, "budget": {"rho": 0.1, "epsilon": 1.0}}), 400, "invalid_budget")
+        assert_error(analyst.post("/v1/queries", json={**query, "budget": {}}), 400, "invalid_budget")
+        assert_error(analyst.post("/v1/queries", json={**query, "budget": {"rho": "0.1"}}), 400, "invalid_request")
         assert_error(analyst.post("/v1/queries", json={**query, "mechanism": "exponential"}), 400, "invalid_request")
         # oversize bodies: declared by Content-Length, and streamed without one
         big = json.dumps({**query, "sql": "SELECT COUNT(*) FROM prompts -- " + "x" * settings.max_body_bytes})
@@ -354,6 +355,9 @@ def test_external_charges(server, keys):
         ]
         for bad in bad_curves:
             assert_error(admin.post("/v1/ledger/charges", json=bad), 400, "invalid_request")
+        # an admin names the consumer that pays
+        no_consumer = {k: v for k, v in charge.items() if k != "consumer"}
+        assert_error(admin.post("/v1/ledger/charges", json=no_consumer), 400, "invalid_request")
         r = admin.post("/v1/ledger/charges", json={**charge, "curve": [0.1, 0.2], "orders": [2.0, 3.0]})
         assert_error(r, 400, "invalid_budget")  # not the ledger's grid
 
@@ -363,6 +367,11 @@ def test_external_charges(server, keys):
         assert r.status_code == 201, r.text
         assert r.json()["rho"] == pytest.approx(0.005, rel=1e-12)
         assert_error(service.post("/v1/ledger/charges", json={**ok, "consumer": "dashboard"}), 403, "forbidden")
+        # the consumer comes from the service key: it may be left out of the body
+        implicit = {k: v for k, v in ok.items() if k != "consumer"}
+        r = service.post("/v1/ledger/charges", json=implicit)
+        assert r.status_code == 201, r.text
+        assert r.json()["consumer"] == "analysts"
         assert_error(service.post("/v1/queries", json={"dataset": "usage", "sql": "SELECT COUNT(*) FROM prompts"}), 403, "forbidden")
     with server.client(keys["analyst"]) as analyst:
         assert_error(analyst.post("/v1/ledger/charges", json=charge), 403, "forbidden")

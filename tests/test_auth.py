@@ -124,7 +124,8 @@ def test_role_table():
 
 def test_keys_cli_add_list_revoke(tmp_path, capsys):
     home = str(tmp_path / "state")
-    assert main(["keys", "add", "carol", "--role", "analyst", "--consumer", "analysts", "--home", home, "--json"]) == 0
+    assert main(["keys", "add", "carol", "--role", "analyst", "--consumer", "analysts", "--home", home, "--json",
+                 "--no-consumer-check"]) == 0
     created = json.loads(capsys.readouterr().out)
     key = created["key"]
     store = KeyStore(tmp_path / "state" / "keys.json")
@@ -139,8 +140,10 @@ def test_keys_cli_add_list_revoke(tmp_path, capsys):
     with pytest.raises(Unauthenticated):
         store.authenticate(key)
 
-    # an unknown key name is the documented error shape on stderr, exit status 2
-    assert main(["keys", "revoke", "nobody", "--home", home]) == 2
+    # an unknown key name: one sentence on stderr (the documented error shape with --json), exit 4
+    assert main(["keys", "revoke", "nobody", "--home", home]) == 4
+    assert capsys.readouterr().err == "dpgate: error: no active API key named 'nobody' [not_found]\n"
+    assert main(["keys", "revoke", "nobody", "--home", home, "--json"]) == 4
     err = json.loads(capsys.readouterr().err)
     assert err["error"]["code"] == "not_found"
 
@@ -148,3 +151,39 @@ def test_keys_cli_add_list_revoke(tmp_path, capsys):
     assert main(["keys", "add", "dash", "--role", "dashboard", "--home", home]) == 0
     out = capsys.readouterr().out
     assert out.count("dpg_") == 1
+
+
+@pytest.mark.parametrize("role", ["service", "analyst"])
+def test_a_hand_edited_spending_key_without_a_consumer_is_refused_at_load(store, role):
+    """Issue 9 item 14: such a key could otherwise charge whatever consumer a request names."""
+    key, _ = store.add("trainer", role=role, consumer="analysts")
+    raw = json.loads(store.path.read_text())
+    raw["keys"][0].pop("consumer")  # the hand edit
+    store.path.write_text(json.dumps(raw))
+    fresh = KeyStore(store.path)
+    with pytest.raises(PolicyError, match=f"'trainer'.* {role} key without a consumer") as refused:
+        fresh.authenticate(key)
+    assert "--consumer C" in refused.value.message
+    raw["keys"][0]["consumer"] = None
+    store.path.write_text(json.dumps(raw))
+    with pytest.raises(PolicyError, match="without a consumer"):
+        KeyStore(store.path).records()
+    raw["keys"][0]["consumer"] = "bad name!"
+    store.path.write_text(json.dumps(raw))
+    with pytest.raises(PolicyError, match="invalid consumer name"):
+        KeyStore(store.path).records()
+
+
+def test_dashboard_and_admin_keys_need_no_consumer(store):
+    store.add("wall", role="dashboard")
+    key, _ = store.add("root", role="admin")
+    assert KeyStore(store.path).authenticate(key).consumer is None
+
+
+def test_a_revoked_key_is_told_so(store):
+    key, _ = store.add("old-laptop", role="analyst", consumer="analysts")
+    store.revoke("old-laptop")
+    with pytest.raises(Unauthenticated, match="'old-laptop' was revoked at .*ask an admin for a new key"):
+        store.authenticate(key)
+    with pytest.raises(Unauthenticated, match="no key with this id and secret"):
+        store.authenticate(key[:-2] + ("AA" if not key.endswith("AA") else "BB"))

@@ -71,7 +71,7 @@ def test_rho_table(capsys):
     ],
 )
 def test_bad_input_is_an_error_shape(capsys, argv, word):
-    status, out, err = run(capsys, *argv)
+    status, out, err = run(capsys, *argv, "--json")
     assert status == 2 and out == ""
     error = json.loads(err)["error"]
     assert error["code"] == "invalid_budget"

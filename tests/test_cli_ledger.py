@@ -67,16 +67,18 @@ def test_show_table(url, capsys):
 
 
 def test_show_unknown_population(url, capsys):
-    code, _, err = run(capsys, "ledger", "show", "--ledger-url", url, "--population", "nobody")
-    assert code == 2
+    code, _, err = run(capsys, "ledger", "show", "--ledger-url", url, "--population", "nobody", "--json")
+    assert code == 4  # not found (dpgate.cli.exits)
     assert json.loads(err)["error"]["code"] == "unknown_population"
+    code, _, err = run(capsys, "ledger", "show", "--ledger-url", url, "--population", "nobody")
+    assert code == 4 and err.startswith("dpgate: error: no population 'nobody'")
 
 
 def test_missing_ledger_is_an_error_and_is_not_created(tmp_path, capsys):
     target = tmp_path / "nope.sqlite"
     for action in ("show", "verify", "export"):
-        code, _, err = run(capsys, "ledger", action, "--ledger-url", f"sqlite:///{target}")
-        assert code == 2 and json.loads(err)["error"]["code"] == "ledger_error"
+        code, _, err = run(capsys, "ledger", action, "--ledger-url", f"sqlite:///{target}", "--json")
+        assert code == 7 and json.loads(err)["error"]["code"] == "ledger_error"  # configuration
     assert not target.exists()
 
 

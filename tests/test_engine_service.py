@@ -81,7 +81,7 @@ def test_reload_over_http_needs_an_admin(file_project, tmp_path):
             assert_error(c.post("/v1/admin/datasets/nope/reload"), 404, "unknown_dataset")
         # the CLI asks the running server
         assert cli(["datasets", "reload", "ds", "--url", live.url, "--key", admin, "--json"]) == 0
-        assert cli(["datasets", "reload", "ds", "--url", live.url, "--key", analyst]) == 2
+        assert cli(["datasets", "reload", "ds", "--url", live.url, "--key", analyst]) == 3  # not allowed
 
 
 def test_cli_datasets_check(file_project, capsys):
@@ -89,7 +89,7 @@ def test_cli_datasets_check(file_project, capsys):
     assert cli(["datasets", "check", "ds", *args]) == 0
     out = capsys.readouterr().out
     assert "engine duckdb" in out and "memory" in out and "release cache enabled" in out
-    assert cli(["datasets", "check", "nope", *args]) == 2
+    assert cli(["datasets", "check", "nope", *args]) == 4  # not found
 
 
 @pytest.fixture()

@@ -87,7 +87,7 @@ def test_migrations_recorded_once_and_idempotent(tmp_path):
     conn = sqlite3.connect(str(tmp_path / "l.sqlite"))
     first = conn.execute("SELECT version, name, applied_at FROM schema_migrations").fetchall()
     conn.close()
-    assert [r[0] for r in first] == [v for v, _, _ in MIGRATIONS] == [1]
+    assert [r[0] for r in first] == [v for v, _, _ in MIGRATIONS] == [1, 2]
     datetime.fromisoformat(first[0][2].replace("Z", "+00:00"))
     open_ledger(url).close()
     open_ledger(url).close()
@@ -161,14 +161,31 @@ def test_release_store_shares_the_file(ledger):
 # --------------------------------------------------------------------------------------
 
 
-def test_cap_fixed_into_rho_cap_by_the_tight_conversion(ledger):
+def bbg_rho(eps: float, delta: float, alpha: float) -> float:
+    """Hand formula, independent of dpgate: the largest ρ whose RDP value α·ρ converts to ε at
+    the single order α by Balle et al. 2020, Thm. 21:
+    ε = α·ρ + log((α−1)/α) − (log δ + log α)/(α − 1)."""
+    return (eps - math.log((alpha - 1) / alpha) + (math.log(delta) + math.log(alpha)) / (alpha - 1)) / alpha
+
+
+def test_cap_fixed_into_rho_cap_at_alpha_cap(ledger):
+    from dp_accounting.rdp import rdp_privacy_accountant as oracle
+
     ledger.ensure_population("p", epsilon=1.0, delta=DELTA, allocations={})
     rep = ledger.spend("p")
-    assert rep.rho_cap == accounting.rho_for_cap(1.0, DELTA, "tight")
-    # ρ_cap is the largest ρ whose CKS conversion meets the cap (independent check of both sides)
-    assert accounting.zcdp_epsilon_tight(rep.rho_cap, DELTA) <= 1.0
-    assert accounting.zcdp_epsilon_tight(rep.rho_cap * (1 + 1e-9), DELTA) > 1.0 - 1e-9
-    assert rep.to_dict()["cap"] == {"epsilon": 1.0, "delta": DELTA, "rho": rep.rho_cap}
+    cap = ledger.cap("p")
+    # ρ_cap = max over the grid of the single-order inverse; α_cap the order attaining it
+    want = max(FINITE, key=lambda a: bbg_rho(1.0, DELTA, a))
+    assert cap.alpha_cap == want == 24.0 and cap.rule == "alpha_cap"
+    assert rep.rho_cap == pytest.approx(bbg_rho(1.0, DELTA, want), rel=1e-12)
+    # the order α_cap alone proves the cap (dp-accounting's conversion as the oracle) ...
+    eps, order = oracle.compute_epsilon([want], [want * rep.rho_cap], DELTA)
+    assert eps <= 1.0 + 1e-12 and eps == pytest.approx(1.0, rel=1e-9) and order == want
+    # ... and ρ_cap is within the grid gap of the continuous CKS optimum, never above it
+    cont = accounting.rho_for_cap(1.0, DELTA, "tight")
+    assert 0.99 * cont < rep.rho_cap <= cont
+    assert rep.to_dict()["cap"] == {"epsilon": 1.0, "delta": DELTA, "rho": rep.rho_cap, "alpha_cap": 24.0,
+                                    "selection_delta": 0.0, "rule": "alpha_cap"}
     assert rep.spent_rho == 0 and rep.spent_epsilon == 0 and rep.charges == 0
     assert rep.remaining_rho == rep.rho_cap
     assert rep.conversion == "none"
@@ -178,11 +195,17 @@ def test_rho_cap_stated_directly_records_its_epsilon(ledger):
     ledger.ensure_population("p", rho_cap=0.1, delta=DELTA, allocations={"a": 1.0})
     rep = ledger.spend("p")
     assert rep.rho_cap == 0.1
-    assert rep.epsilon == accounting.zcdp_epsilon_tight(0.1, DELTA)
+    # ε is the best single-order conversion of α·0.1 on the grid (Balle et al. 2020, Thm. 21)
+    conv = {a: 0.1 * a + math.log((a - 1) / a) - (math.log(DELTA) + math.log(a)) / (a - 1) for a in FINITE}
+    best = min(conv, key=conv.get)
+    assert ledger.cap("p").alpha_cap == best
+    assert rep.epsilon == pytest.approx(conv[best], rel=1e-12)
+    assert accounting.zcdp_epsilon_tight(0.1, DELTA) <= rep.epsilon <= accounting.zcdp_epsilon_tight(0.1, DELTA) * 1.01
     ev = ledger.events("p")
     assert ev[0]["kind"] == "population_created"
     assert ev[0]["new"]["cap"]["rho_stated"] is True
     assert ev[0]["new"]["cap"]["epsilon"] == rep.epsilon
+    assert ev[0]["new"]["cap"]["alpha_cap"] == best
 
 
 def test_exactly_fitting_charges_and_exact_spend(ledger):
@@ -250,7 +273,12 @@ def test_budget_exhausted_details(ledger):
     assert d["requested"] == {"rho": 0.05, "epsilon": accounting.zcdp_epsilon_tight(0.05, DELTA)}
     assert d["spent"] == {"rho": 0.06, "epsilon": accounting.zcdp_epsilon_tight(0.06, DELTA)}
     assert d["cap"]["rho"] == 0.1
-    assert d["cap"]["epsilon"] == pytest.approx(accounting.zcdp_epsilon_tight(0.1, DELTA), rel=1e-12)
+    # a consumer holding the whole budget is refused where the population is: the population's
+    # published ε (the best single-order conversion of α·0.1 on the grid) is the cap named
+    assert d["scope"] == "population"
+    assert d["cap"]["epsilon"] == ledger.spend("p").epsilon
+    assert accounting.zcdp_epsilon_tight(0.1, DELTA) <= d["cap"]["epsilon"] <= 1.01 * accounting.zcdp_epsilon_tight(
+        0.1, DELTA)
     assert d["remaining"]["rho"] == pytest.approx(0.04, rel=1e-12)
     assert d["remaining"]["epsilon"] == pytest.approx(accounting.zcdp_epsilon_tight(0.04, DELTA), rel=1e-9)
     assert d["rule"] == "zcdp"
@@ -286,7 +314,8 @@ def test_population_holds_the_total_after_reallocation(ledger):
     ledger.ensure_population("p", rho_cap=1.0, delta=DELTA, allocations={"a": 0.6, "b": 0.4})
     ledger.charge("p", "a", Cost.zcdp(0.6), purpose="q")
     # policy now gives b most of the budget: b may still only use what the population has left
-    ledger.ensure_population("p", rho_cap=1.0, delta=DELTA, allocations={"a": 0.2, "b": 0.8})
+    ledger.apply_policy("p", rho_cap=1.0, delta=DELTA, allocations={"a": 0.2, "b": 0.8}, actor="ops",
+                        reason="reallocation")
     assert ledger.spend("p").consumers["b"].remaining_rho == pytest.approx(0.4)
     ledger.charge("p", "b", Cost.zcdp(0.4), purpose="q")
     with pytest.raises(BudgetExhausted) as info:
@@ -392,36 +421,47 @@ def test_optimal_order_is_the_cks_minimiser():
         assert optimal_order(rho, delta) == pytest.approx(1 + x, rel=1e-5)
 
 
-def test_extra_order_alpha_star_keeps_the_published_cap_for_rdp_curves(tmp_path):
-    # An RDP curve shaped like a Gaussian, c(α) = α·ρ, but known only at the grid orders.
+def test_legacy_caps_check_alpha_star_and_keep_the_published_cap_for_rdp_curves():
+    # Legacy caps (fixed before the α_cap rule) keep their rule: every grid order and α*.
+    # An RDP curve shaped like a Gaussian, c(α) = α·ρ, known only at the grid orders.
     # ρ_cap = 0.5, δ = 1e-6 → α* ≈ 5.907, between grid orders 5 and 6. At α* the ledger
     # bounds D_α* by the chord of (α−1)·c(α) (convexity): with λ = (6 − α*)/(6 − 5),
     #   D_α* ≤ ρ·[λ·4·5 + (1−λ)·5·6]/(α*−1),
-    # so the curve fits iff ρ ≤ ρ_cap·α*(α*−1)/[λ·20 + (1−λ)·30] ≈ 0.99715·ρ_cap,
-    # while a zCDP charge (valid at every α) may take all of ρ_cap.
-    led = open_ledger(f"sqlite:///{tmp_path / 'l.sqlite'}")
-    led.ensure_population("p", rho_cap=0.5, delta=DELTA, allocations={})
-    a_star = led.events("p")[0]["new"]["cap"]["alpha_star"]
+    # so the curve fits iff ρ ≤ ρ_cap·α*(α*−1)/[λ·20 + (1−λ)·30] ≈ 0.99715·ρ_cap.
+    from dpgate.ledger.base import BudgetCurve, Totals, build_spend_report, filter_decision, legacy_cap
+
+    cap = legacy_cap(None, DELTA, rho_cap=0.5)
+    assert cap.rule == "legacy" and cap.alpha_cap is None
     L = -math.log(DELTA)
     x = brentq(lambda x: 0.5 * x * x + math.log1p(x) - L, 1e-9, 100)
-    assert a_star == pytest.approx(1 + x, rel=1e-5)
-    lam = (6 - a_star) / (6 - 5)
-    limit = a_star * (a_star - 1) / (lam * 20 + (1 - lam) * 30)
+    assert cap.alpha_star == pytest.approx(1 + x, rel=1e-5)
+    lam = (6 - cap.alpha_star) / (6 - 5)
+    limit = cap.alpha_star * (cap.alpha_star - 1) / (lam * 20 + (1 - lam) * 30)
     assert limit == pytest.approx(0.99715, abs=1e-4)
-    with pytest.raises(BudgetExhausted) as info:
-        led.charge("p", "a", Cost.rdp(accounting.gaussian_rdp(0.5 * limit * (1 + 1e-9))), purpose="q")
-    assert info.value.details["binding_order"] == a_star
-    led.charge("p", "a", Cost.rdp(accounting.gaussian_rdp(0.5 * limit * (1 - 1e-9))), purpose="q")
-    rep = led.spend("p")
+    b = BudgetCurve.of(cap)
+    over = filter_decision(Totals(), Cost.rdp(accounting.gaussian_rdp(0.5 * limit * (1 + 1e-9))), b)
+    assert not over.ok and over.binding_order == cap.alpha_star
+    fits = Cost.rdp(accounting.gaussian_rdp(0.5 * limit * (1 - 1e-9)))
+    assert filter_decision(Totals(), fits, b).ok
+    rep = build_spend_report("p", cap, {}, Totals().add(fits), {})
     # the admitted history meets the published cap; on the grid alone it would not
     assert rep.spent_epsilon <= rep.epsilon * (1 + 1e-9)
-    grid_only = accounting.rdp_epsilon_tight(accounting.gaussian_rdp(0.5), DELTA)
-    assert grid_only > rep.epsilon * 1.0001
-    led.close()
-    led = open_ledger(f"sqlite:///{tmp_path / 'z.sqlite'}")
-    led.ensure_population("p", rho_cap=0.5, delta=DELTA, allocations={})
-    led.charge("p", "a", Cost.zcdp(0.5), purpose="q")
-    led.close()
+    assert accounting.rdp_epsilon_tight(accounting.gaussian_rdp(0.5), DELTA) > rep.epsilon * 1.0001
+    assert filter_decision(Totals(), Cost.zcdp(0.5), b).ok
+
+
+def test_a_gaussian_shaped_curve_may_use_all_of_rho_cap_at_alpha_cap(ledger):
+    # With α_cap on the grid there is no chord to pay for: c(α) = α·ρ fits iff ρ ≤ ρ_cap.
+    ledger.ensure_population("p", rho_cap=0.5, delta=DELTA, allocations={})
+    cap = ledger.cap("p")
+    with pytest.raises(BudgetExhausted) as info:
+        ledger.charge("p", "a", Cost.rdp(accounting.gaussian_rdp(0.5 * (1 + 1e-9))), purpose="q")
+    assert info.value.details["binding_order"] <= cap.alpha_cap
+    ledger.charge("p", "a", Cost.rdp(accounting.gaussian_rdp(0.5)), purpose="q")
+    rep = ledger.spend("p")
+    assert rep.spent_epsilon <= rep.epsilon * (1 + 1e-12)
+    assert rep.remaining_rho == 0.0
+    assert ledger.verify().ok
 
 
 def test_reported_conversion_follows_what_was_composed(ledger):
@@ -499,21 +539,43 @@ def test_release_key_single_flight_across_threads(ledger):
 # --------------------------------------------------------------------------------------
 
 
-def test_ensure_population_idempotent_and_changes_are_events(ledger):
-    ledger.ensure_population("p", epsilon=1.0, delta=DELTA, allocations={"a": 0.5, "b": 0.5})
-    ledger.ensure_population("p", epsilon=1.0, delta=DELTA, allocations={"b": 0.5, "a": 0.5})
+def test_ensure_population_creates_once_and_never_changes_what_the_ledger_owns(ledger):
+    d = ledger.ensure_population("p", epsilon=1.0, delta=DELTA, allocations={"a": 0.5, "b": 0.5})
+    assert d.created and not d.drifted
+    d = ledger.ensure_population("p", epsilon=1.0, delta=DELTA, allocations={"b": 0.5, "a": 0.5})
+    assert not d.created and not d.drifted and d.message() == ""
     assert [e["kind"] for e in ledger.events("p")] == ["population_created"]
-    ledger.ensure_population("p", epsilon=2.0, delta=DELTA, allocations={"a": 0.7, "b": 0.3},
-                             actor="policy", reason="policy file v2")
+    # a policy file with other values changes nothing: it is reported as drift
+    before = dump(ledger)
+    d = ledger.ensure_population("p", epsilon=2.0, delta=DELTA, allocations={"a": 0.7, "b": 0.3},
+                                 actor="policy", reason="policy file v2")
+    assert dump(ledger) == before
+    assert d.drifted and d.cap_differs and d.allocations_differ
+    assert d.ledger_cap.epsilon == 1.0 and d.policy_cap.epsilon == 2.0
+    assert "caps apply" in d.message() and len(d.differences()) == 2
+    assert ledger.spend("p").epsilon == 1.0
+    # adopting the file's values is a recorded governance event
+    out = ledger.apply_policy("p", epsilon=2.0, delta=DELTA, allocations={"a": 0.7, "b": 0.3},
+                              actor="cli:alice", reason="policy file v2 reviewed")
+    assert out["changed"] and [e["kind"] for e in out["events"]] == ["cap_changed", "allocations_changed"]
     ev = ledger.events("p")
     assert [e["kind"] for e in ev] == ["population_created", "cap_changed", "allocations_changed"]
     assert ev[1]["old"]["epsilon"] == 1.0 and ev[1]["new"]["epsilon"] == 2.0
-    assert ev[1]["new"]["rho_cap"] == accounting.rho_for_cap(2.0, DELTA, "tight")
+    assert ev[1]["new"]["rho_cap"] == ledger.cap("p").rho_cap
     assert ev[2]["old"] == {"allocations": {"a": 0.5, "b": 0.5}}
     assert ev[2]["new"] == {"allocations": {"a": 0.7, "b": 0.3}}
-    assert ev[2]["actor"] == "policy" and ev[2]["reason"] == "policy file v2"
+    assert ev[2]["actor"] == "cli:alice" and ev[2]["reason"] == "policy file v2 reviewed"
     assert ledger.spend("p").epsilon == 2.0
+    assert not ledger.ensure_population("p", epsilon=2.0, delta=DELTA, allocations={"a": 0.7, "b": 0.3}).drifted
+    again = ledger.apply_policy("p", epsilon=2.0, delta=DELTA, allocations={"a": 0.7, "b": 0.3},
+                                actor="cli:alice", reason="again")
+    assert not again["changed"] and len(ledger.events("p")) == 3
+    with pytest.raises(UnknownPopulation):
+        ledger.apply_policy("nope", epsilon=2.0, delta=DELTA, allocations={}, actor="a", reason="r")
+    with pytest.raises(InvalidRequest):
+        ledger.apply_policy("p", epsilon=2.0, delta=DELTA, allocations={}, actor="a", reason=" ")
     assert ledger.populations() == ["p"]
+    assert ledger.verify().ok
 
 
 def test_set_cap_is_an_event_and_lowering_below_spend_refuses_everything(ledger):
@@ -524,6 +586,13 @@ def test_set_cap_is_an_event_and_lowering_below_spend_refuses_everything(ledger)
     out = ledger.set_cap("p", rho_cap=0.02, delta=DELTA, actor="alice", reason="incident 42")
     assert out["changed"] and out["old"]["rho_cap"] == 0.1 and out["new"]["rho_cap"] == 0.02
     assert out["actor"] == "alice" and out["reason"] == "incident 42" and out["event_id"].startswith("evt_")
+    # the answer says the cap is now below what was spent, and by how much
+    assert out["exhausted"] is True
+    assert out["over_by"]["rho"] == pytest.approx(0.05 - 0.02, rel=1e-9)
+    assert out["spent"]["rho"] == pytest.approx(0.05) and out["remaining"]["rho"] == 0.0
+    assert out["over_by"]["epsilon"] == pytest.approx(
+        accounting.zcdp_epsilon_tight(0.05, DELTA) - out["new"]["epsilon"], rel=1e-9)
+    assert "below what was already spent" in out["message"]
     ev = ledger.events("p")[-1]
     assert (ev["kind"], ev["actor"], ev["reason"], ev["old"]["rho_cap"], ev["new"]["rho_cap"]) == (
         "cap_changed", "alice", "incident 42", 0.1, 0.02)
@@ -536,7 +605,8 @@ def test_set_cap_is_an_event_and_lowering_below_spend_refuses_everything(ledger)
     assert ledger.entries() == entries_before  # never edited or refunded
     same = ledger.set_cap("p", rho_cap=0.02, delta=DELTA, actor="alice", reason="again")
     assert not same["changed"] and len(ledger.events("p")) == 2
-    ledger.set_cap("p", epsilon=5.0, delta=1e-7, actor="bob", reason="new agreement")
+    up = ledger.set_cap("p", epsilon=5.0, delta=1e-7, actor="bob", reason="new agreement")
+    assert up["exhausted"] is False and up["over_by"] is None
     r = ledger.charge("p", "a", Cost.zcdp(0.01), purpose="q")
     assert r.delta == 1e-7 and r.epsilon_at_delta == accounting.zcdp_epsilon_tight(0.01, 1e-7)
     assert ledger.spend("p").delta == 1e-7
@@ -748,7 +818,7 @@ def test_spend_report_is_json_ready(ledger):
     json.dumps(d, allow_nan=False)
     assert set(d) >= {"population", "cap", "spent", "remaining", "charges", "consumers"}
     assert set(d["consumers"]["a"]) == {"share", "cap_rho", "spent_rho", "spent_epsilon",
-                                        "remaining_rho", "remaining_epsilon", "charges"}
+                                        "remaining_rho", "remaining_epsilon", "charges", "selection_delta_spent"}
     assert d["charges"] == 7 and d["consumers"]["a"]["charges"] == 4
 
 

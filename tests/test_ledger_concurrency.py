@@ -17,7 +17,7 @@ import time
 from dpgate.accounting import Cost
 from dpgate.errors import BudgetExhausted
 from dpgate.ledger import open_ledger
-from dpgate.ledger.base import BudgetCurve, Totals
+from dpgate.ledger.base import BudgetCurve, CapSpec, Totals
 
 DELTA = 1e-6
 
@@ -152,5 +152,5 @@ def test_sigkill_mid_charge_loop_leaves_a_consistent_ledger(tmp_path):
             totals = totals.add(Cost.from_dict(e["cost"]))
         assert totals.rho_value == math.fsum(e["rho"] for e in entries if e["kind"] == "zcdp")
         cap = led.events("p")[0]["new"]["cap"]
-        assert rep.spent_rho == totals.rho_equivalent(BudgetCurve(cap["rho_cap"], cap["alpha_star"]))
+        assert rep.spent_rho == totals.rho_equivalent(BudgetCurve.of(CapSpec.from_dict(cap)))
         led.close()

@@ -37,8 +37,9 @@ from test_ledger import (  # noqa: E402,F401  (collected here again, with this m
     test_bad_caps_and_allocations_cost_nothing,
     test_bad_charges_cost_nothing,
     test_budget_exhausted_details,
-    test_cap_fixed_into_rho_cap_by_the_tight_conversion,
-    test_ensure_population_idempotent_and_changes_are_events,
+    test_a_gaussian_shaped_curve_may_use_all_of_rho_cap_at_alpha_cap,
+    test_cap_fixed_into_rho_cap_at_alpha_cap,
+    test_ensure_population_creates_once_and_never_changes_what_the_ledger_owns,
     test_entries_limit_and_population_filter,
     test_exactly_fitting_charges_and_exact_spend,
     test_half_cap_charges,
@@ -62,7 +63,7 @@ from test_ledger_concurrency import _LOOP, _charge_worker, threads_asking_half_t
 from dpgate.accounting import Cost  # noqa: E402
 from dpgate.errors import BudgetExhausted, InvalidRequest, LedgerError, NotFound  # noqa: E402
 from dpgate.ledger import Ledger, open_ledger  # noqa: E402
-from dpgate.ledger.base import GENESIS_HASH, BudgetCurve, Totals, entry_hash  # noqa: E402
+from dpgate.ledger.base import GENESIS_HASH, BudgetCurve, CapSpec, Totals, entry_hash  # noqa: E402
 from dpgate.ledger.postgres import MIGRATIONS, TRIGGERS, PostgresLedger, open_postgres_ledger  # noqa: E402
 from dpgate.ledger.sqlite import SqliteLedger  # noqa: E402
 from dpgate.releases import PostgresReleaseStore, Release, cache_key  # noqa: E402
@@ -257,7 +258,7 @@ def test_open_creates_the_schema_and_tables(pg_ledger, admin):
 def test_migrations_recorded_once_and_idempotent(pg_url, pg_ledger):
     conn = _schema_conn(pg_ledger)
     first = conn.execute("SELECT version, name, applied_at FROM schema_migrations").fetchall()
-    assert [r[0] for r in first] == [v for v, _, _ in MIGRATIONS] == [1]
+    assert [r[0] for r in first] == [v for v, _, _ in MIGRATIONS] == [1, 2]
     open_ledger(pg_url).close()
     open_ledger(pg_url).close()
     assert conn.execute("SELECT version, name, applied_at FROM schema_migrations").fetchall() == first
@@ -301,7 +302,7 @@ def test_replicas_starting_together_migrate_once(pg_url, admin):
     assert out == ["ok"] * 6
     schema = dict(p.split("=") for p in urlsplit(pg_url).query.split("&"))["schema"]
     admin.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
-    assert admin.execute("SELECT count(*) FROM schema_migrations").fetchone()[0] == 1
+    assert admin.execute("SELECT count(*) FROM schema_migrations").fetchone()[0] == len(MIGRATIONS) == 2
     assert admin.execute("SELECT seq FROM chain_head").fetchone()[0] == 0
 
 
@@ -639,7 +640,7 @@ def test_sigkill_mid_charge_loop_leaves_a_consistent_ledger(pg_url):
         for e in entries:
             totals = totals.add(Cost.from_dict(e["cost"]))
         cap = led.events("p")[0]["new"]["cap"]
-        assert rep.spent_rho == totals.rho_equivalent(BudgetCurve(cap["rho_cap"], cap["alpha_star"]))
+        assert rep.spent_rho == totals.rho_equivalent(BudgetCurve.of(CapSpec.from_dict(cap)))
         led.close()
 
 

@@ -139,16 +139,49 @@ def test_calibrate_errors(kwargs, error):
         calibrate({"p0": (1.0, 1.0)}, **kwargs)
 
 
-@pytest.mark.parametrize("sens", [{}, {"p0": (0.0, 0.0)}, {"p0": (1.0, math.inf)}, {"p0": (1.0, -1.0)}])
+@pytest.mark.parametrize("sens", [{}, {"p0": (1.0, math.nan)}, {"p0": (1.0, math.inf)}, {"p0": (1.0, -1.0)}])
 def test_calibrate_bad_sensitivity(sens):
     with pytest.raises(MechanismError):
         calibrate(sens, mechanism="gaussian", rho=0.1)
+
+
+@pytest.mark.parametrize("mech, budget", [("gaussian", {"rho": 0.3}), ("laplace", {"epsilon": 0.3})])
+def test_a_zero_sensitivity_primitive_is_exact_and_free(mech, budget):
+    # Issue 9 item 8. p0 has sensitivity 0 (a sum over bounds [0, 0]): it is the same on every
+    # dataset, so it is released exactly (scale 0) at cost 0, and the whole budget goes to the
+    # noisy primitives: ρ = 0.3 over n = 2 → 0.15 each, σ = Δ2/√(2·0.15) = 1/√0.3.
+    cal = calibrate({"p0": (0.0, 0.0), "p1": (1.0, 1.0), "p2": (1.0, 1.0)}, mechanism=mech, **budget)
+    assert cal.scales["p0"] == 0.0 and cal.primitive_costs["p0"] == 0.0
+    expected = 1 / math.sqrt(0.3) if mech == "gaussian" else 1 / 0.15  # b = Δ1/(ε/n)
+    assert cal.scales["p1"] == pytest.approx(expected, rel=1e-12)
+    assert (cal.rho if mech == "gaussian" else cal.epsilon) == pytest.approx(0.3, rel=1e-12)
+    assert cal.ci95_halfwidths()["p0"] == 0.0
+    values = {"p0": np.array([0, 7], dtype=np.int64), "p1": np.zeros(2, dtype=np.int64),
+              "p2": np.zeros(2, dtype=np.int64)}
+    assert sample(cal, values)["p0"].tolist() == [0, 7]  # exact: no noise
+
+
+def test_only_zero_sensitivity_primitives_cost_nothing():
+    cal = calibrate({"p0": (0.0, 0.0)}, mechanism="gaussian", rho=0.5)
+    assert cal.rho == 0.0 and cal.cost == accounting.Cost.zcdp(0.0) and cal.scales == {"p0": 0.0}
+    cal = calibrate({"p0": (0.0, 0.0)}, mechanism="laplace", scales={})  # no scale needed
+    assert cal.epsilon == 0.0
 
 
 def test_calibrate_too_much_noise_for_64_bits():
     # Δ2 = 1e12 units (e.g. bound 1e9 at resolution 1e-3), ρ = 1e-12: σ = 1e12/√2e-12 ≈ 7e17 > 2^52.
     with pytest.raises(InvalidBudget, match="2\\^52"):
         calibrate({"p0": (1e12, 1e12)}, mechanism="gaussian", rho=1e-12)
+
+
+@pytest.mark.parametrize("kwargs", [dict(mechanism="gaussian", rho=5e-324),
+                                    dict(mechanism="laplace", epsilon=5e-324),
+                                    dict(mechanism="laplace", epsilon=1e-310)])
+def test_a_subnormal_budget_is_too_small_not_an_internal_error(kwargs):
+    # Split over two primitives, 5e-324 underflows to 0 (a ZeroDivisionError or ValueError
+    # once, a 500); a vanishing budget is the request's fault: 400 invalid_budget.
+    with pytest.raises(InvalidBudget, match="too small"):
+        calibrate({"p0": (1.0, 1.0), "p1": (3.0, 3.0)}, **kwargs)
 
 
 def test_privacy_map_disagreement_is_an_error(monkeypatch):
@@ -214,14 +247,40 @@ def test_sample_accepts_python_int_objects_and_unsigned():
 
 
 @pytest.mark.parametrize(
+    "values, clamped",
+    [
+        (np.array([2**62 + 1, -(2**62) - 1, 5], dtype=np.int64), [2**62, -(2**62), 5]),
+        (np.array([-(2**63), 2**63 - 1], dtype=np.int64), [-(2**62), 2**62]),
+        (np.array([2**64 - 1, 3], dtype=np.uint64), [2**62, 3]),
+        (np.array([2**100, -(2**127), 4], dtype=object), [2**62, -(2**62), 4]),  # HUGEINT sums
+    ],
+)
+def test_sample_clamps_exact_values_beyond_2_62(values, clamped):
+    # Issue 9 item 1: an exact aggregate beyond ±2^62 is clamped before the noise (a
+    # contraction: the sensitivity is unchanged), never refused — a refusal after the charge
+    # would publish, without noise, that the exact value crossed 2^62.
+    cal = calibrate({"p0": (1, 1)}, mechanism="gaussian", scales={"p0": 1.0})
+    out = sample(cal, {"p0": values})["p0"]
+    assert out.dtype == np.int64
+    assert np.abs(out - np.array(clamped, dtype=np.int64)).max() < 20  # σ = 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(a=st.integers(-(2**130), 2**130), b=st.integers(-(2**130), 2**130))
+def test_the_clamp_is_a_contraction(a, b):
+    # |c(a) − c(b)| ≤ |a − b|: the clamp cannot raise a sensitivity (checked on the exact
+    # values the sampler would noise, by setting the noise to an exact primitive, scale 0).
+    cal = calibrate({"p0": (0.0, 0.0)}, mechanism="gaussian", rho=1.0)
+    ca, cb = (int(sample(cal, {"p0": np.array([v], dtype=object)})["p0"][0]) for v in (a, b))
+    assert abs(ca - cb) <= abs(a - b)
+    assert abs(ca) <= mechanisms.MAX_ABS_VALUE
+
+
+@pytest.mark.parametrize(
     "values",
     [
         np.array([1.5, 2.0]),
         np.array([True, False]),
-        np.array([2**62 + 1], dtype=np.int64),
-        np.array([-(2**63)], dtype=np.int64),
-        np.array([2**64 - 1], dtype=np.uint64),
-        np.array([2**100], dtype=object),  # a HUGEINT sum beyond 64 bits
         np.array([1, None], dtype=object),
         np.array([[1, 2]], dtype=np.int64),
     ],
@@ -286,8 +345,11 @@ def test_ci95_discrete_laplace_agrees_with_opendp(b):
 
 
 def test_ci95_errors():
+    assert ci95_halfwidth("gaussian", 0.0) == 0.0  # an exact primitive
     with pytest.raises(MechanismError):
-        ci95_halfwidth("gaussian", 0.0)
+        ci95_halfwidth("gaussian", -1.0)
+    with pytest.raises(MechanismError):
+        ci95_halfwidth("laplace", math.nan)
     with pytest.raises(InvalidRequest):
         ci95_halfwidth("cauchy", 1.0)
 
@@ -298,6 +360,17 @@ def test_sigma_for_ci95_is_the_largest_scale_meeting_the_target(mech, target):
     s = sigma_for_ci95(mech, target)
     assert ci95_halfwidth(mech, s) <= target
     assert ci95_halfwidth(mech, s * (1 + 1e-9)) > target  # any more noise misses the target
+
+
+@pytest.mark.parametrize("mech", ["gaussian", "laplace"])
+@pytest.mark.parametrize("target", [1e17, 1e20, 1e62, 1e300])
+def test_sigma_for_ci95_of_a_huge_target_is_the_largest_scale_and_fast(mech, target):
+    # A ci95 of 1 in a column of resolution 1e-62 is a target of 1e62 integer units. The
+    # search used to walk the Laplace tail one integer at a time there (a request that hung
+    # before its charge); the most noise 64-bit samplers carry (2^52) already meets it.
+    assert sigma_for_ci95(mech, target) == mechanisms.MAX_SCALE
+    cal = calibrate({"p0": (1.0, 1.0)}, mechanism=mech, scales={"p0": sigma_for_ci95(mech, target)})
+    assert cal.scales["p0"] == 2.0**52
 
 
 def test_sigma_for_ci95_errors():

@@ -72,7 +72,11 @@ def test_cli_explain_json(policies, capsys):
     ],
 )
 def test_cli_explain_refusals(policies, capsys, dataset, sql, code):
+    status = 4 if code == "unknown_dataset" else 2  # dpgate.cli.exits: not found / usage
+    rc = main(["explain", "--policies", str(policies), "--dataset", dataset, sql, "--json"])
+    captured = capsys.readouterr()
+    assert rc == status and captured.out == ""
+    assert json.loads(captured.err)["error"]["code"] == code
     rc = main(["explain", "--policies", str(policies), "--dataset", dataset, sql])
     captured = capsys.readouterr()
-    assert rc == 2 and captured.out == ""
-    assert json.loads(captured.err)["error"]["code"] == code
+    assert rc == status and captured.err.startswith("dpgate: error: ") and f"[{code}]" in captured.err

@@ -128,16 +128,110 @@ d = { type = "float" }
     assert t.column("d").resolution is None and not t.column("d").bounded
 
 
-def test_fixed_point_bounds_round_inwards(tmp_path):
+def test_fixed_point_bounds_are_exact_multiples(tmp_path):
+    # Bounds are compared with the resolution in decimal, as written: 0.3 = 3 × 0.1 exactly
+    # (although 0.3/0.1 is 2.9999999999999996 in binary floating point).
     cols = """
 a = { type = "float", lower = 0.3, upper = 0.7, resolution = 0.1 }
-b = { type = "float", lower = -1.25, upper = 2.75, resolution = 0.5 }
-c = { type = "int", lower = 5, upper = 999, resolution = 10 }
+b = { type = "float", lower = -1.5, upper = 2.5, resolution = 0.5 }
+c = { type = "int", lower = 10, upper = 990, resolution = 10 }
 """
     t = load_policy(write(tmp_path, table(cols))).table("t")
-    assert t.column("a").fixed_point_bounds == (3, 7)  # 0.3/0.1 = 2.9999999999999996 counts as 3
-    assert t.column("b").fixed_point_bounds == (-2, 5)  # ceil(-2.5), floor(5.5)
-    assert t.column("c").fixed_point_bounds == (1, 99)  # ceil(0.5), floor(99.9)
+    assert t.column("a").fixed_point_bounds == (3, 7)
+    assert t.column("b").fixed_point_bounds == (-3, 5)
+    assert t.column("c").fixed_point_bounds == (1, 99)
+
+
+@pytest.mark.parametrize(
+    "column, problem",
+    [
+        # issue 9 item 9: every value 1.0 would be released as 0.9 while the release said 1
+        ('x = { type = "float", lower = 0, upper = 1, resolution = 0.3 }',
+         "upper = 1 is not a multiple of the resolution 0.3, so the clamp applied would differ "
+         "from the published one: use upper = 0.9 or 1.2, or a resolution that divides both "
+         "bounds, such as 0.1"),
+        ('x = { type = "float", lower = -1.25, upper = 2.75, resolution = 0.5 }',
+         "lower = -1.25 is not a multiple of the resolution 0.5, so the clamp applied would "
+         "differ from the published one: use lower = -1.5 or -1, or a resolution that divides "
+         "both bounds, such as 0.01"),
+        ('x = { type = "int", lower = 5, upper = 999, resolution = 10 }',
+         "use lower = 0 or 10, or a resolution that divides both bounds, such as 1"),
+        ('x = { type = "int", lower = 0.5, upper = 3 }',
+         "lower = 0.5 is not a multiple of the resolution 1, so the clamp applied would differ "
+         "from the published one: use lower = 0 or 1 (an int column's bounds are whole numbers)"),
+    ],
+)
+def test_bounds_must_be_multiples_of_the_resolution(tmp_path, column, problem):
+    assert problem in error(tmp_path, table(column)).message
+
+
+def test_default_float_resolution_divides_both_bounds(tmp_path):
+    cols = """
+a = { type = "float", lower = 0, upper = 1234.56789 }
+b = { type = "float", lower = 0.001, upper = 8000 }
+c = { type = "float", lower = -2.5e-9, upper = 2.5e-9 }
+"""
+    t = load_policy(write(tmp_path, table(cols))).table("t")
+    # six significant digits of the largest bound would be 1e-3; 1234.56789 needs 1e-5
+    assert t.column("a").resolution == 1e-5
+    assert t.column("a").fixed_point_bounds == (0, 123456789)
+    assert t.column("b").resolution == 1e-3 and t.column("b").fixed_point_bounds == (1, 8_000_000)
+    assert t.column("c").resolution == 1e-15  # 10 ** (floor(log10 2.5e-9) − 6)
+    assert t.column("c").fixed_point_bounds == (-2_500_000, 2_500_000)
+
+
+def test_default_float_resolution_with_too_many_digits_says_what_to_do(tmp_path):
+    # 1e-6 needs a resolution of 1e-6 at most; with 1e20 that is 1e26 steps.
+    err = error(tmp_path, table('x = { type = "float", lower = 0.000001, upper = 1e20 }'))
+    assert "at most 2**62" in err.message and "round the bounds or give one" in err.message
+
+
+@pytest.mark.parametrize(
+    "column, problem",
+    [
+        ('x = { type = "float", lower = 0, upper = 1e308 }',
+         "upper = 1e+308 is too large: bounds must be at most 1e+100 in magnitude"),
+        ('x = { type = "float", lower = -1e101, upper = 0 }', "at most 1e+100"),
+        ('x = { type = "int", lower = 0, upper = ' + "9" * 400 + " }", "upper must be finite"),
+        ('x = { type = "float", lower = 0, upper = 0, resolution = 1e-300 }',
+         "resolution must be between 1e-100 and 1e+100"),
+        ('x = { type = "float", lower = 0, upper = 0, resolution = 1e300 }',
+         "resolution must be between 1e-100 and 1e+100"),
+        ('x = { type = "float", lower = 0, upper = 1e-95 }',
+         "resolution must be between 1e-100 and 1e+100 (got 1e-101, the default for these bounds)"),
+    ],
+)
+def test_bounds_and_resolutions_whose_doubles_could_overflow_are_refused(tmp_path, column, problem):
+    assert problem in error(tmp_path, table(column)).message
+
+
+def test_the_largest_accepted_bounds_load(tmp_path):
+    t = load_policy(write(tmp_path, table(
+        'x = { type = "float", lower = -1e100, upper = 1e100 }\n'
+        'y = { type = "float", lower = 0, upper = 0, resolution = 1e-100 }'))).table("t")
+    assert t.column("x").resolution == 1e94 and t.column("x").fixed_point_bounds == (-10**6, 10**6)
+    assert t.column("y").fixed_point_bounds == (0, 0)
+
+
+def test_int_bounds_beyond_2_53_stay_exact(tmp_path):
+    # 2**53 + 1 is not a double: it is kept as an int, and the clamp is exactly it.
+    t = load_policy(write(tmp_path, table(
+        f'x = {{ type = "int", lower = {-(2**53 + 1)}, upper = {2**53 + 1} }}'))).table("t")
+    col = t.column("x")
+    assert col.upper == 2**53 + 1 and col.fixed_point_bounds == (-(2**53 + 1), 2**53 + 1)
+    assert col.to_dict()["upper"] == 2**53 + 1
+
+
+def test_one_units_sum_must_fit_2_62_steps(tmp_path):
+    # m · max(|lower|, |upper|) / resolution ≤ 2**62 (limits.MAX_STEPS).
+    ok = table(f'x = {{ type = "int", lower = 0, upper = {2**60} }}',
+               extra='privacy_unit = "uid"\nmax_rows_per_unit = 4')
+    load_policy(write(tmp_path, ok))
+    bad = table(f'x = {{ type = "int", lower = 0, upper = {2**60 + 1} }}',
+                extra='privacy_unit = "uid"\nmax_rows_per_unit = 4')
+    err = error(tmp_path, bad)
+    assert "max_rows_per_unit × max(|lower|, |upper|) / resolution" in err.message
+    assert "more than 2**62" in err.message
 
 
 def test_record_level_when_privacy_unit_omitted(tmp_path):
@@ -228,7 +322,8 @@ def test_key_combinations():
         ('x = { type = "float", lower = 0, upper = 1, resolution = -1 }', "resolution must be > 0"),
         ('x = { type = "float", lower = 0, upper = 1, resolution = nan }', "resolution must be finite"),
         ('x = { type = "int", lower = 0, upper = 9, resolution = 0.5 }', "whole number"),
-        ('x = { type = "float", lower = 0.5, upper = 1, resolution = 2 }', "bad resolution: no multiple"),
+        ('x = { type = "float", lower = 0.5, upper = 1, resolution = 2 }',
+         "lower = 0.5 is not a multiple of the resolution 2"),
         ('x = { type = "float", lower = 0, upper = 1e20, resolution = 1 }', "bad resolution: the bounds span"),
         ('x = { type = "text", lower = 0, upper = 1 }', "lower is not allowed on a text column"),
         ('x = { type = "bool", resolution = 1 }', "resolution is not allowed on a bool column"),
@@ -307,6 +402,7 @@ def test_file_errors(tmp_path, body, problem):
         (HEAD.replace("delta = 1e-6", "delta = -0.1"), "delta must be in [0, 1)"),
         (HEAD.replace("default_query_rho = 0.01", "default_query_rho = 0"), "default_query_rho must be > 0"),
         (HEAD + 'mechanism = "exponential"\n', "mechanism must be one of gaussian, laplace"),
+        (HEAD + 'mechanism = ["gaussian"]\n', "mechanism must be one of gaussian, laplace"),
         (HEAD + "clamp_counts = 1\n", "clamp_counts must be true or false"),
         (HEAD + "suppress_ci95_above = -1\n", "suppress_ci95_above must be > 0"),
         (HEAD.replace('name = "ds"', 'name = "my data"'), "must be a plain identifier"),

@@ -321,3 +321,28 @@ def test_resolution_override(policy):
     t = finalize(plan, policy, {}, {"p0": np.array([7])}, {"p0": 1.0}, {"p0": 2.0},
                  mechanism="discrete_gaussian", resolution_of=lambda c: 0.01)
     assert t.rows == [[0.07]]  # rounded to the resolution's decimals
+
+
+def test_non_finite_numbers_never_reach_the_release(policy):
+    # Issue 9 item 1 (defence in depth): the policy limits make every released double finite;
+    # if one were not (here forced with a resolution of 1e300, beyond the loader's 1e100), the
+    # cell and its accuracy are released as null, never as NaN/inf that no JSON reader accepts.
+    plan = parse_query("SELECT SUM(tokens), AVG(tokens), COUNT(*) FROM prompts", policy)
+    ids = {(p.kind, p.column): p.id for p in plan.primitives}
+    noisy = {ids[("sum", "tokens")]: np.array([2**62]), ids[("count_column", "tokens")]: np.array([3]),
+             ids[("count", None)]: np.array([3])}
+    one = {pid: 1.0 for pid in noisy}
+    t = finalize(plan, policy, {}, noisy, one, one, mechanism="discrete_gaussian",
+                 resolution_of=lambda c: 1e300)
+    json.dumps({"rows": t.rows, "accuracy": t.accuracy}, allow_nan=False)  # strict JSON
+    assert t.rows[0][0] is None  # 2^62 · 1e300 = inf
+    assert t.rows[0][2] == 3
+    assert t.accuracy["sum_tokens"]["sigma"] == 1e300
+
+
+def test_an_exact_primitive_has_zero_sigma_and_ci95(policy):
+    plan = parse_query("SELECT SUM(tokens) FROM prompts", policy)
+    t = finalize(plan, policy, {}, {"p0": np.array([0])}, {"p0": 0.0}, {"p0": 0.0},
+                 mechanism="discrete_gaussian")
+    assert t.rows == [[0.0]] and t.accuracy["sum_tokens"]["sigma"] == 0.0
+    assert t.accuracy["sum_tokens"]["ci95"] == 0.0

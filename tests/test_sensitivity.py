@@ -284,14 +284,19 @@ def reference(rows, table, group_by, m, kind, column):
                 f = min(max(_round_half_away(v / t.column(column).resolution), lo), hi)
                 p["s"] += f
                 p["ss"] += f * f
+    def m_rows_worth(total: int, count: int) -> int:
+        # A unit with count > m values in a group adds m rows' worth, total·m/count truncated
+        # towards zero (DuckDB's integer ``//``), so that AVG weighs every unit alike.
+        return int(Fraction(total * m, count)) if count > m else total
+
     out = {c: 0 for c in combos}
     for (unit, key), p in parts.items():
         out[key] += {
             "count": min(p["n"], m),
             "count_column": min(p["nn"], m),
             "count_distinct_unit": 1,
-            "sum": min(max(p["s"], m * min(lo, 0)), m * max(hi, 0)),
-            "sum_squares": min(p["ss"], m * max(lo * lo, hi * hi)),
+            "sum": min(max(m_rows_worth(p["s"], p["nn"]), m * min(lo, 0)), m * max(hi, 0)),
+            "sum_squares": min(m_rows_worth(p["ss"], p["nn"]), m * max(lo * lo, hi * hi)),
         }[kind]
     return [out[c] for c in combos]
 

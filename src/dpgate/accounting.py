@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Iterable, Literal, Mapping, Sequence
+from typing import Any, Iterable, Literal, Mapping, Sequence, get_args
 
 import numpy as np
 from scipy.optimize import brentq
@@ -85,6 +85,7 @@ __all__ = [
     "group_privacy",
     "group_privacy_rho",
     "poisson_subsampling_epsilon",
+    "curve_on_grid",
     "max_true_positive_rate",
 ]
 
@@ -104,11 +105,10 @@ ORDERS: tuple[float, ...] = (
     160.0, 192.0, 256.0, 320.0, 384.0, 512.0, 640.0, 768.0, 1024.0, math.inf,
 )  # fmt: skip
 
-#: Names accepted by :func:`rho_for_cap` (and the CLI): ρ-zCDP → (ε, δ) conversions.
-CONVERSIONS: tuple[str, ...] = ("simple", "tight", "exact")
-
 CostKind = Literal["zcdp", "gaussian", "rdp"]
 Conversion = Literal["simple", "tight", "exact"]
+#: Names accepted by :func:`rho_for_cap` (and the CLI): ρ-zCDP → (ε, δ) conversions.
+CONVERSIONS: tuple[str, ...] = get_args(Conversion)
 
 
 # --------------------------------------------------------------------------------------
@@ -699,6 +699,38 @@ def rho_for_cap(epsilon: float, delta: float, conversion: Conversion = "tight") 
 # --------------------------------------------------------------------------------------
 
 
+def curve_on_grid(curve: Sequence[float], orders: Sequence[float]) -> np.ndarray:
+    """Map an RDP curve known at the caller's ``orders`` onto :data:`ORDERS`, conservatively.
+
+    Rényi divergence is non-decreasing in its order ([vEH14] Thm. 3), so a mechanism that
+    is (β, ε(β))-RDP is (α, ε(β))-RDP for every α ≤ β. Each ledger order α therefore takes
+    the caller's value at the smallest caller order β ≥ α (the smallest such value if
+    several follow: a suffix minimum); a ledger order above the caller's largest finite
+    order gets ``+inf`` ("no claim") unless the caller gave the pure-ε order ∞. At
+    α = ∞ the ledger takes the caller's value at ∞, if any, else ``+inf``.
+
+    Args:
+        curve: ε(β) ≥ 0 at the caller's ``orders`` (+inf allowed), total for the charge.
+        orders: the caller's ascending orders β > 1 (``math.inf`` allowed, last).
+
+    Returns:
+        ε(α) at :data:`ORDERS` (a new float array; equal to ``curve`` if ``orders`` is the grid).
+
+    Raises:
+        ValueError: bad orders (not ascending, ≤ 1, NaN), a curve of another length, NaN or
+            negative values.
+    """
+    b = _orders(orders)
+    c = _curve(curve, b)
+    grid = np.asarray(ORDERS)
+    env = np.minimum.accumulate(c[::-1])[::-1]  # env[i] = min over caller orders ≥ b[i]
+    idx = np.searchsorted(b, grid, side="left")
+    out = np.full(grid.shape, math.inf)
+    ok = idx < b.size
+    out[ok] = env[idx[ok]]
+    return out
+
+
 def _check_grid(orders: Sequence[float]) -> None:
     a = _orders(orders)
     if a.shape != (len(ORDERS),) or not np.array_equal(a, np.asarray(ORDERS)):
@@ -789,6 +821,18 @@ class Cost:
         """
         _check_grid(orders)
         return cls("rdp", curve=tuple(np.asarray(tuple(curve), dtype=float).tolist()))
+
+    @classmethod
+    def rdp_on_orders(cls, curve: Sequence[float], orders: Sequence[float]) -> "Cost":
+        """An RDP cost computed at the caller's own ``orders`` (e.g. Opacus' or dp-accounting's
+        grid), mapped onto :data:`ORDERS` by :func:`curve_on_grid` (conservatively: each ledger
+        order takes the value at the next caller order above it; +inf beyond the last).
+
+        Raises:
+            ValueError: bad orders or curve (see :func:`curve_on_grid`); no finite value
+                left on the ledger's grid.
+        """
+        return cls("rdp", curve=tuple(curve_on_grid(curve, orders).tolist()))
 
     @classmethod
     def pure(cls, epsilon: float) -> "Cost":

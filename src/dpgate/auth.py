@@ -48,9 +48,18 @@ import tempfile
 import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Collection, Iterable
 
-from dpgate.errors import Conflict, Forbidden, InvalidRequest, NotFound, PolicyError, Unauthenticated
+from dpgate.errors import (
+    Conflict,
+    Forbidden,
+    InvalidRequest,
+    NotFound,
+    PolicyError,
+    Unauthenticated,
+    UnknownConsumer,
+    did_you_mean,
+)
 
 log = logging.getLogger(__name__)
 
@@ -182,6 +191,11 @@ class KeyRecord:
         return d
 
 
+def _article(word: str) -> str:
+    """``"an"`` before a vowel sound (analyst, admin), else ``"a"``."""
+    return "an" if word[:1].lower() in "aeiou" else "a"
+
+
 def hash_key(key: str) -> str:
     """Hex SHA-256 digest of an API key string (UTF-8)."""
     return hashlib.sha256(key.encode("utf-8")).hexdigest()
@@ -282,6 +296,22 @@ class KeyStore:
             entry = {k: v for k, v in entry.items() if k in fields}
             entry.setdefault("consumer", None)
             entry.setdefault("created_at", "")
+            consumer = entry["consumer"]
+            if consumer is not None and (not isinstance(consumer, str) or not _CONSUMER_RE.match(consumer)):
+                raise PolicyError(
+                    f"API keys file {self.path}: entry {i} ({entry['name']!r}) has an invalid consumer name",
+                    {"file": str(self.path), "entry": i},
+                )
+            if Role(entry["role"]) in ROLES_REQUIRING_CONSUMER and not consumer:
+                # the consumer that pays always comes from the key: a spending key without one
+                # could otherwise charge whatever consumer a request names
+                raise PolicyError(
+                    f"API keys file {self.path}: entry {i} ({entry['name']!r}) is {_article(entry['role'])} "
+                    f"{entry['role']} key without a consumer; every {entry['role']} key must name the "
+                    "allocation it spends (revoke it and create it again with "
+                    f"'dpgate keys add NAME --role {entry['role']} --consumer C')",
+                    {"file": str(self.path), "entry": i, "name": entry["name"]},
+                )
             records.append(KeyRecord(**entry))
         return records
 
@@ -315,7 +345,14 @@ class KeyStore:
         with self._lock:
             self._stamp, self._records = self._file_stamp(), records
 
-    def add(self, name: str, *, role: str | Role, consumer: str | None = None) -> tuple[str, KeyRecord]:
+    def add(
+        self,
+        name: str,
+        *,
+        role: str | Role,
+        consumer: str | None = None,
+        known_consumers: Collection[str] | None = None,
+    ) -> tuple[str, KeyRecord]:
         """Create a key for a new principal and store its digest.
 
         Args:
@@ -323,6 +360,9 @@ class KeyStore:
             role: one of :class:`Role`.
             consumer: the allocation the key spends; required for ``analyst`` and
                 ``service`` keys.
+            known_consumers: the consumers the policies allocate budget to; when
+                given, any other consumer is refused (a key for it would fail
+                every query). None: not checked.
 
         Returns:
             ``(key, record)``: the secret key string (shown once, never stored) and
@@ -330,6 +370,7 @@ class KeyStore:
 
         Raises:
             InvalidRequest: bad name, role or consumer; a consumer missing where required.
+            UnknownConsumer: ``consumer`` is not in ``known_consumers``.
             Conflict: an active key with that name exists.
         """
         role = parse_role(role.value if isinstance(role, Role) else role)
@@ -346,8 +387,15 @@ class KeyStore:
             )
         if role in ROLES_REQUIRING_CONSUMER and not consumer:
             raise InvalidRequest(
-                f"a {role.value} key needs --consumer (the allocation it spends)",
+                f"{_article(role.value)} {role.value} key needs --consumer (the allocation it spends)",
                 {"role": role.value},
+            )
+        if consumer is not None and known_consumers is not None and consumer not in known_consumers:
+            known = sorted(known_consumers)
+            raise UnknownConsumer(
+                f"no policy allocates budget to consumer {consumer!r}{did_you_mean(consumer, known)}; "
+                f"allocations: {', '.join(known) if known else '(none)'}",
+                {"consumer": consumer, "consumers": known},
             )
         records = self.records(include_revoked=True)
         if any(r.name == name and r.active for r in records):
@@ -401,7 +449,7 @@ class KeyStore:
             )
         match = _KEY_RE.match(key.strip())
         if match is None:
-            raise Unauthenticated("invalid API key")
+            raise Unauthenticated(f"invalid API key: dpgate keys look like '{KEY_PREFIX}<12 hex digits>_<secret>'")
         key_id = match.group(1)
         digest = hash_key(key.strip())
         found: KeyRecord | None = None
@@ -409,6 +457,11 @@ class KeyStore:
             # compare every candidate with the same key_id (normally one) in constant time
             if r.key_id == key_id and hmac.compare_digest(r.sha256, digest):
                 found = r
-        if found is None or not found.active:
-            raise Unauthenticated("invalid API key")
+        if found is None:
+            raise Unauthenticated("invalid API key: no key with this id and secret (check for a copy-paste error)")
+        if not found.active:
+            raise Unauthenticated(
+                f"API key {found.name!r} was revoked at {found.revoked_at}; ask an admin for a new key",
+                {"key": found.name, "revoked_at": found.revoked_at},
+            )
         return Principal(name=found.name, role=Role(found.role), consumer=found.consumer, key_id=found.key_id)

@@ -11,7 +11,8 @@ Messages and details never contain data values read from a protected table
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+import difflib
+from typing import Any, Iterable, Mapping
 
 
 class DpgateError(Exception):
@@ -38,6 +39,18 @@ class DpgateError(Exception):
     def to_dict(self) -> dict[str, Any]:
         """Return the documented error shape ``{"error": {code, message, details}}``."""
         return {"error": {"code": self.code, "message": self.message, "details": self.details}}
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` for the closest of ``choices`` to ``word``, or ``""``.
+
+    Closeness is :func:`difflib.get_close_matches` (ratio >= 0.6), case-insensitive.
+    """
+    options = {str(c).lower(): str(c) for c in choices}
+    if not isinstance(word, str) or not options:
+        return ""
+    close = difflib.get_close_matches(word.lower(), list(options), n=1, cutoff=0.6)
+    return f" (did you mean {options[close[0]]!r}?)" if close else ""
 
 
 # --- 4xx: the request is wrong; nothing was charged -------------------------------------
@@ -111,6 +124,21 @@ class UnknownDataset(NotFound):
 
     code = "unknown_dataset"
     http_status = 404
+
+    @classmethod
+    def named(cls, name: str, known: Iterable[str]) -> "UnknownDataset":
+        """The error for ``name``, listing the datasets that exist (and the closest one).
+
+        ``details``: ``dataset`` (the name asked for) and ``datasets`` (the known
+        names, sorted).
+        """
+        names = sorted(known)
+        if names:
+            listed = ", ".join(names)
+            message = f"unknown dataset {name!r}{did_you_mean(name, names)}; datasets: {listed}"
+        else:
+            message = f"unknown dataset {name!r}: no policy declares any dataset (see the policies folder)"
+        return cls(message, {"dataset": name, "datasets": names})
 
 
 class UnknownPopulation(NotFound):

@@ -32,14 +32,23 @@ from OpenDP's own privacy map (``meas.map(d_in)``) and checked against
 few ulps when OpenDP's (upward-rounded) map exceeds the per-primitive share, so
 the charged budget is exactly the requested one and OpenDP certifies it.
 
-64-bit limits: OpenDP's integer samplers work on ``i64`` and add noise with
-saturating arithmetic. :func:`sample` refuses values with |x| > 2^62
-(:data:`MAX_ABS_VALUE`) and :func:`calibrate` refuses scales above 2^52 (as
-:class:`~dpgate.errors.InvalidBudget`: the budget is too small)
-(:data:`MAX_SCALE`), so that saturation cannot happen in practice (it would be
-a 2^10·σ-tail event); an output that still saturates raises
-:class:`MechanismError` instead of releasing a clipped value. HUGEINT sums
-beyond that range need a coarser ``resolution`` or tighter bounds.
+64-bit limits (:mod:`dpgate.limits`): OpenDP's integer samplers work on ``i64``
+and add noise with saturating arithmetic. :func:`sample` **clamps** each exact
+per-group value to [−2^62, 2^62] (:data:`MAX_ABS_VALUE`) before the noise —
+never an error that would say, without noise, whether an exact aggregate crossed
+2^62 (issue 9). The clamp is a contraction (|c(a) − c(b)| ≤ |a − b| coordinatewise,
+the projection onto an interval; Bauschke & Combettes 2017, Prop. 4.16), so it
+cannot raise the L1/L2 sensitivity. :func:`calibrate` refuses scales above 2^52
+(:data:`MAX_SCALE`; as :class:`~dpgate.errors.InvalidBudget`: the budget is too
+small), so that saturation cannot happen in practice (a 2^10·σ-tail event); an
+output that still saturates raises :class:`MechanismError` — a function of the
+noisy value only (post-processing), never of the data.
+
+Sensitivity 0: a primitive whose sensitivity is 0 has the same value on every
+dataset (any two datasets are joined by a chain of add/remove-one-unit steps,
+none of which moves it), e.g. a sum over bounds ``[0, 0]``. It is released
+exactly: scale 0, cost 0, no OpenDP call; the budget is split over the noisy
+primitives only (issue 9 item 8).
 
 References
 ----------
@@ -64,8 +73,9 @@ from typing import Literal, Mapping
 import numpy as np
 import opendp.prelude as dp
 
-from dpgate import accounting
+from dpgate import accounting, limits
 from dpgate.errors import InvalidBudget, InvalidRequest, MechanismError
+from dpgate.policy import MECHANISMS
 
 __all__ = [
     "MAX_ABS_VALUE",
@@ -81,10 +91,10 @@ __all__ = [
 
 MechanismName = Literal["discrete_gaussian", "discrete_laplace"]
 
-#: Largest |value| accepted by :func:`sample` (2^62): leaves 2^62 of headroom in i64.
-MAX_ABS_VALUE: int = 2**62
+#: Exact values are clamped to ±2^62 before the noise (:data:`dpgate.limits.MAX_ABS_AGGREGATE`).
+MAX_ABS_VALUE: int = limits.MAX_ABS_AGGREGATE
 #: Largest noise scale (σ or b, integer units) accepted by :func:`calibrate` (2^52).
-MAX_SCALE: float = 2.0**52
+MAX_SCALE: float = limits.MAX_SCALE
 
 _I64_MAX = 2**63 - 1
 _I64_MIN = -(2**63)
@@ -96,11 +106,9 @@ _PARALLEL_MIN_CELLS = 8192
 _EXACT_CI_MAX_SIGMA = 1e4
 _Z975 = statistics.NormalDist().inv_cdf(0.975)
 
+#: Accepted names: the public ones (:data:`dpgate.policy.MECHANISMS`) and the measurements'.
 _NAMES: dict[str, MechanismName] = {
-    "gaussian": "discrete_gaussian",
-    "discrete_gaussian": "discrete_gaussian",
-    "laplace": "discrete_laplace",
-    "discrete_laplace": "discrete_laplace",
+    **MECHANISMS, **{measurement: measurement for measurement in MECHANISMS.values()}
 }
 
 
@@ -116,7 +124,7 @@ def mechanism_name(mechanism: str) -> MechanismName:
         raise InvalidRequest(
             f"unknown mechanism {mechanism!r}; use 'gaussian' (discrete Gaussian, ρ-zCDP) "
             "or 'laplace' (discrete Laplace, pure ε-DP)",
-            {"mechanism": str(mechanism), "accepted": ["gaussian", "laplace"]},
+            {"mechanism": str(mechanism), "accepted": list(MECHANISMS)},
         ) from None
 
 
@@ -176,14 +184,36 @@ def _check_scale(pid: str, scale: float) -> float:
     if not math.isfinite(s) or s <= 0:
         raise MechanismError(f"noise scale of primitive {pid!r} must be finite and > 0, got {scale!r}")
     if s > MAX_SCALE:
-        # a budget so small that the noise would not fit: the request is at fault (400)
-        raise InvalidBudget(
-            f"the budget is too small: noise scale {s:.4g} (integer units) of primitive {pid!r} "
-            "exceeds 2^52, beyond what 64-bit integer noise can carry; raise the budget, coarsen "
-            "the column's resolution or tighten its bounds",
-            {"primitive": pid, "scale": s, "max_scale": MAX_SCALE},
-        )
+        raise _budget_too_small(pid, s)
     return s
+
+
+def _budget_too_small(pid: str, scale: float) -> InvalidBudget:
+    # a budget so small that the noise would not fit: the request is at fault (400)
+    return InvalidBudget(
+        f"the budget is too small: noise scale {scale:.4g} (integer units) of primitive {pid!r} "
+        "exceeds 2^52, beyond what 64-bit integer noise can carry; raise the budget, coarsen "
+        "the column's resolution or tighten its bounds",
+        {"primitive": pid, "scale": scale if math.isfinite(scale) else None, "max_scale": MAX_SCALE},
+    )
+
+
+def _scale_for_share(gaussian: bool, pid: str, d_in: float, share: float) -> float:
+    """σ = Δ2/√(2ρ_i) or b = Δ1/ε_i for one primitive's share of the budget.
+
+    A share so small that it underflows (a subnormal budget split n ways) or that the
+    scale overflows is a budget too small (400), not an internal error.
+    """
+    if not share > 0:
+        raise _budget_too_small(pid, math.inf)
+    with np.errstate(all="ignore"):
+        try:
+            s = accounting.gaussian_sigma(d_in, share) if gaussian else d_in / share
+        except (ValueError, ZeroDivisionError, OverflowError):
+            s = math.inf
+    if not math.isfinite(s):
+        raise _budget_too_small(pid, s)
+    return _check_scale(pid, s)
 
 
 def _certify(mech: MechanismName, pid: str, d_in: float, scale: float, share: float) -> tuple[float, float]:
@@ -204,7 +234,8 @@ class Calibration:
     Attributes:
         mechanism: ``"discrete_gaussian"`` or ``"discrete_laplace"``.
         scales: primitive id → σ (discrete Gaussian) or b (discrete Laplace), in
-            the primitive's integer units.
+            the primitive's integer units; 0 for a primitive of sensitivity 0
+            (released exactly).
         cost: the release's total cost: ``Cost.zcdp(rho)`` or ``Cost.pure(epsilon)``.
         rho: total ρ (zCDP) of the release for the Gaussian, else None.
         epsilon: total ε (pure DP) of the release for the Laplace, else None.
@@ -221,6 +252,12 @@ class Calibration:
     epsilon: float | None
     primitive_costs: dict[str, float]
     sensitivities: dict[str, float]
+
+    @property
+    def exact(self) -> bool:
+        """True when every primitive has sensitivity 0 (scale 0): the release is a constant,
+        released exactly; it costs nothing and needs no charge."""
+        return all(s == 0 for s in self.scales.values())
 
     def ci95_halfwidths(self) -> dict[str, float]:
         """Primitive id → 95 % half-width of its noise (integer units), see :func:`ci95_halfwidth`."""
@@ -252,7 +289,9 @@ def calibrate(
     Two modes:
 
     * budget given (``rho`` for the Gaussian, ``epsilon`` for the Laplace):
-      split equally over the n primitives; σ_i = Δ2_i/√(2ρ/n) ([CKS20] Thm. 4,
+      split equally over the n primitives of non-zero sensitivity (a primitive of
+      sensitivity 0 is a constant: released exactly, scale 0, cost 0; see the module
+      docstring); σ_i = Δ2_i/√(2ρ/n) ([CKS20] Thm. 4,
       via :func:`dpgate.accounting.gaussian_sigma`) or b_i = Δ1_i/(ε/n)
       ([GRS12]); the release costs ρ (or ε) by composition ([BS16] Lemma 2.3;
       [DR14] Thm. 3.16).
@@ -262,7 +301,7 @@ def calibrate(
 
     Args:
         sensitivities: primitive id → (Δ1, Δ2) under add/remove one privacy
-            unit, integer units, finite and > 0.
+            unit, integer units, finite and ≥ 0 (0: exact, no noise, no cost).
         mechanism: ``"gaussian"`` (default, discrete Gaussian, ρ-zCDP) or
             ``"laplace"`` (discrete Laplace, pure ε-DP); the ``discrete_*`` names
             are accepted too.
@@ -280,7 +319,7 @@ def calibrate(
             other mechanism's currency (ε for the Gaussian, ρ for the Laplace);
             both a budget and scales; a budget so small that a scale would exceed
             :data:`MAX_SCALE`.
-        MechanismError: no primitives; a non-finite or non-positive sensitivity;
+        MechanismError: no primitives; a non-finite or negative sensitivity;
             scales missing a primitive; OpenDP's
             privacy map disagreeing with our formula beyond 1e-9 relative.
     """
@@ -306,25 +345,29 @@ def calibrate(
         except (TypeError, ValueError):
             raise MechanismError(f"sensitivity of primitive {pid!r} must be a pair (l1, l2)") from None
         d = l2 if gaussian else l1
-        if not math.isfinite(d) or d <= 0:
+        if not math.isfinite(d) or d < 0:
             raise MechanismError(
-                f"{'L2' if gaussian else 'L1'} sensitivity of primitive {pid!r} must be finite and > 0, "
+                f"{'L2' if gaussian else 'L1'} sensitivity of primitive {pid!r} must be finite and >= 0, "
                 f"got {d!r}"
             )
         d_in[pid] = d
+    noisy = [pid for pid, d in d_in.items() if d > 0]
 
     if scales is None:
         requested = _budget("rho" if gaussian else "epsilon", rho if gaussian else epsilon)
-        share = requested / len(d_in)
+        share = requested / len(noisy) if noisy else 0.0
     else:
-        missing = sorted(set(d_in) - set(scales))
+        missing = sorted(set(noisy) - set(scales))
         if missing:
             raise MechanismError(f"no noise scale given for primitive(s) {missing}")
     out_scales: dict[str, float] = {}
     costs: dict[str, float] = {}
     for pid, d in d_in.items():
+        if d == 0:  # a constant: exact, free
+            out_scales[pid], costs[pid] = 0.0, 0.0
+            continue
         if scales is None:
-            s = _check_scale(pid, accounting.gaussian_sigma(d, share) if gaussian else d / share)
+            s = _scale_for_share(gaussian, pid, d, share)
             s, mapped = _certify(mech, pid, d, s, share)
         else:
             s = _check_scale(pid, scales[pid])
@@ -332,7 +375,7 @@ def calibrate(
         _check_map(mech, pid, d, s, mapped)
         out_scales[pid], costs[pid] = s, mapped
     total = math.fsum(costs.values())
-    if scales is None:
+    if scales is None and noisy:
         total = max(requested, total)  # the requested budget, unless OpenDP's map says more
 
     return Calibration(
@@ -346,37 +389,31 @@ def calibrate(
     )
 
 
-def _as_int64(pid: str, values: np.ndarray) -> np.ndarray:
+def _clamped_int64(pid: str, values: np.ndarray) -> np.ndarray:
+    """The exact values as a writable C-contiguous int64 vector, each clamped to ±2^62.
+
+    The clamp (not an error) is what keeps the outcome independent of the data: see the
+    module docstring for why it leaves the sensitivity unchanged. Only the *type* of the
+    input can make this fail (floats, NULLs, booleans: a programming error, the same on
+    every dataset, since the engine's result types follow from the SQL alone).
+    """
     arr = np.asarray(values)
     if arr.ndim != 1:
         raise MechanismError(f"values of primitive {pid!r} must be a 1-D vector, got shape {arr.shape}")
-    if arr.dtype.kind in "iu":
-        if arr.size and arr.dtype.kind == "u" and arr.max() > MAX_ABS_VALUE:
-            raise _too_large(pid)
-        # OpenDP reads a C-contiguous, writable buffer (Arrow's zero-copy arrays are read-only).
-        out = np.require(arr.astype(np.int64, copy=False), requirements=["C", "W"])
+    if arr.dtype.kind == "u":
+        arr = np.minimum(arr, np.uint64(MAX_ABS_VALUE))
     elif arr.dtype.kind == "O":
-        # The engine's lossless path for HUGEINT values: Python ints (rare; checked one by one).
+        # The engine's lossless path for HUGEINT values: Python ints (rare; one by one).
         if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in arr):
             raise MechanismError(f"values of primitive {pid!r} must be integers (no NULL, no floats)")
-        if any(abs(int(v)) > MAX_ABS_VALUE for v in arr):
-            raise _too_large(pid)
-        return np.array([int(v) for v in arr], dtype=np.int64)
-    else:
+        return np.array([min(max(int(v), -MAX_ABS_VALUE), MAX_ABS_VALUE) for v in arr], dtype=np.int64)
+    elif arr.dtype.kind != "i":
         raise MechanismError(
             f"values of primitive {pid!r} must be integers (fixed-point units), got dtype {arr.dtype}"
         )
-    if out.size and int(np.abs(out).max(initial=0)) > MAX_ABS_VALUE or (out == _I64_MIN).any():
-        raise _too_large(pid)
-    return out
-
-
-def _too_large(pid: str) -> MechanismError:
-    return MechanismError(
-        f"an aggregate of primitive {pid!r} exceeds 2^62 in magnitude, beyond the 64-bit integers "
-        "OpenDP's samplers add noise to; coarsen the column's resolution or tighten its bounds",
-        {"primitive": pid, "max_abs_value": MAX_ABS_VALUE},
-    )
+    # np.clip returns a new (writable, C-contiguous) array: OpenDP reads such a buffer, and
+    # Arrow's zero-copy arrays are read-only.
+    return np.clip(arr.astype(np.int64, copy=False), -MAX_ABS_VALUE, MAX_ABS_VALUE)
 
 
 def _invoke(meas, arr: np.ndarray) -> np.ndarray:
@@ -396,6 +433,9 @@ def _invoke(meas, arr: np.ndarray) -> np.ndarray:
 def sample(calibration: Calibration, values: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Add the calibrated OpenDP noise to each primitive's integer vector.
 
+    Each exact value is first clamped to [−2^62, 2^62] (:data:`MAX_ABS_VALUE`; a
+    contraction, see the module docstring), so no data can make this fail. A
+    primitive of scale 0 (sensitivity 0, a constant) is returned exactly.
     One measurement is built per primitive per call and invoked on the whole
     vector (OpenDP samples each coordinate independently with the exact samplers of [CKS20]).
     Vectors of 8,192 cells or more are cut into a few contiguous slices noised
@@ -408,15 +448,15 @@ def sample(calibration: Calibration, values: Mapping[str, np.ndarray]) -> dict[s
         calibration: from :func:`calibrate`.
         values: primitive id → 1-D integer vector (one cell per group, integer
             units), for exactly the primitives of ``calibration``. int64/uint
-            arrays, or object arrays of Python ints (HUGEINT results).
+            arrays, or object arrays of Python ints (HUGEINT results), of any size.
 
     Returns:
         primitive id → noisy int64 vector of the same length.
 
     Raises:
-        MechanismError: missing or extra primitives; non-integer values; |value|
-            > 2^62 (:data:`MAX_ABS_VALUE`); an output that saturated i64; any
-            OpenDP failure.
+        MechanismError: missing or extra primitives; non-integer values (floats,
+            NULLs, booleans); an output that saturated i64 (a function of the noisy
+            value, probability < e^{-2^19}); any OpenDP failure.
     """
     expected, given = set(calibration.scales), set(values)
     if expected != given:
@@ -426,9 +466,9 @@ def sample(calibration: Calibration, values: Mapping[str, np.ndarray]) -> dict[s
         )
     out: dict[str, np.ndarray] = {}
     for pid, scale in calibration.scales.items():
-        arr = _as_int64(pid, values[pid])
-        if arr.size == 0:
-            out[pid] = arr.copy()
+        arr = _clamped_int64(pid, values[pid])
+        if arr.size == 0 or scale == 0:  # nothing to noise, or a constant (sensitivity 0)
+            out[pid] = arr
             continue
         noisy = _invoke(_measurement(calibration.mechanism, scale), arr)
         if noisy.shape != arr.shape:  # pragma: no cover - guards an OpenDP change
@@ -488,20 +528,20 @@ def ci95_halfwidth(mechanism: str, scale: float) -> float:
 
     Args:
         mechanism: ``"gaussian"``/``"discrete_gaussian"`` or ``"laplace"``/``"discrete_laplace"``.
-        scale: σ or b > 0, finite.
+        scale: σ or b ≥ 0, finite (0: an exact primitive, t = 0).
 
     Returns:
         t as a float (an integer value).
 
     Raises:
         InvalidRequest: unknown mechanism.
-        MechanismError: scale not finite or not > 0.
+        MechanismError: scale not finite or negative.
     """
     mech = mechanism_name(mechanism)
     s = float(scale)
-    if not math.isfinite(s) or s <= 0:
-        raise MechanismError(f"noise scale must be finite and > 0, got {scale!r}")
-    return _ci95_cached(mech, s)
+    if not math.isfinite(s) or s < 0:
+        raise MechanismError(f"noise scale must be finite and >= 0, got {scale!r}")
+    return 0.0 if s == 0 else _ci95_cached(mech, s)
 
 
 def sigma_for_ci95(mechanism: str, halfwidth: float) -> float:
@@ -519,7 +559,8 @@ def sigma_for_ci95(mechanism: str, halfwidth: float) -> float:
             an integer).
 
     Returns:
-        σ (discrete Gaussian) or b (discrete Laplace) > 0.
+        σ (discrete Gaussian) or b (discrete Laplace) > 0, at most :data:`MAX_SCALE`
+        (a target wider than 2^52 noise gives is met by 2^52).
 
     Raises:
         InvalidRequest: unknown mechanism.
@@ -533,6 +574,10 @@ def sigma_for_ci95(mechanism: str, halfwidth: float) -> float:
     if not math.isfinite(h) or h < 0:
         raise InvalidBudget(f"ci95 must be finite and >= 0, got {halfwidth!r}")
     t = math.floor(h)
+    if ci95_halfwidth(mech, MAX_SCALE) <= t:
+        # The most noise the 64-bit samplers carry already meets the target: use it (a
+        # search beyond would only find scales calibrate refuses, and slowly).
+        return MAX_SCALE
     # Bracket: the half-width is ≈ 1.96σ (Gaussian) or ≈ 3.0b (Laplace).
     lo, hi = 1e-6, max(1.0, 2.0 * (t + 1))
     if ci95_halfwidth(mech, lo) > t:  # pragma: no cover - t = 0 is met by tiny scales

@@ -39,13 +39,21 @@ Decisions (where the design is silent):
   choice, as BigQuery's ``max_groups_contributed`` default) and must be integers
   ≥ 1 (at most 1,000,000).
 * Numeric columns may declare a clamp ``[lower, upper]`` (both or neither,
-  finite, lower ≤ upper). Sums are computed exactly as fixed-point integers in
-  units of ``resolution``: ``int`` columns default to resolution 1 (a positive
-  integer is required); ``float`` columns default to
-  10**(floor(log10(max(|lower|, |upper|))) − 6), i.e. about six significant digits
-  of the largest bound (10**-6 when both bounds are 0). The clamp must lie within
-  ±2**62 resolution steps (fixed-point values fit in 64 bits); VAR/STDDEV of a
-  column further need ±2**31 steps (squares fit in 64 bits; the parser checks).
+  finite, lower ≤ upper, |bound| ≤ 1e100). Sums are computed exactly as
+  fixed-point integers in units of ``resolution`` (1e-100 ≤ resolution ≤ 1e100):
+  ``int`` columns default to resolution 1 (a positive integer is required);
+  ``float`` columns default to the coarsest power of ten that is at most
+  10**(floor(log10(max(|lower|, |upper|))) − 6) (about six significant digits of
+  the largest bound) and divides both bounds (10**-6 when both bounds are 0).
+* **The published bounds are the applied bounds**: both bounds must be exact
+  multiples of the resolution (compared in decimal, as written in the file:
+  ``upper = 1`` with ``resolution = 0.3`` is refused, naming 0.9 and 1.2), so the
+  clamp the bounding rewrite applies, ``[lo·resolution, hi·resolution]``, is the
+  declared one. ``int`` bounds are kept as exact integers.
+* The clamp must lie within ±2**62 resolution steps, and one unit's contribution
+  to a group's sum, m·max(|lower|, |upper|)/resolution, within 2**62 as well
+  (see :mod:`dpgate.limits`: no admitted query can overflow on any data). VAR/STDDEV
+  further need m·max(lower², upper²)/resolution² ≤ 2**62 (checked per query).
 * ``public_keys`` is a non-empty list of values of the column's type without
   duplicates, or for ``int`` columns the string ``"range(a, b)"`` (a ≤ key < b,
   a < b, like Python's ``range``).
@@ -62,24 +70,35 @@ import math
 import re
 import tomllib
 from dataclasses import dataclass, field
+from decimal import Decimal
+from fractions import Fraction
+from functools import lru_cache
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Iterable, Literal, Mapping
+from typing import Any, Iterable, Literal, Mapping, get_args
 
+from dpgate import limits
 from dpgate.errors import PolicyError, UnknownColumn, UnknownTable
 
 ColumnType = Literal["int", "float", "text", "bool"]
-COLUMN_TYPES: tuple[str, ...] = ("int", "float", "text", "bool")
+#: The declared column types (one definition: the values of :data:`ColumnType`).
+COLUMN_TYPES: tuple[str, ...] = get_args(ColumnType)
+#: The column types that may carry bounds and a resolution (SUM/AVG/VAR).
+NUMERIC_TYPES: tuple[str, ...] = ("int", "float")
 #: DuckDB type the engine casts each declared column type to (with TRY_CAST).
 DUCKDB_TYPES: Mapping[str, str] = MappingProxyType(
     {"int": "BIGINT", "float": "DOUBLE", "text": "VARCHAR", "bool": "BOOLEAN"}
 )
-MECHANISMS: tuple[str, ...] = ("gaussian", "laplace")
-#: Largest |bound| / resolution: a clamped fixed-point value fits in a BIGINT with margin.
-MAX_FIXED_POINT_STEPS = 2**62
+#: The mechanisms a policy (``[budget] mechanism``) or a request may name, each mapped to the
+#: OpenDP measurement it means (:mod:`dpgate.mechanisms`). The one definition of the list.
+MECHANISMS: Mapping[str, str] = MappingProxyType(
+    {"gaussian": "discrete_gaussian", "laplace": "discrete_laplace"}
+)
+#: Largest |bound| / resolution (:data:`dpgate.limits.MAX_STEPS`, 2**62).
+MAX_FIXED_POINT_STEPS = limits.MAX_STEPS
 #: Largest |bound| / resolution of a column whose sum of squares (VAR/STDDEV) is computed:
-#: squares fit in a BIGINT.
-MAX_SQUARED_STEPS = 2**31
+#: squares fit in a BIGINT (√(2**62) = 2**31).
+MAX_SQUARED_STEPS = math.isqrt(limits.MAX_STEPS)
 #: Largest k and m accepted.
 MAX_CONTRIBUTION = 1_000_000
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -95,7 +114,7 @@ class ColumnPolicy:
             as DuckDB does).
         type: ``"int"`` | ``"float"`` | ``"text"`` | ``"bool"``.
         lower, upper: clamp bounds (in the column's units), or None when unbounded;
-            both or neither.
+            both or neither; exact multiples of ``resolution`` (ints for int columns).
         resolution: fixed-point step of sums (column units), or None for text/bool
             columns. Defaults: 1 for int, ~6 significant digits of the largest bound
             for float (see the module docstring).
@@ -125,9 +144,9 @@ class ColumnPolicy:
     def fixed_point_bounds(self) -> tuple[int, int]:
         """The clamp in integer units of ``resolution``: ``(lo, hi)`` with lo ≤ hi.
 
-        ``lo = ceil(lower / resolution)`` and ``hi = floor(upper / resolution)``, where a
-        quotient within 1e-9 (relative) of an integer counts as that integer, so that
-        ``[lo·resolution, hi·resolution] ⊆ [lower, upper]`` up to float rounding. The
+        ``lo = lower / resolution`` and ``hi = upper / resolution`` exactly: the loader
+        refuses bounds that are not multiples of the resolution (compared in decimal, as
+        written), so ``[lo·resolution, hi·resolution]`` is the published clamp. The
         bounding rewrite clamps every value to this range after rounding it to the
         nearest step, and the sensitivity is derived from it.
 
@@ -269,8 +288,8 @@ class BudgetPolicy:
         epsilon: ε of the population's total cap (ε, δ).
         delta: δ of the cap, in [0, 1).
         default_query_rho: ρ (zCDP, per query) spent by a query that names no budget.
-        mechanism: ``"gaussian"`` (discrete Gaussian, default) or ``"laplace"``
-            (discrete Laplace).
+        mechanism: a key of :data:`MECHANISMS`: ``"gaussian"`` (discrete Gaussian,
+            default) or ``"laplace"`` (discrete Laplace).
         suppress_ci95_above: cells whose 95 % noise half-width exceeds it are
             suppressed (None: never).
         clamp_counts: clamp noisy counts at 0 (post-processing; default True).
@@ -279,7 +298,7 @@ class BudgetPolicy:
     epsilon: float
     delta: float
     default_query_rho: float
-    mechanism: Literal["gaussian", "laplace"] = "gaussian"
+    mechanism: str = "gaussian"
     suppress_ci95_above: float | None = None
     clamp_counts: bool = True
 
@@ -472,9 +491,33 @@ def _is_number(v: Any) -> bool:
 def _finite_number(v: Any, what: str, path: Path, table=None, column=None) -> float:
     if not _is_number(v):
         raise _policy_error(path, f"{what} must be a number, not {type(v).__name__}", table, column)
-    if not math.isfinite(v):
-        raise _policy_error(path, f"{what} must be finite (got {v!r})", table, column)
-    return float(v)
+    try:
+        value = float(v)
+    except OverflowError:  # an int beyond the double range
+        value = math.inf
+    if not math.isfinite(value):
+        raise _policy_error(path, f"{what} must be finite (got {_show(v)})", table, column)
+    return value
+
+
+def _bound(v: Any, what: str, ctype: str, path: Path, table: str, column: str) -> float | int:
+    """A clamp bound: finite, |v| ≤ :data:`dpgate.limits.MAX_ABS_BOUND`, exact.
+
+    Stored as a float, except an int column's bound beyond ±2**53 (not exactly a double),
+    which stays an exact int so that the published bound is the one written.
+    """
+    value = _finite_number(v, what, path, table, column)
+    if abs(value) > limits.MAX_ABS_BOUND:
+        raise _policy_error(
+            path,
+            f"{what} = {_show(v)} is too large: bounds must be at most {limits.MAX_ABS_BOUND:g} in "
+            "magnitude, so that sums, averages and variances of the clamped values (and their "
+            "noise) are finite doubles for any data",
+            table, column,
+        )
+    if ctype == "int" and isinstance(v, int) and abs(v) > 2**53:
+        return v
+    return value
 
 
 def _name(v: Any, what: str, path: Path, table=None, strict: bool = True) -> str:
@@ -489,21 +532,69 @@ def _name(v: Any, what: str, path: Path, table=None, strict: bool = True) -> str
     return v
 
 
-def _fixed_point_bounds(lower: float, upper: float, resolution: float) -> tuple[int, int]:
-    def snap(q: float, rounding) -> int:
-        r = round(q)
-        if abs(q - r) <= 1e-9 * max(1.0, abs(q)):
-            return int(r)
-        return int(rounding(q))
+def _exact(v: int | float) -> Fraction:
+    """The number as written in the file: an int exactly, a float as its shortest decimal repr.
 
-    return snap(lower / resolution, math.ceil), snap(upper / resolution, math.floor)
+    TOML floats are decimal texts; ``repr`` gives back the shortest decimal that reads as
+    the same double (``0.3``, not 0.299999999999999988897…), i.e. what the user wrote.
+    """
+    return Fraction(v) if isinstance(v, int) else Fraction(repr(float(v)))
+
+
+@lru_cache(maxsize=4096)
+def _fixed_point_bounds(lower: float, upper: float, resolution: float) -> tuple[int, int]:
+    res = _exact(resolution)
+    lo, hi = _exact(lower) / res, _exact(upper) / res
+    if lo.denominator != 1 or hi.denominator != 1:  # pragma: no cover - refused at load
+        raise ValueError("bounds are not multiples of the resolution")
+    return int(lo), int(hi)
+
+
+def _decimal_exponent(v: int | float) -> float:
+    """Exponent of the last non-zero decimal digit of ``v`` as written (+inf for 0)."""
+    if v == 0:
+        return math.inf
+    d = Decimal(v) if isinstance(v, int) else Decimal(repr(float(v)))
+    return d.normalize().as_tuple().exponent
+
+
+def _power_of_ten(e: int) -> float:
+    return float(f"1e{e}")
 
 
 def _default_float_resolution(lower: float, upper: float) -> float:
+    """The coarsest power of ten ≤ 10**(floor(log10(max |bound|)) − 6) dividing both bounds."""
     big = max(abs(lower), abs(upper))
     if big == 0:
         return 1e-6
-    return 10.0 ** (math.floor(math.log10(big)) - 6)
+    top = Decimal(repr(float(big))).adjusted() - 6  # floor(log10(big)) − 6, exactly
+    return _power_of_ten(int(min(top, _decimal_exponent(lower), _decimal_exponent(upper))))
+
+
+def _show(v: int | float | Fraction) -> str:
+    """A bound or resolution as a user would write it (``1``, ``0.9``, ``1e+100``)."""
+    if isinstance(v, Fraction):
+        v = int(v) if v.denominator == 1 else float(v)
+    if isinstance(v, float) and v.is_integer() and abs(v) < 1e16:
+        v = int(v)
+    return str(v) if isinstance(v, int) else repr(v)
+
+
+def _not_a_multiple(name: str, bound: int | float, lower: float, upper: float,
+                    resolution: float, ctype: str) -> str:
+    q = _exact(bound) / _exact(resolution)
+    below, above = (math.floor(q) * _exact(resolution), math.ceil(q) * _exact(resolution))
+    text = (
+        f"{name} = {_show(bound)} is not a multiple of the resolution {_show(resolution)}, so "
+        f"the clamp applied would differ from the published one: use {name} = {_show(below)} "
+        f"or {_show(above)}"
+    )
+    finest = min(Decimal(repr(float(resolution))).adjusted(), _decimal_exponent(lower),
+                 _decimal_exponent(upper))
+    if ctype == "int" and finest < 0:  # an int column's bounds are whole numbers
+        return text + " (an int column's bounds are whole numbers)"
+    return text + (", or a resolution that divides both bounds, such as "
+                   f"{_show(_power_of_ten(int(finest)))}")
 
 
 def _parse_public_keys(v: Any, ctype: str, path: Path, table: str, column: str) -> tuple | range:
@@ -575,18 +666,18 @@ def _parse_column(name: str, raw: Any, path: Path, table: str) -> ColumnPolicy:
             path, f"unknown type {ctype!r} (expected one of {', '.join(COLUMN_TYPES)})", table, name
         )
     lower, upper, resolution = raw.get("lower"), raw.get("upper"), raw.get("resolution")
-    if ctype in ("text", "bool"):
+    if ctype not in NUMERIC_TYPES:
         for key in ("lower", "upper", "resolution"):
             if raw.get(key) is not None:
                 raise _policy_error(path, f"{key} is not allowed on a {ctype} column", table, name)
     if (lower is None) != (upper is None):
         raise _policy_error(path, "lower and upper must be given together", table, name)
     if lower is not None:
-        lower = _finite_number(lower, "lower", path, table, name)
-        upper = _finite_number(upper, "upper", path, table, name)
+        lower = _bound(lower, "lower", ctype, path, table, name)
+        upper = _bound(upper, "upper", ctype, path, table, name)
         if lower > upper:
-            raise _policy_error(path, f"lower ({lower:g}) > upper ({upper:g})", table, name)
-    if ctype in ("int", "float"):
+            raise _policy_error(path, f"lower ({_show(lower)}) > upper ({_show(upper)})", table, name)
+    if ctype in NUMERIC_TYPES:
         if resolution is None:
             if ctype == "int":
                 resolution = 1.0
@@ -601,22 +692,33 @@ def _parse_column(name: str, raw: Any, path: Path, table: str) -> ColumnPolicy:
                     path, f"resolution of an int column must be a whole number (got {resolution:g})",
                     table, name,
                 )
+        if resolution is not None and not limits.MIN_RESOLUTION <= resolution <= limits.MAX_RESOLUTION:
+            given = raw.get("resolution") is not None
+            raise _policy_error(
+                path,
+                f"resolution must be between {limits.MIN_RESOLUTION:g} and "
+                f"{limits.MAX_RESOLUTION:g} (got {resolution:g}"
+                + ("" if given else ", the default for these bounds") + "), so that released "
+                "values and their noise are finite doubles"
+                + ("" if given else "; round the bounds to fewer decimals"),
+                table, name,
+            )
         if lower is not None:
-            big = max(abs(lower), abs(upper)) / resolution
-            if big > MAX_FIXED_POINT_STEPS:
-                raise _policy_error(
-                    path,
-                    f"bad resolution: the bounds span {big:.3g} steps of {resolution:g} "
-                    f"(at most 2**62); choose a coarser resolution",
-                    table,
-                    name,
-                )
+            for key, bound in (("lower", lower), ("upper", upper)):
+                if (_exact(bound) / _exact(resolution)).denominator != 1:
+                    raise _policy_error(
+                        path, _not_a_multiple(key, bound, lower, upper, resolution, ctype), table, name
+                    )
             lo, hi = _fixed_point_bounds(lower, upper, resolution)
-            if lo > hi:
+            steps = max(abs(lo), abs(hi))
+            if steps > MAX_FIXED_POINT_STEPS:
                 raise _policy_error(
                     path,
-                    f"bad resolution: no multiple of {resolution:g} lies within "
-                    f"[{lower:g}, {upper:g}]",
+                    f"bad resolution: the bounds span {steps:.3g} steps of {_show(resolution)} "
+                    f"(at most 2**62); choose a coarser resolution that divides both bounds"
+                    + ("" if raw.get("resolution") is not None else
+                       " (the default is the coarsest power of ten ≤ 10**(floor(log10(max "
+                       "|bound|)) − 6) that divides both bounds; round the bounds or give one)"),
                     table,
                     name,
                 )
@@ -730,6 +832,16 @@ def _parse_table(name: str, raw: Any, path: Path, dataset: str, engine: str = "d
                 path, "the privacy unit column cannot have public keys (grouping by the unit "
                 "is never allowed)", name, cname,
             )
+        if col.bounded and m * max(map(abs, col.fixed_point_bounds)) > limits.MAX_STEPS:
+            raise _policy_error(
+                path,
+                f"one unit may add max_rows_per_unit × max(|lower|, |upper|) / resolution = "
+                f"{m} × {max(map(abs, col.fixed_point_bounds))} steps to a group's sum, more "
+                "than 2**62 (the exact per-group aggregates could then overflow on some data); "
+                "lower max_rows_per_unit, tighten the bounds or coarsen the resolution",
+                name,
+                cname,
+            )
         columns[cname] = col
     return TablePolicy(
         name=name,
@@ -775,7 +887,7 @@ def _parse_policy(raw: Mapping[str, Any], path: Path) -> DatasetPolicy:
     if rho <= 0:
         raise _policy_error(path, f"[budget] default_query_rho must be > 0 (got {rho:g})")
     mechanism = b.get("mechanism", "gaussian")
-    if mechanism not in MECHANISMS:
+    if not isinstance(mechanism, str) or mechanism not in MECHANISMS:
         raise _policy_error(
             path, f"[budget] mechanism must be one of {', '.join(MECHANISMS)} (got {mechanism!r})"
         )

@@ -34,6 +34,14 @@ closed under post-processing too, [BS16]) it costs no privacy budget. The steps 
 5. **HAVING** (:func:`dpgate.sql.plan.evaluate_predicate`, on the values above,
    NULL-aware), **ORDER BY** (stable, NULLS LAST unless ``nulls_first``), **LIMIT**;
    hidden outputs (used only by HAVING/ORDER BY) are then dropped.
+6. **Finite JSON**: a released number that is NaN or ±inf is released as ``None``
+   (null), in cells and in accuracy alike, so a release is always strict JSON. The
+   policy limits (:mod:`dpgate.limits`) already make every such number finite for
+   any data; this guard is defence in depth, and since it reads only noisy values it
+   is post-processing too (it cannot turn the data into an error).
+
+A primitive of scale 0 (sensitivity 0: a constant, released exactly) has
+``sigma``/``scale`` 0 and ``ci95`` 0.
 
 Without ORDER BY, rows stay in public-key order (the bounded SQL's order).
 
@@ -51,9 +59,9 @@ import numpy as np
 
 from dpgate.errors import Internal
 from dpgate.policy import DatasetPolicy, TablePolicy
-from dpgate.sql.plan import AggregateOutput, KeyOutput, QueryPlan, evaluate_predicate
+from dpgate.sql.plan import FUNCTION_PRIMITIVES, AggregateOutput, KeyOutput, QueryPlan, evaluate_predicate
 
-__all__ = ["ReleasedTable", "finalize"]
+__all__ = ["ReleasedTable", "finalize", "output_unit"]
 
 _COUNTS = ("count", "count_column", "count_distinct_unit")
 
@@ -121,6 +129,13 @@ def finalize(
             vectors of different lengths, an ungrouped query with ≠ 1 row, a
             derived output on a column without bounds).
     """
+    # Non-finite intermediates cannot arise within the policy limits; should one, it becomes
+    # a null cell (step 6), not a warning.
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        return _finalize(plan, policy, keys, noisy, scales, halfwidths, mechanism, resolution_of)
+
+
+def _finalize(plan, policy, keys, noisy, scales, halfwidths, mechanism, resolution_of) -> ReleasedTable:
     table = policy.table(plan.table)
     n = _row_count(plan, keys, noisy)
     res = resolution_of or (lambda c: table.column(c).resolution or 1.0)
@@ -131,11 +146,7 @@ def finalize(
     for p in plan.primitives:
         if p.id not in noisy or p.id not in scales or p.id not in halfwidths:
             raise Internal(f"post-processing is missing primitive {p.id!r}")
-        unit = 1.0
-        if p.kind == "sum":
-            unit = float(res(p.column))
-        elif p.kind == "sum_squares":
-            unit = float(res(p.column)) ** 2
+        unit = output_unit(p.kind, res(p.column) if p.column else None)
         raw = np.asarray(noisy[p.id])
         prim[p.id] = (raw.astype(np.float64) * unit, float(scales[p.id]) * unit, float(halfwidths[p.id]) * unit)
 
@@ -185,9 +196,39 @@ def finalize(
         if acc["approximate"]:
             kept = c.ci_rows[order]
             acc["ci95_rows"] = [float(v) for v in kept]
-            acc["ci95"] = float(kept.max()) if kept.size else None
-        accuracy[o.name] = acc
+            acc["ci95"] = float(np.nanmax(kept)) if kept.size and not np.isnan(kept).all() else None
+        accuracy[o.name] = _finite_json(acc)
     return ReleasedTable(columns=[o.name for o in visible], rows=rows, accuracy=accuracy)
+
+
+def _finite_json(value: Any) -> Any:
+    """``value`` with every NaN/±inf float replaced by None (dicts and lists walked)."""
+    if isinstance(value, dict):
+        return {k: _finite_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite_json(v) for v in value]
+    if isinstance(value, (float, np.floating)) and not math.isfinite(value):
+        return None
+    return value
+
+
+def output_unit(kind: str, resolution: float | None) -> float:
+    """Size of one integer unit of a primitive in output units (the one definition).
+
+    Args:
+        kind: the primitive's kind (:data:`~dpgate.sql.plan.PrimitiveKind`).
+        resolution: its column's resolution (ignored for counts; None counts as 1).
+
+    Returns:
+        1 for counts (rows, units), ``resolution`` for a fixed-point ``sum``,
+        ``resolution²`` for a ``sum_squares``.
+    """
+    r = 1.0 if resolution is None else float(resolution)
+    if kind == "sum":
+        return r
+    if kind == "sum_squares":
+        return r * r
+    return 1.0
 
 
 def _row_count(plan: QueryPlan, keys: Mapping[str, np.ndarray], noisy: Mapping[str, np.ndarray]) -> int:
@@ -285,7 +326,9 @@ def _aggregate(
 
 
 def _part_names(fn: str) -> tuple[str, ...]:
-    return ("sum", "count") if fn == "avg" else ("sum_squares", "sum", "count")
+    """Names of a derived output's parts in ``accuracy[...]["inputs"]``: its primitives'
+    kinds (:data:`~dpgate.sql.plan.FUNCTION_PRIMITIVES`), the non-NULL count shown as ``count``."""
+    return tuple("count" if k == "count_column" else k for k in FUNCTION_PRIMITIVES[fn])
 
 
 def _decimals(resolution: float) -> int | None:
@@ -300,7 +343,7 @@ def _cell(c: _Column, i: int) -> Any:
     v = c.values[i]
     if c.accuracy is None:
         return v
-    if v is None or (isinstance(v, float) and math.isnan(v)):
+    if v is None or not math.isfinite(float(v)):  # NULL, suppressed, or (guard) non-finite
         return None
     if c.as_int:
         return int(round(float(v)))

@@ -11,95 +11,144 @@ A query that fails validation, planning or calibration costs nothing. Once the
 charge is written it stays, whatever happens after (execution error, timeout,
 noise or storage failure): charges are never refunded.
 
-Identical concurrent requests are *single-flight*: a per-cache-key lock in this
-process, and the ledger's ``release_key`` across processes, give one charge and
-one release.
+Identical concurrent requests are *single-flight*, and a charged release that
+was never stored does not block its question: both are the release cache's
+(:class:`dpgate.releases.ReleaseCache`: in-process locks, the ledger's
+``release_key`` across processes, durable failure markers in the shared store).
+
+The ledger owns each population's cap and allocations once created: opening a
+gateway creates missing populations from the policy files, and reports (never
+applies) a policy file that differs (:meth:`Gateway.policy_drift`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import hmac
 import json
+import logging
 import math
-import os
 import secrets
-import threading
-import time
-import uuid
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, ClassVar, Mapping
 
 import numpy as np
-from dpgate import accounting
+from dpgate import accounting, limits
 from dpgate.engines import EngineOptions, EngineSet
 from dpgate.errors import (
-    Conflict,
     DpgateError,
     ExecutionError,
     InvalidBudget,
     UnknownDataset,
     UnknownPopulation,
+    UnsupportedQuery,
 )
 from dpgate.ledger import Ledger, open_ledger
+from dpgate.ledger.base import FINITE_ORDERS, PolicyDrift
 from dpgate.mechanisms import calibrate, ci95_halfwidth, sample, sigma_for_ci95
-from dpgate.policy import DatasetPolicy, load_policies
-from dpgate.postprocess import finalize
-from dpgate.releases import Release, ReleaseStore, SqliteReleaseStore, cache_key
-from dpgate.sensitivity import sensitivities
+from dpgate.policy import MECHANISMS, DatasetPolicy, load_policies
+from dpgate.postprocess import finalize, output_unit
+from dpgate.releases import (
+    CacheKeys,
+    NoisyPrimitives,
+    Release,
+    ReleaseCache,
+    ReleaseStore,
+    new_release_id,
+    now,
+    open_release_store,
+)
+from dpgate.sensitivity import primitive_linf, sensitivities
 from dpgate.settings import Settings
 from dpgate.sql.bound import bounded_sql, bounded_sql_template
 from dpgate.sql.parse import parse_query
 from dpgate.sql.plan import QueryPlan
 
-#: Mechanism names accepted in requests and policies.
-MECHANISMS = ("gaussian", "laplace")
-#: How long a request waits for a release another process is computing (seconds).
-PENDING_RELEASE_WAIT_S = 60.0
+#: Margin (seconds) added to the engine's query timeout to make the release lease: how long
+#: after a charge its release must be stored before another process declares it lost.
+RELEASE_LEASE_MARGIN_S = 60.0
+#: Budget-policy fields that are not post-processing (the cap and the per-query defaults);
+#: every other field (``suppress_ci95_above``, ``clamp_counts``, …) is a display setting.
+_NOT_POST_PROCESSING = frozenset({"epsilon", "delta", "default_query_rho", "mechanism", "selection_delta",
+                                  "default_selection_delta"})
+
+log = logging.getLogger("dpgate")
 
 
 @dataclass(frozen=True)
 class QueryBudget:
     """The budget a query asks for; at most one field is set (none: the policy's default).
 
+    The one validator of requested budgets: the HTTP API (``budget`` in a query
+    body, via :meth:`from_request`) and the CLI (``--rho``/``--epsilon``/``--ci95``)
+    both build one, so both refuse the same values with the same error.
+
     Attributes:
-        rho: total zCDP ρ of this release (summed over its noisy primitives).
+        rho: total zCDP ρ of this release (summed over its noisy primitives);
+            finite, > 0, at most :attr:`MAX_RHO`.
         epsilon: a standalone (ε, δ) guarantee for this release at the cap's δ,
             turned into ρ by the tight zCDP conversion (Canonne–Kamath–Steinke
-            2020); for the Laplace mechanism the pure ε of the release.
-        ci95: target 95 % interval half-width of each noisy primitive, in the
-            primitive's output units (rows for counts, column units for sums).
+            2020); for the Laplace mechanism the pure ε of the release; finite,
+            > 0, at most :attr:`MAX_EPSILON`.
+        ci95: target 95 % interval half-width of each released cell, in the
+            cell's units (rows for counts, column units for sums); finite, > 0,
+            at most :attr:`MAX_CI95`.
 
     Raises:
         InvalidBudget: more than one field set, or a value that is not a finite
-            positive number.
+            positive number within its limit.
     """
+
+    #: Largest ρ a query may name (per release; far above any sane cap).
+    MAX_RHO: ClassVar[float] = 1e4
+    #: Largest ε a query may name (per release).
+    MAX_EPSILON: ClassVar[float] = 1e4
+    #: Largest ci95 half-width a query may name (output units).
+    MAX_CI95: ClassVar[float] = 1e15
+    #: The budget fields, in the order documented.
+    FIELDS: ClassVar[tuple[str, ...]] = ("rho", "epsilon", "ci95")
 
     rho: float | None = None
     epsilon: float | None = None
     ci95: float | None = None
 
     def __post_init__(self) -> None:
-        given = {k: v for k, v in (("rho", self.rho), ("epsilon", self.epsilon), ("ci95", self.ci95)) if v is not None}
+        given = {k: getattr(self, k) for k in self.FIELDS if getattr(self, k) is not None}
         if len(given) > 1:
-            raise InvalidBudget("give at most one of rho, epsilon, ci95", {"given": sorted(given)})
+            raise InvalidBudget(
+                f"a budget names one of rho, epsilon, ci95, not {' and '.join(given)}", {"given": list(given)}
+            )
+        limits = {"rho": self.MAX_RHO, "epsilon": self.MAX_EPSILON, "ci95": self.MAX_CI95}
         for name, value in given.items():
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise InvalidBudget(f"budget {name} must be a number", {"field": name})
             if not math.isfinite(value) or value <= 0:
-                raise InvalidBudget(f"budget {name} must be a finite positive number", {"field": name})
-            if value > 1e6:
-                raise InvalidBudget(f"budget {name} is implausibly large (> 1e6)", {"field": name})
+                raise InvalidBudget(f"budget {name} must be a finite number > 0", {"field": name})
+            if value > limits[name]:
+                raise InvalidBudget(
+                    f"budget {name} must be at most {limits[name]:g}", {"field": name, "max": limits[name]}
+                )
 
+    @classmethod
+    def from_request(cls, fields: Mapping[str, Any]) -> "QueryBudget":
+        """The budget of a request body's ``budget`` object: exactly one of rho, epsilon, ci95.
 
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
+        Raises:
+            InvalidBudget: none or several named, or a value :class:`QueryBudget` refuses.
+        """
+        given = {k: v for k, v in fields.items() if v is not None}
+        if not given:
+            raise InvalidBudget(
+                "budget names none of rho, epsilon, ci95 (omit budget for the policy's default_query_rho)",
+                {"given": []},
+            )
+        return cls(**given)
 
 
 class Gateway:
-    """The in-process gateway: policies, the DuckDB engine, the ledger and the release store.
+    """The in-process gateway: policies, the engines, the ledger and the release store.
 
     Build it with :meth:`open` (which loads policies and data) or inject the
     parts (tests). All public methods return JSON-ready dicts and raise
@@ -111,10 +160,11 @@ class Gateway:
         data_versions: dataset name → published data version (from ``EngineSet.load``,
             keyed by :func:`_published_version`); None for a live source whose version
             comes from ``version_sql`` per query, or is unknown (release cache off).
-        salt_source: draws the secret that picks each unit's k groups (default: 63 bits
-            from the OS CSPRNG; tests pass a constant to compare engines).
         ledger: the budget ledger.
         releases: the release store (same backend as the ledger).
+        salt_source: draws the secret that picks each unit's k groups (default: 63 bits
+            from the OS CSPRNG; tests pass a constant to compare engines).
+        fingerprint_key: the key of published data fingerprints (default: a per-process key).
     """
 
     def __init__(
@@ -136,16 +186,11 @@ class Gateway:
         self._fingerprint_key = fingerprint_key or secrets.token_bytes(32)
         self.ledger = ledger
         self.release_store = releases
-        self._flights: dict[str, threading.Lock] = {}
-        self._failed: set[str] = set()  # cache keys whose charged computation failed here
-        self._flights_lock = threading.Lock()
-        for policy in self.policies.values():
-            ledger.ensure_population(
-                policy.population,
-                epsilon=policy.budget.epsilon,
-                delta=policy.budget.delta,
-                allocations=dict(policy.allocations),
-            )
+        timeout = getattr(engine, "timeout_s", None)
+        self.release_cache = ReleaseCache(releases, lease_s=(timeout or 30.0) + RELEASE_LEASE_MARGIN_S)
+        for drift in ensure_populations(ledger, self.policies).values():
+            if drift.message():
+                log.warning("%s", drift.message())
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -178,8 +223,13 @@ class Gateway:
         except BaseException:
             engine.close()
             raise
-        store = open_release_store(ledger)
-        key = _fingerprint_key(settings)
+        try:
+            store = open_release_store(ledger)
+            key = fingerprint_key(settings, store)
+        except BaseException:
+            ledger.close()
+            engine.close()
+            raise
         versions = {name: None if v is None else _published_version(v, key) for name, v in versions.items()}
         return cls(policies, engine, versions, ledger, store, fingerprint_key=key, salt_source=salt_source)
 
@@ -204,7 +254,7 @@ class Gateway:
         try:
             return self.policies[dataset]
         except KeyError:
-            raise UnknownDataset(f"unknown dataset {dataset!r}", {"dataset": dataset}) from None
+            raise UnknownDataset.named(dataset, self.policies) from None
 
     def population_of(self, dataset: str) -> str:
         """The population (ledger key) whose budget ``dataset`` spends."""
@@ -221,30 +271,34 @@ class Gateway:
         (ε, δ and the ρ it is enforced as), allocations, default mechanism and
         per table the privacy unit, contribution bounds (k, m) and the public
         parts of the schema (types, clamp bounds, resolution, public keys).
-        The cap shown is the ledger's current one (after any recorded change).
-        Raises :class:`UnknownDataset`.
+        The cap and allocations shown are the ledger's (which own them once the
+        population exists); ``policy_drift`` says how the policy file differs
+        (:meth:`PolicyDrift.to_dict`). Raises :class:`UnknownDataset`.
         """
         policy = self.policy(name)
-        report = self.ledger.spend(policy.population).to_dict()
+        drift = self.policy_drift(name)
         tables = {tname: table.to_dict() for tname, table in policy.tables.items()}
         return {
             "name": policy.name,
             "population": policy.population,
             "data_version": self.data_versions.get(name),
             **self._serving(name),
-            "cap": report["cap"],
+            "cap": drift.ledger_cap.public(),
             "policy_cap": {"epsilon": policy.budget.epsilon, "delta": policy.budget.delta},
-            "allocations": dict(policy.allocations),
+            "policy_drift": drift.to_dict(),
+            "allocations": dict(drift.ledger_allocations),
             "default_mechanism": policy.budget.mechanism,
             "default_query_rho": policy.budget.default_query_rho,
             "tables": tables,
         }
 
     def budget(self, dataset: str) -> dict[str, Any]:
-        """Spend report of ``dataset``'s population: ρ and ε at the cap's δ, per allocation."""
+        """Spend report of ``dataset``'s population: ρ and ε at the cap's δ, per allocation,
+        with ``policy_drift`` (how the policy file differs from the ledger's values, which hold)."""
         policy = self.policy(dataset)
         report = self.ledger.spend(policy.population).to_dict()
         report["dataset"] = dataset
+        report["policy_drift"] = self.policy_drift(dataset).to_dict()
         return report
 
     def _serving(self, name: str) -> dict[str, Any]:
@@ -275,7 +329,7 @@ class Gateway:
             raw = self.engine.current_version(dataset)
             if raw is not None:
                 return _published_version(raw, self._fingerprint_key)
-        return f"unversioned:{uuid.uuid4().hex}"
+        return f"unversioned:{secrets.token_hex(16)}"
 
     def reload(self, dataset: str, *, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
         """Load ``dataset``'s data again without a restart (its files changed).
@@ -297,6 +351,16 @@ class Gateway:
                                        else _published_version(raw, self._fingerprint_key))
         return self.dataset(dataset)
 
+    def policy_drift(self, dataset: str) -> PolicyDrift:
+        """How ``dataset``'s policy file differs from the cap and allocations the ledger enforces
+        (read live, so a change by an admin or another replica shows at once).
+
+        Raises:
+            UnknownDataset: no such dataset. PolicyError: the file's cap is invalid.
+        """
+        policy = self.policy(dataset)
+        return ensure_populations(self.ledger, {dataset: policy})[policy.population]
+
     # ----------------------------------------------------------------- planning
 
     def _plan(self, dataset: str, sql: str) -> tuple[DatasetPolicy, QueryPlan]:
@@ -309,29 +373,30 @@ class Gateway:
 
     def _mechanism(self, policy: DatasetPolicy, mechanism: str | None) -> str:
         mech = mechanism or policy.budget.mechanism
-        if mech not in MECHANISMS:
+        if not isinstance(mech, str) or mech not in MECHANISMS:
             raise InvalidBudget(f"unknown mechanism {mech!r}; use one of {', '.join(MECHANISMS)}",
                                 {"mechanism": mech})
         return mech
 
-    @staticmethod
-    def _resolve_budget(policy: DatasetPolicy, mech: str, budget: QueryBudget | None) -> dict[str, Any]:
+    def _resolve_budget(self, policy: DatasetPolicy, mech: str, budget: QueryBudget | None) -> dict[str, Any]:
         """The budget as it enters the cache key: ``{ci95}``, ``{rho}`` or ``{epsilon[, delta]}``.
 
-        Cheap (no calibration), so that a cache hit does no privacy arithmetic.
+        Cheap (no calibration), so that a cache hit does no privacy arithmetic; a Gaussian
+        ``{epsilon}`` is stated at the δ of the cap the ledger enforces (one ledger read).
         """
         budget = budget or QueryBudget()
         if budget.ci95 is not None:
             return {"ci95": float(budget.ci95)}
         if budget.epsilon is not None:
             if mech == "gaussian":  # a standalone (ε, δ) guarantee at the cap's δ
-                return {"epsilon": float(budget.epsilon), "delta": policy.budget.delta}
+                return {"epsilon": float(budget.epsilon), "delta": self.ledger.cap(policy.population).rho_delta}
             return {"epsilon": float(budget.epsilon)}
         rho = budget.rho if budget.rho is not None else policy.budget.default_query_rho
         return {"rho": float(rho)}
 
     def _calibrate(self, policy: DatasetPolicy, plan: QueryPlan, mech: str, resolved: Mapping[str, Any]):
         """Return (calibration, sensitivities) for a resolved budget (see :meth:`_resolve_budget`)."""
+        check_representable(plan, policy)
         sens = sensitivities(plan, policy)
         pairs = {pid: (s.l1, s.l2) for pid, s in sens.items()}
         if "ci95" in resolved:
@@ -359,7 +424,7 @@ class Gateway:
         mech = self._mechanism(policy, mechanism)
         resolved = self._resolve_budget(policy, mech, budget)
         cal, sens = self._calibrate(policy, plan, mech, resolved)
-        delta = policy.budget.delta
+        delta = self.ledger.cap(policy.population).rho_delta
         return {
             "dataset": dataset,
             "canonical_sql": plan.canonical_sql,
@@ -379,13 +444,6 @@ class Gateway:
         }
 
     # ----------------------------------------------------------------- query
-
-    def _flight(self, key: str) -> threading.Lock:
-        with self._flights_lock:
-            lock = self._flights.get(key)
-            if lock is None:
-                lock = self._flights[key] = threading.Lock()
-            return lock
 
     def query(self, dataset: str, sql: str, *, consumer: str, budget: QueryBudget | None = None,
               mechanism: str | None = None) -> dict[str, Any]:
@@ -413,70 +471,76 @@ class Gateway:
         mech = self._mechanism(policy, mechanism)
         resolved = self._resolve_budget(policy, mech, budget)
         version = self._data_version(dataset)
-        # Two keys: ``noise_key`` names the noisy primitives (what is charged and noised:
-        # table, filter, grouping, primitives, bounds, budget, mechanism, data version);
-        # ``key`` names this exact query, post-processing (outputs, HAVING, ORDER BY,
-        # LIMIT) included. Queries that differ only in post-processing share one charge.
-        noise_key = cache_key(_noise_signature(plan), version, mech, resolved)
-        key = cache_key(plan.plan_hash, version, mech, resolved)
+        # Two keys: the noise key names the noisy primitives (what is charged and noised:
+        # table, filter, grouping, primitives, bounds, budget, mechanism, data version); the
+        # release key names this exact query, post-processing (outputs, HAVING, ORDER BY,
+        # LIMIT) and display settings included. Queries that differ only in post-processing
+        # share one charge.
+        keys = CacheKeys.of(plan_hash=plan.plan_hash, noise_signature=_noise_signature(plan),
+                            data_version=version, mechanism=mech, budget=resolved,
+                            post_processing=post_processing_settings(policy))
         display = [o.label or o.name for o in plan.outputs if not o.hidden]
 
-        with self._flight(noise_key):
-            hit = self.release_store.find(key) or self.release_store.find(noise_key)
+        with self.release_cache.flight(keys) as flight:
+            hit = flight.lookup()
             if hit is not None:
-                return self._serve(hit, policy, plan, key, display)
+                return self._serve(hit, policy, plan, keys.release, display)
             # Calibrate and bind the rewrite before charging (reads no data): a query
             # DuckDB refuses whatever the data costs nothing.
             cal, _ = self._calibrate(policy, plan, mech, resolved)
             self.engine.check(bounded_sql(plan, policy, salt=0))
-            # A key whose charged computation failed in this process is charged afresh
-            # (the failed charge stays; nothing is refunded) instead of waiting for it.
-            release_key = (noise_key if noise_key not in self._failed
-                           else f"{noise_key}:retry:{uuid.uuid4().hex}")
-            receipt = self.ledger.charge(
-                policy.population, consumer, cal.cost,
-                purpose=f"query on {dataset}: {plan.canonical_sql}"[:500],
-                release_key=release_key,
-                metadata={"dataset": dataset, "plan_hash": plan.plan_hash, "data_version": version},
+
+            def charge(release_key: str):
+                """Charge this query's cost under the attempt's single-flight key.
+
+                None when every primitive is a constant (sensitivity 0): the release is
+                exact and costs nothing, so nothing is written to the ledger.
+                """
+                if cal.exact:
+                    return None
+                return self.ledger.charge(
+                    policy.population, consumer, cal.cost,
+                    purpose=f"query on {dataset}: {plan.canonical_sql}"[:500],
+                    release_key=release_key,
+                    metadata={"dataset": dataset, "plan_hash": plan.plan_hash, "data_version": version},
+                )
+
+            # ---- once charged, nothing refunds the charge (a failed attempt stays charged) ----
+            release, fresh = flight.run(
+                charge=charge,
+                compute=lambda receipt: self._compute(policy, plan, cal, resolved, receipt, keys.noise, version),
             )
-            if receipt.duplicate:  # another process charged these primitives: wait for its release
-                return self._serve(self._await_release(noise_key), policy, plan, key, display)
-            # ---- the charge is written; from here on nothing refunds it ----
-            try:
-                release = self._compute(policy, plan, cal, resolved, receipt, noise_key, version)
-                stored = self.release_store.put(release)
-            except BaseException:
-                self._failed.add(noise_key)
-                raise
-            self._failed.discard(noise_key)
-            if stored.release_id != release.release_id:  # lost a race to another process
-                return self._serve(stored, policy, plan, key, display)
-            return stored.to_dict(cached=False)
+        if fresh:
+            return release.to_dict(cached=False)
+        return self._serve(release, policy, plan, keys.release, display)
 
     def _serve(self, hit: Release, policy: DatasetPolicy, plan: QueryPlan, key: str,
                display: list[str]) -> dict[str, Any]:
         """Serve a stored release for ``plan`` at no cost.
 
-        The same query (same plan hash) gets the stored release under this request's
-        column labels. A query that differs only in post-processing gets a new release
-        derived from the stored noisy primitives (post-processing: free, Dwork & Roth
+        The same query (same plan hash) under the same display settings gets the stored
+        release under this request's column labels. A query that differs in
+        post-processing — outputs, HAVING, ORDER BY, LIMIT, or the policy's display
+        settings since the release was made — gets a new release derived from the stored
+        noisy primitives with the rules in force now (post-processing: free, Dwork & Roth
         2014 Prop. 2.1), stored under its own key and pointing at the release it was
         derived from.
         """
-        if hit.plan_hash == plan.plan_hash:
+        settings = post_processing_settings(policy)
+        same = hit.plan_hash == plan.plan_hash and hit.post_processing == settings
+        if same or hit.noisy is None:
             return _rename(hit.to_dict(cached=True), display)
-        noisy = hit.body["noisy"]
+        noisy = hit.noisy
         ids = {_primitive_sig(p): p.id for p in plan.primitives}
-        keys = {c: _array(v) for c, v in noisy["keys"].items()}
-        values = {ids[s]: _array(v) for s, v in noisy["values"].items()}
-        scales = {ids[s]: float(v) for s, v in noisy["scales"].items()}
-        halfwidths = {ids[s]: float(v) for s, v in noisy["halfwidths"].items()}
-        table = finalize(plan, policy, keys, values, scales, halfwidths, mechanism=hit.body["mechanism"])
+        keys = {c: _array(v) for c, v in noisy.keys.items()}
+        values = {ids[s]: _array(v) for s, v in noisy.values.items()}
+        scales = {ids[s]: float(v) for s, v in noisy.scales.items()}
+        halfwidths = {ids[s]: float(v) for s, v in noisy.halfwidths.items()}
+        table = finalize(plan, policy, keys, values, scales, halfwidths, mechanism=hit.document["mechanism"])
         labels = [o.label or o.name for o in plan.outputs if not o.hidden]
-        body = dict(hit.body)
-        release_id = "rel_" + uuid.uuid4().hex[:24]
-        created = _now()
-        body.update({
+        doc = dict(hit.document)
+        release_id, created = new_release_id(), now()
+        doc.update({
             "release_id": release_id,
             "columns": labels,
             "rows": [list(r) for r in table.rows],
@@ -485,21 +549,12 @@ class Gateway:
             "plan_hash": plan.plan_hash,
             "canonical_sql": plan.canonical_sql,
             "noise_scales": scales,
+            "post_processing": settings,
             "derived_from": hit.release_id,
         })
-        stored = self.release_store.put(Release(release_id, key, policy.name, plan.plan_hash, created, body))
+        derived = Release(release_id, key, policy.name, plan.plan_hash, created, doc, noisy)
+        stored = self.release_store.put(derived)
         return _rename(stored.to_dict(cached=True), display)
-
-    def _await_release(self, key: str) -> Release:
-        deadline = time.monotonic() + PENDING_RELEASE_WAIT_S
-        while time.monotonic() < deadline:
-            hit = self.release_store.find(key)
-            if hit is not None:
-                return hit
-            time.sleep(0.05)
-        raise Conflict("an identical query was charged by another process but its release is not"
-                       " stored (it may have failed); retry with a different budget",
-                       {"cache_key": key})
 
     def _compute(self, policy: DatasetPolicy, plan: QueryPlan, cal, resolved: Mapping[str, Any],
                  receipt, key: str, version: str) -> Release:
@@ -510,18 +565,18 @@ class Gateway:
             raise
         except Exception as exc:  # noqa: BLE001 - no data in the message
             raise ExecutionError("executing the bounded query failed; the charge stays",
-                                 {"charge_id": receipt.charge_id}) from exc
+                                 {"charge_id": receipt and receipt.charge_id}) from exc
         del salt
         keys = {k: values[k] for k in plan.group_by}
         noisy = sample(cal, {p.id: values[p.id] for p in plan.primitives})
         halfwidths = {pid: ci95_halfwidth(cal.mechanism, s) for pid, s in cal.scales.items()}
         sig = {p.id: _primitive_sig(p) for p in plan.primitives}
         table = finalize(plan, policy, keys, noisy, cal.scales, halfwidths, mechanism=cal.mechanism)
-        delta = policy.budget.delta
         table_policy = policy.table(plan.table)
-        release_id = "rel_" + uuid.uuid4().hex[:24]
-        created = _now()
-        body = {
+        cap = receipt.cap.public() if getattr(receipt, "cap", None) is not None \
+            else {"epsilon": policy.budget.epsilon, "delta": policy.budget.delta}
+        release_id, created = new_release_id(), now()
+        document = {
             "release_id": release_id,
             "dataset": policy.name,
             "table": plan.table,
@@ -529,11 +584,11 @@ class Gateway:
             "rows": [list(r) for r in table.rows],
             "accuracy": _relabel(table.accuracy, list(table.columns),
                                  [o.label or o.name for o in plan.outputs if not o.hidden]),
-            "charge": {
+            "charge": None if receipt is None else {
                 "charge_id": receipt.charge_id,
                 "rho": receipt.rho,
                 "epsilon_at_delta": receipt.epsilon_at_delta,
-                "delta": delta,
+                "delta": receipt.delta,
                 "consumer": receipt.consumer,
             },
             "cached": False,
@@ -553,21 +608,23 @@ class Gateway:
                     for c, col in table_policy.columns.items() if col.bounded
                 },
             },
-            # the noisy primitives themselves (DP outputs), so that queries differing only
-            # in post-processing are answered from them for free; not served to clients
-            "noisy": {
-                "keys": {c: np.asarray(v).tolist() for c, v in keys.items()},
-                "values": {sig[pid]: [int(x) for x in np.asarray(v).tolist()] for pid, v in noisy.items()},
-                "scales": {sig[pid]: float(s) for pid, s in cal.scales.items()},
-                "halfwidths": {sig[pid]: float(h) for pid, h in halfwidths.items()},
-            },
+            "post_processing": post_processing_settings(policy),
+            # the published guarantee: the cap the ledger enforced when it charged this release
             "guarantee": {
                 "population": policy.population,
                 "privacy_unit": table_policy.privacy_unit or "record",
-                "cap": {"epsilon": policy.budget.epsilon, "delta": delta},
+                "cap": cap,
             },
         }
-        return Release(release_id, key, policy.name, plan.plan_hash, created, body)
+        # the noisy primitives themselves (DP outputs), so that queries differing only in
+        # post-processing are answered from them for free; stored, never served
+        primitives = NoisyPrimitives(
+            keys={c: np.asarray(v).tolist() for c, v in keys.items()},
+            values={sig[pid]: [int(x) for x in np.asarray(v).tolist()] for pid, v in noisy.items()},
+            scales={sig[pid]: float(s) for pid, s in cal.scales.items()},
+            halfwidths={sig[pid]: float(h) for pid, h in halfwidths.items()},
+        )
+        return Release(release_id, key, policy.name, plan.plan_hash, created, document, primitives)
 
     # ----------------------------------------------------------------- releases
 
@@ -588,25 +645,42 @@ class Gateway:
                         purpose: str, actor: str) -> dict[str, Any]:
         """Charge a cost computed by an external accountant (e.g. a DP-SGD run).
 
+        A curve may be given on the caller's own order grid (the orders its accountant
+        used): it is mapped onto the ledger's grid conservatively by
+        :func:`dpgate.accounting.curve_on_grid` (Rényi divergence is non-decreasing in its
+        order, so each ledger order takes the value at the next caller order above it; no
+        claim above the caller's largest order). The filter checks only the orders up to
+        the population's α_cap (:meth:`ledger_orders`), so a curve that explodes at high
+        orders, like DP-SGD's, fits if the cap's guarantee allows it. The caller's own
+        orders and curve are kept in the charge's metadata.
+
         Args:
             population, consumer: who pays.
             curve: RDP ε(α) at ``orders`` (default: the ledger's
-                :data:`~dpgate.accounting.ORDERS`; any other grid is refused) for
-                ``kind = "rdp"``.
+                :data:`~dpgate.accounting.ORDERS`) for ``kind = "rdp"``; total for this charge.
+            orders: the caller's ascending orders α > 1 (``inf`` allowed), or None.
             rho: total ρ for ``kind = "zcdp"`` or ``"gaussian"`` (continuous Gaussian).
             purpose, actor: recorded with the charge.
         Raises:
-            InvalidBudget: malformed cost. UnknownPopulation / UnknownConsumer.
-            BudgetExhausted: it does not fit (nothing written).
+            InvalidBudget: malformed cost, or no claim at an order the cap checks.
+            UnknownPopulation / UnknownConsumer.
+            BudgetExhausted: it does not fit (nothing written); the message names the order
+                that failed and by how much.
         """
         if population not in self.ledger.populations():
             raise UnknownPopulation(f"unknown population {population!r}", {"population": population})
+        metadata: dict[str, Any] = {"actor": actor, "external": True}
         try:
             if kind == "rdp":
                 if curve is None:
                     raise ValueError("curve is required for kind 'rdp'")
-                grid = tuple(float(a) for a in orders) if orders is not None else accounting.ORDERS
-                cost = accounting.Cost.rdp(list(curve), orders=grid)
+                if orders is None or tuple(float(a) for a in orders) == accounting.ORDERS:
+                    cost = accounting.Cost.rdp(list(curve))
+                else:
+                    cost = accounting.Cost.rdp_on_orders(list(curve), [float(a) for a in orders])
+                    enc = lambda v: "inf" if math.isinf(v) else float(v)  # noqa: E731
+                    metadata["caller_orders"] = [enc(a) for a in orders]
+                    metadata["caller_curve"] = [enc(v) for v in curve]
             elif kind in ("zcdp", "gaussian"):
                 if rho is None:
                     raise ValueError(f"rho is required for kind {kind!r}")
@@ -615,8 +689,7 @@ class Gateway:
                 raise ValueError("kind must be 'rdp', 'zcdp' or 'gaussian'")
         except ValueError as exc:
             raise InvalidBudget(str(exc), {"kind": kind}) from None
-        receipt = self.ledger.charge(population, consumer, cost, purpose=purpose,
-                                     metadata={"actor": actor, "external": True})
+        receipt = self.ledger.charge(population, consumer, cost, purpose=purpose, metadata=metadata)
         return receipt.to_dict()
 
     def ledger_entries(self, population: str | None = None, *, limit: int | None = None) -> list[dict[str, Any]]:
@@ -628,29 +701,147 @@ class Gateway:
         return self.ledger.events(population)
 
     def set_cap(self, population: str, *, epsilon: float, delta: float, actor: str, reason: str) -> dict[str, Any]:
-        """Record a cap change as a governance event (never an edit); returns the event."""
+        """Record a cap change as a governance event (never an edit). It stays: the ledger owns
+        the cap, and no restart or CLI command puts the policy file's value back.
+
+        Returns:
+            :meth:`Ledger.set_cap`'s answer: the event, and whether the cap is now exhausted
+            (``exhausted``, ``over_by`` when lowered below what was spent).
+        Raises:
+            UnknownPopulation, InvalidBudget, InvalidRequest.
+        """
         if population not in self.ledger.populations():
             raise UnknownPopulation(f"unknown population {population!r}", {"population": population})
         return self.ledger.set_cap(population, epsilon=epsilon, delta=delta, actor=actor, reason=reason)
 
+    def ledger_orders(self) -> dict[str, Any]:
+        """The ledger's RDP order grid and, per population, the orders its filter checks.
 
-def open_release_store(ledger: Ledger) -> ReleaseStore:
-    """The release store living in the same backend as ``ledger``."""
-    if hasattr(ledger, "release_store"):
-        return ledger.release_store()
-    connect = getattr(ledger, "connect", None)
-    if connect is None:
-        raise ExecutionError("this ledger backend has no release store")
-    return SqliteReleaseStore(connect)
+        Returns:
+            ``{orders: [...], populations: {name: {alpha_cap, rule, checked_orders, rho_cap,
+            epsilon, delta, selection_delta}}}`` (the order ∞ as ``"inf"``). External
+            accountants should give ε(α) at least at every order up to α_cap; curves on
+            other grids are mapped conservatively.
+        """
+        pops: dict[str, Any] = {}
+        for name in self.ledger.populations():
+            cap = self.ledger.cap(name)
+            pops[name] = {**cap.public(), "checked_orders": list(cap.checked_orders)}
+        return {"orders": ["inf" if math.isinf(a) else a for a in accounting.ORDERS],
+                "finite_orders": list(FINITE_ORDERS), "populations": pops}
+
+
+def post_processing_settings(policy: DatasetPolicy) -> dict[str, Any]:
+    """The policy's display settings — every budget-policy field that is post-processing
+    (``suppress_ci95_above``, ``clamp_counts``, …), i.e. not the cap or a per-query default.
+
+    They are part of each release key and recorded in each release (``post_processing``),
+    so that a change applies to the identical query and a reordered one alike.
+    """
+    budget = policy.budget
+    if dataclasses.is_dataclass(budget):
+        return {f.name: getattr(budget, f.name) for f in dataclasses.fields(budget)
+                if f.name not in _NOT_POST_PROCESSING}
+    return {}  # pragma: no cover - policies are dataclasses
+
+
+def population_policies(policies: Mapping[str, DatasetPolicy]) -> dict[str, DatasetPolicy]:
+    """One policy per population (the policy loader already checks that datasets of one
+    population state the same cap and allocations)."""
+    out: dict[str, DatasetPolicy] = {}
+    for name in sorted(policies):
+        out.setdefault(policies[name].population, policies[name])
+    return out
+
+
+def _cap_arguments(policy: DatasetPolicy) -> dict[str, Any]:
+    """The ledger arguments of a policy file's cap and allocations."""
+    args: dict[str, Any] = {"epsilon": policy.budget.epsilon, "delta": policy.budget.delta,
+                            "allocations": dict(policy.allocations)}
+    selection = getattr(policy.budget, "selection_delta", None)
+    if selection is not None:
+        args["selection_delta"] = selection
+    return args
+
+
+def ensure_populations(ledger: Ledger, policies: Mapping[str, DatasetPolicy]) -> dict[str, PolicyDrift]:
+    """Create every population the policies name that the ledger lacks, and report drift.
+
+    Never changes an existing population (the ledger owns its cap and allocations).
+
+    Returns:
+        population → :class:`~dpgate.ledger.base.PolicyDrift`.
+    Raises:
+        PolicyError: a policy's cap or allocations are invalid. LedgerError: store failure.
+    """
+    return {pop: ledger.ensure_population(pop, **_cap_arguments(policy), reason=f"policy file {policy.path}"
+                                          if getattr(policy, "path", None) else "policy file")
+            for pop, policy in population_policies(policies).items()}
+
+
+def apply_policies(ledger: Ledger, policies: Mapping[str, DatasetPolicy], *, actor: str, reason: str,
+                   population: str | None = None) -> list[dict[str, Any]]:
+    """Adopt the policy files' caps and allocations as governance events (``dpgate caps apply``).
+
+    Args:
+        ledger: the ledger.
+        policies: dataset → policy.
+        actor, reason: recorded with every event.
+        population: only this population (None: every population the policies name).
+
+    Returns:
+        One :meth:`Ledger.apply_policy` answer per population (populations the ledger lacks
+        are created first, from the same values).
+    Raises:
+        UnknownPopulation: ``population`` is named by no policy. PolicyError, InvalidRequest,
+        LedgerError.
+    """
+    chosen = population_policies(policies)
+    if population is not None:
+        if population not in chosen:
+            raise UnknownPopulation(f"no policy file names population {population!r}",
+                                    {"population": population, "populations": sorted(chosen)})
+        chosen = {population: chosen[population]}
+    out = []
+    for pop, policy in chosen.items():
+        ledger.ensure_population(pop, **_cap_arguments(policy), reason=f"policy file {policy.path}")
+        out.append(ledger.apply_policy(pop, **_cap_arguments(policy), actor=actor, reason=reason))
+    return out
+
+
+def check_representable(plan: QueryPlan, policy: DatasetPolicy) -> None:
+    """Refuse, before the charge, a query that some data could make overflow (issue 9 item 1).
+
+    Reads only the plan and the policy. Every primitive's per-unit, per-group bound
+    (:func:`dpgate.sensitivity.primitive_linf`, integer units) must be at most 2^62
+    (:data:`dpgate.limits.MAX_STEPS`): then no partial, group sum or rescaling in the
+    bounded query can leave DuckDB's 128-bit integers on any data (the argument is in
+    :mod:`dpgate.limits`). The policy loader enforces it for sums (m·max|bound|/resolution);
+    what remains is the sum of squares of VAR/STDDEV, m·max(lower², upper²)/resolution².
+
+    Raises:
+        UnsupportedQuery: naming the aggregate, its bound and what to change.
+    """
+    table = policy.table(plan.table)
+    for p in plan.primitives:
+        linf = primitive_linf(p, policy, plan.table)
+        if linf > limits.MAX_STEPS:
+            what = ("its sum of squares (VAR/STDDEV), m·max(lower², upper²)/resolution²"
+                    if p.kind == "sum_squares" else f"its {p.kind.replace('_', ' ')}")
+            raise UnsupportedQuery(
+                f"one unit may add up to {linf:.3g} to {what} of column {p.column!r} per group, "
+                "more than 2^62: the exact aggregate could overflow on some data; coarsen the "
+                f"column's resolution, tighten its bounds or lower max_rows_per_unit "
+                f"(now {table.max_rows_per_unit})",
+                {"column": p.column, "primitive": p.kind, "bound": str(linf),
+                 "max": str(limits.MAX_STEPS)},
+            )
 
 
 def _output_unit(policy: DatasetPolicy, plan: QueryPlan, primitive_id: str) -> float:
     """Size of one integer unit of a primitive in output units (1 for counts)."""
     p = plan.primitive(primitive_id)
-    if p.kind in ("sum", "sum_squares"):
-        res = policy.table(plan.table).column(p.column).resolution or 1.0
-        return res if p.kind == "sum" else res * res
-    return 1.0
+    return output_unit(p.kind, policy.table(plan.table).column(p.column).resolution if p.column else None)
 
 
 def _primitive_sig(p) -> str:
@@ -678,23 +869,34 @@ def _array(values: list) -> np.ndarray:
     return arr if arr.dtype.kind in "iufb" else np.asarray(values, dtype=object)
 
 
-def _fingerprint_key(settings: Settings) -> bytes:
-    """The secret that keys published data fingerprints (``DPGATE_FINGERPRINT_KEY`` or a file).
+def fingerprint_key(settings: Settings, store: ReleaseStore) -> bytes:
+    """The secret that keys published data fingerprints.
 
     A plain hash of the source files would be a deterministic, noiseless function
     of the data: an adversary who knows every row but one could test candidates
     against it. Keyed with a secret (HMAC-SHA-256) the published version is
-    pseudorandom to anyone without the key. Replicas sharing a ledger should share
-    the key (set ``DPGATE_FINGERPRINT_KEY``) so that they share cached releases.
+    pseudorandom to anyone without the key. The key is ``DPGATE_FINGERPRINT_KEY``
+    if set; otherwise it lives in the release store, next to the ledger, so that
+    every replica sharing a (PostgreSQL) ledger shares it — and with it data
+    versions and cached releases. The first process to start stores a random key
+    (atomically: concurrent first starts all read the one stored); a key kept in
+    ``$DPGATE_HOME/fingerprint.key`` by earlier versions is adopted, so published
+    versions do not change.
+
+    Raises:
+        LedgerError: the store cannot be read or written.
     """
     if settings.fingerprint_key:
         return settings.fingerprint_key.encode()
-    path = settings.home / "fingerprint.key"
-    if not path.exists():
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(secrets.token_hex(32))
-    return path.read_text().strip().encode()
+    legacy = settings.home / "fingerprint.key"
+    candidate = secrets.token_hex(32)
+    try:
+        text = legacy.read_text().strip()
+        if text:
+            candidate = text
+    except OSError:
+        pass
+    return store.shared_secret("fingerprint_key", candidate).encode()
 
 
 def _published_version(version: str, key: bytes) -> str:

@@ -25,8 +25,7 @@ class Settings(BaseSettings):
             (``DPGATE_LEDGER_URL``).
         host, port: bind address of ``dpgate serve``.
         keys_file: API keys file (hashes only); default ``$home/keys.json``.
-        query_timeout_s: per-query timeout in seconds, on every engine (DuckDB interrupt,
-            PostgreSQL ``statement_timeout``, Spark job interruption).
+        query_timeout_s: per-query DuckDB timeout in seconds.
         max_body_bytes: largest accepted HTTP request body (413 above).
         duckdb_memory_limit: DuckDB ``memory_limit`` (e.g. ``"4GB"``), or None.
         duckdb_threads: DuckDB ``threads``, or None for DuckDB's default.
@@ -39,25 +38,73 @@ class Settings(BaseSettings):
             (``DPGATE_SPARK_MASTER``; default ``local[*]``).
         fingerprint_key: secret keying the published data version when it is a
             fingerprint of the source files (``DPGATE_FINGERPRINT_KEY``; default:
-            a random key kept in ``$home/fingerprint.key``).
+            a random key created once in the shared release store, so replicas sharing a ledger share it).
     """
 
     model_config = SettingsConfigDict(env_prefix="DPGATE_", extra="ignore")
 
-    policies: Path = Path("./policies")
-    home: Path = Path("./.dpgate")
-    ledger_url: str | None = None
-    host: str = "127.0.0.1"
-    port: int = Field(default=8000, ge=1, le=65535)
-    keys_file: Path | None = None
-    query_timeout_s: float = Field(default=30.0, gt=0)
-    max_body_bytes: int = Field(default=64 * 1024, gt=0)
-    duckdb_memory_limit: str | None = None
-    duckdb_threads: int | None = Field(default=None, ge=1)
-    duckdb_load: Literal["auto", "memory", "in_place"] = "auto"
-    duckdb_in_place_above: int = Field(default=1_000_000_000, ge=0)
-    spark_master: str = "local[*]"
-    fingerprint_key: str | None = Field(default=None, repr=False)
+    policies: Path = Field(
+        default=Path("./policies"),
+        description="policies folder: one TOML file per dataset",
+        json_schema_extra={"flag": "--policies"},
+    )
+    home: Path = Field(
+        default=Path("./.dpgate"),
+        description="state folder: SQLite ledger and release store, API keys file",
+        json_schema_extra={"flag": "--home"},
+    )
+    ledger_url: str | None = Field(
+        default=None,
+        description="ledger and release store; `postgresql://…` for a ledger shared by replicas",
+        json_schema_extra={"flag": "--ledger-url", "default_text": "`sqlite:///$DPGATE_HOME/ledger.sqlite`"},
+    )
+    host: str = Field(default="127.0.0.1", description="bind address of `dpgate serve`",
+                      json_schema_extra={"flag": "--host"})
+    port: int = Field(default=8000, ge=1, le=65535, description="bind port of `dpgate serve`",
+                      json_schema_extra={"flag": "--port"})
+    keys_file: Path | None = Field(
+        default=None,
+        description="API keys file (SHA-256 digests only, mode 0600)",
+        json_schema_extra={"flag": "--keys-file", "default_text": "`$DPGATE_HOME/keys.json`"},
+    )
+    query_timeout_s: float = Field(
+        default=30.0, gt=0, description="per-query engine timeout, seconds (504 `query_timeout`; the charge stays)",
+        json_schema_extra={"flag": "--query-timeout"},
+    )
+    max_body_bytes: int = Field(
+        default=64 * 1024, gt=0, description="largest HTTP request body, bytes (413 `payload_too_large` above)",
+        json_schema_extra={"flag": "--max-body-bytes"},
+    )
+    duckdb_memory_limit: str | None = Field(
+        default=None, description="DuckDB `memory_limit`, e.g. `4GB`",
+        json_schema_extra={"flag": "--duckdb-memory-limit", "default_text": "DuckDB's default (80 % of RAM)"},
+    )
+    duckdb_threads: int | None = Field(
+        default=None, ge=1, description="DuckDB `threads`",
+        json_schema_extra={"flag": "--duckdb-threads", "default_text": "DuckDB's default (the cores)"},
+    )
+    duckdb_load: Literal["auto", "memory", "in_place"] = Field(
+        default="auto",
+        description="how DuckDB datasets without a `[dataset] load` read their files: `memory` (a copy), "
+        "`in_place` (views over the files) or `auto` (in place above the threshold below)",
+        json_schema_extra={"flag": "--duckdb-load"},
+    )
+    duckdb_in_place_above: int = Field(
+        default=1_000_000_000, ge=0,
+        description="`auto` load: a table whose source files total more bytes is queried in place",
+        json_schema_extra={"flag": "--duckdb-in-place-above"},
+    )
+    spark_master: str = Field(
+        default="local[*]", description="Spark master URL of datasets with `engine = \"spark\"`",
+        json_schema_extra={"flag": "--spark-master"},
+    )
+    fingerprint_key: str | None = Field(
+        default=None,
+        repr=False,
+        description="secret keying the published data version when it is a fingerprint of the source files; "
+        "replicas sharing a ledger should share it (environment only: a secret does not belong on a command line)",
+        json_schema_extra={"default_text": "random, created once in the release store (shared by replicas of one ledger)"},
+    )
 
     def resolved_ledger_url(self) -> str:
         """The ledger URL, defaulting to ``sqlite:///<home>/ledger.sqlite``."""
@@ -68,3 +115,32 @@ class Settings(BaseSettings):
     def resolved_keys_file(self) -> Path:
         """The API keys file, defaulting to ``<home>/keys.json``."""
         return self.keys_file if self.keys_file is not None else self.home / "keys.json"
+
+
+def setting_flag(name: str) -> str | None:
+    """The command-line flag of setting ``name`` (e.g. ``"--port"``), or None (environment only)."""
+    extra = Settings.model_fields[name].json_schema_extra
+    return extra.get("flag") if isinstance(extra, dict) else None  # type: ignore[return-value]
+
+
+def configuration_table() -> str:
+    """The README's configuration table (Markdown), generated from :class:`Settings`.
+
+    One row per setting: what it is, its ``DPGATE_*`` variable, its flag and its
+    default. A test checks that README.md contains exactly this table.
+    """
+    prefix = Settings.model_config.get("env_prefix", "")
+    rows = ["| setting | env | flag | default |", "|---|---|---|---|"]
+    for name, field in Settings.model_fields.items():
+        extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+        default = extra.get("default_text")
+        if default is None:
+            value = field.default
+            default = f"`{value}`" if not isinstance(value, Path) else f"`{value.as_posix()}`"
+            if isinstance(value, Path) and not value.is_absolute():
+                default = f"`./{value.as_posix()}`"
+        flag = extra.get("flag")
+        rows.append(
+            f"| {field.description or name} | `{prefix}{name.upper()}` | {f'`{flag}`' if flag else '—'} | {default} |"
+        )
+    return "\n".join(rows) + "\n"

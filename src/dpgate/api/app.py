@@ -83,8 +83,8 @@ def create_app(
         try:
             yield
         finally:
-            app.state.gateway = None
-            if owned:
+            if owned:  # an injected gateway stays served: it belongs to the caller
+                app.state.gateway = None
                 await anyio.to_thread.run_sync(opened.close)
 
     app = FastAPI(

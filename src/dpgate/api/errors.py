@@ -18,7 +18,6 @@ Every 4xx/5xx answer is ``{"error": {"code", "message", "details"}}``:
 from __future__ import annotations
 
 import logging
-import math
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -28,6 +27,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from dpgate.errors import DpgateError, InvalidRequest, PayloadTooLarge
+from dpgate.jsonsafe import json_safe
 
 log = logging.getLogger("dpgate.api")
 
@@ -43,20 +43,6 @@ _HTTP_STATUS_CODES = {
     415: "unsupported_media_type",
     429: "too_many_requests",
 }
-
-
-def json_safe(value: Any) -> Any:
-    """Replace non-finite floats by the strings ``"inf"``, ``"-inf"``, ``"nan"``, recursively.
-
-    (The ledger's reports use the same spelling.)
-    """
-    if isinstance(value, float) and not math.isfinite(value):
-        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    if isinstance(value, dict):
-        return {k: json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [json_safe(v) for v in value]
-    return value
 
 
 class SafeJSONResponse(JSONResponse):
@@ -99,8 +85,19 @@ def _validation_error(request: Request, exc: Exception) -> SafeJSONResponse:
             continue
         # never echo err["input"] or err["ctx"]: they carry the submitted values
         problems.append({"loc": _location(err.get("loc", ())), "type": kind, "message": str(err.get("msg", ""))})
+    body_problem = next((p for p in problems if p["loc"] == ["body"]), None)
+    content_type = request.headers.get("content-type", "")
+    is_json = content_type.split(";")[0].strip().lower().endswith(("/json", "+json"))
     if malformed:
         message = "the request body is not valid JSON"
+    elif body_problem is not None and not is_json:
+        sent = f"Content-Type {content_type.split(';')[0].strip()!r}" if content_type else "no Content-Type"
+        message = (f"the request body must be a JSON object sent with 'Content-Type: application/json' "
+                   f"(this request sent {sent}; with curl add -H 'Content-Type: application/json')")
+    elif body_problem is not None and body_problem["type"] == "missing":
+        message = "this endpoint needs a JSON object as the request body"
+    elif body_problem is not None and body_problem["type"] in ("model_attributes_type", "dict_type", "model_type"):
+        message = "the request body must be a JSON object ({...})"
     elif problems:
         where = ".".join(str(p) for p in problems[0]["loc"])
         message = f"invalid request: {where}: {problems[0]['message']}"

@@ -19,8 +19,8 @@ from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBea
 from dpgate import __version__
 from dpgate.api import schemas
 from dpgate.api.errors import json_safe
-from dpgate.auth import KeyStore, Permission, Principal, Role
-from dpgate.errors import Forbidden, Internal
+from dpgate.auth import KEY_PREFIX, KeyStore, Permission, Principal, Role
+from dpgate.errors import Forbidden, Internal, InvalidRequest, Unauthenticated
 from dpgate.service import Gateway, QueryBudget
 
 _bearer = HTTPBearer(auto_error=False, description="`Authorization: Bearer <API key>`")
@@ -59,10 +59,33 @@ def get_principal(
     """Authenticate the request's API key (bearer token first, then ``X-API-Key``).
 
     Raises:
-        Unauthenticated: no key, or a key that matches no active principal.
+        Unauthenticated: no key, a key that matches no principal, a revoked key, or
+            an ``Authorization`` header without the ``Bearer`` scheme (the message
+            says how to send it).
     """
     keys: KeyStore = request.app.state.keys
+    if bearer is None and api_key is None:
+        _check_authorization_scheme(request.headers.get("authorization"))
     return keys.authenticate(bearer.credentials if bearer is not None else api_key)
+
+
+def _check_authorization_scheme(header: str | None) -> None:
+    """Explain an ``Authorization`` header that is not ``Bearer <key>``."""
+    if header is None or not header.strip():
+        return
+    scheme, _, rest = header.strip().partition(" ")
+    if scheme.lower() == "bearer":
+        raise Unauthenticated("the Authorization header has no key after 'Bearer': send 'Authorization: Bearer <key>'")
+    if scheme.startswith(KEY_PREFIX) and not rest:
+        raise Unauthenticated(
+            "the Authorization header needs the Bearer scheme: send 'Authorization: Bearer <key>' "
+            "(or 'X-API-Key: <key>')"
+        )
+    raise Unauthenticated(
+        f"unsupported Authorization scheme {scheme[:20]!r}: send 'Authorization: Bearer <key>' "
+        "(or 'X-API-Key: <key>')",
+        {"scheme": scheme[:20]},
+    )
 
 
 def require(permission: Permission) -> Callable[..., Principal]:
@@ -85,9 +108,8 @@ GatewayDep = Annotated[Gateway, Depends(get_gateway)]
 
 
 def _budget(budget: schemas.BudgetRequest | None) -> QueryBudget | None:
-    if budget is None:
-        return None
-    return QueryBudget(rho=budget.rho, epsilon=budget.epsilon, ci95=budget.ci95)
+    """The request's budget through the one validator (InvalidBudget, as in the CLI)."""
+    return None if budget is None else budget.to_query_budget()
 
 
 def _consumer_of(principal: Principal) -> str:
@@ -229,18 +251,24 @@ def post_external_charge(
 ) -> dict[str, Any]:
     """Charge a cost computed by an external accountant to a population and consumer.
 
-    An admin may charge any consumer; a service key that names a consumer may
-    charge only that one. 409 ``budget_exhausted`` when it does not fit (nothing
-    is written).
+    The consumer comes from a service key (``consumer`` may be omitted; naming
+    another one is 403); an admin names the consumer in the body. 409
+    ``budget_exhausted`` when it does not fit (nothing is written).
     """
-    if principal.consumer is not None and principal.role is Role.SERVICE and body.consumer != principal.consumer:
-        raise Forbidden(
-            f"API key {principal.name!r} may charge only consumer {principal.consumer!r}",
-            {"key": principal.name, "consumer": body.consumer},
-        )
+    consumer = body.consumer
+    if principal.role is Role.SERVICE:
+        if consumer is not None and consumer != principal.consumer:
+            raise Forbidden(
+                f"API key {principal.name!r} may charge only consumer {principal.consumer!r}",
+                {"key": principal.name, "consumer": consumer},
+            )
+        consumer = principal.consumer
+    if not consumer:
+        raise InvalidRequest("name the consumer that pays: consumer is required with an admin key",
+                             {"field": "consumer"})
     receipt = gateway.charge_external(
         body.population,
-        body.consumer,
+        consumer,
         curve=body.curve,
         orders=body.orders,
         rho=body.rho,
@@ -249,6 +277,23 @@ def post_external_charge(
         actor=principal.name,
     )
     return json_safe(receipt)
+
+
+@v1.get(
+    "/ledger/orders",
+    response_model=schemas.LedgerOrders,
+    tags=["ledger"],
+    summary="The ledger's RDP order grid and the orders each population's cap checks (any role)",
+)
+def get_ledger_orders(
+    gateway: GatewayDep,
+    principal: Annotated[Principal, Depends(get_principal)],
+) -> dict[str, Any]:
+    """The RDP orders the ledger accounts at (``inf`` is the pure-ε order) and, per population,
+    α_cap: the filter checks ε(α) ≤ α·ρ_cap at the grid orders up to α_cap (the order whose
+    conversion proves the cap), and nothing above it. External accountants (DP-SGD) should report
+    their curve at least up to α_cap; a curve on their own grid is mapped conservatively."""
+    return json_safe(gateway.ledger_orders())
 
 
 @v1.get("/admin/ledger", response_model=schemas.LedgerView, tags=["admin"], summary="Ledger entries and governance events")

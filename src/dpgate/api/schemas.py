@@ -18,14 +18,20 @@ the noise on each released count/sum, in the column's units.
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, model_validator
+from pydantic_core import PydanticCustomError
+
+from dpgate.errors import did_you_mean
+from dpgate.service import QueryBudget
+
+from dpgate.policy import MECHANISMS
 
 #: Largest ρ or ε a request may name (anything near it is refused by any sane cap anyway).
-MAX_PRIVACY_PARAMETER = 1e4
+MAX_PRIVACY_PARAMETER = QueryBudget.MAX_RHO
 #: Largest ci95 half-width a request may name.
-MAX_CI95 = 1e15
+MAX_CI95 = QueryBudget.MAX_CI95
 #: Longest SQL text accepted.
 MAX_SQL_CHARS = 20_000
 #: Most RDP orders in an external curve.
@@ -52,9 +58,31 @@ CurveValue = Annotated[float, BeforeValidator(_infinity_from_text), Field(ge=0)]
 
 
 class RequestModel(BaseModel):
-    """Base of request bodies: strict types, unknown fields refused."""
+    """Base of request bodies: strict types, unknown fields refused.
+
+    An unknown field is refused with a message that names the fields the object
+    accepts and the closest one (``budjet`` → did you mean ``budget``?).
+    """
 
     model_config = ConfigDict(strict=True, extra="forbid")
+
+    #: Extra words for particular unknown fields (why the field does not exist).
+    field_hints: ClassVar[dict[str, str]] = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_fields(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            allowed = list(cls.model_fields)
+            unknown = [k for k in data if k not in cls.model_fields]
+            if unknown:
+                first = str(unknown[0])
+                hint = cls.field_hints.get(first) or did_you_mean(first, allowed).strip(" ()")
+                more = f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""
+                message = f"unknown field {first!r}{more}" + (f": {hint}" if hint else "")
+                message += f"; expected: {', '.join(allowed)}"
+                raise PydanticCustomError("extra_forbidden", "{message}", {"message": message})
+        return data
 
 
 class ResponseModel(BaseModel):
@@ -65,9 +93,17 @@ class ResponseModel(BaseModel):
 
 #: A number in a response; non-finite values are the strings "inf", "-inf" or "nan".
 Number = float | Literal["inf", "-inf", "nan"]
+#: The mechanisms a request may name (the one list: :data:`dpgate.policy.MECHANISMS`).
+MechanismChoice = Literal[tuple(MECHANISMS)]
 
 
 # --- requests --------------------------------------------------------------------------
+
+
+def _budget_field(maximum: float, what: str) -> Any:
+    """A budget number: typed here, validated by :class:`~dpgate.service.QueryBudget` (one
+    validator for HTTP and CLI); the limits are published in the OpenAPI schema."""
+    return Field(default=None, description=what, json_schema_extra={"exclusiveMinimum": 0, "maximum": maximum})
 
 
 class BudgetRequest(RequestModel):
@@ -81,18 +117,19 @@ class BudgetRequest(RequestModel):
       Steinke 2020, Cor. 13; Laplace: the release's pure ε.
     * ``ci95`` — the 95 % half-width wanted on each noisy count/sum, in output
       units; the gateway derives the noise scale and charges the implied cost.
+
+    Values are checked by :class:`dpgate.service.QueryBudget` (the CLI's
+    validator too): a value that is not a finite number in (0, max], or a budget
+    naming none or several, is 400 ``invalid_budget``.
     """
 
-    rho: PositiveParameter | None = None
-    epsilon: PositiveParameter | None = None
-    ci95: Annotated[float, Field(gt=0, le=MAX_CI95, allow_inf_nan=False)] | None = None
+    rho: float | None = _budget_field(QueryBudget.MAX_RHO, "zCDP ρ of this release")
+    epsilon: float | None = _budget_field(QueryBudget.MAX_EPSILON, "ε of this release at the cap's δ (pure ε for Laplace)")
+    ci95: float | None = _budget_field(QueryBudget.MAX_CI95, "95 % half-width wanted on each released cell")
 
-    @model_validator(mode="after")
-    def _exactly_one(self) -> "BudgetRequest":
-        named = [k for k in ("rho", "epsilon", "ci95") if getattr(self, k) is not None]
-        if len(named) != 1:
-            raise ValueError("budget must name exactly one of rho, epsilon, ci95")
-        return self
+    def to_query_budget(self) -> QueryBudget:
+        """The validated :class:`~dpgate.service.QueryBudget`; raises InvalidBudget."""
+        return QueryBudget.from_request({"rho": self.rho, "epsilon": self.epsilon, "ci95": self.ci95})
 
 
 class QueryRequest(RequestModel):
@@ -101,12 +138,16 @@ class QueryRequest(RequestModel):
     The consumer whose allocation pays is the API key's, never a field of the body.
     """
 
+    field_hints: ClassVar[dict[str, str]] = {
+        "consumer": "the consumer (allocation that pays) comes from the API key, never from the request",
+    }
+
     dataset: DatasetName
     sql: Annotated[str, StringConstraints(min_length=1, max_length=MAX_SQL_CHARS)]
     budget: BudgetRequest | None = Field(
         default=None, description="per-release budget; the dataset's default_query_rho when absent"
     )
-    mechanism: Literal["gaussian", "laplace"] | None = Field(
+    mechanism: MechanismChoice | None = Field(
         default=None, description="noise mechanism; the dataset's policy default when absent"
     )
 
@@ -115,14 +156,18 @@ class ExternalChargeRequest(RequestModel):
     """``POST /v1/ledger/charges``: charge a cost computed outside the gateway (e.g. DP-SGD).
 
     * ``kind = "rdp"``: ``curve`` is ε(α) at ``orders`` (default: the ledger's order
-      grid ``dpgate.accounting.ORDERS``; a curve on another grid is refused).
+      grid ``dpgate.accounting.ORDERS``; a curve on the caller's own grid is mapped onto
+      the ledger's conservatively: each ledger order takes the value at the next caller
+      order above it, see ``GET /v1/ledger/orders``).
     * ``kind = "gaussian"``: a composition of continuous Gaussian mechanisms of
       total zCDP ``rho`` (eligible for exact Gaussian-DP reporting).
     * ``kind = "zcdp"``: any ρ-zCDP mechanism.
     """
 
     population: Name
-    consumer: Name
+    consumer: Name | None = Field(
+        default=None, description="who pays: required with an admin key; a service key's own consumer otherwise"
+    )
     kind: Literal["rdp", "gaussian", "zcdp"] = "rdp"
     curve: Annotated[list[CurveValue], Field(min_length=1, max_length=MAX_CURVE_POINTS)] | None = None
     orders: Annotated[list[Order], Field(min_length=1, max_length=MAX_CURVE_POINTS)] | None = None
@@ -225,6 +270,7 @@ class Cap(ResponseModel):
     epsilon: Number
     delta: float
     rho: Number | None = None
+    alpha_cap: Number | None = Field(default=None, description="the Rényi order whose filter proves the cap")
 
 
 class ColumnInfo(ResponseModel):
@@ -266,6 +312,8 @@ class DatasetInfo(ResponseModel):
     cap: Cap
     allocations: dict[str, float]
     tables: dict[str, TableInfo]
+    policy_drift: dict[str, Any] | None = Field(
+        default=None, description="how the policy file differs from the ledger's cap and allocations, which hold")
 
 
 class DatasetList(ResponseModel):
@@ -282,9 +330,10 @@ class Amount(ResponseModel):
 
 
 class ConsumerSpend(ResponseModel):
-    """One allocation's spend (totals)."""
+    """One allocation's spend (totals). ``share`` is null for a consumer of a population
+    without ``[allocations]`` (any consumer may spend up to the whole cap)."""
 
-    share: float
+    share: float | None = Field(description="share of the cap's ρ; null: no allocations (the whole cap)")
     cap_rho: Number
     spent_rho: Number
     spent_epsilon: Number
@@ -324,10 +373,31 @@ class LedgerView(ResponseModel):
 
 
 class CapChangeResult(ResponseModel):
-    """The recorded governance event of a cap change: old and new cap, actor, reason."""
+    """The recorded governance event of a cap change: old and new cap, actor, reason, and where the
+    population now stands (``exhausted``; ``over_by`` when the cap is below what was spent)."""
 
     population: str
     actor: str
     reason: str
     old: dict[str, Any] | None = None
     new: dict[str, Any]
+    exhausted: bool | None = None
+    over_by: dict[str, Any] | None = None
+
+
+class PopulationOrders(ResponseModel):
+    """The orders one population's filter checks."""
+
+    alpha_cap: Number
+    rule: str = Field(description='"alpha_cap" (grid orders up to alpha_cap) or "legacy" (every order)')
+    checked_orders: list[Number]
+    epsilon: Number
+    delta: float
+    rho: Number
+
+
+class LedgerOrders(ResponseModel):
+    """``GET /v1/ledger/orders``: the ledger's RDP order grid and, per population, α_cap."""
+
+    orders: list[Number]
+    populations: dict[str, PopulationOrders]

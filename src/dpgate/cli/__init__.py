@@ -3,8 +3,11 @@
 Each sub-command lives in its own module of this package and exposes
 ``register(subparsers)``, which adds its parser and sets ``func(args, settings)
 -> int`` (the exit status). Commands print human-readable tables by default and
-JSON with ``--json``. A :class:`~dpgate.errors.DpgateError` is printed as the
-documented error shape on stderr and exits with status 2.
+JSON with ``--json``. A :class:`~dpgate.errors.DpgateError` is printed on stderr
+as one sentence (``dpgate: error: <message> [<code>]``), or with ``--json`` as
+the documented error shape ``{"error": {"code", "message", "details"}}``; the
+exit status comes from one table, :mod:`dpgate.cli.exits`. Output cut short by
+a closed pipe (``dpgate ledger show | head``) ends quietly.
 """
 
 from __future__ import annotations
@@ -12,13 +15,16 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 from typing import Sequence
 
+from dpgate.cli import exits
 from dpgate.errors import DpgateError
+from dpgate.jsonsafe import json_safe
 
 #: Sub-command modules, in help order. A module that is not present is skipped.
-COMMAND_MODULES = ("serve", "query", "explain", "budget", "ledger", "accounting", "keys", "demo",
+COMMAND_MODULES = ("serve", "query", "explain", "budget", "caps", "ledger", "accounting", "keys", "demo",
                    "datasets")
 
 
@@ -31,20 +37,38 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
 
 
 def settings_from_args(args: argparse.Namespace):
-    """Build :class:`~dpgate.settings.Settings`: flags override ``DPGATE_*`` variables and defaults."""
-    from dpgate.settings import Settings
+    """Build :class:`~dpgate.settings.Settings`: flags override ``DPGATE_*`` variables and defaults.
+
+    Every setting with a flag (``Settings`` field metadata) is taken from the
+    parsed arguments when the command has that flag and it was given.
+
+    Raises:
+        pydantic.ValidationError: a flag or variable has an invalid value.
+    """
+    from dpgate.settings import Settings, setting_flag
 
     overrides = {}
-    for flag in ("policies", "home", "ledger_url", "host", "port"):
-        value = getattr(args, flag, None)
+    for name in Settings.model_fields:
+        flag = setting_flag(name)
+        if flag is None:
+            continue
+        value = getattr(args, flag.lstrip("-").replace("-", "_"), None)
         if value is not None:
-            overrides[flag] = value
+            overrides[name] = value
     return Settings(**overrides)
 
 
 def print_json(obj) -> None:
-    """Print ``obj`` as indented JSON (non-finite floats as strings)."""
-    print(json.dumps(obj, indent=2, default=str))
+    """Print ``obj`` as indented JSON (non-finite floats as the strings "inf", "-inf", "nan")."""
+    print(json.dumps(json_safe(obj), indent=2, default=str))
+
+
+def print_error(error: DpgateError, *, as_json: bool = False) -> None:
+    """Print ``error`` on stderr: one sentence, or the documented JSON shape with ``as_json``."""
+    if as_json:
+        print(json.dumps(json_safe(error.to_dict()), indent=2, default=str), file=sys.stderr)
+    else:
+        print(f"dpgate: error: {error.message} [{error.code}]", file=sys.stderr)
 
 
 def print_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
@@ -75,18 +99,47 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _settings_error(exc: Exception) -> str:
+    """One sentence naming the settings that failed validation (no values echoed)."""
+    from dpgate.settings import Settings, setting_flag
+
+    names = []
+    for err in getattr(exc, "errors", lambda: [])():
+        field = str(err.get("loc", ("?",))[0])
+        flag = setting_flag(field) if field in Settings.model_fields else None
+        env = f"DPGATE_{field.upper()}"
+        names.append(f"{flag} / {env}: {err.get('msg', 'invalid')}" if flag else f"{env}: {err.get('msg', 'invalid')}")
+    return "invalid setting " + "; ".join(names or ["(unknown)"])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``dpgate`` console script; returns the exit status."""
+    """Entry point of the ``dpgate`` console script; returns the exit status (:mod:`dpgate.cli.exits`)."""
+    from pydantic import ValidationError
+
     parser = build_parser()
     args = parser.parse_args(argv)
+    as_json = bool(getattr(args, "json", False))
     try:
-        settings = settings_from_args(args)
-        return int(args.func(args, settings) or 0)
+        try:
+            settings = settings_from_args(args)
+        except ValidationError as exc:
+            print(f"dpgate: error: {_settings_error(exc)}", file=sys.stderr)
+            return exits.CONFIGURATION
+        status = int(args.func(args, settings) or 0)
+        sys.stdout.flush()
+        return status
     except DpgateError as exc:
-        print(json.dumps(exc.to_dict(), indent=2, default=str), file=sys.stderr)
-        return 2
+        print_error(exc, as_json=as_json)
+        return exits.exit_status(exc)
+    except BrokenPipeError:
+        # the reader went away (`dpgate ledger show | head`): stop quietly, as Unix tools do
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except OSError:
+            pass
+        return exits.BROKEN_PIPE
     except KeyboardInterrupt:
-        return 130
+        return exits.INTERRUPTED
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,4 +1,9 @@
-"""``dpgate budget NAME``: a dataset's population spend against its cap, per allocation."""
+"""``dpgate budget NAME``: a dataset's population spend against its cap, per allocation.
+
+The cap shown is the one the ledger enforces; if the policy file states other values, a
+warning says so (the ledger's hold until ``dpgate caps apply``). Nothing is written,
+except that a population no ledger has yet is created from its policy file.
+"""
 
 from __future__ import annotations
 
@@ -16,14 +21,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def print_report(report: dict) -> None:
-    """Print a spend report (ρ and ε at the cap's δ) as a table."""
+    """Print a spend report (ρ and ε at the cap's δ) as a table, after any policy-drift warning."""
+    drift = report.get("policy_drift") or {}
+    if drift.get("message"):
+        print(f"warning: {drift['message']}")
     cap = report["cap"]
     print(f"population {report['population']}: cap ε = {cap['epsilon']:g}, δ = {cap['delta']:g} "
           f"(enforced as ρ = {cap['rho']:.6g}); {report['charges']} charges")
     rows = [["(all)", "1", f"{cap['rho']:.6g}", f"{report['spent']['rho']:.6g}",
              f"{report['spent']['epsilon']:.4g}", f"{report['remaining']['rho']:.6g}", report["charges"]]]
     for name, c in sorted(report.get("consumers", {}).items()):
-        rows.append([name, f"{c['share']:g}", f"{c['cap_rho']:.6g}", f"{c['spent_rho']:.6g}",
+        rows.append([name, "any" if c["share"] is None else f"{c['share']:g}", f"{c['cap_rho']:.6g}", f"{c['spent_rho']:.6g}",
                      f"{c['spent_epsilon']:.4g}", f"{c['remaining_rho']:.6g}", c["charges"]])
     print_table(["allocation", "share", "cap ρ", "spent ρ", "spent ε", "remaining ρ", "charges"], rows)
 
@@ -33,20 +41,21 @@ def run(args: argparse.Namespace, settings) -> int:
     from dpgate.ledger import open_ledger
     from dpgate.policy import load_policies
     from dpgate.errors import UnknownDataset
+    from dpgate.service import ensure_populations
 
     policies = load_policies(settings.policies)
     if args.dataset not in policies:
-        raise UnknownDataset(f"unknown dataset {args.dataset!r}", {"dataset": args.dataset})
+        raise UnknownDataset.named(args.dataset, policies)
     policy = policies[args.dataset]
     settings.home.mkdir(parents=True, exist_ok=True)
     ledger = open_ledger(settings.resolved_ledger_url())
     try:
-        ledger.ensure_population(policy.population, epsilon=policy.budget.epsilon,
-                                 delta=policy.budget.delta, allocations=dict(policy.allocations))
+        drift = ensure_populations(ledger, {args.dataset: policy})[policy.population]
         report = ledger.spend(policy.population).to_dict()
     finally:
         ledger.close()
     report["dataset"] = args.dataset
+    report["policy_drift"] = drift.to_dict()
     if args.json:
         print_json(report)
     else:

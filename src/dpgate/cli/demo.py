@@ -1,4 +1,10 @@
-"""``dpgate demo``: build the sample data if missing, run a few queries, show the spend."""
+"""``dpgate demo``: build the sample data if missing, run a few queries, show the spend.
+
+The demo keeps its own state (ledger and release store) in ``$DPGATE_HOME/demo``:
+it never spends the budget of the gateway you run with ``dpgate serve``, and a
+second run is served from its release store at no cost, so it can be run any
+number of times.
+"""
 
 from __future__ import annotations
 
@@ -26,15 +32,38 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+#: Sub-folder of the state folder that holds the demo's own ledger and releases.
+DEMO_STATE = "demo"
+
+
+def demo_settings(settings):
+    """``settings`` with the demo's own state: ``$home/demo`` and its SQLite ledger."""
+    return settings.model_copy(update={"home": Path(settings.home) / DEMO_STATE, "ledger_url": None})
+
+
 def run(args: argparse.Namespace, settings) -> int:
-    """Run the demo against the configured policies (default ``./policies``)."""
+    """Run the demo against the configured policies (default ``./policies``), in its own state."""
     from dpgate.cli.budget import print_report
     from dpgate.cli.query import format_release
+    from dpgate.errors import PolicyError
+    from dpgate.policy import load_policies
     from dpgate.sample_data import ensure_sample_data
     from dpgate.service import Gateway, QueryBudget
 
+    policies = load_policies(Path(settings.policies))
+    usage = policies.get("usage")
+    if usage is None or not {"analysts", "dashboard"} <= set(usage.allocations):
+        raise PolicyError(
+            f"the demo runs on the quickstart dataset 'usage' (allocations 'dashboard' and 'analysts'), "
+            f"which the policies folder {settings.policies} does not declare; run it from the repository "
+            "root or pass --policies path/to/dpgate/policies",
+            {"policies": str(settings.policies)},
+        )
     root = Path(settings.policies).resolve().parent
     ensure_sample_data(root)
+    settings = demo_settings(settings)
+    if not args.json:
+        print(f"demo state: {settings.home} (its own ledger; the gateway's budget is not spent)")
     out = []
     with Gateway.open(settings, progress=None if args.json else print) as gw:
         for consumer, sql, budget in DEMO_QUERIES:

@@ -2,8 +2,9 @@
 
 Prints the canonical SQL, plan hash, released columns, contribution bounds, the
 noisy primitives with their sensitivities and the bounded SQL template (salt
-hidden); or the refusal as the documented error shape (exit status 2). Reads no
-data and charges nothing.
+hidden); or the refusal as one sentence (the documented error shape with
+``--json``; exit status from :mod:`dpgate.cli.exits`). Reads no data and
+charges nothing.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def run(args: argparse.Namespace, settings) -> int:
     """Explain ``args.sql`` on ``args.dataset`` with the policies of ``settings.policies``.
 
     Returns:
-        0 (a refusal raises a DpgateError, which ``dpgate.cli.main`` prints; exit 2).
+        0 (a refusal raises a DpgateError, which ``dpgate.cli.main`` prints).
 
     Raises:
         PolicyError: the policies folder is invalid.
@@ -43,10 +44,7 @@ def run(args: argparse.Namespace, settings) -> int:
     policies = load_policies(settings.policies)
     policy = policies.get(args.dataset)
     if policy is None:
-        raise UnknownDataset(
-            f"no policy declares dataset {args.dataset!r}",
-            {"dataset": args.dataset, "datasets": sorted(policies)},
-        )
+        raise UnknownDataset.named(args.dataset, policies)
     result = explain_query(args.sql, policy)
     if args.json:
         print_json(result)

@@ -18,11 +18,37 @@ def _store(args: argparse.Namespace, settings) -> KeyStore:
     return KeyStore(path)
 
 
+def known_consumers(policies: Path) -> set[str] | None:
+    """The consumers the policies in ``policies`` allocate budget to.
+
+    None when some policy has no ``[allocations]`` (its population is open to any
+    consumer). Raises PolicyError when the folder is missing or a policy is invalid.
+    """
+    from dpgate.errors import PolicyError
+    from dpgate.policy import load_policies
+
+    if not Path(policies).is_dir():
+        raise PolicyError(
+            f"cannot check --consumer: policies folder {str(policies)!r} does not exist; pass --policies DIR "
+            "(or --no-consumer-check for a key made before its policy)",
+            {"policies": str(policies)},
+        )
+    names: set[str] = set()
+    for policy in load_policies(policies).values():
+        if not policy.allocations:
+            return None
+        names.update(policy.allocations)
+    return names
+
+
 def _add(args: argparse.Namespace, settings) -> int:
     from dpgate.cli import print_json
 
     store = _store(args, settings)
-    key, record = store.add(args.name, role=args.role, consumer=args.consumer)
+    known = None
+    if args.consumer is not None and not args.no_consumer_check:
+        known = known_consumers(Path(settings.policies))
+    key, record = store.add(args.name, role=args.role, consumer=args.consumer, known_consumers=known)
     if args.json:
         print_json({**record.public_dict(), "key": key, "keys_file": str(store.path)})
     else:
@@ -84,7 +110,11 @@ def register(subparsers) -> None:
     add = sub.add_parser("add", help="create a key and print it once")
     add.add_argument("name", help="unique name of the key (the actor in governance events)")
     add.add_argument("--role", required=True, choices=[r.value for r in Role])
-    add.add_argument("--consumer", help="allocation the key spends (required for analyst and service keys)")
+    add.add_argument("--consumer", help="allocation the key spends (required for analyst and service keys); "
+                     "checked against the policies' [allocations]")
+    add.add_argument("--policies", help="policies folder to check --consumer against (DPGATE_POLICIES, default ./policies)")
+    add.add_argument("--no-consumer-check", action="store_true",
+                     help="do not check --consumer against the policies (e.g. keys made before the policy)")
     common(add)
     add.set_defaults(func=_add)
 

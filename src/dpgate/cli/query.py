@@ -2,6 +2,10 @@
 
 Runs one query in-process (no HTTP): charges the consumer's allocation, prints
 the released table with ± 95 % intervals, the charge and the remaining budget.
+With ``--json`` it prints the release document exactly as ``POST /v1/queries``
+answers it (``dpgate budget NAME --json`` gives the spend). The budget flags go
+through the same validator as the HTTP API's ``budget``
+(:class:`dpgate.service.QueryBudget`).
 """
 
 from __future__ import annotations
@@ -9,6 +13,7 @@ from __future__ import annotations
 import argparse
 
 from dpgate.cli import add_common_options, print_json, print_table
+from dpgate.policy import MECHANISMS
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -21,7 +26,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--rho", type=float, help="zCDP ρ of this release (total over its primitives)")
     g.add_argument("--epsilon", type=float, help="standalone ε of this release at the cap's δ")
     g.add_argument("--ci95", type=float, help="target 95%% half-width per noisy primitive")
-    p.add_argument("--mechanism", choices=("gaussian", "laplace"))
+    p.add_argument("--mechanism", choices=tuple(MECHANISMS))
     add_common_options(p)
     p.set_defaults(func=run)
 
@@ -55,9 +60,9 @@ def run(args: argparse.Namespace, settings) -> int:
     with Gateway.open(settings, progress=None if args.json else print) as gw:
         release = gw.query(args.dataset, args.sql, consumer=args.consumer, budget=budget,
                            mechanism=args.mechanism)
-        report = gw.budget(args.dataset)
+        report = None if args.json else gw.budget(args.dataset)
     if args.json:
-        print_json({"release": release, "budget": report})
+        print_json(release)  # the same document as the HTTP API's answer
         return 0
     format_release(release)
     charge = release.get("charge")

@@ -3,27 +3,34 @@
 Settings come from flags, then ``DPGATE_*`` variables, then defaults. Before
 serving, the command
 
-1. generates the quickstart's sample data if a policy in the policies folder
+1. binds the address (a port already in use fails at once, with one line and
+   exit status 7, before any data is loaded);
+2. generates the quickstart's sample data if a policy in the policies folder
    reads from ``sample_data/usage/`` and the files are missing (so ``dpgate
    serve`` works on a fresh checkout);
-2. with ``--demo-keys``, creates an analyst, a dashboard and an admin key when
-   the keys file holds no active key, and prints them once;
-3. opens the gateway (policies, data, ledger, release store), printing progress,
+3. reads the API keys file (a malformed one fails here) and, with
+   ``--demo-keys``, creates an analyst, a dashboard and an admin key when the
+   keys file holds no active key, and prints them once;
+4. opens the gateway (policies, data, ledger, release store), printing progress,
    so that a bad policy fails here with a clear message rather than inside the
    server;
 
-then prints where it listens and serves until interrupted.
+then prints where it listens (the socket is bound and listening by then) and
+serves until interrupted.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import signal
+import socket
 import sys
 import tomllib
 from pathlib import Path
 
 from dpgate.auth import KeyStore, Role
+from dpgate.cli import exits
 
 #: Folder (relative to the project root) of the generated quickstart data.
 SAMPLE_PREFIX = "sample_data/usage/"
@@ -63,6 +70,61 @@ def ensure_quickstart_data(policies: Path) -> None:
 
     _say(f"sample data missing under {root / SAMPLE_PREFIX}; generating it (once)")
     ensure_sample_data(root, progress=_say)
+
+
+def example_query(policies: Path, consumer: str | None) -> tuple[str, str] | None:
+    """A query the demo analyst can run: ``(dataset, sql)`` on a dataset of ``policies``.
+
+    The quickstart's weekly count on ``usage`` when that dataset exists; otherwise
+    ``SELECT COUNT(*)`` on the first protected table of the first dataset whose
+    allocations include ``consumer`` (or that has none). None if there is none.
+    """
+    candidates = []
+    for doc in _policy_documents(policies):
+        dataset = (doc.get("dataset") or {}).get("name")
+        allocations = doc.get("allocations") or {}
+        tables = doc.get("tables") or {}
+        if not isinstance(dataset, str) or (allocations and consumer not in allocations):
+            continue
+        if dataset == "usage" and "prompts" in tables:
+            return dataset, ("SELECT region, COUNT(DISTINCT user_id) AS users FROM prompts "
+                             "WHERE week = 0 GROUP BY region")
+        for name, table in tables.items():
+            if isinstance(table, dict) and not table.get("public", False):
+                candidates.append((dataset, f"SELECT COUNT(*) AS n FROM {name}"))
+                break
+    return candidates[0] if candidates else None
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port``.
+
+    Raises:
+        OSError: the address cannot be bound (``errno.EADDRINUSE`` when taken).
+    """
+    family, kind, proto, _, address = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(2048)
+    except BaseException:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
+def _bind_error(host: str, port: int, exc: OSError) -> str:
+    if exc.errno == errno.EADDRINUSE:
+        return (f"cannot listen on {host}:{port}: the address is already in use "
+                "(another dpgate serve?); pick another port with --port N or DPGATE_PORT")
+    if exc.errno == errno.EACCES:
+        return f"cannot listen on {host}:{port}: permission denied (ports below 1024 need privileges; try --port 8000)"
+    reason = exc.strerror or exc.__class__.__name__
+    return f"cannot listen on {host}:{port}: {reason} (check --host / DPGATE_HOST)"
 
 
 def _allocations(policies: Path) -> list[str]:
@@ -110,11 +172,6 @@ def create_demo_keys(store: KeyStore, policies: Path) -> list[tuple[str, str, st
 
 
 def _serve(args: argparse.Namespace, settings) -> int:
-    import uvicorn
-
-    from dpgate.api import create_app
-    from dpgate.service import Gateway
-
     policies = Path(settings.policies)
     if not policies.is_dir():
         from dpgate.errors import PolicyError
@@ -123,10 +180,31 @@ def _serve(args: argparse.Namespace, settings) -> int:
             f"policies folder {policies} does not exist (set --policies or DPGATE_POLICIES)",
             {"policies": str(policies)},
         )
+    base = f"http://{settings.host}:{settings.port}"
+    try:
+        sock = bind(settings.host, settings.port)
+    except (OSError, UnicodeError) as exc:
+        message = _bind_error(settings.host, settings.port, exc) if isinstance(exc, OSError) else \
+            f"cannot listen on {settings.host}:{settings.port}: invalid host name"
+        print(f"dpgate: error: {message}", file=sys.stderr, flush=True)
+        return exits.CONFIGURATION
+    try:
+        return _serve_on(sock, args, settings, policies, base)
+    finally:
+        sock.close()
+
+
+def _serve_on(sock: socket.socket, args: argparse.Namespace, settings, policies: Path, base: str) -> int:
+    """Everything after the bind: data, keys, gateway, then uvicorn on ``sock``."""
+    import uvicorn
+
+    from dpgate.api import create_app
+    from dpgate.service import Gateway
+
     ensure_quickstart_data(policies)
 
     store = KeyStore(settings.resolved_keys_file())
-    base = f"http://{settings.host}:{settings.port}"
+    store.records()  # a malformed keys file fails here, at start-up, not on the first request
     if args.demo_keys:
         created = create_demo_keys(store, policies)
         if created is None:
@@ -138,15 +216,17 @@ def _serve(args: argparse.Namespace, settings) -> int:
             print("for the README's walkthrough:")
             for role, name, consumer, key in created:
                 print(f"  export {name.removeprefix('demo-').upper()}={key}")
-            analyst_key = created[0][3]
-            print("try:")
-            print(
-                f"  curl -s {base}/v1/queries -H 'Authorization: Bearer {analyst_key}' "
-                "-H 'Content-Type: application/json' \\\n"
-                "    -d '{\"dataset\": \"usage\", \"sql\": \"SELECT region, COUNT(DISTINCT user_id) AS users "
-                "FROM prompts WHERE week = 0 GROUP BY region\"}'",
-                flush=True,
-            )
+            _, _, analyst_consumer, analyst_key = created[0]
+            example = example_query(policies, analyst_consumer)
+            if example is not None:
+                dataset, sql = example
+                print("try:")
+                print(
+                    f"  curl -s {base}/v1/queries -H 'Authorization: Bearer {analyst_key}' "
+                    "-H 'Content-Type: application/json' \\\n"
+                    f"    -d '{{\"dataset\": \"{dataset}\", \"sql\": \"{sql}\"}}'",
+                )
+            sys.stdout.flush()
     elif not store.records():
         _say(f"no API keys in {store.path}: create one with 'dpgate keys add NAME --role analyst "
              "--consumer C', or restart with --demo-keys")
@@ -158,9 +238,10 @@ def _serve(args: argparse.Namespace, settings) -> int:
     previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         app = create_app(settings, gateway=gateway, keys=store)
+        config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=args.log_level)
+        server = uvicorn.Server(config)
         _say(f"listening on {base} (API docs: {base}/docs); Ctrl-C to stop")
-        sys.stdout.flush()
-        uvicorn.run(app, host=settings.host, port=settings.port, log_level=args.log_level)
+        server.run(sockets=[sock])
     finally:
         signal.signal(signal.SIGTERM, previous)
         gateway.close()
@@ -185,6 +266,19 @@ def register(subparsers) -> None:
     parser.add_argument("--policies", help="policies folder (DPGATE_POLICIES, default ./policies)")
     parser.add_argument("--home", help="state folder: ledger, releases, keys (DPGATE_HOME, default ./.dpgate)")
     parser.add_argument("--ledger-url", help="sqlite:///… or postgresql://… (DPGATE_LEDGER_URL)")
+    parser.add_argument("--keys-file", help="API keys file (DPGATE_KEYS_FILE, default $DPGATE_HOME/keys.json)")
+    parser.add_argument("--query-timeout", type=float, metavar="SECONDS",
+                        help="per-query engine timeout (DPGATE_QUERY_TIMEOUT_S, default 30)")
+    parser.add_argument("--max-body-bytes", type=int, metavar="BYTES",
+                        help="largest request body (DPGATE_MAX_BODY_BYTES, default 65536)")
+    parser.add_argument("--duckdb-memory-limit", metavar="SIZE",
+                        help="DuckDB memory_limit, e.g. 4GB (DPGATE_DUCKDB_MEMORY_LIMIT)")
+    parser.add_argument("--duckdb-threads", type=int, metavar="N", help="DuckDB threads (DPGATE_DUCKDB_THREADS)")
+    parser.add_argument("--duckdb-load", choices=["auto", "memory", "in_place"],
+                        help="DuckDB files in memory or in place (DPGATE_DUCKDB_LOAD, default auto)")
+    parser.add_argument("--duckdb-in-place-above", type=int, metavar="BYTES",
+                        help="auto: in place above this size (DPGATE_DUCKDB_IN_PLACE_ABOVE, default 1e9)")
+    parser.add_argument("--spark-master", metavar="URL", help="Spark master (DPGATE_SPARK_MASTER, default local[*])")
     parser.add_argument(
         "--demo-keys",
         action="store_true",

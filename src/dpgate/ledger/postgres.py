@@ -5,7 +5,8 @@ every decision, report, entry and hash comes from :mod:`dpgate.ledger.base` and
 every statement on the ledger's tables from :mod:`dpgate.ledger.sql` (shared with
 SQLite); this module only holds the connections, schema, migrations and locking.
 
-Layout (schema version 1, recorded in ``schema_migrations``), in one PostgreSQL
+Layout (schema versions 1 and 2, recorded in ``schema_migrations``; version 2 as for
+SQLite: ``alpha_cap`` and ``selection_delta`` columns), in one PostgreSQL
 schema (``?schema=…`` in the URL, default ``public``):
 
 * ``charges`` and ``events`` — the append-only entries. Triggers refuse any
@@ -158,6 +159,16 @@ MIGRATIONS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
                FOR EACH ROW EXECUTE FUNCTION dpgate_ledger_append_only()""",
             """CREATE TRIGGER events_no_truncate BEFORE TRUNCATE ON events
                FOR EACH STATEMENT EXECUTE FUNCTION dpgate_ledger_append_only()""",
+        ),
+    ),
+    (
+        2,
+        "caps fixed at alpha_cap, partition-selection delta on caps, charges and totals",
+        (
+            "ALTER TABLE populations ADD COLUMN alpha_cap double precision",
+            "ALTER TABLE populations ADD COLUMN selection_delta double precision NOT NULL DEFAULT 0",
+            "ALTER TABLE charges ADD COLUMN selection_delta double precision",
+            "ALTER TABLE spend_totals ADD COLUMN selection_delta text",
         ),
     ),
 )
@@ -386,7 +397,10 @@ class PostgresLedger(SqlLedger):
         what = "cannot commit to the ledger" if committing else "ledger store error"
         if committing:
             what += " (the outcome is unknown: check the entries before retrying)"
-        return LedgerError(f"{what}: {_first_line(exc)}", {"target": self._target})
+        details = {"target": self._target}
+        if committing:
+            details["outcome"] = "unknown"
+        return LedgerError(f"{what}: {_first_line(exc)}", details)
 
     # -- schema --------------------------------------------------------------------------
 

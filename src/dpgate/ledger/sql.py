@@ -40,40 +40,38 @@ from typing import Any, ClassVar, Iterable, Iterator, Mapping
 
 from dpgate.accounting import ORDERS, Cost
 from dpgate.errors import LedgerError
-from dpgate.ledger.base import (
-    CHARGE_COLUMNS,
+from dpgate.ledger.caps import POPULATION_COLUMNS, CapSpec, population_from_row, validate_cap, validate_population
+from dpgate.ledger.entries import (
     EVENT_COLUMNS,
-    POPULATION_COLUMNS,
-    CapSpec,
-    ChargeReceipt,
-    Replay,
-    SpendReport,
-    Totals,
-    VerifyReport,
-    allocation_share,
-    build_spend_report,
+    STORED_CHARGE_COLUMNS,
     canonical_json,
-    cap_change_result,
     charge_entry,
-    charge_epsilon,
-    check_charge,
     display_charge,
     display_event,
     event_entry,
     iter_sorted_entries,
     new_charge_entry,
     new_event_entry,
-    population_from_row,
     prepare_charge,
-    receipt_from_entry,
-    stored_state_problems,
-    unknown_population,
     utc_now,
-    validate_cap,
+)
+from dpgate.ledger.filter import Totals, charge_epsilon, check_charge
+from dpgate.ledger.replay import Replay, VerifyReport, stored_state_problems
+from dpgate.ledger.reports import (
+    ChargeReceipt,
+    PolicyDrift,
+    SpendReport,
+    build_spend_report,
+    cap_change_result,
+    cap_standing,
+    receipt_from_entry,
+)
+from dpgate.ledger.validation import (
+    allocation_share,
+    unknown_population,
     validate_governance,
     validate_limit,
     validate_name,
-    validate_population,
 )
 
 __all__ = ["SqlLedger", "SqlTransaction", "orders_json"]
@@ -115,39 +113,41 @@ class _Statements:
     @classmethod
     def build(cls, p: str) -> "_Statements":
         """Every shared statement with ``p`` as the driver's placeholder (``?`` or ``%s``)."""
-        charges = f"SELECT {', '.join(CHARGE_COLUMNS)} FROM charges"
+        charges = f"SELECT {', '.join(STORED_CHARGE_COLUMNS)} FROM charges"
+        totals_cols = "consumer, charges, kinds, rho, curve, selection_delta"
         return cls(
             population=f"SELECT {', '.join(POPULATION_COLUMNS)} FROM populations WHERE name = {p}",
             insert_population=(
-                "INSERT INTO populations (name, epsilon, delta, rho_cap, alpha_star, rho_stated,"
-                f" allocations, created_at) VALUES ({', '.join([p] * 8)})"
+                f"INSERT INTO populations (name, {', '.join(POPULATION_COLUMNS)}, created_at)"
+                f" VALUES ({', '.join([p] * (len(POPULATION_COLUMNS) + 2))})"
             ),
             update_allocations=f"UPDATE populations SET allocations = {p} WHERE name = {p}",
             update_cap=(
                 f"UPDATE populations SET epsilon = {p}, delta = {p}, rho_cap = {p}, alpha_star = {p},"
-                f" rho_stated = {p} WHERE name = {p}"
+                f" rho_stated = {p}, alpha_cap = {p}, selection_delta = {p} WHERE name = {p}"
             ),
             insert_event=(f"INSERT INTO events ({', '.join(EVENT_COLUMNS)})"
                           f" VALUES ({', '.join([p] * len(EVENT_COLUMNS))})"),
-            insert_charge=(f"INSERT INTO charges ({', '.join(CHARGE_COLUMNS)})"
-                           f" VALUES ({', '.join([p] * len(CHARGE_COLUMNS))})"),
+            insert_charge=(f"INSERT INTO charges ({', '.join(STORED_CHARGE_COLUMNS)})"
+                           f" VALUES ({', '.join([p] * len(STORED_CHARGE_COLUMNS))})"),
             move_head=f"UPDATE chain_head SET seq = {p}, hash = {p} WHERE id = 1",
-            totals=("SELECT consumer, charges, kinds, rho, curve FROM spend_totals"
+            totals=(f"SELECT {totals_cols} FROM spend_totals"
                     f" WHERE population = {p} AND consumer IN ('', {p})"),
             upsert_totals=(
-                "INSERT INTO spend_totals (population, consumer, charges, kinds, rho, curve)"
-                f" VALUES ({', '.join([p] * 6)}) ON CONFLICT (population, consumer) DO UPDATE SET"
+                "INSERT INTO spend_totals (population, consumer, charges, kinds, rho, curve, selection_delta)"
+                f" VALUES ({', '.join([p] * 7)}) ON CONFLICT (population, consumer) DO UPDATE SET"
                 " charges = excluded.charges, kinds = excluded.kinds, rho = excluded.rho,"
-                " curve = excluded.curve"
+                " curve = excluded.curve, selection_delta = excluded.selection_delta"
             ),
             charge_by_release_key=f"{charges} WHERE population = {p} AND release_key = {p}",
-            spend_totals=f"SELECT consumer, charges, kinds, rho, curve FROM spend_totals WHERE population = {p}",
+            spend_totals=f"SELECT {totals_cols} FROM spend_totals WHERE population = {p}",
             charges=charges,
             events=f"SELECT {', '.join(EVENT_COLUMNS)} FROM events",
             where_population=f" WHERE population = {p}",
             limit=f" LIMIT {p}",
             all_populations=f"SELECT name, {', '.join(POPULATION_COLUMNS)} FROM populations",
-            all_totals="SELECT population, consumer, charges, kinds, rho, curve FROM spend_totals",
+            all_totals=("SELECT population, consumer, charges, kinds, rho, curve, selection_delta"
+                        " FROM spend_totals"),
         )
 
 
@@ -243,8 +243,8 @@ class SqlLedger:
         cls._sql = _Statements.build(cls._PARAM)
 
     def __init__(self) -> None:
-        # cap δ last seen per population: lets a charge compute its ε outside the write
-        # transaction (recomputed inside if the cap's δ changed meanwhile)
+        # the δ at which each population's ρ converts (cap δ − selection δ), last seen: lets a
+        # charge compute its ε outside the write transaction (recomputed inside if it changed)
         self._delta_hint: dict[str, float] = {}
 
     # -- hooks ---------------------------------------------------------------------------
@@ -320,8 +320,15 @@ class SqlLedger:
     def _apply_cap(self, tx: SqlTransaction, name: str, old: CapSpec, new: CapSpec,
                    actor: str, reason: str) -> dict[str, Any]:
         tx.execute(self._sql.update_cap,
-                   (new.epsilon, new.delta, new.rho_cap, new.alpha_star, self._flag(new.rho_stated), name))
+                   (new.epsilon, new.delta, new.rho_cap, new.alpha_star, self._flag(new.rho_stated),
+                    new.alpha_cap, new.selection_delta, name))
         return self._append_event(tx, name, "cap_changed", actor, reason, old.to_dict(), new.to_dict())
+
+    def _apply_allocations(self, tx: SqlTransaction, name: str, old: Mapping[str, float],
+                           new: Mapping[str, float], actor: str, reason: str) -> dict[str, Any]:
+        tx.execute(self._sql.update_allocations, (canonical_json(dict(new)), name))
+        return self._append_event(tx, name, "allocations_changed", actor, reason,
+                                  {"allocations": dict(old)}, {"allocations": dict(new)})
 
     # -- governance ----------------------------------------------------------------------
 
@@ -335,18 +342,20 @@ class SqlLedger:
         actor: str = "policy",
         reason: str = "policy file",
         rho_cap: float | None = None,
-    ) -> None:
-        """Create population ``name`` if absent, else record any cap or allocation change.
+        selection_delta: float | None = None,
+    ) -> PolicyDrift:
+        """Create population ``name`` from a policy file's values if it is absent; never change
+        an existing population.
 
-        The cap (ε, δ) is fixed into the budget curve B(α) = α·ρ_cap with
-        ρ_cap = ``accounting.rho_for_cap(ε, δ, "tight")`` ([CKS20] Cor. 13).
-        Alternatively ``rho_cap`` states the budget directly in ρ (then the
-        recorded ε is its tight conversion at δ). Creation is recorded as a
-        ``population_created`` event; a differing cap as ``cap_changed`` and
-        differing allocations as ``allocations_changed`` (old and new values,
-        actor, reason, time). Equal values write nothing, so calling this on
-        every start is idempotent (also when several processes or replicas
-        start at once: one write transaction).
+        The cap (ε, δ) is fixed into its budget curve by
+        :func:`dpgate.ledger.caps.validate_cap` (ρ_cap and α_cap on the ledger's order
+        grid; ``rho_cap`` states the budget directly in ρ instead). Creation is recorded as
+        a ``population_created`` event. Once a population exists, the ledger owns its cap
+        and allocations: a policy file that states other values changes nothing here (a
+        restart, a deploy or a CLI command must not undo an admin's change or renew spent
+        budget); the returned drift says how they differ, and :meth:`apply_policy`
+        (``dpgate caps apply``) adopts them as a recorded governance event. Idempotent,
+        also when several processes or replicas start at once (one write transaction).
 
         Args:
             name: population name (1-128 characters ``[A-Za-z0-9._:@/+-]``).
@@ -355,31 +364,104 @@ class SqlLedger:
             allocations: consumer → share in [0, 1], summing to ≤ 1; empty or
                 None: an open population (any consumer, held to the population's
                 budget only).
-            actor, reason: recorded with the events (non-empty).
+            actor, reason: recorded with the creation event (non-empty).
             rho_cap: the budget in ρ (total), instead of ε.
+            selection_delta: the part of δ reserved for partition selection (default 0).
+
+        Returns:
+            :class:`~dpgate.ledger.reports.PolicyDrift`: the file's values against the
+            ledger's (``created`` True if this call created the population).
 
         Raises:
             PolicyError: invalid name, cap, allocations, actor or reason (nothing written).
             LedgerError: the store failed.
         """
-        cap, allocs = validate_population(name, epsilon, delta, allocations, actor, reason, rho_cap)
+        cap, allocs = validate_population(name, epsilon, delta, allocations, actor, reason, rho_cap,
+                                          selection_delta)
+        with self._tx(write=False) as tx:  # the common case (it exists) takes no write lock
+            current = self._population_row(tx, name)
+        created = False
+        if current is None:
+            with self._tx(write=True) as tx:
+                current = self._population_row(tx, name)
+                if current is None:
+                    tx.execute(self._sql.insert_population,
+                               (name, cap.epsilon, cap.delta, cap.rho_cap, cap.alpha_star,
+                                self._flag(cap.rho_stated), canonical_json(allocs), cap.alpha_cap,
+                                cap.selection_delta, utc_now()))
+                    self._append_event(tx, name, "population_created", actor, reason, None,
+                                       {"cap": cap.to_dict(), "allocations": allocs})
+                    current, created = (cap, allocs), True
+        ledger_cap, ledger_allocs = current
+        self._delta_hint[name] = ledger_cap.rho_delta
+        return PolicyDrift(name, ledger_cap, ledger_allocs, cap, allocs, created)
+
+    def apply_policy(
+        self,
+        name: str,
+        *,
+        epsilon: float | None = None,
+        delta: float,
+        allocations: Mapping[str, float] | None = None,
+        actor: str,
+        reason: str,
+        rho_cap: float | None = None,
+        selection_delta: float | None = None,
+    ) -> dict[str, Any]:
+        """Adopt a policy file's cap and allocations for population ``name`` (``dpgate caps
+        apply``): a ``cap_changed`` event if the cap differs (also when only its rule does: a
+        legacy cap is re-fixed by the α_cap rule), an ``allocations_changed`` event if the
+        allocations differ, both with ``actor`` and ``reason``; nothing if both are equal.
+        Charges are never refunded or rewritten: a cap below what was spent refuses every
+        later charge, and the result says by how much it is exceeded.
+
+        Args:
+            name: an existing population.
+            epsilon, delta, rho_cap, selection_delta: the file's cap (see :meth:`ensure_population`).
+            allocations: the file's allocations.
+            actor: who adopts them (non-empty). reason: why (non-empty).
+
+        Returns:
+            ``{population, changed, events, cap, allocations, exhausted, spent, remaining,
+            over_by, message}`` (``events``: the recorded events' ``{event_id, kind}``;
+            ``cap``: the cap now in force, as ``CapSpec.to_dict``).
+
+        Raises:
+            PolicyError: invalid values. InvalidRequest: empty actor or reason.
+            UnknownPopulation: no such population. LedgerError: the store failed.
+        """
+        validate_governance(actor, reason)
+        cap, allocs = validate_population(name, epsilon, delta, allocations, actor, reason, rho_cap,
+                                          selection_delta)
+        events: list[dict[str, Any]] = []
         with self._tx(write=True) as tx:
             current = self._population_row(tx, name)
             if current is None:
-                tx.execute(self._sql.insert_population,
-                           (name, cap.epsilon, cap.delta, cap.rho_cap, cap.alpha_star, self._flag(cap.rho_stated),
-                            canonical_json(allocs), utc_now()))
-                self._append_event(tx, name, "population_created", actor, reason, None,
-                                   {"cap": cap.to_dict(), "allocations": allocs})
+                raise unknown_population(name)
+            old_cap, old_allocs = current
+            if not old_cap.same_cap(cap):
+                events.append(self._apply_cap(tx, name, old_cap, cap, actor, reason))
             else:
-                old_cap, old_allocs = current
-                if not old_cap.same_cap(cap):
-                    self._apply_cap(tx, name, old_cap, cap, actor, reason)
-                if old_allocs != allocs:
-                    tx.execute(self._sql.update_allocations, (canonical_json(allocs), name))
-                    self._append_event(tx, name, "allocations_changed", actor, reason,
-                                       {"allocations": old_allocs}, {"allocations": allocs})
-        self._delta_hint[name] = cap.delta
+                cap = old_cap
+            if old_allocs != allocs:
+                events.append(self._apply_allocations(tx, name, old_allocs, allocs, actor, reason))
+            pt, _ = self._totals(tx, name, "")
+        self._delta_hint[name] = cap.rho_delta
+        standing = cap_standing(cap, pt)
+        out: dict[str, Any] = {
+            "population": name, "changed": bool(events),
+            "events": [{"event_id": e["event_id"], "kind": e["kind"]} for e in events],
+            "cap": cap.to_dict(), "allocations": allocs, "actor": actor, "reason": reason,
+        }
+        out.update(standing)
+        if standing["over_by"] is not None:
+            out["message"] = (f"population {name!r} now spends more than its cap allows (rho "
+                              f"{standing['over_by']['rho']:.6g} over); every further charge is refused")
+        elif events:
+            out["message"] = f"population {name!r} now enforces the policy file's values"
+        else:
+            out["message"] = f"population {name!r} already enforces the policy file's values"
+        return out
 
     def set_cap(
         self,
@@ -390,14 +472,16 @@ class SqlLedger:
         actor: str,
         reason: str,
         rho_cap: float | None = None,
+        selection_delta: float | None = None,
     ) -> dict[str, Any]:
         """Change a population's cap: a recorded ``cap_changed`` event, never an edit.
 
         The new cap is fixed into a new budget curve (see :meth:`ensure_population`).
         Lowering it below what was already spent is allowed; every later charge is
-        then refused and the remaining budget is reported as 0. Charges are never
-        refunded or rewritten. A cap equal to the current one records nothing
-        (``changed`` is False).
+        then refused, the remaining budget is reported as 0, and the result says so
+        (``exhausted``, ``over_by``). Charges are never refunded or rewritten. A cap
+        equal to the current one (same values, same rule) records nothing (``changed``
+        is False).
 
         Args:
             population: the population.
@@ -406,17 +490,21 @@ class SqlLedger:
             actor: who made the change (non-empty).
             reason: why (non-empty).
             rho_cap: the new budget in ρ (total), instead of ε.
+            selection_delta: the part of δ reserved for partition selection (None: keep the
+                current one if it is below the new δ, else 0).
 
         Returns:
-            ``{population, changed, old, new, event_id, actor, reason, created_at}``;
-            ``old``/``new`` are ``{epsilon, delta, rho_cap, alpha_star, rho_stated}``.
+            ``{population, changed, old, new, event_id, actor, reason, created_at, exhausted,
+            spent, remaining, over_by, message}``; ``old``/``new`` as ``CapSpec.to_dict``;
+            ``spent``/``remaining`` ``{rho, epsilon}`` under the cap now in force;
+            ``over_by`` None or ``{rho, epsilon}`` by which the spend exceeds it.
 
         Raises:
             InvalidBudget: invalid cap. InvalidRequest: empty actor or reason.
             UnknownPopulation: no such population. LedgerError: the store failed.
         """
         validate_name(population, "population")
-        cap = validate_cap(epsilon, delta, rho_cap=rho_cap)
+        validate_cap(epsilon, delta, rho_cap=rho_cap, selection_delta=selection_delta)  # fail before any I/O
         validate_governance(actor, reason)
         event = None
         with self._tx(write=True) as tx:
@@ -424,11 +512,28 @@ class SqlLedger:
             if current is None:
                 raise unknown_population(population)
             old = current[0]
+            sel = selection_delta
+            if sel is None:
+                sel = old.selection_delta if old.selection_delta < delta else 0.0
+            cap = validate_cap(epsilon, delta, rho_cap=rho_cap, selection_delta=sel)
             if not old.same_cap(cap):
                 event = self._apply_cap(tx, population, old, cap, actor, reason)
-        if event is not None:
-            self._delta_hint[population] = cap.delta
-        return cap_change_result(population, old, cap, event, actor, reason)
+            pt, _ = self._totals(tx, population, "")
+        in_force = cap if event is not None else old
+        self._delta_hint[population] = in_force.rho_delta
+        return cap_change_result(population, old, cap, event, actor, reason, cap_standing(in_force, pt))
+
+    def cap(self, population: str) -> CapSpec:
+        """The cap in force for ``population`` (read-only).
+
+        Raises:
+            UnknownPopulation: no such population. LedgerError: the store failed.
+        """
+        with self._tx(write=False) as tx:
+            current = self._population_row(tx, population)
+        if current is None:
+            raise unknown_population(population)
+        return current[0]
 
     # -- charging ------------------------------------------------------------------------
 
@@ -441,6 +546,7 @@ class SqlLedger:
         purpose: str,
         release_key: str | None = None,
         metadata: Mapping[str, Any] | None = None,
+        selection_delta: float = 0.0,
     ) -> ChargeReceipt:
         """Atomically check the consumer's and the population's filter and append one charge.
 
@@ -449,13 +555,13 @@ class SqlLedger:
         SQLite: ``BEGIN IMMEDIATE``; PostgreSQL: READ COMMITTED with the chain-head
         row locked first (``SELECT … FOR UPDATE``): read the cap, allocations and
         exact totals; return the stored receipt if ``release_key`` was charged
-        before (single flight); decide with :func:`dpgate.ledger.base.check_charge`
-        (zCDP filter and Rényi filter: Feldman & Zrnic 2021, "Individual privacy
-        accounting via a Rényi filter", §3; Whitehouse et al. 2023, "Fully-adaptive
-        composition in differential privacy") against share × B(α) for the
-        consumer and B(α) = α·ρ_cap for the population; append the hash-chained
-        entry; update the totals and the chain head; commit. The charge is never
-        refunded.
+        before (single flight); decide with :func:`dpgate.ledger.filter.check_charge`
+        (zCDP filter and one fixed-order Rényi filter per checked order: Feldman &
+        Zrnic 2021, "Individual privacy accounting via a Rényi filter", Thm. 3.1;
+        Whitehouse et al. 2023, "Fully-adaptive composition in differential privacy")
+        against share × B(α) for the consumer and B(α) = α·ρ_cap for the population
+        (and the selection δ for ``selection_delta``); append the hash-chained entry;
+        update the totals and the chain head; commit. The charge is never refunded.
 
         Args:
             population: the population charged.
@@ -465,23 +571,27 @@ class SqlLedger:
             purpose: non-empty description stored with the entry.
             release_key: single-flight key (e.g. the release cache key), or None.
             metadata: JSON-serialisable mapping stored with the entry (no NaN/inf).
+            selection_delta: δ_q spent on private partition selection (default 0).
 
         Returns:
-            :class:`~dpgate.ledger.base.ChargeReceipt` (``duplicate=True`` if
-            ``release_key`` had been charged: nothing new written).
+            :class:`~dpgate.ledger.reports.ChargeReceipt` (``duplicate=True`` if
+            ``release_key`` had been charged: nothing new written), with the cap in force.
 
         Raises:
-            InvalidBudget: invalid cost (NaN, negative, zero, wrong grid, ∞ at a finite order).
+            InvalidBudget: invalid cost (NaN, negative, zero, wrong grid), or a curve with no
+                claim (∞) at an order the population's cap checks.
             InvalidRequest: invalid name, purpose, release_key or metadata.
             UnknownPopulation: no such population.
             UnknownConsumer: the population allocates nothing to ``consumer``.
-            BudgetExhausted: a filter refuses (details: requested/spent/cap/remaining
-                in ρ and ε at the cap's δ); nothing written.
+            BudgetExhausted: a filter refuses (details: the rule, the order that failed and
+                by how much, requested/spent/cap/remaining in ρ and ε at the cap's δ);
+                nothing written.
             LedgerError: the store failed, or stayed busy (locked by another writer)
-                past the backend's busy or lock timeout.
+                past the backend's busy or lock timeout; ``details["outcome"] ==
+                "unknown"`` when the commit itself failed (the charge may or may not exist).
         """
         req = prepare_charge(population, consumer, cost, purpose=purpose, release_key=release_key,
-                             metadata=metadata)
+                             metadata=metadata, selection_delta=selection_delta)
         cost = req.cost
         hint = self._delta_hint.get(population)
         eps = charge_epsilon(cost, hint) if hint is not None else None  # outside the write transaction
@@ -496,22 +606,23 @@ class SqlLedger:
             if release_key is not None:
                 row = tx.execute(self._sql.charge_by_release_key, (population, release_key)).fetchone()
                 if row is not None:
-                    receipt = receipt_from_entry(charge_entry(row), duplicate=True)
+                    receipt = receipt_from_entry(charge_entry(row), duplicate=True, cap=cap)
             if receipt is None:
                 pt, ct = self._totals(tx, population, consumer)
-                pt_after, ct_after, refusal = check_charge(req, cap, share, pt, ct)
+                pt_after, ct_after, refusal = check_charge(population, consumer, cost, cap, share, pt, ct,
+                                                           req.selection_delta)
                 if refusal is None:
-                    if eps is None or hint != cap.delta:
-                        eps = charge_epsilon(cost, cap.delta)
+                    if eps is None or hint != cap.rho_delta:
+                        eps = charge_epsilon(cost, cap.rho_delta)
                     seq, prev_hash = tx.head()
                     entry = new_charge_entry(req, seq=seq + 1, prev_hash=prev_hash, epsilon_at_delta=eps,
-                                             delta=cap.delta)
-                    tx.execute(self._sql.insert_charge, tuple(entry[c] for c in CHARGE_COLUMNS))
+                                             delta=cap.rho_delta)
+                    tx.execute(self._sql.insert_charge, tuple(entry.get(c) for c in STORED_CHARGE_COLUMNS))
                     tx.executemany(self._sql.upsert_totals, [(population, "", *pt_after.to_row()),
                                                              (population, consumer, *ct_after.to_row())])
                     self._move_head(tx, entry)
-                    receipt = receipt_from_entry(entry, duplicate=False, cost=cost)
-        self._delta_hint[population] = cap.delta
+                    receipt = receipt_from_entry(entry, duplicate=False, cost=cost, cap=cap)
+        self._delta_hint[population] = cap.rho_delta
         if refusal is not None:
             raise refusal.error()
         assert receipt is not None

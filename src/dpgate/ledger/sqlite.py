@@ -1,6 +1,6 @@
 """The embedded ledger: one SQLite file (stdlib ``sqlite3``, WAL journal).
 
-Layout (schema version 1, recorded in ``schema_migrations``):
+Layout (schema versions 1 and 2, recorded in ``schema_migrations``):
 
 * ``charges`` and ``events`` — the append-only entries. Triggers refuse any
   UPDATE or DELETE. Both share one sequence (``seq``) and one SHA-256 hash
@@ -12,6 +12,11 @@ Layout (schema version 1, recorded in ``schema_migrations``):
   entry that changes them, so the budget check costs O(1) per charge.
   :meth:`SqliteLedger.verify` recomputes all of it from the entries.
 * ``ledger_meta`` — the RDP order grid the stored curves use.
+
+Version 2 added ``alpha_cap`` and ``selection_delta`` to ``populations`` (NULL
+``alpha_cap``: a cap fixed by the legacy rule, kept as it was), and
+``selection_delta`` to ``charges`` and ``spend_totals`` (NULL: none spent); rows
+written before keep their hashes.
 
 Concurrency: each thread of each process has its own connection; a charge is
 one ``BEGIN IMMEDIATE`` transaction (SQLite's write lock, held across
@@ -127,6 +132,16 @@ MIGRATIONS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
                BEGIN SELECT RAISE(ABORT, 'ledger events are append-only'); END""",
             """CREATE TRIGGER events_no_delete BEFORE DELETE ON events
                BEGIN SELECT RAISE(ABORT, 'ledger events are append-only'); END""",
+        ),
+    ),
+    (
+        2,
+        "caps fixed at alpha_cap, partition-selection delta on caps, charges and totals",
+        (
+            "ALTER TABLE populations ADD COLUMN alpha_cap REAL",
+            "ALTER TABLE populations ADD COLUMN selection_delta REAL NOT NULL DEFAULT 0",
+            "ALTER TABLE charges ADD COLUMN selection_delta REAL",
+            "ALTER TABLE spend_totals ADD COLUMN selection_delta TEXT",
         ),
     ),
 )
@@ -274,7 +289,8 @@ class SqliteLedger(SqlLedger):
                     conn.execute("ROLLBACK")
                 except sqlite3.Error:
                     pass
-                raise LedgerError(f"cannot commit to the ledger: {exc}") from exc
+                raise LedgerError(f"cannot commit to the ledger (the outcome is unknown): {exc}",
+                                  {"outcome": "unknown"}) from exc
 
     @contextmanager
     def _read(self) -> Iterator[sqlite3.Connection]:

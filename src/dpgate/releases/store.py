@@ -1,30 +1,34 @@
-"""Release records and the release cache.
+"""The release store: releases, failure markers and store settings, next to the ledger.
 
-A *release* is one immutable noisy answer plus everything needed to interpret
-and audit it: the query's canonical SQL and plan hash, the contribution bounds,
-the mechanism and its noise scales, per-column accuracy, the released rows, the
-charge that paid for it, the data version and the published guarantee it was
-made under. Serving a stored release again is post-processing of a DP output
-and costs no privacy budget (Dwork & Roth 2014, Prop. 2.1).
+Releases live in the same store as the ledger (the SQLite file by default,
+:class:`SqliteReleaseStore`; the PostgreSQL database and schema of a shared
+ledger, :class:`PostgresReleaseStore`), so every replica sharing a ledger shares
+them. Three tables:
 
-The cache key is ``sha256(plan hash, data version, mechanism, budget)``: the
-same question, on the same data, with the same noise and budget, is answered
-by the stored release. Releases live in the same store as the ledger (the
-SQLite file by default, :class:`SqliteReleaseStore`; the PostgreSQL database
-and schema of a shared ledger, :class:`PostgresReleaseStore`), in an
-append-only table: triggers refuse UPDATE and DELETE.
+* ``releases`` — append-only (triggers refuse UPDATE and DELETE): one row per
+  release, unique per cache key (``put`` keeps the first one stored);
+* ``release_failures`` — durable failure markers: a charged attempt whose release
+  was never stored (its computation failed, its process crashed, its ledger commit
+  had an unknown outcome). The next identical request, in any process, reads them
+  and is charged afresh under the next attempt key instead of waiting for a
+  release that will never come (:mod:`dpgate.releases.cache`);
+* ``release_meta`` — settings every replica must share, set once by whichever
+  replica starts first (``INSERT … ON CONFLICT DO NOTHING``, then read back): the
+  key of the published data fingerprints (:meth:`SqliteReleaseStore.shared_secret`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import sqlite3
 import threading
-from dataclasses import dataclass, field
-from typing import Any, Callable, ContextManager, Mapping, Protocol
+from typing import Any, Callable, ContextManager, Protocol
 
 from dpgate.errors import InvalidRequest, LedgerError, NotFound
+from dpgate.ledger.entries import utc_now
+from dpgate.releases.model import Release
+
+__all__ = ["ReleaseStore", "SqliteReleaseStore", "PostgresReleaseStore", "PG_RELEASE_TRIGGERS"]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS releases (
@@ -40,66 +44,23 @@ CREATE TRIGGER IF NOT EXISTS releases_no_update BEFORE UPDATE ON releases
 BEGIN SELECT RAISE(ABORT, 'releases are immutable'); END;
 CREATE TRIGGER IF NOT EXISTS releases_no_delete BEFORE DELETE ON releases
 BEGIN SELECT RAISE(ABORT, 'releases are immutable'); END;
+CREATE TABLE IF NOT EXISTS release_failures (
+    release_key TEXT PRIMARY KEY,
+    noise_key   TEXT NOT NULL,
+    charge_id   TEXT,
+    reason      TEXT NOT NULL,
+    created_at  TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS release_failures_by_noise_key ON release_failures (noise_key);
+CREATE TABLE IF NOT EXISTS release_meta (
+    key   TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
 """
 
 
-def cache_key(plan_hash: str, data_version: str, mechanism: str, budget: Mapping[str, Any]) -> str:
-    """The release cache key: SHA-256 hex of the plan hash, data version, mechanism and budget.
-
-    Args:
-        plan_hash: :attr:`dpgate.sql.plan.QueryPlan.plan_hash`.
-        data_version: the dataset's data version (policy value or source fingerprint).
-        mechanism: ``"gaussian"`` or ``"laplace"``.
-        budget: the resolved budget of the query, e.g. ``{"rho": 0.001}`` (JSON-serialisable).
-    """
-    payload = json.dumps(
-        {"plan": plan_hash, "data": data_version, "mechanism": mechanism, "budget": dict(budget)},
-        sort_keys=True,
-        separators=(",", ":"),
-    )
-    return hashlib.sha256(payload.encode()).hexdigest()
-
-
-@dataclass(frozen=True)
-class Release:
-    """One stored release.
-
-    Attributes:
-        release_id: ``rel_`` + 24 hex characters.
-        cache_key: see :func:`cache_key`.
-        dataset: dataset name.
-        plan_hash: the plan's canonical hash.
-        created_at: ISO-8601 UTC timestamp.
-        body: the JSON-ready release document (columns, rows, accuracy, charge,
-            bounds, mechanism, guarantee, …) as returned to clients, without
-            the ``cached`` flag.
-    """
-
-    release_id: str
-    cache_key: str
-    dataset: str
-    plan_hash: str
-    created_at: str
-    body: Mapping[str, Any] = field(repr=False)
-
-    def to_dict(self, *, cached: bool) -> dict[str, Any]:
-        """The release document with ``cached`` set (True when served from the store).
-
-        ``paid_by`` always names the charge that paid for the release; ``charge``
-        is that charge only for the request that created it, and None when the
-        release is served again (which costs nothing).
-        """
-        doc = json.loads(json.dumps(self.body))  # a deep copy callers may modify
-        doc.pop("noisy", None)  # internal: the noisy primitives behind the released cells
-        doc["cached"] = cached
-        doc["paid_by"] = doc.get("charge")
-        if cached:
-            doc["charge"] = None  # serving a stored release is post-processing: cost 0
-        return doc
-
-
 class ReleaseStore(Protocol):
-    """Persistent, append-only store of releases (same backend as the ledger)."""
+    """Persistent store of releases, failure markers and shared settings (same backend as the ledger)."""
 
     def put(self, release: Release) -> Release:
         """Store ``release``; if its cache key is already stored, return the stored one instead."""
@@ -113,13 +74,25 @@ class ReleaseStore(Protocol):
     def list(self, dataset: str | None = None, *, limit: int = 100) -> list[Release]:
         """Releases, newest first, optionally of one dataset; ``limit`` ≥ 1."""
 
+    def mark_failed(self, noise_key: str, release_key: str, charge_id: str | None, reason: str) -> None:
+        """Record durably that the attempt ``release_key`` at ``noise_key`` stored no release
+        (idempotent: the first marker stays)."""
+
+    def failed_attempts(self, noise_key: str) -> set[str]:
+        """The attempt keys at ``noise_key`` marked failed."""
+
+    def shared_secret(self, name: str, candidate: str) -> str:
+        """The value of setting ``name``, set to ``candidate`` if none is stored yet (atomic:
+        every replica and concurrent first start reads the one value stored)."""
+
     def close(self) -> None:
         """Release resources."""
 
 
 def _row_to_release(row: tuple) -> Release:
     release_id, key, dataset, plan_hash, created_at, body = row
-    return Release(release_id, key, dataset, plan_hash, created_at, json.loads(body))
+    return Release.from_body(release_id, key, dataset, plan_hash, created_at,
+                             json.loads(body) if isinstance(body, str) else body)
 
 
 class SqliteReleaseStore:
@@ -195,6 +168,34 @@ class SqliteReleaseStore:
         sql += " ORDER BY created_at DESC, release_id DESC LIMIT ?"
         return [_row_to_release(r) for r in self._conn().execute(sql, args + (int(limit),))]
 
+    def mark_failed(self, noise_key: str, release_key: str, charge_id: str | None, reason: str) -> None:
+        """Record that attempt ``release_key`` stored no release (INSERT OR IGNORE: idempotent)."""
+        conn = self._conn()
+        try:
+            with conn:
+                conn.execute("INSERT OR IGNORE INTO release_failures VALUES (?, ?, ?, ?, ?)",
+                             (release_key, noise_key, charge_id, reason[:1000], utc_now()))
+        except sqlite3.Error as exc:
+            raise LedgerError(f"cannot record a failed release: {exc}") from exc
+
+    def failed_attempts(self, noise_key: str) -> set[str]:
+        """The attempt keys at ``noise_key`` marked failed."""
+        rows = self._conn().execute("SELECT release_key FROM release_failures WHERE noise_key = ?",
+                                    (noise_key,)).fetchall()
+        return {r[0] for r in rows}
+
+    def shared_secret(self, name: str, candidate: str) -> str:
+        """The stored value of ``name`` (``candidate`` stored first if there is none): one
+        ``INSERT OR IGNORE`` then a read, so concurrent first starts all read the same value."""
+        conn = self._conn()
+        try:
+            with conn:
+                conn.execute("INSERT OR IGNORE INTO release_meta (key, value) VALUES (?, ?)", (name, candidate))
+            row = conn.execute("SELECT value FROM release_meta WHERE key = ?", (name,)).fetchone()
+        except sqlite3.Error as exc:
+            raise LedgerError(f"cannot read the release store's settings: {exc}") from exc
+        return row[0]
+
     def close(self) -> None:
         """Close every connection this store opened."""
         with self._lock:
@@ -216,6 +217,20 @@ _PG_TABLE = """CREATE TABLE releases (
     body        json NOT NULL
 )"""
 _PG_INDEX = "CREATE INDEX IF NOT EXISTS releases_by_dataset ON releases (dataset, created_at)"
+_PG_SIDE_TABLES = (
+    """CREATE TABLE IF NOT EXISTS release_failures (
+        release_key text PRIMARY KEY,
+        noise_key   text NOT NULL,
+        charge_id   text,
+        reason      text NOT NULL,
+        created_at  text NOT NULL
+    )""",
+    "CREATE INDEX IF NOT EXISTS release_failures_by_noise_key ON release_failures (noise_key)",
+    """CREATE TABLE IF NOT EXISTS release_meta (
+        key   text PRIMARY KEY,
+        value text NOT NULL
+    )""",
+)
 _PG_FUNCTION = """CREATE OR REPLACE FUNCTION dpgate_releases_immutable() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -264,6 +279,8 @@ class PostgresReleaseStore:
                 if conn.execute("SELECT to_regclass('releases')").fetchone()[0] is None:
                     conn.execute(_PG_TABLE)
                 conn.execute(_PG_INDEX)
+                for stmt in _PG_SIDE_TABLES:
+                    conn.execute(stmt)
                 present = {r[0] for r in conn.execute(
                     "SELECT tgname FROM pg_trigger WHERE tgrelid = 'releases'::regclass AND NOT tgisinternal")}
                 if set(PG_RELEASE_TRIGGERS) - present:
@@ -287,8 +304,7 @@ class PostgresReleaseStore:
 
     @staticmethod
     def _release(row: tuple) -> Release:
-        release_id, key, dataset, plan_hash, created_at, body = row
-        return Release(release_id, key, dataset, plan_hash, created_at, body)
+        return _row_to_release(row)
 
     def put(self, release: Release) -> Release:
         """Store ``release`` unless its cache key (or id) is stored already; return what is stored.
@@ -334,6 +350,28 @@ class PostgresReleaseStore:
             args = (dataset,)
         query += " ORDER BY created_at DESC, release_id DESC LIMIT %s"
         return [self._release(r) for r in self._run(query, args + (limit,))]
+
+    def mark_failed(self, noise_key: str, release_key: str, charge_id: str | None, reason: str) -> None:
+        """Record that attempt ``release_key`` stored no release (ON CONFLICT DO NOTHING: idempotent).
+
+        Raises:
+            LedgerError: the store failed.
+        """
+        self._run("INSERT INTO release_failures (release_key, noise_key, charge_id, reason, created_at)"
+                  " VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                  (release_key, noise_key, charge_id, reason[:1000], utc_now()))
+
+    def failed_attempts(self, noise_key: str) -> set[str]:
+        """The attempt keys at ``noise_key`` marked failed."""
+        return {r[0] for r in self._run("SELECT release_key FROM release_failures WHERE noise_key = %s",
+                                        (noise_key,))}
+
+    def shared_secret(self, name: str, candidate: str) -> str:
+        """The stored value of ``name`` (``candidate`` stored first if there is none), shared by
+        every replica of the database and schema."""
+        self._run("INSERT INTO release_meta (key, value) VALUES (%s, %s) ON CONFLICT DO NOTHING",
+                  (name, candidate))
+        return self._run("SELECT value FROM release_meta WHERE key = %s", (name,))[0][0]
 
     def close(self) -> None:
         """Stop using the ledger's connections (the ledger owns and closes them). Idempotent."""

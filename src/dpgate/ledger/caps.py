@@ -1,0 +1,374 @@
+"""Caps: a population's published (ε, δ) fixed into the budget curve its filter enforces.
+
+When a cap is set (a population is created, an admin changes the cap, or
+``dpgate caps apply`` adopts a policy file's values) it is fixed once into a
+:class:`CapSpec`:
+
+* **ρ_cap and α_cap on the ledger's grid** (rule ``"alpha_cap"``, every cap set
+  by this version). For each finite order α of :data:`dpgate.accounting.ORDERS`
+  let ρ_α be the largest ρ whose RDP→(ε, δ) conversion *at that single order*
+  meets the cap::
+
+      ε_cap = α·ρ_α + log((α−1)/α) − (log δ_ρ + log α)/(α − 1)
+
+  ([BBG+20] Thm. 21, the conversion :func:`dpgate.accounting.rdp_epsilon_tight`
+  uses; δ_ρ = δ − ``selection_delta``). Then ρ_cap = max_α ρ_α and α_cap is the
+  order attaining it. The budget curve is B(α) = α·ρ_cap for the grid orders
+  α ≤ α_cap; each of them is a fixed-order Rényi filter (Feldman & Zrnic,
+  "Individual Privacy Accounting via a Rényi Filter", NeurIPS 2021,
+  arXiv:2008.11193, Thm. 3.1), so an adaptively chosen sequence of charges
+  admitted by the filter is (α_cap, α_cap·ρ_cap)-RDP, which converts to
+  exactly the published (ε, δ_ρ) at α_cap alone. Orders above α_cap are not
+  checked (B(α) = ∞ there): a curve that explodes only at high orders (a
+  subsampled Gaussian, DP-SGD) is not refused for nothing.
+
+  A cap stated directly in ρ (``rho_cap``) takes α_cap = the grid order where
+  the single-order conversion of α·ρ_cap is smallest and publishes that ε.
+
+* **Legacy caps** (rule ``"legacy"``, ``alpha_cap`` None): caps fixed by dpgate
+  before this rule. ρ_cap is the largest ρ whose *continuous* tight zCDP
+  conversion ([CKS20] Cor. 13) meets the cap, α* the order where that
+  conversion is attained, and the filter checks every finite grid order plus
+  α*. Such populations keep their cap and rule (their charges were admitted by
+  it, and :meth:`~dpgate.ledger.sql.SqlLedger.verify` replays them by it) until a
+  governance event sets a new cap.
+
+Partition selection (approximate zCDP, design "Accounting"): a cap may reserve
+``selection_delta`` of its δ; the δ_q spent by selecting queries add up against
+it (a union bound), and ρ_cap is fixed at δ − selection_delta.
+
+References: [BBG+20] Balle, Barthe, Gaboardi, Hsu, Sato 2020 (arXiv:1905.09982);
+[CKS20] Canonne, Kamath, Steinke 2020 (arXiv:2004.00010).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Iterable, Mapping
+
+from scipy.optimize import minimize_scalar
+
+from dpgate import accounting
+from dpgate.accounting import ORDERS
+from dpgate.errors import DpgateError, InvalidBudget, PolicyError
+from dpgate.ledger.validation import json_float, real, validate_allocations, validate_name
+
+__all__ = [
+    "CapSpec",
+    "FINITE_ORDERS",
+    "optimal_order",
+    "order_epsilon",
+    "order_rho",
+    "fix_epsilon_cap",
+    "fix_rho_cap",
+    "validate_cap",
+    "legacy_cap",
+    "validate_population",
+    "POPULATION_COLUMNS",
+    "population_from_row",
+]
+
+#: The finite orders of the ledger grid (the pure-ε order ∞ never binds: B(∞) = ∞).
+FINITE_ORDERS: tuple[float, ...] = tuple(a for a in ORDERS if math.isfinite(a))
+
+
+def optimal_order(rho: float, delta: float) -> float:
+    """The order α* > 1 at which the tight conversion of ρ-zCDP to (ε, δ) is smallest.
+
+    Minimises ``accounting.rdp_epsilon_tight([α·ρ], δ, orders=[α])`` — [BBG+20]
+    Thm. 21 at the single order α, which for the curve α·ρ is the objective of
+    [CKS20] Cor. 13 — over α − 1 ∈ [1e-9, 1e12] (bounded Brent on log(α − 1)).
+    Used by legacy caps (α*) and to report where a zCDP history is best converted.
+
+    Args:
+        rho: ρ > 0 (total).
+        delta: δ in (0, 1).
+
+    Returns:
+        α* (a float > 1).
+    """
+
+    def _objective(t: float) -> float:
+        a = 1.0 + math.exp(t)
+        return accounting.rdp_epsilon_tight([a * rho], delta, orders=[a])
+
+    res = minimize_scalar(_objective, bounds=(math.log(1e-9), math.log(1e12)), method="bounded",
+                          options={"xatol": 1e-10})
+    return 1.0 + math.exp(float(res.x))
+
+
+def order_epsilon(value: float, delta: float, alpha: float) -> float:
+    """ε at δ of something (α, ``value``)-RDP, by [BBG+20] Thm. 21 at the single order α.
+
+    Args:
+        value: the RDP ε(α) (total).
+        delta: δ in (0, 1).
+        alpha: a finite order > 1.
+    """
+    return accounting.rdp_epsilon_tight([value], delta, orders=[alpha])
+
+
+def order_rho(epsilon: float, delta: float, alpha: float) -> float:
+    """The largest ρ with ``order_epsilon(α·ρ, δ, α) ≤ ε`` (0 if none is positive).
+
+    Solves [BBG+20] Thm. 21 at one order for the RDP value:
+    α·ρ = ε − log((α−1)/α) + (log δ + log α)/(α − 1); then steps down by ulps until the
+    conversion (as :func:`dpgate.accounting.rdp_epsilon_tight` computes it) meets ε.
+
+    Args:
+        epsilon: ε > 0 (total, the cap's).
+        delta: δ in (0, 1) (the part of the cap's δ available to ρ).
+        alpha: a finite order > 1.
+    """
+    value = epsilon - math.log1p(-1.0 / alpha) + (math.log(delta) + math.log(alpha)) / (alpha - 1.0)
+    if not value > 0.0:
+        return 0.0
+    rho = value / alpha
+    while rho > 0.0 and order_epsilon(alpha * rho, delta, alpha) > epsilon:
+        rho = math.nextafter(rho, 0.0)
+    return rho
+
+
+@lru_cache(maxsize=256)
+def fix_epsilon_cap(epsilon: float, delta: float) -> tuple[float, float]:
+    """(ρ_cap, α_cap) of a cap (ε, δ): ρ_cap = max over the finite grid orders α of
+    :func:`order_rho` (ε, δ, α), α_cap the smallest order attaining it.
+
+    Returns:
+        ``(rho_cap, alpha_cap)``; ρ_cap is 0 when no order admits spending.
+    """
+    best = (0.0, FINITE_ORDERS[-1])
+    for alpha in FINITE_ORDERS:
+        r = order_rho(epsilon, delta, alpha)
+        if r > best[0]:
+            best = (r, alpha)
+    return best
+
+
+@lru_cache(maxsize=256)
+def fix_rho_cap(rho: float, delta: float) -> tuple[float, float]:
+    """(ε, α_cap) of a budget stated in ρ: the finite grid order where the single-order
+    conversion of α·ρ at δ is smallest, and that ε ([BBG+20] Thm. 21)."""
+    best = (math.inf, FINITE_ORDERS[-1])
+    for alpha in FINITE_ORDERS:
+        e = order_epsilon(alpha * rho, delta, alpha)
+        if e < best[0]:
+            best = (e, alpha)
+    return best
+
+
+@dataclass(frozen=True)
+class CapSpec:
+    """A population's cap, fixed into its budget curve when set (see the module docstring).
+
+    Attributes:
+        epsilon: cap ε (total, the published guarantee) at ``delta``.
+        delta: cap δ in (0, 1) (total, selection δ included).
+        rho_cap: ρ of the budget curve B(α) = α·ρ_cap (total for the population).
+        alpha_star: the order whose Rényi filter proves the cap: α_cap for caps of
+            rule ``"alpha_cap"``; for legacy caps the continuous optimum α* (checked
+            besides every finite grid order).
+        rho_stated: True if the cap was stated directly in ρ (then ``epsilon`` is the
+            conversion of ``rho_cap`` at ``delta``).
+        alpha_cap: the largest grid order the filter checks (None: a legacy cap).
+        selection_delta: the part of ``delta`` reserved for partition selection
+            (δ_q of selecting queries add up against it); ρ_cap is fixed at
+            ``delta − selection_delta``.
+    """
+
+    epsilon: float
+    delta: float
+    rho_cap: float
+    alpha_star: float
+    rho_stated: bool = False
+    alpha_cap: float | None = None
+    selection_delta: float = 0.0
+
+    @property
+    def rule(self) -> str:
+        """``"alpha_cap"`` (orders ≤ α_cap checked) or ``"legacy"`` (every finite order and α*)."""
+        return "legacy" if self.alpha_cap is None else "alpha_cap"
+
+    @property
+    def rho_delta(self) -> float:
+        """The δ at which ρ_cap converts to the cap's ε (δ − selection_delta)."""
+        return self.delta - self.selection_delta
+
+    @property
+    def checked_orders(self) -> tuple[float, ...]:
+        """The orders whose Rényi filters the population's charges must pass (ascending)."""
+        if self.alpha_cap is None:
+            return tuple(sorted(set(FINITE_ORDERS) | {self.alpha_star}))
+        return tuple(a for a in FINITE_ORDERS if a <= self.alpha_cap)
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{epsilon, delta, rho_cap, alpha_star, rho_stated[, alpha_cap][, selection_delta]}``
+        (JSON-serialisable). ``alpha_cap`` is absent for legacy caps and ``selection_delta``
+        when 0, so that events written before these fields existed hash as they were."""
+        out: dict[str, Any] = {
+            "epsilon": self.epsilon,
+            "delta": self.delta,
+            "rho_cap": self.rho_cap,
+            "alpha_star": self.alpha_star,
+            "rho_stated": self.rho_stated,
+        }
+        if self.alpha_cap is not None:
+            out["alpha_cap"] = self.alpha_cap
+        if self.selection_delta:
+            out["selection_delta"] = self.selection_delta
+        return out
+
+    def public(self) -> dict[str, Any]:
+        """The cap as published with a release or a dataset: ``{epsilon, delta, rho, alpha_cap,
+        selection_delta, rule}`` (``alpha_cap`` is α* for a legacy cap)."""
+        return {"epsilon": self.epsilon, "delta": self.delta, "rho": self.rho_cap,
+                "alpha_cap": self.alpha_star if self.alpha_cap is None else self.alpha_cap,
+                "selection_delta": self.selection_delta, "rule": self.rule}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "CapSpec":
+        """Inverse of :meth:`to_dict`."""
+        alpha_cap = data.get("alpha_cap")
+        return cls(float(data["epsilon"]), float(data["delta"]), float(data["rho_cap"]),
+                   float(data["alpha_star"]), bool(data.get("rho_stated", False)),
+                   None if alpha_cap is None else float(alpha_cap), float(data.get("selection_delta", 0.0)))
+
+    def same_cap(self, other: "CapSpec") -> bool:
+        """True if ``other`` states the same cap under the same rule: same (ε, δ) (or same
+        (ρ_cap, δ) if stated in ρ), same selection δ, and both legacy or both not."""
+        if self.rho_stated != other.rho_stated or self.delta != other.delta \
+                or self.selection_delta != other.selection_delta or self.rule != other.rule:
+            return False
+        return self.rho_cap == other.rho_cap if self.rho_stated else self.epsilon == other.epsilon
+
+    def same_values(self, other: "CapSpec") -> bool:
+        """True if ``other`` states the same (ε, δ) (or (ρ, δ)) and selection δ, whatever the rule
+        (used to tell drift of the values from a legacy rule)."""
+        if self.rho_stated != other.rho_stated or self.delta != other.delta \
+                or self.selection_delta != other.selection_delta:
+            return False
+        return self.rho_cap == other.rho_cap if self.rho_stated else self.epsilon == other.epsilon
+
+
+def validate_cap(
+    epsilon: float | None,
+    delta: float,
+    *,
+    rho_cap: float | None = None,
+    selection_delta: float | None = None,
+    error: type[DpgateError] = InvalidBudget,
+) -> CapSpec:
+    """Validate a cap and fix it into a budget curve (rule ``"alpha_cap"``).
+
+    Exactly one of ``epsilon`` and ``rho_cap`` is given. With ``epsilon``:
+    (ρ_cap, α_cap) = :func:`fix_epsilon_cap` (ε, δ − selection_delta). With
+    ``rho_cap`` (the budget stated in ρ): (ε, α_cap) = :func:`fix_rho_cap`.
+
+    Args:
+        epsilon: cap ε > 0, finite (total), or None.
+        delta: cap δ in (0, 1) (δ = 0 admits no Gaussian release at all).
+        rho_cap: budget in ρ > 0, finite (total), or None.
+        selection_delta: the part of δ reserved for partition selection, in [0, δ)
+            (None or 0: none).
+        error: the error class to raise (``PolicyError`` for policy files).
+
+    Returns:
+        The :class:`CapSpec`.
+
+    Raises:
+        ``error`` (default :class:`~dpgate.errors.InvalidBudget`): both or neither of
+        ``epsilon``/``rho_cap``; ε or ρ not finite and > 0; δ not in (0, 1);
+        selection δ not in [0, δ); a cap that admits no spending.
+    """
+    d = real(delta, "delta", error)
+    if not 0.0 < d < 1.0:
+        raise error(f"the cap's delta must be in (0, 1), got {d!r}", {"delta": d})
+    sel = 0.0 if selection_delta is None else real(selection_delta, "selection_delta", error)
+    if not 0.0 <= sel < d:
+        raise error(f"selection_delta must be in [0, delta) = [0, {d:g}), got {sel!r}",
+                    {"selection_delta": json_float(sel), "delta": d})
+    d_rho = d - sel
+    if (epsilon is None) == (rho_cap is None):
+        raise error("state the cap as exactly one of epsilon and rho_cap", {})
+    if rho_cap is not None:
+        r = real(rho_cap, "rho_cap", error)
+        if not (0.0 < r < math.inf):
+            raise error(f"rho_cap must be finite and > 0, got {r!r}", {"rho_cap": json_float(r)})
+        e, a_cap = fix_rho_cap(r, d_rho)
+        return CapSpec(e, d, r, a_cap, True, a_cap, sel)
+    e = real(epsilon, "epsilon", error)
+    if not (0.0 < e < math.inf):
+        raise error(f"the cap's epsilon must be finite and > 0, got {e!r}", {"epsilon": json_float(e)})
+    r, a_cap = fix_epsilon_cap(e, d_rho)
+    if not r > 0.0:
+        raise error(f"the cap (epsilon={e!r}, delta={d!r}) admits no spending (rho_cap = 0)",
+                    {"epsilon": e, "delta": d})
+    return CapSpec(e, d, r, a_cap, False, a_cap, sel)
+
+
+def legacy_cap(epsilon: float | None, delta: float, *, rho_cap: float | None = None) -> CapSpec:
+    """A cap fixed by the legacy rule (continuous [CKS20] ρ_cap, α*, every order checked).
+
+    Only to read and test ledgers written before the ``"alpha_cap"`` rule; new caps use
+    :func:`validate_cap`. Arguments as :func:`validate_cap` (no selection δ).
+
+    Raises:
+        InvalidBudget: as :func:`validate_cap`.
+    """
+    base = validate_cap(epsilon, delta, rho_cap=rho_cap)
+    if rho_cap is not None:
+        e = accounting.zcdp_epsilon_tight(base.rho_cap, base.delta)
+        return CapSpec(e, base.delta, base.rho_cap, optimal_order(base.rho_cap, base.delta), True)
+    r = accounting.rho_for_cap(base.epsilon, base.delta, "tight")
+    return CapSpec(base.epsilon, base.delta, r, optimal_order(r, base.delta))
+
+
+def validate_population(
+    name: Any,
+    epsilon: float | None,
+    delta: float,
+    allocations: Mapping[str, float] | Iterable[tuple[str, float]] | None,
+    actor: Any,
+    reason: Any,
+    rho_cap: float | None,
+    selection_delta: float | None = None,
+) -> tuple[CapSpec, dict[str, float]]:
+    """Validate policy input for a population (:meth:`Ledger.ensure_population`,
+    :meth:`Ledger.apply_policy`).
+
+    Returns:
+        ``(cap, allocations)``: the cap fixed into its budget curve and the allocations as a
+        sorted dict.
+
+    Raises:
+        PolicyError: invalid name, cap, allocations, actor or reason.
+    """
+    validate_name(name, "population", PolicyError)
+    cap = validate_cap(epsilon, delta, rho_cap=rho_cap, selection_delta=selection_delta, error=PolicyError)
+    allocs = validate_allocations(allocations, PolicyError)
+    if not isinstance(actor, str) or not actor.strip() or not isinstance(reason, str) or not reason.strip():
+        raise PolicyError("actor and reason must be non-empty strings", {})
+    return cap, allocs
+
+
+#: Columns of a stored population (the cap and allocations in force), in storage order;
+#: ``alpha_cap`` (NULL: a legacy cap) and ``selection_delta`` came with schema version 2.
+POPULATION_COLUMNS: tuple[str, ...] = (
+    "epsilon", "delta", "rho_cap", "alpha_star", "rho_stated", "allocations", "alpha_cap", "selection_delta",
+)  # fmt: skip
+
+
+@lru_cache(maxsize=256)
+def _parse_allocations(text: str) -> tuple[tuple[str, float], ...]:
+    return tuple(json.loads(text).items())
+
+
+def population_from_row(row: Iterable[Any]) -> tuple[CapSpec, dict[str, float]]:
+    """``(cap, allocations)`` from a stored population row in :data:`POPULATION_COLUMNS` order."""
+    epsilon, delta, rho_cap, alpha_star, rho_stated, allocations, alpha_cap, selection_delta = row
+    cap = CapSpec(epsilon, delta, rho_cap, alpha_star, bool(rho_stated),
+                  None if alpha_cap is None else float(alpha_cap), float(selection_delta or 0.0))
+    return cap, dict(_parse_allocations(allocations))

@@ -1,0 +1,172 @@
+"""External curves that fit are admitted (issue 9, item 6): the filter checks the orders the
+cap's guarantee uses (grid orders up to α_cap, each a fixed-order Rényi filter), curves on the
+caller's own order grid are mapped conservatively, refusals name the order that failed, and
+the grid and α_cap are published (``GET /v1/ledger/orders``).
+
+dp-accounting is the independent oracle for the DP-SGD curves and the RDP → (ε, δ) conversion.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from _api_server import LiveServer
+from _small_project import write_project
+
+from dpgate import accounting
+from dpgate.accounting import ORDERS, Cost
+from dpgate.api import create_app
+from dpgate.auth import KeyStore
+from dpgate.errors import BudgetExhausted, InvalidBudget
+from dpgate.ledger import open_ledger
+from dpgate.service import Gateway
+from dpgate.settings import Settings
+
+dp_accounting = pytest.importorskip("dp_accounting")
+from dp_accounting import rdp  # noqa: E402
+from dp_accounting.rdp import rdp_privacy_accountant as oracle  # noqa: E402
+
+DELTA = 1e-6
+FINITE = [a for a in ORDERS if math.isfinite(a)]
+
+
+def dp_sgd(q: float, sigma: float, steps: int, orders=None) -> tuple[list[float], list[float], float]:
+    """(orders, curve, ε at δ = 1e-6) of a Poisson-subsampled Gaussian run, by dp-accounting
+    (its default order grid unless ``orders`` is given)."""
+    acc = rdp.RdpAccountant(orders=orders) if orders is not None else rdp.RdpAccountant()
+    acc.compose(dp_accounting.SelfComposedDpEvent(
+        dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), steps))
+    return list(map(float, acc._orders)), list(map(float, acc._rdp)), acc.get_epsilon(DELTA)
+
+
+@pytest.fixture
+def ledger(tmp_path):
+    led = open_ledger(f"sqlite:///{tmp_path / 'l.sqlite'}")
+    yield led
+    led.close()
+
+
+def test_the_issue_dp_sgd_run_fits_a_cap_of_epsilon_10(ledger):
+    # The issue's example: q = 0.01, σ = 1, 10,000 steps is (7.4, 1e-6)-DP by dp-accounting, and
+    # was refused under a cap of (10, 1e-6) because every order up to 1024 was checked.
+    orders, curve, eps = dp_sgd(0.01, 1.0, 10_000)
+    assert eps == pytest.approx(7.4, abs=0.05)
+    ledger.ensure_population("p", epsilon=10.0, delta=DELTA, allocations={})
+    cap = ledger.cap("p")
+    # α_cap: the grid order where the single-order conversion of α·ρ_cap meets the cap
+    assert cap.alpha_cap == 4.0
+    e_cap, order = oracle.compute_epsilon([4.0], [4.0 * cap.rho_cap], DELTA)
+    assert e_cap == pytest.approx(10.0, rel=1e-9) and e_cap <= 10.0 + 1e-12 and order == 4.0
+    # the curve is charged on dp-accounting's own grid (1.1, 1.2, …, 63, 128, …, 1024)
+    receipt = ledger.charge("p", "sgd", Cost.rdp_on_orders(curve, orders), purpose="DP-SGD run")
+    assert not receipt.duplicate
+    rep = ledger.spend("p")
+    # reported ε: the mapped curve converted on the ledger's grid; never below the oracle's
+    # ε on the caller's finer grid by more than the mapping's conservatism, never above the cap
+    assert eps - 1e-9 <= rep.spent_epsilon <= 10.0
+    assert rep.spent_epsilon == pytest.approx(eps, rel=0.05)
+    # the conversion at α_cap of what was spent stays within the cap (the filter's guarantee)
+    led_curve = Cost.rdp_on_orders(curve, orders).curve
+    spent_at_cap = led_curve[ORDERS.index(4.0)]
+    assert oracle.compute_epsilon([4.0], [spent_at_cap], DELTA)[0] <= 10.0
+    assert ledger.verify().ok
+
+
+def test_a_second_run_is_refused_naming_the_order_and_by_how_much(ledger):
+    orders, curve, _ = dp_sgd(0.01, 1.0, 10_000)
+    ledger.ensure_population("p", epsilon=10.0, delta=DELTA, allocations={})
+    ledger.charge("p", "sgd", Cost.rdp_on_orders(curve, orders), purpose="run 1")
+    with pytest.raises(BudgetExhausted) as info:
+        ledger.charge("p", "sgd", Cost.rdp_on_orders(curve, orders), purpose="run 2")
+    d, msg = info.value.details, info.value.message
+    assert d["rule"] == "renyi" and d["alpha_cap"] == 4.0
+    o = d["order"]
+    assert o["alpha"] == d["binding_order"] <= 4.0
+    # at that order: what the run costs, what is spent, the budget α·ρ_cap and the excess
+    assert o["budget"] == pytest.approx(o["alpha"] * ledger.cap("p").rho_cap)
+    assert o["excess"] == pytest.approx(o["spent"] + o["request"] - o["budget"])
+    assert o["excess"] > 0
+    assert f"alpha = {o['alpha']:g}" in msg and "over by" in msg and "alpha_cap = 4" in msg
+    assert "Nothing was charged" in msg
+    assert len(ledger.entries()) == 1
+
+
+def test_a_curve_whose_epsilon_at_delta_is_zero_is_refused_in_words_that_make_sense(ledger):
+    # Fill the budget, then ask for a tiny curve: its ε at δ is 0 (within δ of perfect privacy),
+    # so "needs epsilon = 0 … only epsilon = 1 remains" would be nonsense. The refusal talks
+    # about the order that failed instead.
+    ledger.ensure_population("p", epsilon=1.0, delta=DELTA, allocations={})
+    cap = ledger.cap("p")
+    ledger.charge("p", "a", Cost.zcdp(cap.rho_cap), purpose="fill")
+    tiny = Cost.rdp([1e-13] * len(ORDERS))  # 1 − e^(−1e-13) ≤ δ²: within δ of perfect privacy
+    assert accounting.cost_epsilon(tiny, DELTA) == 0.0
+    with pytest.raises(BudgetExhausted) as info:
+        ledger.charge("p", "a", tiny, purpose="tiny")
+    msg = info.value.message
+    assert "needs" not in msg and "epsilon = 0 " not in msg and "epsilon=0" not in msg
+    assert "at Rényi order alpha = " in msg and "over by" in msg
+
+
+def test_curves_on_the_callers_grid_are_mapped_conservatively():
+    # hand-mapped: each ledger order takes the caller's value at the next caller order above it
+    caller_orders = [2.0, 4.0, 8.0, 16.0, 32.0]
+    caller_curve = [0.1, 0.3, 0.2, 0.9, 2.0]  # not monotone at 8: the suffix minimum applies
+    got = accounting.curve_on_grid(caller_curve, caller_orders)
+    for a, v in zip(ORDERS, got):
+        above = [c for o, c in zip(caller_orders, caller_curve) if o >= a]
+        want = min(above) if above else math.inf
+        assert v == want, (a, v, want)
+    assert got[ORDERS.index(1.01)] == 0.1 and got[ORDERS.index(3.0)] == 0.2
+    assert math.isinf(got[ORDERS.index(40.0)]) and math.isinf(got[-1])
+    # the pure-ε order given by the caller fills every order above its last finite one
+    with_inf = accounting.curve_on_grid([0.1, 0.5], [2.0, math.inf])
+    assert with_inf[ORDERS.index(1024.0)] == 0.5 and with_inf[-1] == 0.5
+    # the ledger's own grid maps to itself
+    curve = accounting.gaussian_rdp(0.1)
+    assert np.array_equal(accounting.curve_on_grid(curve, ORDERS), curve)
+    for bad in ([1.0, 2.0], [2.0, 2.0], [3.0, 2.0]):
+        with pytest.raises(ValueError):
+            accounting.curve_on_grid([0.1, 0.2], bad)
+
+
+def test_no_claim_above_alpha_cap_is_fine_below_it_is_a_clear_error(ledger):
+    ledger.ensure_population("p", epsilon=10.0, delta=DELTA, allocations={})  # α_cap = 4
+    # a Gaussian evaluated only up to order 8: fits (orders above α_cap are not checked)
+    r = ledger.charge("p", "a", Cost.rdp_on_orders([0.01 * a for a in (2, 4, 8)], [2, 4, 8]), purpose="q")
+    assert math.isinf(r.rho) and r.to_dict()["rho"] == "inf"
+    assert ledger.verify().ok
+    # evaluated only up to order 2: no claim at 2.25 … 4, orders the cap's guarantee uses
+    with pytest.raises(InvalidBudget) as info:
+        ledger.charge("p", "a", Cost.rdp_on_orders([0.02], [2.0]), purpose="q")
+    assert "no claim" in info.value.message and "alpha_cap" in info.value.message
+    assert info.value.details["order"]["alpha"] == 2.25
+    assert len(ledger.entries()) == 1
+
+
+def test_orders_are_published_to_every_role_and_external_charges_accept_the_callers_grid(tmp_path):
+    settings = Settings(policies=write_project(tmp_path / "project", epsilon=10.0, analysts=1.0, dashboard=None), home=tmp_path / "state")
+    store = KeyStore(settings.resolved_keys_file())
+    keys = {role: store.add(f"k-{role}", role=role, consumer="analysts" if role in ("analyst", "service")
+                            else None)[0]
+            for role in ("analyst", "dashboard", "admin", "service")}
+    orders, curve, _ = dp_sgd(0.01, 1.0, 10_000)
+    with LiveServer(create_app(settings)) as server, server.client() as client:
+        for role, key in keys.items():
+            r = client.get("/v1/ledger/orders", headers={"Authorization": f"Bearer {key}"})
+            assert r.status_code == 200, (role, r.text)
+            body = r.json()
+            assert body["orders"][-1] == "inf" and body["orders"][:-1] == FINITE
+            pop = body["populations"]["shoppers"]
+            assert pop["alpha_cap"] == 4.0 and pop["rule"] == "alpha_cap"
+            assert pop["checked_orders"] == [a for a in FINITE if a <= 4.0]
+        assert client.get("/v1/ledger/orders").status_code == 401
+        r = client.post("/v1/ledger/charges", headers={"Authorization": f"Bearer {keys['service']}"},
+                        json={"population": "shoppers", "consumer": "analysts", "kind": "rdp",
+                              "orders": orders, "curve": curve, "purpose": "DP-SGD run"})
+        assert r.status_code == 201, r.text
+    with Gateway.open(settings) as gw:
+        (entry,) = gw.ledger_entries("shoppers")
+        assert entry["metadata"]["caller_orders"] == orders  # the caller's own curve is kept
+        assert entry["metadata"]["caller_curve"] == curve
