@@ -1,4 +1,5 @@
-"""The DuckDB engine (dpgate.engine): loading with TRY_CAST, lock-down, timeouts, results.
+"""The DuckDB engine (dpgate.engines.duckdb, through EngineSet): loading with TRY_CAST, lock-down,
+timeouts, results.
 
 Real DuckDB, real files written to tmp_path (and the shared smartnoise CSVs when present).
 """
@@ -16,8 +17,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from dpgate.engine import Engine, source_fingerprint
-from dpgate.errors import ExecutionError, PolicyError, QueryTimeout
+from dpgate.engines import EngineOptions, EngineSet as Engine, source_fingerprint
+from dpgate.errors import Conflict, ExecutionError, PolicyError, QueryTimeout
 from dpgate.policy import load_policies, load_policy
 from tests.shared_data import smartnoise_dir
 
@@ -93,7 +94,7 @@ def engine():
 def test_csv_hostile_values_load_with_try_cast(hostile, engine):
     lines = []
     versions = engine.load(hostile, progress=lines.append)
-    assert lines == [f"loading ds.h ({len(HOSTILE_CSV.encode())} B)…"]
+    assert lines == [f"loading ds.h ({len(HOSTILE_CSV.encode())} B, in memory)…"]
     out = engine.execute('SELECT * FROM "ds"."h"')
     # Only the declared columns (policy spelling) and the unit column; "extra" is not loaded.
     assert list(out) == ["x", "N", "flag", "name", "UID"]
@@ -285,11 +286,11 @@ def test_locked_configuration(hostile, engine, statement):
     with pytest.raises(ExecutionError):
         engine.execute(statement)
     # … and DuckDB itself refuses each of these on the locked connection.
-    cursor = engine._con.cursor()
+    cursor = engine.engine("ds")._con.cursor()
     with pytest.raises(duckdb.Error):
         cursor.execute(statement)
     cursor.close()
-    settings = dict(engine._con.execute(
+    settings = dict(engine.engine("ds")._con.execute(
         "SELECT name, value FROM duckdb_settings() WHERE name IN ('enable_external_access', "
         "'lock_configuration', 'autoload_known_extensions', 'autoinstall_known_extensions')"
     ).fetchall())
@@ -395,14 +396,17 @@ def test_source_fingerprint(tmp_path):
         source_fingerprint([tmp_path / "absent"])
 
 
-def test_engine_arguments():
+def test_engine_arguments(tmp_path):
     for bad in (0, -1, float("nan"), float("inf")):
         with pytest.raises(ValueError):
             Engine(timeout_s=bad)
     with pytest.raises(ValueError):
         Engine(threads=0)
     e = Engine(memory_limit="256MB", threads=1)
-    assert e._con.execute("SELECT current_setting('threads')").fetchone()[0] == 1
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "h.csv").write_text(HOSTILE_CSV)
+    e.load(load_policies(write_policy(tmp_path, HOSTILE_TABLE)))
+    assert e.engine("ds")._con.execute("SELECT current_setting('threads')").fetchone()[0] == 1
     e.close()
 
 
@@ -414,3 +418,243 @@ def test_loaded_like_the_planner_fixture(tmp_path):
     with Engine() as e:
         e.load({"ds": policy})
         assert len(e.execute(f"SELECT * FROM {policy.table('h').relation}")["x"]) == 7
+
+
+# --- the privacy unit is kept as stored (issue 9, item 2) --------------------------------------
+
+UNIT_CSV = "uid,k\n7,1\n07,1\n7.4,1\n6.6,1\n 7,1\n+7,1\n"
+
+
+def _unit_policy(tmp_path, unit_decl: str, csv: str = UNIT_CSV, extra: str = "") -> dict:
+    (tmp_path / "data").mkdir(exist_ok=True)
+    (tmp_path / "data" / "u.csv").write_text(csv)
+    decl = f"uid = {unit_decl}\n" if unit_decl else ""
+    return load_policies(write_policy(tmp_path, f"""
+        [tables.u]
+        source = "data/u.csv"
+        privacy_unit = "uid"
+        max_rows_per_unit = 5
+        [tables.u.columns]
+        {decl}k = {{ type = "int", lower = 0, upper = 1 }}
+        {extra}
+        """))
+
+
+def test_int_unit_over_non_canonical_text_is_refused_not_merged(tmp_path):
+    # Before: TRY_CAST merged 7, 07, 7.4, 6.6, ' 7' and +7 into one unit (six people, one unit).
+    with pytest.raises(PolicyError) as info:
+        Engine().load(_unit_policy(tmp_path, '{ type = "int" }'))
+    assert "not canonical integers" in info.value.message and "uid" in info.value.message
+    assert info.value.details["non_canonical_values"] == 5  # all but the first '7'
+
+
+def test_text_unit_keeps_every_id_as_stored(tmp_path):
+    with Engine() as e:
+        e.load(_unit_policy(tmp_path, '{ type = "text" }'))
+        out = e.execute('SELECT uid FROM "ds"."u"')
+        assert out["uid"].tolist() == ["7", "07", "7.4", "6.6", " 7", "+7"]
+        n = e.execute('SELECT count(DISTINCT uid) AS n FROM "ds"."u"')["n"].tolist()
+        assert n == [6]
+
+
+def test_canonical_int_unit_is_cast_losslessly(tmp_path):
+    csv = "uid,k\n7,1\n-12,0\n0,1\n9223372036854775807,1\n,1\nNULL,0\n"
+    with Engine() as e:
+        e.load(_unit_policy(tmp_path, '{ type = "int" }', csv))
+        out = e.execute('SELECT uid FROM "ds"."u"')
+        assert out["uid"].tolist() == [7, -12, 0, 2**63 - 1, None, None]
+
+
+@pytest.mark.parametrize("token", ["", "NULL", "null", "nan", "NaN", " None ", "n/a", "#N/A"])
+def test_null_like_units_are_dropped_never_merged(tmp_path, token):
+    csv = f'uid,k\na,1\n"{token}",1\n"{token}",1\nb,1\n'
+    with Engine() as e:
+        e.load(_unit_policy(tmp_path, "", csv))
+        out = e.execute('SELECT uid FROM "ds"."u"')
+        assert out["uid"].tolist() == ["a", None, None, "b"]
+
+
+@pytest.mark.parametrize("decl", ['{ type = "float" }', '{ type = "bool" }'])
+def test_float_or_bool_unit_declaration_is_refused(tmp_path, decl):
+    with pytest.raises(PolicyError, match="ids must be integers or text"):
+        Engine().load(_unit_policy(tmp_path, decl, "uid,k\n1,1\n"))
+
+
+def test_float_unit_column_in_parquet_is_refused(tmp_path):
+    (tmp_path / "data").mkdir()
+    pq.write_table(pa.table({"uid": [7.0, 7.4, 6.6], "k": [1, 1, 1]}), tmp_path / "data" / "u.parquet")
+    folder = write_policy(tmp_path, """
+        [tables.u]
+        source = "data/u.parquet"
+        privacy_unit = "uid"
+        [tables.u.columns]
+        k = { type = "int", lower = 0, upper = 1 }
+        """)
+    with pytest.raises(PolicyError, match="stored as DOUBLE"):
+        Engine().load(load_policies(folder))
+
+
+def test_columns_differing_only_in_case_are_refused(tmp_path):
+    # CSV header USER_ID,user_id,k: the unit could bind to either column.
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "c.csv").write_text("USER_ID,user_id,k\n1,2,1\n1,3,1\n")
+    folder = write_policy(tmp_path, """
+        [tables.c]
+        source = "data/c.csv"
+        privacy_unit = "user_id"
+        [tables.c.columns]
+        k = { type = "int", lower = 0, upper = 1 }
+        """)
+    with pytest.raises(PolicyError) as info:
+        Engine().load(load_policies(folder))
+    assert "ambiguous" in info.value.message and "'USER_ID'" in info.value.message
+    assert info.value.details["column"] == "user_id"
+
+
+def test_ambiguous_columns_the_policy_does_not_use_are_allowed(tmp_path):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "c.csv").write_text("uid,X,x,k\n1,2,3,1\n")
+    folder = write_policy(tmp_path, """
+        [tables.c]
+        source = "data/c.csv"
+        privacy_unit = "uid"
+        [tables.c.columns]
+        k = { type = "int", lower = 0, upper = 1 }
+        """)
+    with Engine() as e:
+        e.load(load_policies(folder))
+
+
+# --- in place, uniqueness, reload ------------------------------------------------------------
+
+
+def _parquet_policy(tmp_path, load: str, rows: int = 1000, unique: bool = True) -> dict:
+    (tmp_path / "data").mkdir(parents=True, exist_ok=True)
+    uid = np.arange(rows) if unique else np.arange(rows) // 2
+    pq.write_table(pa.table({"uid": uid, "x": np.arange(rows) % 7, "extra": np.zeros(rows)}),
+                   tmp_path / "data" / "p.parquet")
+    folder = write_policy(tmp_path, """
+        [tables.p]
+        source = "data/p.parquet"
+        privacy_unit = "uid"
+        [tables.p.columns]
+        x = { type = "int", lower = 0, upper = 10 }
+        """)
+    text = (folder / "ds.toml").read_text().replace('population = "people"\n',
+                                                   f'population = "people"\nload = "{load}"\n')
+    (folder / "ds.toml").write_text(text)
+    return load_policies(folder)
+
+
+@pytest.mark.parametrize("load", ["memory", "in_place"])
+def test_memory_and_in_place_give_the_same_table(tmp_path, load):
+    with Engine() as e:
+        lines = []
+        e.load(_parquet_policy(tmp_path, load), progress=lines.append)
+        assert ("in place" in lines[0]) == (load == "in_place")
+        out = e.execute('SELECT count(*) AS n, sum(x) AS s, count(DISTINCT uid) AS u FROM "ds"."p"')
+        assert out["n"].tolist() == [1000] and out["s"].tolist() == [sum(i % 7 for i in range(1000))]
+        assert e.describe("ds")["tables"] == {"p": {"load": load}}
+        assert e.unit_is_unique("ds", "p") is True
+
+
+def test_auto_load_mode_by_size(tmp_path):
+    policies = _parquet_policy(tmp_path, "auto")
+    with Engine(options=EngineOptions(in_place_above_bytes=10)) as e:
+        e.load(policies)
+        assert e.describe("ds")["tables"]["p"]["load"] == "in_place"
+    with Engine(options=EngineOptions(in_place_above_bytes=10**9)) as e:
+        e.load(policies)
+        assert e.describe("ds")["tables"]["p"]["load"] == "memory"
+
+
+def test_unit_uniqueness_is_found_at_load(tmp_path):
+    with Engine() as e:
+        e.load(_parquet_policy(tmp_path, "memory", unique=False))
+        assert e.unit_is_unique("ds", "p") is False
+
+
+def test_in_place_database_reads_only_its_own_files(tmp_path):
+    policies = _parquet_policy(tmp_path, "in_place")
+    other = tmp_path / "other.parquet"
+    pq.write_table(pa.table({"secret": [1]}), other)
+    with Engine() as e:
+        e.load(policies)
+        with pytest.raises(ExecutionError):
+            e.execute(f"SELECT * FROM read_parquet('{other}')")
+        with pytest.raises(ExecutionError):
+            e.execute("SELECT * FROM read_csv('/etc/passwd')")
+        assert e.execute('SELECT count(*) AS n FROM "ds"."p"')["n"].tolist() == [1000]
+
+
+def test_in_place_file_changed_is_refused_until_reload(tmp_path):
+    policies = _parquet_policy(tmp_path, "in_place")
+    with Engine() as e:
+        v1 = e.load(policies)["ds"]
+        pq.write_table(pa.table({"uid": np.arange(5), "x": np.ones(5, dtype=np.int64)}),
+                       tmp_path / "data" / "p.parquet")
+        with pytest.raises(Conflict, match="reload"):
+            e.execute('SELECT count(*) AS n FROM "ds"."p"')
+        with pytest.raises(Conflict):
+            e.check('SELECT count(*) AS n FROM "ds"."p"')
+        report = e.reload("ds")
+        assert report.data_version != v1
+        assert e.execute('SELECT count(*) AS n FROM "ds"."p"')["n"].tolist() == [5]
+
+
+def test_reload_swaps_memory_data_and_keeps_old_engine_for_running_queries(tmp_path):
+    policies = _parquet_policy(tmp_path, "memory")
+    with Engine() as e:
+        v1 = e.load(policies)["ds"]
+        old = e.engine("ds")
+        pq.write_table(pa.table({"uid": np.arange(3), "x": np.ones(3, dtype=np.int64)}),
+                       tmp_path / "data" / "p.parquet")
+        # memory mode copied the data: still the old rows until the reload
+        assert e.execute('SELECT count(*) AS n FROM "ds"."p"')["n"].tolist() == [1000]
+        started, release = threading.Event(), threading.Event()
+        result = {}
+
+        def slow(engine):
+            started.set()
+            release.wait(10)
+            return engine.execute('SELECT count(*) AS n FROM "ds"."p"')
+
+        t = threading.Thread(target=lambda: result.update(n=e._run("ds", slow)))
+        t.start()
+        started.wait(10)
+        report = e.reload("ds")
+        assert report.data_version != v1 and e.engine("ds") is not old
+        release.set()
+        t.join(10)
+        assert result["n"]["n"].tolist() == [1000]  # finished on the old data
+        assert e.execute('SELECT count(*) AS n FROM "ds"."p"')["n"].tolist() == [3]
+        with pytest.raises(ExecutionError, match="closed"):  # the old engine was closed afterwards
+            old.execute("SELECT 1")
+
+
+def test_failed_reload_keeps_serving_old_data(tmp_path):
+    policies = _parquet_policy(tmp_path, "memory")
+    with Engine() as e:
+        e.load(policies)
+        (tmp_path / "data" / "p.parquet").write_text("not parquet")
+        with pytest.raises(PolicyError):
+            e.reload("ds")
+        assert e.execute('SELECT count(*) AS n FROM "ds"."p"')["n"].tolist() == [1000]
+
+
+def test_routing_by_dataset(tmp_path):
+    a = _parquet_policy(tmp_path / "a", "memory")
+    (tmp_path / "b" / "data").mkdir(parents=True)
+    (tmp_path / "b" / "data" / "h.csv").write_text(HOSTILE_CSV)
+    folder = write_policy(tmp_path / "b", HOSTILE_TABLE)
+    text = (folder / "ds.toml").read_text().replace('name = "ds"', 'name = "other"')
+    (folder / "ds.toml").write_text(text)
+    b = load_policies(folder)
+    with Engine() as e:
+        e.load({**a, **b})
+        assert e.execute('SELECT count(*) AS n FROM "ds"."p"')["n"].tolist() == [1000]
+        assert e.execute('SELECT count(*) AS n FROM "other"."h"')["n"].tolist() == [7]
+        with pytest.raises(ExecutionError, match="exactly one dataset"):
+            e.execute('SELECT count(*) AS n FROM "ds"."p", "other"."h"')
+        with pytest.raises(ExecutionError):
+            e.execute("SELECT 1 AS x")  # no dataset named, several loaded

@@ -84,6 +84,7 @@ class Permission(str, enum.Enum):
     CHARGE_EXTERNAL = "charge_external"  #: POST /v1/ledger/charges
     READ_LEDGER = "read_ledger"  #: GET /v1/admin/ledger
     SET_CAP = "set_cap"  #: POST /v1/admin/populations/{p}/cap
+    RELOAD_DATASETS = "reload_datasets"  #: POST /v1/admin/datasets/{name}/reload
 
 
 class Role(str, enum.Enum):
@@ -115,6 +116,7 @@ ROLE_PERMISSIONS: dict[Role, frozenset[Permission]] = {
             Permission.READ_BUDGET,
             Permission.READ_LEDGER,
             Permission.SET_CAP,
+            Permission.RELOAD_DATASETS,
             Permission.CHARGE_EXTERNAL,
         }
     ),

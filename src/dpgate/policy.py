@@ -315,6 +315,14 @@ class DatasetPolicy:
         allocations: read-only mapping consumer → share of the cap's ρ (sum ≤ 1).
         tables: read-only mapping table name → :class:`TablePolicy`.
         path: the policy file.
+        engine: where the tables live and the bounded query runs: ``"duckdb"``
+            (default; files), ``"postgres"`` or ``"spark"`` (DESIGN.md, "Engines").
+        connection: PostgreSQL connection string (``postgres`` only; may instead come
+            from ``DPGATE_CONNECTION_<DATASET>``); never published.
+        version_sql: a query on the live source whose result identifies the data
+            version (published only as a keyed hash); live engines only.
+        load: DuckDB load mode ``"memory"``, ``"in_place"`` or ``"auto"`` (None: the
+            setting ``DPGATE_DUCKDB_LOAD``).
     """
 
     name: str
@@ -324,6 +332,10 @@ class DatasetPolicy:
     allocations: Mapping[str, float]
     tables: Mapping[str, TablePolicy]
     path: Path | None = field(default=None, compare=False)
+    engine: str = "duckdb"
+    connection: str | None = field(default=None, compare=False, repr=False)
+    version_sql: str | None = None
+    load: str | None = None
 
     def table(self, name: str) -> TablePolicy:
         """The declared table ``name`` (exact, else case-insensitive match).
@@ -739,9 +751,20 @@ def _bound_int(raw: Mapping, key: str, path: Path, table: str) -> int | None:
     return v
 
 
-def _resolve_source(source: Any, path: Path, table: str) -> str:
+_RELATION_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]*(\.[A-Za-z_][A-Za-z0-9_$]*){0,2}$")
+
+
+def _resolve_source(source: Any, path: Path, table: str, engine: str = "duckdb") -> str:
     if not isinstance(source, str) or not source.strip():
         raise _policy_error(path, "source must be a non-empty string", table)
+    looks_like_path = "/" in source or "\\" in source or source.lower().endswith((".parquet", ".parq"))
+    if engine == "postgres" or (engine == "spark" and not looks_like_path):
+        if not _RELATION_RE.match(source):
+            raise _policy_error(
+                path, f"source {source!r} must be a table or view name ([schema.]table) for the "
+                f"{engine} engine", table,
+            )
+        return source
     root = path.resolve().parent.parent
     if source.startswith("duckdb:"):
         rest = source[len("duckdb:"):]
@@ -758,12 +781,12 @@ def _resolve_source(source: Any, path: Path, table: str) -> str:
     return str(spath)
 
 
-def _parse_table(name: str, raw: Any, path: Path, dataset: str) -> TablePolicy:
+def _parse_table(name: str, raw: Any, path: Path, dataset: str, engine: str = "duckdb") -> TablePolicy:
     _name(name, "table name", path, name)
     if not isinstance(raw, dict):
         raise _policy_error(path, "a table must be a TOML table", name)
     _check_keys(raw, _TABLE_KEYS, path, "the table", name)
-    source = _resolve_source(raw.get("source"), path, name)
+    source = _resolve_source(raw.get("source"), path, name, engine)
     unit = raw.get("privacy_unit")
     k = _bound_int(raw, "max_groups_per_unit", path, name)
     m = _bound_int(raw, "max_rows_per_unit", path, name)
@@ -835,12 +858,14 @@ def _parse_table(name: str, raw: Any, path: Path, dataset: str) -> TablePolicy:
 def _parse_policy(raw: Mapping[str, Any], path: Path) -> DatasetPolicy:
     _check_keys(raw, {"dataset", "budget", "allocations", "tables"}, path, "the file")
     ds = _section(raw, "dataset", path)
-    _check_keys(ds, {"name", "population", "data_version"}, path, "[dataset]")
+    _check_keys(ds, {"name", "population", "data_version", "engine", "connection", "version_sql", "load"},
+                path, "[dataset]")
     name = _name(ds.get("name"), "dataset name", path)
     population = _name(ds.get("population"), "population", path, strict=False)
     data_version = ds.get("data_version")
     if data_version is not None and (not isinstance(data_version, str) or not data_version):
         raise _policy_error(path, "data_version must be a non-empty string")
+    engine, connection, version_sql, load_mode = _parse_engine(ds, path, data_version)
 
     b = _section(raw, "budget", path)
     _check_keys(
@@ -895,7 +920,7 @@ def _parse_policy(raw: Mapping[str, Any], path: Path) -> DatasetPolicy:
     for tname, traw in tables_raw.items():
         if any(t.casefold() == tname.casefold() for t in tables):
             raise _policy_error(path, "two tables differ only in case", tname)
-        tables[tname] = _parse_table(tname, traw, path, name)
+        tables[tname] = _parse_table(tname, traw, path, name, engine)
     return DatasetPolicy(
         name=name,
         population=population,
@@ -904,4 +929,41 @@ def _parse_policy(raw: Mapping[str, Any], path: Path) -> DatasetPolicy:
         allocations=MappingProxyType(allocations),
         tables=MappingProxyType(tables),
         path=path,
+        engine=engine,
+        connection=connection,
+        version_sql=version_sql,
+        load=load_mode,
     )
+
+
+ENGINES: tuple[str, ...] = ("duckdb", "postgres", "spark")
+LOAD_MODES: tuple[str, ...] = ("auto", "memory", "in_place")
+
+
+def _parse_engine(ds: Mapping[str, Any], path: Path, data_version: str | None):
+    """``[dataset]`` engine, connection, version_sql and load (DESIGN.md, "Engines")."""
+    engine = ds.get("engine", "duckdb")
+    if engine not in ENGINES:
+        raise _policy_error(path, f"[dataset] engine must be one of {', '.join(ENGINES)} (got {engine!r})")
+    connection = ds.get("connection")
+    if connection is not None:
+        if engine != "postgres":
+            raise _policy_error(path, "[dataset] connection is only for engine = \"postgres\"")
+        if not isinstance(connection, str) or not connection.strip():
+            raise _policy_error(path, "[dataset] connection must be a non-empty string")
+    version_sql = ds.get("version_sql")
+    if version_sql is not None:
+        if engine == "duckdb":
+            raise _policy_error(path, "[dataset] version_sql is for live engines (postgres, spark); "
+                                "DuckDB files are versioned by their fingerprint")
+        if not isinstance(version_sql, str) or not version_sql.strip():
+            raise _policy_error(path, "[dataset] version_sql must be a non-empty SELECT")
+        if data_version is not None:
+            raise _policy_error(path, "[dataset] give data_version or version_sql, not both")
+    load_mode = ds.get("load")
+    if load_mode is not None:
+        if engine != "duckdb":
+            raise _policy_error(path, "[dataset] load is for engine = \"duckdb\" (live engines read in place)")
+        if load_mode not in LOAD_MODES:
+            raise _policy_error(path, f"[dataset] load must be one of {', '.join(LOAD_MODES)} (got {load_mode!r})")
+    return engine, connection, version_sql, load_mode

@@ -36,7 +36,7 @@ from typing import Any, Callable, ClassVar, Mapping
 
 import numpy as np
 from dpgate import accounting, limits
-from dpgate.engine import Engine
+from dpgate.engines import EngineOptions, EngineSet
 from dpgate.errors import (
     DpgateError,
     ExecutionError,
@@ -163,7 +163,7 @@ class QueryBudget:
 
 
 class Gateway:
-    """The in-process gateway: policies, the DuckDB engine, the ledger and the release store.
+    """The in-process gateway: policies, the engines, the ledger and the release store.
 
     Build it with :meth:`open` (which loads policies and data) or inject the
     parts (tests). All public methods return JSON-ready dicts and raise
@@ -171,23 +171,34 @@ class Gateway:
 
     Args:
         policies: dataset name → policy.
-        engine: a loaded :class:`~dpgate.engine.Engine`.
-        data_versions: dataset name → data version (from ``Engine.load``).
+        engine: a loaded :class:`~dpgate.engines.EngineSet` (one engine per dataset).
+        data_versions: dataset name → published data version (from ``EngineSet.load``,
+            keyed by :func:`_published_version`); None for a live source whose version
+            comes from ``version_sql`` per query, or is unknown (release cache off).
         ledger: the budget ledger.
         releases: the release store (same backend as the ledger).
+        salt_source: draws the secret that picks each unit's k groups (default: 63 bits
+            from the OS CSPRNG; tests pass a constant to compare engines).
+        fingerprint_key: the key of published data fingerprints (default: a per-process key).
     """
 
     def __init__(
         self,
         policies: Mapping[str, DatasetPolicy],
-        engine: Engine,
-        data_versions: Mapping[str, str],
+        engine: EngineSet,
+        data_versions: Mapping[str, str | None],
         ledger: Ledger,
         releases: ReleaseStore,
+        *,
+        salt_source: Callable[[], int] | None = None,
+        fingerprint_key: bytes | None = None,
     ) -> None:
         self.policies = dict(policies)
         self.engine = engine
         self.data_versions = dict(data_versions)
+        self._salt_source = salt_source or (lambda: secrets.randbits(63))
+        # keys published data fingerprints; a gateway built without one keys them per process
+        self._fingerprint_key = fingerprint_key or secrets.token_bytes(32)
         self.ledger = ledger
         self.release_store = releases
         timeout = getattr(engine, "timeout_s", None)
@@ -199,23 +210,28 @@ class Gateway:
     # ----------------------------------------------------------------- lifecycle
 
     @classmethod
-    def open(cls, settings: Settings, *, progress: Callable[[str], None] | None = None) -> "Gateway":
-        """Load the policies, the data (DuckDB), the ledger and the release store.
+    def open(cls, settings: Settings, *, progress: Callable[[str], None] | None = None,
+             salt_source: Callable[[], int] | None = None) -> "Gateway":
+        """Load the policies, the data (each dataset's engine), the ledger and the release store.
 
         Args:
             settings: injected configuration.
             progress: called with human-readable progress lines (loading large files).
+            salt_source: see :class:`Gateway` (tests only; default: the OS CSPRNG).
         Raises:
             PolicyError: a policy file is invalid or names a missing source or column.
             LedgerError: the ledger cannot be opened.
         """
         policies = load_policies(Path(settings.policies))
         settings.home.mkdir(parents=True, exist_ok=True)
-        engine = Engine(
+        engine = EngineSet(options=EngineOptions(
             timeout_s=settings.query_timeout_s,
-            memory_limit=settings.duckdb_memory_limit,
-            threads=settings.duckdb_threads,
-        )
+            duckdb_memory_limit=settings.duckdb_memory_limit,
+            duckdb_threads=settings.duckdb_threads,
+            duckdb_load=settings.duckdb_load,
+            in_place_above_bytes=settings.duckdb_in_place_above,
+            spark_master=settings.spark_master,
+        ))
         try:
             versions = engine.load(policies, progress=progress)
             ledger = open_ledger(settings.resolved_ledger_url())
@@ -229,8 +245,8 @@ class Gateway:
             ledger.close()
             engine.close()
             raise
-        versions = {name: _published_version(v, key) for name, v in versions.items()}
-        return cls(policies, engine, versions, ledger, store)
+        versions = {name: None if v is None else _published_version(v, key) for name, v in versions.items()}
+        return cls(policies, engine, versions, ledger, store, fingerprint_key=key, salt_source=salt_source)
 
     def close(self) -> None:
         """Close the release store, the ledger and the engine."""
@@ -281,6 +297,7 @@ class Gateway:
             "name": policy.name,
             "population": policy.population,
             "data_version": self.data_versions.get(name),
+            **self._serving(name),
             "cap": drift.ledger_cap.public(),
             "policy_cap": {"epsilon": policy.budget.epsilon, "delta": policy.budget.delta},
             "policy_drift": drift.to_dict(),
@@ -298,6 +315,56 @@ class Gateway:
         report["dataset"] = dataset
         report["policy_drift"] = self.policy_drift(dataset).to_dict()
         return report
+
+    def _serving(self, name: str) -> dict[str, Any]:
+        """Engine, load modes and release-cache state of a dataset (for :meth:`dataset`)."""
+        try:
+            info = self.engine.describe(name)
+        except Exception:  # noqa: BLE001 - an injected engine without describe()
+            return {}
+        cache = "enabled" if info["versioned_by"] else (
+            "disabled: a live source without data_version or version_sql has no data version, "
+            "so every query is computed (and charged) afresh")
+        return {"engine": info["engine"], "versioned_by": info["versioned_by"],
+                "release_cache": cache, "load": {t: v["load"] for t, v in info["tables"].items()}}
+
+    def _data_version(self, dataset: str) -> str:
+        """The published data version a query is cached under.
+
+        A declared version or a source fingerprint is fixed at load (reload to change
+        it); ``version_sql`` is evaluated now and published keyed (HMAC), like a
+        fingerprint. Without any version the release cache is off for the dataset:
+        every query gets a fresh ``unversioned:`` key that nothing else shares.
+        """
+        version = self.data_versions.get(dataset)
+        if version is not None:
+            return version
+        describe = getattr(self.engine, "describe", None)
+        if describe is not None and describe(dataset)["versioned_by"] == "version_sql":
+            raw = self.engine.current_version(dataset)
+            if raw is not None:
+                return _published_version(raw, self._fingerprint_key)
+        return f"unversioned:{secrets.token_hex(16)}"
+
+    def reload(self, dataset: str, *, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+        """Load ``dataset``'s data again without a restart (its files changed).
+
+        The new data gets a new data version (a new fingerprint, or the policy's
+        declared one); releases of the old data stay stored and are served as they
+        were; queries on the new data are computed and charged afresh. Queries
+        running during the reload finish on the old data.
+
+        Returns:
+            The dataset view (:meth:`dataset`) after the reload.
+        Raises:
+            UnknownDataset; PolicyError (the new files are invalid: the old data keeps serving).
+        """
+        self.policy(dataset)
+        report = self.engine.reload(dataset, progress=progress)
+        raw = report.data_version
+        self.data_versions[dataset] = (None if raw is None
+                                       else _published_version(raw, self._fingerprint_key))
+        return self.dataset(dataset)
 
     def policy_drift(self, dataset: str) -> PolicyDrift:
         """How ``dataset``'s policy file differs from the cap and allocations the ledger enforces
@@ -456,7 +523,7 @@ class Gateway:
         policy, plan = self._plan(dataset, sql)
         mech = self._mechanism(policy, mechanism)
         resolved = self._resolve_budget(policy, mech, budget)
-        version = self.data_versions[dataset]
+        version = self._data_version(dataset)
         # Two keys: the noise key names the noisy primitives (what is charged and noised:
         # table, filter, grouping, primitives, bounds, budget, mechanism, data version); the
         # release key names this exact query, post-processing (outputs, HAVING, ORDER BY,
@@ -544,7 +611,7 @@ class Gateway:
 
     def _compute(self, policy: DatasetPolicy, plan: QueryPlan, cal, resolved: Mapping[str, Any],
                  receipt, key: str, version: str) -> Release:
-        salt = secrets.randbits(63)
+        salt = self._salt_source()
         try:
             values = self.engine.execute(bounded_sql(plan, policy, salt=salt))
         except DpgateError:

@@ -7,6 +7,7 @@ passed to whatever needs them; nothing reads them at import time.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -28,6 +29,13 @@ class Settings(BaseSettings):
         max_body_bytes: largest accepted HTTP request body (413 above).
         duckdb_memory_limit: DuckDB ``memory_limit`` (e.g. ``"4GB"``), or None.
         duckdb_threads: DuckDB ``threads``, or None for DuckDB's default.
+        duckdb_load: how DuckDB datasets without a ``[dataset] load`` are read:
+            ``"auto"`` (in place above ``duckdb_in_place_above`` bytes, else in memory),
+            ``"memory"`` or ``"in_place"`` (``DPGATE_DUCKDB_LOAD``).
+        duckdb_in_place_above: size in bytes of a table's source files above which
+            ``auto`` queries it in place (``DPGATE_DUCKDB_IN_PLACE_ABOVE``; 1 GB).
+        spark_master: Spark master URL for datasets with ``engine = "spark"``
+            (``DPGATE_SPARK_MASTER``; default ``local[*]``).
         fingerprint_key: secret keying the published data version when it is a
             fingerprint of the source files (``DPGATE_FINGERPRINT_KEY``; default:
             a random key created once in the shared release store, so replicas sharing a ledger share it).
@@ -74,6 +82,21 @@ class Settings(BaseSettings):
     duckdb_threads: int | None = Field(
         default=None, ge=1, description="DuckDB `threads`",
         json_schema_extra={"flag": "--duckdb-threads", "default_text": "DuckDB's default (the cores)"},
+    )
+    duckdb_load: Literal["auto", "memory", "in_place"] = Field(
+        default="auto",
+        description="how DuckDB datasets without a `[dataset] load` read their files: `memory` (a copy), "
+        "`in_place` (views over the files) or `auto` (in place above the threshold below)",
+        json_schema_extra={"flag": "--duckdb-load"},
+    )
+    duckdb_in_place_above: int = Field(
+        default=1_000_000_000, ge=0,
+        description="`auto` load: a table whose source files total more bytes is queried in place",
+        json_schema_extra={"flag": "--duckdb-in-place-above"},
+    )
+    spark_master: str = Field(
+        default="local[*]", description="Spark master URL of datasets with `engine = \"spark\"`",
+        json_schema_extra={"flag": "--spark-master"},
     )
     fingerprint_key: str | None = Field(
         default=None,

@@ -315,6 +315,24 @@ def get_ledger(
 
 
 @v1.post(
+    "/admin/datasets/{name}/reload",
+    response_model=schemas.DatasetInfo,
+    tags=["admin"],
+    summary="Load a dataset's data again without a restart",
+)
+def reload_dataset(
+    name: DatasetName,
+    gateway: GatewayDep,
+    principal: Annotated[Principal, Depends(require(Permission.RELOAD_DATASETS))],
+) -> dict[str, Any]:
+    """Reload a dataset's files (or re-check a live source's schema) and serve the new data
+    under a new data version. Stored releases of the old data stay and are served as they
+    were; queries running during the reload finish on the old data. Invalid new files leave
+    the old data serving (``invalid_policy``)."""
+    return json_safe(gateway.reload(name))
+
+
+@v1.post(
     "/admin/populations/{population}/cap",
     response_model=schemas.CapChangeResult,
     tags=["admin"],

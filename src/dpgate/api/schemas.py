@@ -307,6 +307,13 @@ class DatasetInfo(ResponseModel):
     name: str
     population: str
     data_version: str | None = None
+    engine: str | None = Field(default=None, description="duckdb, postgres or spark: where the bounded query runs")
+    versioned_by: str | None = Field(
+        default=None, description="declared, fingerprint or version_sql; null: no data version")
+    release_cache: str | None = Field(
+        default=None, description="'enabled', or 'disabled: …' for a live source without a data version")
+    load: dict[str, str] | None = Field(
+        default=None, description="per table: memory, in_place (DuckDB over the files) or live")
     cap: Cap
     allocations: dict[str, float]
     tables: dict[str, TableInfo]

@@ -24,7 +24,8 @@ from dpgate.errors import DpgateError
 from dpgate.jsonsafe import json_safe
 
 #: Sub-command modules, in help order. A module that is not present is skipped.
-COMMAND_MODULES = ("serve", "query", "explain", "budget", "caps", "ledger", "accounting", "keys", "demo")
+COMMAND_MODULES = ("serve", "query", "explain", "budget", "caps", "ledger", "accounting", "keys", "demo",
+                   "datasets")
 
 
 def add_common_options(parser: argparse.ArgumentParser) -> None:

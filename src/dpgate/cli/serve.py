@@ -274,6 +274,11 @@ def register(subparsers) -> None:
     parser.add_argument("--duckdb-memory-limit", metavar="SIZE",
                         help="DuckDB memory_limit, e.g. 4GB (DPGATE_DUCKDB_MEMORY_LIMIT)")
     parser.add_argument("--duckdb-threads", type=int, metavar="N", help="DuckDB threads (DPGATE_DUCKDB_THREADS)")
+    parser.add_argument("--duckdb-load", choices=["auto", "memory", "in_place"],
+                        help="DuckDB files in memory or in place (DPGATE_DUCKDB_LOAD, default auto)")
+    parser.add_argument("--duckdb-in-place-above", type=int, metavar="BYTES",
+                        help="auto: in place above this size (DPGATE_DUCKDB_IN_PLACE_ABOVE, default 1e9)")
+    parser.add_argument("--spark-master", metavar="URL", help="Spark master (DPGATE_SPARK_MASTER, default local[*])")
     parser.add_argument(
         "--demo-keys",
         action="store_true",

@@ -1,0 +1,570 @@
+"""The PostgreSQL engine: run the bounded query where the data lives, read-only.
+
+One of the three modules allowed to import psycopg. For one dataset
+(``[dataset] engine = "postgres"``) it
+
+* connects with the policy's ``connection`` or ``DPGATE_CONNECTION_<DATASET>``
+  (the dataset name upper-cased); every session is read-only
+  (``default_transaction_read_only``, and each query runs in a ``READ ONLY``
+  transaction), so even a rendering bug cannot write; use a role that can only
+  ``SELECT`` the tables as well;
+* **loads nothing**: :meth:`PostgresEngine.load` checks the schema only — each
+  table's ``source`` (``[schema.]table``, a table or a view) exists, the privacy
+  unit and every declared column exist (case-insensitively, refusing
+  ambiguous names) with compatible types (see :data:`COMPATIBLE`), and the unit
+  column is an integer or text type (see :mod:`dpgate.engines.base`);
+* renders the bounded query with sqlglot in PostgreSQL's dialect, replacing each
+  ``"<dataset>"."<table>"`` by a projection of the source that casts the declared
+  columns to their canonical types and applies the unit rule, and replacing what
+  PostgreSQL lacks or does differently (see :meth:`PostgresEngine.render`);
+* runs exactly one SELECT per query in a ``READ ONLY`` transaction with
+  ``SET LOCAL statement_timeout``, through a server-side cursor (results arrive
+  in batches, so a large public-key domain does not sit twice in memory).
+
+The group-choosing hash is md5 of the salted key text ordered bytewise
+(``COLLATE "C"``), the fixed-point rounding is DuckDB's half-away-from-zero
+computed exactly with IEEE operations, and sums of BIGINT are NUMERIC (exact),
+so the exact answers equal DuckDB's on the same data.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import uuid
+from decimal import Decimal
+from typing import Any, Callable
+
+import numpy as np
+import psycopg
+from psycopg import sql as pgsql
+from psycopg_pool import ConnectionPool, PoolTimeout
+import sqlglot
+from sqlglot import exp
+from sqlglot.errors import SqlglotError
+
+from dpgate.engines.base import (
+    DBL_MAX,
+    EngineOptions,
+    LoadReport,
+    PredicateRewriter,
+    Query,
+    TableInfo,
+    check_unit_declaration,
+    column_types,
+    dbl,
+    lossy_unit_error,
+    null_like_unit,
+    object_array,
+    parse_bounded,
+    group_hash,
+    relations,
+    replace_isfinite,
+    replace_relations,
+    replace_round,
+    resolve_columns,
+    table_error,
+    version_of_result,
+)
+from dpgate.errors import ExecutionError, InvalidSql, PolicyError, QueryTimeout
+from dpgate.policy import DatasetPolicy, TablePolicy
+
+__all__ = ["PostgresEngine", "COMPATIBLE", "connection_for"]
+
+#: Declared type → PostgreSQL types (``format_type`` names, prefix match) it may be read from,
+#: and the canonical type it is exposed as.
+COMPATIBLE: dict[str, tuple[tuple[str, ...], str]] = {
+    "int": (("smallint", "integer", "bigint"), "BIGINT"),
+    "float": (("real", "double precision", "smallint", "integer", "bigint", "numeric"), "DOUBLE PRECISION"),
+    "text": (("text", "character varying", "character", "name", "citext"), "TEXT"),
+    "bool": (("boolean",), "BOOLEAN"),
+}
+_INT_UNIT = ("smallint", "integer", "bigint")
+_TEXT_UNIT = ("text", "character varying", "character", "citext")
+_LOSSY_UNIT = ("real", "double precision", "boolean")
+_FETCH_ROWS = 10_000
+
+
+def connection_for(policy: DatasetPolicy, environ: dict[str, str] | Any) -> str:
+    """The connection string of a PostgreSQL dataset: the policy's, else ``DPGATE_CONNECTION_<DATASET>``.
+
+    Raises:
+        PolicyError: neither is set.
+    """
+    if policy.connection:
+        return policy.connection
+    var = f"DPGATE_CONNECTION_{policy.name.upper()}"
+    value = environ.get(var) if environ is not None else None
+    if value:
+        return value
+    raise PolicyError(
+        f"dataset {policy.name!r} uses the postgres engine but has no connection: set "
+        f"[dataset] connection in its policy or the environment variable {var}",
+        {"dataset": policy.name, "variable": var},
+    )
+
+
+def _source_parts(source: str) -> list[str]:
+    return source.split(".")
+
+
+def _type_matches(pg_type: str, names: tuple[str, ...]) -> bool:
+    base = pg_type.split("(")[0].strip()
+    return base in names
+
+
+class _PgPredicates(PredicateRewriter):
+    """TRY semantics on PostgreSQL (which raises on integer and float overflow)."""
+
+    _INT_MIN, _INT_MAX = -2**63, 2**63 - 1
+
+    def int_arith(self, op, a, b):
+        """Computed in NUMERIC, NULL outside the 64-bit range (DuckDB's TRY on overflow)."""
+        num = exp.DataType.build("numeric")
+        na = exp.Cast(this=a, to=num)
+        if op is exp.Neg:
+            r: exp.Expression = exp.Neg(this=na)
+        elif op is exp.Abs:
+            r = exp.Abs(this=na)
+        else:
+            r = op(this=na, expression=exp.Cast(this=b, to=num))
+        ok = exp.Between(this=r.copy(), low=exp.Literal.number(self._INT_MIN), high=exp.Literal.number(self._INT_MAX))
+        return exp.Case(ifs=[exp.If(this=ok, true=exp.Cast(this=r, to=exp.DataType.build("bigint")))])
+
+    def float_arith(self, op, a, b):
+        """IEEE result without PostgreSQL's overflow/underflow errors (see below)."""
+        # PostgreSQL raises when a finite product/sum overflows (or a product of non-zero
+        # numbers underflows to 0); DuckDB returns ±inf (or 0). Decide in advance, with a
+        # 2**-50 relative margin so the exact operation is never reached when it would raise.
+        nan = dbl(float("nan"))
+        inf = dbl(float("inf"))
+        margin = dbl(1 - 2.0 ** -50)
+
+        def special(*xs):
+            conds = []
+            for x in xs:
+                conds.append(exp.EQ(this=x.copy(), expression=nan.copy()))
+                conds.append(exp.EQ(this=exp.Abs(this=x.copy()), expression=inf.copy()))
+            return exp.or_(*conds)
+
+        sa, sb = exp.Sign(this=a.copy()), exp.Sign(this=b.copy())
+        if op is exp.Mul:
+            zero = exp.or_(exp.EQ(this=a.copy(), expression=dbl(0.0)), exp.EQ(this=b.copy(), expression=dbl(0.0)))
+            over = exp.and_(
+                exp.GT(this=exp.Abs(this=b.copy()), expression=dbl(1.0)),
+                exp.GT(this=exp.Abs(this=a.copy()),
+                       expression=exp.Mul(this=exp.Div(this=dbl(DBL_MAX), expression=exp.Abs(this=b.copy())),
+                                          expression=margin.copy())),
+            )
+            # A product rounds to 0 iff |a·b| <= 2**-1075 (ties to even). Then |a| < 1 (as
+            # |b| >= 2**-1074), so |a|·2**100 is exact and finite, and 2**-975 / |b| neither
+            # overflows nor underflows; the margin flags the boundary band as 0 (never an error).
+            scaled = exp.Mul(this=exp.Abs(this=a.copy()), expression=dbl(2.0 ** 100))
+            limit = exp.Mul(this=exp.Div(this=dbl(2.0 ** -975), expression=exp.Abs(this=b.copy())),
+                            expression=dbl(1 + 2.0 ** -50))
+            product = exp.Mul(this=a.copy(), expression=b.copy())
+            signed_zero = exp.Mul(this=exp.Mul(this=sa.copy(), expression=sb.copy()), expression=dbl(0.0))
+            tiny = exp.Case(ifs=[exp.If(this=exp.LTE(this=scaled, expression=limit), true=signed_zero)],
+                            default=product.copy())
+            small = exp.and_(exp.LT(this=exp.Abs(this=b.copy()), expression=dbl(1.0)),
+                             exp.LT(this=exp.Abs(this=a.copy()), expression=dbl(1.0)))
+            return exp.Case(ifs=[
+                exp.If(this=exp.or_(special(a, b), zero), true=product.copy()),
+                exp.If(this=over, true=exp.Mul(this=exp.Mul(this=sa.copy(), expression=sb.copy()), expression=inf.copy())),
+                exp.If(this=small, true=tiny),
+            ], default=product)
+        same_sign = (exp.EQ(this=sa.copy(), expression=sb.copy()) if op is exp.Add
+                     else exp.EQ(this=sa.copy(), expression=exp.Neg(this=sb.copy())))
+        over = exp.and_(
+            same_sign,
+            exp.GT(this=exp.Abs(this=a.copy()),
+                   expression=exp.Mul(this=exp.Paren(this=exp.Sub(this=dbl(DBL_MAX), expression=exp.Abs(this=b.copy()))),
+                                      expression=margin.copy())),
+        )
+        return exp.Case(ifs=[
+            exp.If(this=special(a, b), true=op(this=a.copy(), expression=b.copy())),
+            exp.If(this=over, true=exp.Mul(this=sa.copy(), expression=inf.copy())),
+        ], default=op(this=a.copy(), expression=b.copy()))
+
+    def like(self, op, a, pattern):
+        """``ESCAPE ''``: no escape character, as in DuckDB."""
+        return exp.Escape(this=op(this=a, expression=pattern), expression=exp.Literal.string(""))
+
+    def compare_text(self, node):
+        """Bytewise order (``COLLATE "C"``), as DuckDB's default collation."""
+        def c(x):
+            return exp.Collate(this=x, expression=exp.to_identifier("C", quoted=True))
+
+        node.set("this", c(node.this))
+        return node
+
+    def ends_with(self, a, b):
+        """``right(a, length(b)) = b`` (PostgreSQL has no ends_with)."""
+        return exp.EQ(this=exp.Right(this=a, expression=exp.Length(this=b.copy())), expression=b)
+
+    def contains(self, a, b):
+        """``strpos(a, b) > 0``."""
+        return exp.GT(this=exp.StrPosition(this=a, substr=b), expression=exp.Literal.number(0))
+
+
+class PostgresEngine:
+    """One dataset whose tables live in PostgreSQL; queries run there, read-only.
+
+    Args:
+        policy: the dataset's policy (``engine = "postgres"``).
+        options: engine settings (``timeout_s`` becomes ``statement_timeout``; ``environ``
+            holds ``DPGATE_CONNECTION_<DATASET>``).
+
+    Raises:
+        PolicyError: no connection string.
+    """
+
+    kind = "postgres"
+    dialect = "postgres"
+
+    def __init__(self, policy: DatasetPolicy, options: EngineOptions | None = None) -> None:
+        self.policy = policy
+        self.options = options or EngineOptions()
+        self.timeout_s = float(self.options.timeout_s)
+        self._conninfo = connection_for(policy, self.options.environ)
+        self._pool: ConnectionPool | None = None
+        self._tables: dict[str, TableInfo] = {}
+        self._projections: dict[tuple[str, str], exp.Expression] = {}
+        self._version: str | None = None
+        self._versioned_by: str | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+
+    # ------------------------------------------------------------------ connections
+
+    def _open_pool(self) -> ConnectionPool:
+        def configure(conn: psycopg.Connection) -> None:
+            conn.read_only = True
+            conn.autocommit = False
+
+        try:
+            pool = ConnectionPool(
+                self._conninfo, min_size=1, max_size=4, open=False, configure=configure,
+                kwargs={"options": "-c default_transaction_read_only=on", "connect_timeout": 10,
+                        "application_name": "dpgate"},
+                name=f"dpgate-{self.policy.name}",
+            )
+            pool.open(wait=True, timeout=15)
+        except (psycopg.Error, PoolTimeout) as e:
+            raise PolicyError(
+                f"dataset {self.policy.name!r}: cannot connect to PostgreSQL ({type(e).__name__}); "
+                "check its connection string and that the server is up",
+                {"dataset": self.policy.name},
+            ) from None
+        return pool
+
+    def _conn(self):
+        with self._lock:
+            if self._closed:
+                raise ExecutionError("the engine is closed")
+            if self._pool is None:
+                raise ExecutionError("the engine has no data yet: call load() first")
+            pool = self._pool
+        return pool.connection(timeout=self.timeout_s)
+
+    # ------------------------------------------------------------------ loading
+
+    def load(self, progress: Callable[[str], None] | None = None) -> LoadReport:
+        """Check every table's schema (no data is copied); see the module docstring.
+
+        Returns:
+            A :class:`LoadReport`: ``data_version`` is the declared one, or None
+            (``versioned_by = "version_sql"``: evaluated per query; or None: release
+            cache off). A table's ``unit_unique`` comes from a UNIQUE or PRIMARY KEY
+            constraint on exactly the unit column (a schema fact that holds whatever
+            the data becomes).
+
+        Raises:
+            PolicyError: unreachable server, missing table/column, ambiguous column
+                names, incompatible types, lossy unit type, a failing ``version_sql``.
+        """
+        with self._lock:
+            if self._closed:
+                raise ExecutionError("the engine is closed")
+            if self._pool is not None:
+                raise ExecutionError("the engine is already loaded; create a new engine")
+        pool = self._open_pool()
+        try:
+            with pool.connection() as conn:
+                for name in sorted(self.policy.tables):
+                    table = self.policy.tables[name]
+                    if progress is not None:
+                        progress(f"checking {self.policy.name}.{table.name} (PostgreSQL {table.source})…")
+                    self._check_table(conn, table)
+                    conn.rollback()
+            if self.policy.data_version:
+                self._version, self._versioned_by = self.policy.data_version, "declared"
+            elif self.policy.version_sql:
+                self._versioned_by = "version_sql"
+                with self._lock:
+                    self._pool = pool
+                self._version = None
+                self._run_version_sql()
+        except BaseException:
+            with self._lock:
+                self._pool = None
+            pool.close()
+            raise
+        with self._lock:
+            self._pool = pool
+        return LoadReport(self.policy.name, self.kind, self._version, self._versioned_by, dict(self._tables))
+
+    def _check_table(self, conn: psycopg.Connection, table: TablePolicy) -> None:
+        check_unit_declaration(table)
+        ident = pgsql.Identifier(*_source_parts(table.source))
+        try:
+            row = conn.execute(
+                "SELECT c.oid, c.relkind FROM pg_class c WHERE c.oid = to_regclass(%s)",
+                (ident.as_string(conn),),
+            ).fetchone()
+        except psycopg.Error as e:
+            raise table_error(table, f"cannot look up the PostgreSQL source ({type(e).__name__})") from None
+        if row is None:
+            raise table_error(table, f"PostgreSQL table or view {table.source!r} not found (or not visible to this role)")
+        oid, relkind = row
+        cols = conn.execute(
+            "SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.attnum FROM pg_attribute a "
+            "WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
+            (oid,),
+        ).fetchall()
+        stored = {str(n): str(t) for n, t, _ in cols}
+        attnum = {str(n): int(k) for n, _, k in cols}
+        try:
+            conn.execute(pgsql.SQL("SELECT * FROM {} LIMIT 0").format(ident))
+        except psycopg.Error as e:
+            raise table_error(table, f"the role cannot read {table.source!r} ({type(e).__name__})") from None
+        names = resolve_columns(table, list(stored))
+        unit = table.privacy_unit
+        select: list[exp.Expression] = []
+        for name, src_name in names.items():
+            src = exp.column(src_name, quoted=True)
+            pg_type = stored[src_name]
+            if unit is not None and name.casefold() == unit.casefold():
+                value = self._unit_expression(table, name, pg_type, src)
+            else:
+                col = table.column(name)
+                allowed, target = COMPATIBLE[col.type]
+                if not _type_matches(pg_type, allowed):
+                    err = table_error(table, f"column {name!r} is stored as {pg_type}, which is not compatible "
+                                             f"with its declared type {col.type} (allowed: {', '.join(allowed)})")
+                    err.details["column"] = name
+                    raise err
+                value = exp.Cast(this=src, to=exp.DataType.build(target, dialect="postgres"))
+                if col.type == "float" and _type_matches(pg_type, ("numeric",)):
+                    # a NUMERIC beyond the double range would raise when cast: NULL instead
+                    ok = exp.LT(this=exp.Abs(this=src.copy()), expression=exp.Literal.number("1e308"))
+                    value = exp.Case(ifs=[exp.If(this=ok, true=value)])
+            select.append(exp.alias_(value, name, quoted=True))
+        source_table = exp.Table(
+            this=exp.to_identifier(_source_parts(table.source)[-1], quoted=True),
+            db=exp.to_identifier(_source_parts(table.source)[-2], quoted=True) if len(_source_parts(table.source)) > 1 else None,
+            catalog=exp.to_identifier(_source_parts(table.source)[-3], quoted=True) if len(_source_parts(table.source)) > 2 else None,
+        )
+        self._projections[(self.policy.name, table.name)] = exp.select(*select).from_(source_table)
+        unique = False
+        if unit is not None and relkind in ("r", "p", "m"):
+            unique = conn.execute(
+                "SELECT EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = %s AND i.indisunique "
+                "AND i.indnkeyatts = 1 AND i.indpred IS NULL AND i.indexprs IS NULL AND i.indkey[0] = %s)",
+                (oid, attnum[names[next(n for n in names if n.casefold() == unit.casefold())]]),
+            ).fetchone()[0]
+        integer = unit is not None and self._unit_integer_type(stored[names[next(n for n in names if n.casefold() == unit.casefold())]])
+        self._tables[table.name] = TableInfo(table.name, "live", bool(unique), integer)
+
+    @staticmethod
+    def _unit_integer_type(pg_type: str) -> bool:
+        return _type_matches(pg_type, _INT_UNIT)
+
+    def _unit_expression(self, table: TablePolicy, name: str, pg_type: str, src: exp.Expression) -> exp.Expression:
+        declared = table.find_column(name)
+        if _type_matches(pg_type, _LOSSY_UNIT) or (
+            _type_matches(pg_type, ("numeric",)) and not re.search(r"numeric\(\d+,0\)", pg_type.replace(" ", ""))
+        ):
+            raise lossy_unit_error(table, name, pg_type)
+        if _type_matches(pg_type, _TEXT_UNIT):
+            if declared is not None and declared.type == "int":
+                err = table_error(
+                    table, f"the privacy unit column {name!r} is declared int but stored as {pg_type}: "
+                    "a live source cannot be checked once for canonical integers; declare it "
+                    "{ type = \"text\" } (ids kept exactly as stored) or store it as an integer type")
+                err.details["column"] = name
+                raise err
+            return null_like_unit(src)
+        return src
+
+    # ------------------------------------------------------------------ versions
+
+    def _run_version_sql(self) -> str:
+        text = self.policy.version_sql or ""
+        if not _one_select(text):
+            raise PolicyError(f"dataset {self.policy.name!r}: version_sql must be exactly one SELECT",
+                              {"dataset": self.policy.name})
+        try:
+            with self._conn() as conn:
+                with conn.transaction():
+                    conn.execute(pgsql.SQL("SET LOCAL statement_timeout = {}").format(
+                        pgsql.Literal(int(self.timeout_s * 1000))))
+                    cur = conn.execute(text)
+                    rows = cur.fetchall()
+        except psycopg.errors.QueryCanceled:
+            raise QueryTimeout(f"version_sql of dataset {self.policy.name!r} ran longer than "
+                               f"{self.timeout_s:g} s", {"dataset": self.policy.name}) from None
+        except psycopg.Error as e:
+            raise PolicyError(f"dataset {self.policy.name!r}: version_sql failed ({type(e).__name__})",
+                              {"dataset": self.policy.name}) from None
+        return version_of_result(rows)
+
+    def current_version(self) -> str | None:
+        """The raw data version now: ``version_sql``'s result hashed (``"sha256:…"``), else
+        the declared version (or None)."""
+        if self._versioned_by == "version_sql":
+            return self._run_version_sql()
+        return self._version
+
+    def unit_is_unique(self, table: str) -> bool:
+        """True when the unit column has a UNIQUE/PRIMARY KEY constraint of its own."""
+        info = self._tables.get(table) or next(
+            (t for n, t in self._tables.items() if n.casefold() == table.casefold()), None)
+        return bool(info and info.unit_unique)
+
+    # ------------------------------------------------------------------ rendering
+
+    def render(self, query: Query) -> str:
+        """The bounded query in PostgreSQL's dialect.
+
+        Transforms of the DuckDB-dialect query (besides sqlglot's own, e.g. ``QUALIFY``
+        → a ``row_number()`` subquery, ``//`` → ``DIV``, ``range(a, b)`` →
+        ``generate_series``):
+
+        * ``hash(…)`` → md5 of the salted key text, ``COLLATE "C"`` (bytewise order);
+        * ``isfinite(x)`` → ``x > -inf AND x < inf``;
+        * ``ROUND(x)`` of the fixed-point step → exact half-away-from-zero (PostgreSQL
+          rounds doubles half to even);
+        * ``TRY(p)`` → p with every operation that could raise made total
+          (:class:`_PgPredicates`); constructs it cannot make total are refused
+          (UnsupportedQuery, before the charge);
+        * each ``"<dataset>"."<table>"`` → the typed projection of its source.
+
+        Raises:
+            ExecutionError: not one SELECT, or a table of another dataset.
+            UnsupportedQuery: a WHERE construct this engine cannot run with TRY semantics.
+        """
+        tree = parse_bounded(query)
+        foreign = {r for r in relations(tree) if r not in self._projections}
+        if foreign:
+            raise ExecutionError("the query reads a table this engine does not hold")
+        types = column_types(self.policy, tree)
+        tree = group_hash(tree, self.policy, self._tables, "postgres")
+        tree = _PgPredicates(types, "postgres").rewrite(tree)
+        tree = replace_isfinite(tree)
+        tree = replace_round(tree)
+        for gs in list(tree.find_all(exp.GenerateSeries)):
+            table = gs.parent
+            if isinstance(table, exp.Table) and not table.alias:
+                table.set("alias", exp.TableAlias(this=exp.to_identifier("__dpg_r"),
+                                                  columns=[exp.to_identifier("range")]))
+        tree = replace_relations(tree, {k: (lambda v=v: v.copy()) for k, v in self._projections.items()})
+        return tree.sql(dialect="postgres")
+
+    # ------------------------------------------------------------------ queries
+
+    def check(self, query: Query) -> None:
+        """``EXPLAIN`` the rendered query (plans it; reads no rows). Before the charge.
+
+        Raises:
+            InvalidSql: PostgreSQL refuses the rewrite. UnsupportedQuery: see :meth:`render`.
+        """
+        text = self.render(query)
+        try:
+            with self._conn() as conn:
+                with conn.transaction():
+                    conn.execute(pgsql.SQL("SET LOCAL statement_timeout = {}").format(
+                        pgsql.Literal(int(self.timeout_s * 1000))))
+                    conn.execute("EXPLAIN " + text)
+        except psycopg.errors.QueryCanceled:
+            raise QueryTimeout(f"planning the query took longer than {self.timeout_s:g} s",
+                               {"timeout_s": self.timeout_s}) from None
+        except psycopg.Error as e:
+            raise InvalidSql(
+                f"the query cannot be run: PostgreSQL refuses its rewrite ({type(e).__name__})"
+            ) from None
+        except PoolTimeout:
+            raise ExecutionError("no PostgreSQL connection became free in time") from None
+
+    def execute(self, query: Query) -> dict[str, np.ndarray]:
+        """Run the bounded query (one SELECT, READ ONLY, ``statement_timeout``) and return its columns.
+
+        Integer and NUMERIC(scale 0) columns become ``int64`` arrays when every value
+        fits (object arrays of exact ints otherwise, or with NULLs); floats ``float64``.
+
+        Raises:
+            QueryTimeout: ``statement_timeout`` cancelled it. ExecutionError: any other
+                error (class name only, no data).
+        """
+        text = self.render(query)
+        try:
+            with self._conn() as conn:
+                with conn.transaction():
+                    conn.execute(pgsql.SQL("SET LOCAL statement_timeout = {}").format(
+                        pgsql.Literal(int(self.timeout_s * 1000))))
+                    with conn.cursor(name=f"dpgate_{uuid.uuid4().hex[:12]}") as cur:
+                        cur.itersize = _FETCH_ROWS
+                        cur.execute(text)
+                        names = [d.name for d in cur.description]
+                        columns: list[list[Any]] = [[] for _ in names]
+                        while batch := cur.fetchmany(_FETCH_ROWS):
+                            for row in batch:
+                                for i, v in enumerate(row):
+                                    columns[i].append(v)
+        except psycopg.errors.QueryCanceled:
+            raise QueryTimeout(
+                f"the query ran longer than the {self.timeout_s:g} s limit and was stopped",
+                {"timeout_s": self.timeout_s},
+            ) from None
+        except psycopg.Error as e:
+            raise ExecutionError(f"executing the bounded query failed ({type(e).__name__})") from None
+        except PoolTimeout:
+            raise ExecutionError("no PostgreSQL connection became free in time") from None
+        if len(set(names)) != len(names):
+            raise ExecutionError("the bounded query returned duplicate column names")
+        return {n: _column(v) for n, v in zip(names, columns)}
+
+    def close(self) -> None:
+        """Close the connection pool (idempotent)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.close()
+
+
+def _column(values: list[Any]) -> np.ndarray:
+    """A result column → NumPy, losslessly (exact ints from NUMERIC sums)."""
+    if values and all(isinstance(v, (int, Decimal)) and not isinstance(v, bool) for v in values):
+        if all(isinstance(v, int) or v == v.to_integral_value() for v in values):
+            ints = [int(v) for v in values]
+            if all(-2**63 <= v < 2**63 for v in ints):
+                return np.asarray(ints, dtype=np.int64)
+            return object_array(ints)
+        return np.asarray([float(v) for v in values], dtype=np.float64)
+    if values and all(isinstance(v, float) for v in values):
+        return np.asarray(values, dtype=np.float64)
+    if values and all(isinstance(v, bool) for v in values):
+        return np.asarray(values, dtype=bool)
+    return object_array([int(v) if isinstance(v, Decimal) and v == v.to_integral_value() else v for v in values])
+
+
+def _one_select(text: str) -> bool:
+    """True when ``text`` is exactly one SELECT (or WITH … SELECT) in PostgreSQL's grammar."""
+    try:
+        statements = [s for s in sqlglot.parse(text, read="postgres") if s is not None]
+    except (SqlglotError, RecursionError, ValueError):
+        return False
+    return len(statements) == 1 and isinstance(statements[0], exp.Query)
