@@ -486,7 +486,7 @@ class PostgresLedger(SqlLedger):
         """
         from dpgate.releases import PostgresReleaseStore  # releases imports ledger, not the reverse
 
-        return PostgresReleaseStore(self.connection)
+        return PostgresReleaseStore(self.connection, error=psycopg.Error)
 
     def close(self) -> None:
         """Close this process's connection pool (never a parent process's). Idempotent."""

@@ -262,15 +262,15 @@ class PostgresReleaseStore:
             psycopg connection in autocommit mode whose ``search_path`` names the
             ledger's schema (``PostgresLedger.connection``: the ledger's pool). The
             store owns no connection; close it before the ledger.
+        error: the driver's base exception class (``psycopg.Error``), given by the ledger
+            backend, the one module that imports the driver.
 
     Raises:
         LedgerError: the table cannot be created.
     """
 
-    def __init__(self, connection: Callable[[], ContextManager[Any]]) -> None:
-        import psycopg  # only this backend needs it
-
-        self._errors = psycopg.Error
+    def __init__(self, connection: Callable[[], ContextManager[Any]], *, error: type[Exception]) -> None:
+        self._errors = error
         self._connection = connection
         self._closed = False
         try:
@@ -289,7 +289,7 @@ class PostgresReleaseStore:
                     if name not in present:
                         conn.execute(f"CREATE TRIGGER {name} {timing} ON releases"
                                      f" FOR EACH {level} EXECUTE FUNCTION dpgate_releases_immutable()")
-        except psycopg.Error as exc:
+        except error as exc:
             raise LedgerError(f"cannot create the release store: {_first_line(exc)}") from exc
 
     def _run(self, query: str, args: tuple = ()) -> list[tuple]:
