@@ -213,3 +213,32 @@ def test_api_accepts_expected_count():
         BudgetRequest(ci95=5.0, expected_count=0.5).to_query_budget()
     with pytest.raises(InvalidBudget):
         BudgetRequest(rho=0.1, expected_count=100).to_query_budget()
+
+
+@shared
+def test_noise_calibrated_for_an_avg_does_not_answer_a_sum_at_the_same_ci95(gateway):
+    # Found by a hostile trial: AVG(income) at ci95 = 20,000 (expected 700 rows) gives the hidden
+    # sum a σ fitted to the ratio (its own half-width ≈ 20,000·700 = 1.4e7), and the same budget
+    # then answered SUM(income), COUNT(income) from that noise for free with a SUM ci95 of ~7e6.
+    # The noise key of a ci95 budget names the cells it was calibrated for: the second query is
+    # calibrated for its own cells — a SUM of incomes in [0, 500,000] within ±20,000 costs
+    # ρ ≈ 19,000, far beyond what is left — so it is refused before any charge.
+    b = QueryBudget(ci95=20_000.0, expected_count=700)
+    first = gateway.query("pums", "SELECT AVG(income) FROM persons WHERE sex = 1", consumer="analysts", budget=b)
+    assert first["accuracy"]["AVG(income)"]["ci95"] <= 20_000.0
+    population = gateway.population_of("pums")
+    before = gateway.ledger.spend(population).charges
+    with pytest.raises(BudgetExhausted):
+        gateway.query("pums", "SELECT SUM(income), COUNT(income) FROM persons WHERE sex = 1",
+                      consumer="analysts", budget=b)
+    assert gateway.ledger.spend(population).charges == before
+    # a COUNT alone at that ci95 is cheap: a new release of its own whose cell meets the target
+    count = gateway.query("pums", "SELECT COUNT(income) FROM persons WHERE sex = 1", consumer="analysts", budget=b)
+    assert count["cached"] is False and count["charge"]["rho"] > 0
+    assert count["accuracy"]["COUNT(income)"]["ci95"] <= 20_000.0
+    # a rho budget still shares the noisy primitives between the two (post-processing, free)
+    r = QueryBudget(rho=0.05)
+    gateway.query("pums", "SELECT AVG(income) FROM persons WHERE sex = 0", consumer="analysts", budget=r)
+    shared_noise = gateway.query("pums", "SELECT SUM(income), COUNT(income) FROM persons WHERE sex = 0",
+                                 consumer="analysts", budget=r)
+    assert shared_noise["cached"] is True and shared_noise["charge"] is None

@@ -112,13 +112,16 @@ def test_a_curve_whose_epsilon_at_delta_is_zero_is_refused_in_words_that_make_se
 def test_curves_on_the_callers_grid_are_mapped_conservatively():
     # hand-mapped: each ledger order takes the caller's value at the next caller order above it
     caller_orders = [2.0, 4.0, 8.0, 16.0, 32.0]
-    caller_curve = [0.1, 0.3, 0.2, 0.9, 2.0]  # not monotone at 8: the suffix minimum applies
+    caller_curve = [0.1, 0.2, 0.3, 0.9, 2.0]
     got = accounting.curve_on_grid(caller_curve, caller_orders)
     for a, v in zip(ORDERS, got):
         above = [c for o, c in zip(caller_orders, caller_curve) if o >= a]
         want = min(above) if above else math.inf
         assert v == want, (a, v, want)
     assert got[ORDERS.index(1.01)] == 0.1 and got[ORDERS.index(3.0)] == 0.2
+    # a curve that decreases is refused (test_a_curve_that_decreases_is_refused_and_costs_nothing)
+    with pytest.raises(ValueError):
+        accounting.curve_on_grid([0.1, 0.3, 0.2, 0.9, 2.0], caller_orders)
     assert math.isinf(got[ORDERS.index(40.0)]) and math.isinf(got[-1])
     # the pure-ε order given by the caller fills every order above its last finite one
     with_inf = accounting.curve_on_grid([0.1, 0.5], [2.0, math.inf])
@@ -170,3 +173,31 @@ def test_orders_are_published_to_every_role_and_external_charges_accept_the_call
         (entry,) = gw.ledger_entries("shoppers")
         assert entry["metadata"]["caller_orders"] == orders  # the caller's own curve is kept
         assert entry["metadata"]["caller_curve"] == curve
+
+
+@pytest.mark.parametrize("orders", [None, [1.5, 2.0, 1000.0]])
+def test_a_curve_that_decreases_is_refused_and_costs_nothing(tmp_path, orders):
+    # Found by a hostile trial: orders [2, 10, 1000] with ε [0.5, 2.5, 0.0] were mapped by the
+    # suffix minimum to ε = 0 at every order up to 1000 — a charge made free by one bad value.
+    # Rényi divergence is non-decreasing in the order (van Erven & Harremoës 2014, Thm. 3): a
+    # curve that decreases is wrong somewhere, so it is refused (400), whatever its grid.
+    write_project(tmp_path)
+    settings = Settings(policies=tmp_path / "policies", home=tmp_path / "home")
+    with Gateway.open(settings) as gw:
+        population = gw.population_of(sorted(gw.policies)[0])
+        consumer = sorted(gw.policies[sorted(gw.policies)[0]].allocations)[0]
+        if orders is None:
+            curve = [0.01 * a for a in FINITE] + [0.5]
+            curve[5] = 0.0  # one order claims less than the order before it
+        else:
+            curve = [0.009, 0.02, 0.00001]
+        before = gw.ledger.spend(population).charges
+        with pytest.raises(InvalidBudget) as e:
+            gw.charge_external(population, consumer, curve=curve, orders=orders, kind="rdp",
+                               purpose="decreasing", actor="test")
+        assert "non-decreasing" in e.value.message
+        assert gw.ledger.spend(population).charges == before
+    with pytest.raises(ValueError):
+        accounting.curve_on_grid([0.5, 2.5, 0.0], [2, 10, 1000])
+    # equal values and +inf at the top are fine
+    accounting.curve_on_grid([0.5, 0.5, math.inf], [2, 10, 1000])

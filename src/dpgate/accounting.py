@@ -699,6 +699,38 @@ def rho_for_cap(epsilon: float, delta: float, conversion: Conversion = "tight") 
 # --------------------------------------------------------------------------------------
 
 
+#: Relative slack allowed when checking that a claimed curve is non-decreasing (float noise
+#: of an external accountant's arithmetic).
+_MONOTONE_RTOL = 1e-9
+
+
+def check_nondecreasing(curve: Sequence[float], orders: Sequence[float]) -> None:
+    """Refuse an RDP curve that decreases in α: no mechanism has one.
+
+    Rényi divergence is non-decreasing in its order ([vEH14] Thm. 3), so a true RDP
+    curve ε(α) of any mechanism is non-decreasing. A claimed curve that decreases is
+    wrong at one order at least, and the ledger cannot tell which claim to trust: a
+    conservative mapping that believed the smaller value would under-charge. Equal
+    values, +inf and float noise up to a relative 1e-9 are accepted.
+
+    Args:
+        curve: ε(α) at ``orders``, as given by the caller.
+        orders: ascending orders (``math.inf`` allowed).
+
+    Raises:
+        ValueError: the first order where the curve decreases, with both values.
+    """
+    c = np.asarray(tuple(curve), dtype=float)
+    a = np.asarray(tuple(orders), dtype=float)
+    for i in range(1, c.size):
+        if c[i] < c[i - 1] - _MONOTONE_RTOL * max(abs(c[i - 1]), 1e-300) and math.isfinite(c[i - 1]):
+            raise ValueError(
+                f"the curve decreases from ε = {c[i - 1]:.6g} at order {a[i - 1]:g} to ε = {c[i]:.6g} at "
+                f"order {a[i]:g}; an RDP curve is non-decreasing in the order (Rényi divergence is), so "
+                "one of these values is wrong: check the accountant's output"
+            )
+
+
 def curve_on_grid(curve: Sequence[float], orders: Sequence[float]) -> np.ndarray:
     """Map an RDP curve known at the caller's ``orders`` onto :data:`ORDERS`, conservatively.
 
@@ -718,10 +750,11 @@ def curve_on_grid(curve: Sequence[float], orders: Sequence[float]) -> np.ndarray
 
     Raises:
         ValueError: bad orders (not ascending, ≤ 1, NaN), a curve of another length, NaN or
-            negative values.
+            negative values, a curve that decreases (:func:`check_nondecreasing`).
     """
     b = _orders(orders)
     c = _curve(curve, b)
+    check_nondecreasing(c, b)
     grid = np.asarray(ORDERS)
     env = np.minimum.accumulate(c[::-1])[::-1]  # env[i] = min over caller orders ≥ b[i]
     idx = np.searchsorted(b, grid, side="left")

@@ -529,7 +529,7 @@ class Gateway:
         # release key names this exact query, post-processing (outputs, HAVING, ORDER BY,
         # LIMIT) and display settings included. Queries that differ only in post-processing
         # share one charge.
-        keys = CacheKeys.of(plan_hash=plan.plan_hash, noise_signature=_noise_signature(plan),
+        keys = CacheKeys.of(plan_hash=plan.plan_hash, noise_signature=_noise_signature(plan, cell_targets="ci95" in resolved),
                             data_version=version, mechanism=mech, budget=resolved,
                             post_processing=post_processing_settings(policy))
         display = [o.label or o.name for o in plan.outputs if not o.hidden]
@@ -731,6 +731,7 @@ class Gateway:
                     raise ValueError("curve is required for kind 'rdp'")
                 if orders is None or tuple(float(a) for a in orders) == accounting.ORDERS:
                     cost = accounting.Cost.rdp(list(curve))
+                    accounting.check_nondecreasing(cost.curve, accounting.ORDERS)
                 else:
                     cost = accounting.Cost.rdp_on_orders(list(curve), [float(a) for a in orders])
                     enc = lambda v: "inf" if math.isinf(v) else float(v)  # noqa: E731
@@ -916,17 +917,24 @@ def _primitive_sig(p) -> str:
     return f"{p.kind}:{p.column or ''}"
 
 
-def _noise_signature(plan: QueryPlan) -> str:
+def _noise_signature(plan: QueryPlan, *, cell_targets: bool = False) -> str:
     """SHA-256 of what a plan noises: table, filter, grouping, primitives, policy digest.
 
     Post-processing (outputs, their order and names, HAVING, ORDER BY, LIMIT) is
-    left out: plans equal here are answered from the same noisy primitives.
+    left out: plans equal here are answered from the same noisy primitives. With
+    ``cell_targets`` (a ``{"ci95": w}`` budget) the aggregate outputs enter too: the
+    noise scales are then calibrated for those released cells (an AVG's sum gets less
+    noise than a bare SUM's at the same ``w``), so noise calibrated for one set of
+    outputs must not answer another.
     """
-    payload = json.dumps({
+    body: dict[str, Any] = {
         "dataset": plan.dataset, "table": plan.table, "where": plan.where,
         "group_by": list(plan.group_by), "policy": getattr(plan, "policy_digest", ""),
         "primitives": sorted(_primitive_sig(p) for p in plan.primitives),
-    }, sort_keys=True, separators=(",", ":"))
+    }
+    if cell_targets:
+        body["cells"] = sorted(f"{o.function}:{o.column or ''}" for o in plan.outputs if isinstance(o, AggregateOutput))
+    payload = json.dumps(body, sort_keys=True, separators=(",", ":"))
     return "noise:" + hashlib.sha256(payload.encode()).hexdigest()
 
 

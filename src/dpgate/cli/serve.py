@@ -9,7 +9,7 @@ serving, the command
    reads from ``sample_data/usage/`` and the files are missing (so ``dpgate
    serve`` works on a fresh checkout);
 3. reads the API keys file (a malformed one fails here) and, with
-   ``--demo-keys``, creates an analyst, a dashboard and an admin key when the
+   ``--demo-keys``, creates the demo keys (an analyst, the dashboard's refresh job, a dashboard viewer and an admin) when the
    keys file holds no active key, and prints them once;
 4. opens the gateway (policies, data, ledger, release store), printing progress,
    so that a bad policy fails here with a clear message rather than inside the
