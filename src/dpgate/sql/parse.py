@@ -7,8 +7,12 @@ Accepted shape (DESIGN.md, "SQL the gateway answers")::
     [GROUP BY <group keys>] [HAVING <predicate>] [ORDER BY <outputs>] [LIMIT n]
 
 * Exactly one statement, a plain SELECT over one declared table (optionally
-  qualified by the dataset name, optionally aliased). Anything that sqlglot can
-  only parse as an opaque ``Command`` is refused.
+  qualified by the dataset name, optionally aliased), read in one of
+  :data:`DIALECTS` (default DuckDB). Anything that sqlglot can only parse as an
+  opaque ``Command`` is refused. CTEs and subqueries in FROM that only filter,
+  project and compute row expressions over one table are inlined first by
+  :mod:`dpgate.sql.rules` (same plan and plan hash as the flat query); other
+  subqueries are refused.
 * Aggregates: ``COUNT(*)``, ``COUNT(<literal>)``, ``COUNT(<unit>)`` (all three count
   rows; rows with a NULL unit are dropped), ``COUNT(col)`` (non-NULL, finite
   values), ``COUNT(DISTINCT <unit>)``, ``SUM``, ``AVG``/``MEAN``, ``VAR_POP`` and
@@ -69,6 +73,7 @@ from dpgate.policy import (
     TablePolicy,
     quote_identifier,
 )
+from dpgate.sql.rules import apply_statement_rules
 from dpgate.sql.plan import (
     FUNCTION_PRIMITIVES,
     AggregateOutput,
@@ -1123,6 +1128,7 @@ def parse_query(sql: str, policy: DatasetPolicy, *, dialect: str | None = None) 
     """
     stmt = parse_statement(sql, dialect)
     try:
+        stmt = apply_statement_rules(stmt)
         return _plan(stmt, policy)
     except RecursionError:
         raise InvalidSql("the SQL is nested too deeply") from None
