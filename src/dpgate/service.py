@@ -937,6 +937,8 @@ def _noise_signature(plan: QueryPlan, *, cell_targets: bool = False) -> str:
         "group_by": list(plan.group_by), "policy": getattr(plan, "policy_digest", ""),
         "primitives": sorted(_primitive_sig(p) for p in plan.primitives),
     }
+    if getattr(plan, "computed_keys", ()):  # what a computed key means is part of what is noised
+        body["computed_keys"] = [dataclasses.asdict(k) for k in plan.computed_keys]
     if cell_targets:
         body["cells"] = sorted(f"{o.function}:{o.column or ''}" for o in plan.outputs if isinstance(o, AggregateOutput))
     payload = json.dumps(body, sort_keys=True, separators=(",", ":"))

@@ -73,10 +73,12 @@ from dpgate.policy import (
     TablePolicy,
     quote_identifier,
 )
+from dpgate.sql.keys import KeyDomain, derive_key_domain, width_bucket_to_case
 from dpgate.sql.rules import apply_statement_rules
 from dpgate.sql.plan import (
     FUNCTION_PRIMITIVES,
     AggregateOutput,
+    ComputedKey,
     KeyOutput,
     OrderItem,
     Output,
@@ -857,10 +859,15 @@ class _Out:
 class _Outputs:
     """Outputs in SELECT order, then hidden ones; resolves references from HAVING/ORDER BY."""
 
-    def __init__(self, scope: _Scope, group_by: list[str]) -> None:
+    def __init__(self, scope: _Scope, group_by: list[str], keys: "_Keys | None" = None) -> None:
         self.scope = scope
         self.group_by = group_by
+        self.keys = keys if keys is not None else _Keys(list(group_by), [])
         self.items: list[_Out] = []
+
+    def key_type(self, name: str) -> str:
+        """The type of group key ``name`` (a declared column or a computed key)."""
+        return self.keys.column(name, self.scope.table).type
 
     def add_key(self, column: str, label: str, hidden: bool = False) -> _Out:
         """Append a group-key output."""
@@ -920,6 +927,9 @@ class _Outputs:
                 "a raw column",
                 node,
             )
+        key = self.keys.match(node, self.scope)
+        if key is not None:
+            return self.find_key(key.name)
         raise _unsupported(f"{_snippet(node)} is not supported in {clause}", node)
 
     def check_labels(self) -> None:
@@ -995,7 +1005,7 @@ def _plan_having(
     def reference_type(n: exp.Expression) -> str:
         out = outputs.reference(n, "HAVING")
         if out.kind == "key":
-            return outputs.scope.table.column(out.column).type
+            return outputs.key_type(out.column)
         return "float"
 
     _Typer(reference_type, "HAVING").check_predicate(node)
@@ -1041,10 +1051,89 @@ def _primitive_prefix(table: TablePolicy) -> str:
     return prefix
 
 
-def _group_by(stmt: exp.Select, scope: _Scope) -> list[str]:
+@dataclass
+class _Keys:
+    """The GROUP BY keys: declared columns (policy order), then computed keys (canonical order)."""
+
+    columns: list[str]
+    computed: list[ComputedKey]
+
+    @property
+    def names(self) -> list[str]:
+        """Every group key's name, in release order."""
+        return self.columns + [k.name for k in self.computed]
+
+    def match(self, node: exp.Expression, scope: _Scope) -> ComputedKey | None:
+        """The computed key whose expression ``node`` spells, or None."""
+        if not self.computed or _is_aggregate(node) or node.find(*_AGGREGATES):
+            return None
+        try:
+            text = _key_tree(node, scope).sql(dialect=DIALECT, comments=False)
+        except (UnsupportedQuery, UnknownColumn, UnknownTable):
+            return None
+        return next((k for k in self.computed if k.expression == text), None)
+
+    def column(self, name: str, table: TablePolicy) -> ColumnPolicy:
+        """The group key ``name`` as a column (a computed key's domain as its public keys)."""
+        for k in self.computed:
+            if k.name == name:
+                return k.as_column()
+        return table.column(name)
+
+
+def refuse_key_without_public_keys(name: str, item: exp.Expression) -> None:
+    """The refusal of a GROUP BY on a declared column without public keys.
+
+    The one place where keys that the policy does not list are refused; private partition
+    selection (issue 11) replaces it.
+
+    Raises:
+        UnsupportedQuery: always.
+    """
+    raise _unsupported(
+        f"GROUP BY {name} needs public keys in the policy (private partition selection "
+        "is not supported yet)",
+        item,
+    )
+
+
+def _key_tree(node: exp.Expression, scope: _Scope) -> exp.Expression:
+    """A computed key's canonical tree: declared names, canonical literals, simplified.
+
+    Raises:
+        UnsupportedQuery: the expression reads the privacy unit.
+        UnknownColumn, UnknownTable: an undeclared name.
+    """
+    for col in node.find_all(exp.Column):
+        if isinstance(col.this, exp.Star):
+            raise _unsupported(f"{_snippet(node)} is not a group key", node)
+        if scope.is_unit(scope.resolve(col)):
+            raise _unsupported(
+                f"GROUP BY {_snippet(node)}: the privacy unit ({scope.resolve(col)}) may not "
+                "appear in a group key",
+                node,
+            )
+    tree = _canonical_columns(width_bucket_to_case(_unparen(node)), scope.resolve)
+    tree = _canonicalize_literals(tree)
+    tree = _simplify(tree)
+    tree = _canonicalize_literals(tree)
+    return _unparen(tree)
+
+
+def _key_prefix(table: TablePolicy) -> str:
+    names = {c.casefold() for c in table.columns}
+    if table.privacy_unit:
+        names.add(table.privacy_unit.casefold())
+    prefix = "g"
+    while any(re.fullmatch(re.escape(prefix) + r"\d+", n) for n in names):
+        prefix = "_" + prefix
+    return prefix
+
+
+def _group_by(stmt: exp.Select, scope: _Scope) -> _Keys:
     group = stmt.args.get("group")
     if group is None:
-        return []
+        return _Keys([], [])
     extra = _real_args(group) - {"expressions"}
     if extra:
         what = {"all": "GROUP BY ALL", "rollup": "ROLLUP", "cube": "CUBE",
@@ -1055,45 +1144,53 @@ def _group_by(stmt: exp.Select, scope: _Scope) -> list[str]:
         raise InvalidSql("the SQL does not parse: GROUP BY needs at least one group key")
     selects = stmt.expressions
     cols: list[str] = []
+    computed: dict[str, tuple[KeyDomain, exp.Expression]] = {}
     for item in group.expressions:
-        target = item
-        if isinstance(item, exp.Literal) and not item.is_string:
-            pos = _number(item)
-            if not isinstance(pos, int) or not 1 <= pos <= len(selects):
-                raise _unsupported(f"GROUP BY position {item.this} is not in the SELECT list", item)
-            target = selects[pos - 1].unalias()
-        elif isinstance(item, exp.Column) and item.args.get("table") is None:
-            if scope.table.find_column(item.name) is None and not scope.is_unit(item.name):
-                for s in selects:
-                    if isinstance(s, exp.Alias) and s.alias.casefold() == item.name.casefold():
-                        target = s.this
-                        break
         if isinstance(item, (exp.Rollup, exp.Cube, exp.GroupingSets)):
             raise _unsupported(f"{item.key.upper()} is not supported: list the group keys", item)
-        if not isinstance(target, exp.Column):
-            raise _unsupported(
-                f"GROUP BY expressions are not supported: {_snippet(item)} (group by a declared "
-                "column with public keys)",
-                item,
-            )
-        name = scope.resolve(target)
-        if scope.is_unit(name):
-            raise _unsupported(
-                f"GROUP BY the privacy unit ({name}) is never allowed: it would release "
-                "per-unit values",
-                item,
-            )
-        col = scope.table.column(name)
-        if col.public_keys is None:
-            raise _unsupported(
-                f"GROUP BY {name} needs public keys in the policy (private partition selection "
-                "is not supported yet)",
-                item,
-            )
-        if name not in cols:
-            cols.append(name)
+        target = _unparen(item)
+        if isinstance(target, exp.Literal) and not target.is_string:
+            pos = _number(target)
+            if not isinstance(pos, int) or not 1 <= pos <= len(selects):
+                raise _unsupported(f"GROUP BY position {target.this} is not in the SELECT list",
+                                   item)
+            target = _unparen(selects[pos - 1].unalias())
+        elif isinstance(target, exp.Column) and target.args.get("table") is None:
+            if scope.table.find_column(target.name) is None and not scope.is_unit(target.name):
+                for s in selects:
+                    if isinstance(s, exp.Alias) and s.alias.casefold() == target.name.casefold():
+                        target = _unparen(s.this)
+                        break
+        if isinstance(target, exp.Column):
+            name = scope.resolve(target)
+            if scope.is_unit(name):
+                raise _unsupported(
+                    f"GROUP BY the privacy unit ({name}) is never allowed: it would release "
+                    "per-unit values",
+                    target,
+                )
+            col = scope.table.column(name)
+            if col.public_keys is None:
+                refuse_key_without_public_keys(name, target)
+            if name not in cols:
+                cols.append(name)
+            continue
+        if _is_aggregate(target) or target.find(*_AGGREGATES):
+            raise _unsupported(f"GROUP BY {_snippet(target)}: a group key cannot contain an "
+                               "aggregate", target)
+        tree = _key_tree(target, scope)
+        typer = _Typer(lambda c: scope.declared(c).type)
+        domain = derive_key_domain(tree, scope.table.columns, check_predicate=typer.check_predicate,
+                                   shown=target)
+        text = domain.expression.sql(dialect=DIALECT, comments=False)
+        computed.setdefault(text, (domain, target))
     order = list(scope.table.columns)
-    return sorted(cols, key=order.index)
+    prefix = _key_prefix(scope.table)
+    keys = [
+        ComputedKey(f"{prefix}{i}", text, d.type, d.domain, d.rule, d.inputs)
+        for i, (text, (d, _)) in enumerate(sorted(computed.items()))
+    ]
+    return _Keys(sorted(cols, key=order.index), keys)
 
 
 def _policy_digest(table: TablePolicy, columns: set[str]) -> str:
@@ -1141,8 +1238,9 @@ def _plan(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
     table, qualifiers = _resolve_from(stmt, policy)
     scope = _Scope(policy, table, qualifiers)
 
-    group_by = _group_by(stmt, scope)
-    outputs = _Outputs(scope, group_by)
+    keys = _group_by(stmt, scope)
+    group_by = keys.names
+    outputs = _Outputs(scope, group_by, keys)
     selects = stmt.expressions
     if not selects:
         raise InvalidSql("the SELECT list is empty")
@@ -1166,6 +1264,8 @@ def _plan(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
                     node,
                 )
             outputs.add_key(name, label or node.name)
+        elif keys.match(node, scope) is not None:
+            outputs.add_key(keys.match(node, scope).name, label or _snippet(node, 200))
         elif _is_aggregate(node):
             outputs.add_agg(_aggregate(node, scope), label or _snippet(node, 200))
         elif isinstance(node, exp.AggFunc):
@@ -1196,7 +1296,7 @@ def _plan(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
     order_refs = _order_by(stmt, outputs)
     limit = _limit(stmt)
 
-    n_groups = table.key_combinations(group_by)
+    n_groups = math.prod(len(keys.column(n, table).public_keys) for n in group_by)
     if n_groups > MAX_GROUPS:
         raise UnsupportedQuery(
             f"the GROUP BY releases {n_groups} key combinations, more than {MAX_GROUPS}",
@@ -1226,7 +1326,9 @@ def _plan(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
     order_by = tuple(OrderItem(o.name, desc, nf) for o, desc, nf in order_refs)
     # Policy settings the plan depends on: columns of the final (simplified) predicate, group
     # keys and aggregated columns.
-    referenced = set(group_by) | {o.column for o in outputs.items if o.column in table.columns}
+    referenced = set(keys.columns) | {o.column for o in outputs.items if o.column in table.columns}
+    for key in keys.computed:
+        referenced.update(key.inputs)
     if where is not None:
         referenced.update(c.name for c in sqlglot.parse_one(where, read=DIALECT).find_all(exp.Column))
 
@@ -1241,6 +1343,7 @@ def _plan(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
         order_by=order_by,
         limit=limit,
         policy_digest=_policy_digest(table, referenced),
+        computed_keys=tuple(keys.computed),
     )
     return _with_canonical_sql(plan, scope)
 
@@ -1283,22 +1386,24 @@ def _limit(stmt: exp.Select) -> int | None:
 
 def _with_canonical_sql(plan: QueryPlan, scope: _Scope) -> QueryPlan:
     exprs: dict[str, str] = {}
+    key_sql = {k.name: k.expression for k in plan.computed_keys}
     for out in plan.outputs:
         if isinstance(out, KeyOutput):
-            exprs[out.name] = quote_identifier(out.column)
+            exprs[out.name] = key_sql.get(out.column) or quote_identifier(out.column)
         else:
             exprs[out.name] = _agg_sql(out.function, out.column, scope)
     items = []
     for out in plan.visible_outputs:
         text = exprs[out.name]
-        if not (isinstance(out, KeyOutput) and out.name == out.column):
+        if not (isinstance(out, KeyOutput) and out.name == out.column
+                and out.column not in key_sql):
             text += f" AS {quote_identifier(out.name)}"
         items.append(text)
     sql = f"SELECT {', '.join(items)} FROM {quote_identifier(plan.table)}"
     if plan.where:
         sql += f" WHERE {plan.where}"
     if plan.group_by:
-        sql += " GROUP BY " + ", ".join(quote_identifier(c) for c in plan.group_by)
+        sql += " GROUP BY " + ", ".join(key_sql.get(c) or quote_identifier(c) for c in plan.group_by)
     if plan.having:
         tree = sqlglot.parse_one(plan.having, read=DIALECT)
 
