@@ -303,3 +303,21 @@ def test_neighbouring_data_moves_the_bounded_vector_by_at_most_the_sensitivity(p
         assert max(diffs) <= s.linf
         assert sum(diffs) <= s.l1
         assert sum(d * d for d in diffs) ** 0.5 <= s.l2 + 1e-9
+
+
+def test_gateway_explain_and_cli_show_computed_keys(tmp_path, capsys):
+    from _api_server import make_project
+
+    from dpgate.cli import main
+    from dpgate.service import Gateway
+    from dpgate.settings import Settings
+
+    project = make_project(tmp_path / "p")
+    sql = "SELECT CASE WHEN tokens > 1000 THEN 'long' ELSE 'short' END AS kind, COUNT(*) FROM prompts GROUP BY 1"
+    settings = Settings(policies=project / "policies", home=tmp_path / "h")
+    with Gateway.open(settings) as gw:
+        doc = gw.explain("usage", sql)
+    assert doc["computed_keys"][0]["domain_size"] == 2
+    assert main(["explain", "--dataset", "usage", "--policies", str(project / "policies"),
+                 "--home", str(tmp_path / "h2"), sql]) == 0
+    assert "case_literals, 2 key(s)" in capsys.readouterr().out

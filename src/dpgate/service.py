@@ -471,6 +471,11 @@ class Gateway:
             "plan_hash": plan.plan_hash,
             "plan": plan.canonical_dict(),
             "bounded_sql": bounded_sql_template(plan, policy),
+            "computed_keys": [
+                {"name": k.name, "expression": k.expression, "rule": k.rule, "type": k.type,
+                 "domain_size": len(k.domain)}
+                for k in plan.computed_keys
+            ],
             "sensitivity": {pid: {"l1": s.l1, "l2": s.l2, "linf": s.linf} for pid, s in sens.items()},
             "mechanism": cal.mechanism,
             "noise_scales": dict(cal.scales),
