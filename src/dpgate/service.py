@@ -64,7 +64,7 @@ from dpgate.releases import (
 from dpgate.sensitivity import primitive_linf, sensitivities
 from dpgate.settings import Settings
 from dpgate.sql.bound import bounded_sql, bounded_sql_template
-from dpgate.sql.parse import parse_query
+from dpgate.sql.parse import parse_query, refuse_constant_plan
 from dpgate.sql.plan import AggregateOutput, QueryPlan
 
 #: Margin (seconds) added to the engine's query timeout to make the release lease: how long
@@ -384,7 +384,9 @@ class Gateway:
             from dpgate.errors import InvalidSql
 
             raise InvalidSql("the SQL text is empty")
-        return policy, parse_query(sql, policy, dialect=dialect)
+        plan = parse_query(sql, policy, dialect=dialect)
+        refuse_constant_plan(plan)
+        return policy, plan
 
     def _mechanism(self, policy: DatasetPolicy, mechanism: str | None) -> str:
         mech = mechanism or policy.budget.mechanism

@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from contextvars import ContextVar
 import math
 import re
 from dataclasses import dataclass, replace
@@ -65,7 +66,7 @@ from sqlglot import exp
 from sqlglot.errors import ParseError, SqlglotError, TokenError
 from sqlglot.optimizer.simplify import simplify
 
-from dpgate.errors import InvalidRequest, InvalidSql, UnknownColumn, UnknownTable, UnsupportedQuery
+from dpgate.errors import DpgateError, InvalidRequest, InvalidSql, UnknownColumn, UnknownTable, UnsupportedQuery
 from dpgate.policy import (
     MAX_SQUARED_STEPS,
     ColumnPolicy,
@@ -74,7 +75,7 @@ from dpgate.policy import (
     quote_identifier,
 )
 from dpgate.sql.keys import KeyDomain, derive_key_domain, width_bucket_to_case
-from dpgate.sql.rules import apply_statement_rules
+from dpgate.sql.rules import MAX_NESTING, apply_statement_rules
 from dpgate.sql.plan import (
     FUNCTION_PRIMITIVES,
     AggregateOutput,
@@ -190,14 +191,58 @@ _COMPARISONS = (
 )
 
 
-def _snippet(node: exp.Expression, limit: int = 80) -> str:
-    """The construct as SQL text (the analyst's own construct; never data)."""
+#: The SQL text being planned (so that messages can quote a function call as written).
+_SOURCE: ContextVar[str | None] = ContextVar("dpgate_sql_source", default=None)
+
+
+def _as_written(node: exp.Expression) -> str | None:
+    """A function call exactly as the analyst wrote it, from the source text, or None.
+
+    sqlglot records where a function's name starts; the call runs to the matching closing
+    parenthesis (quotes respected). Other nodes carry no position and are rendered.
+    """
+    source = _SOURCE.get()
+    start = node.meta.get("start") if isinstance(node, exp.Func) else None
+    if source is None or not isinstance(start, int) or not 0 <= start < len(source):
+        return None
+    depth, quote, i = 0, None, start
+    while i < len(source):
+        ch = source[i]
+        if quote:
+            if ch == quote:
+                quote = None
+        elif ch in "'\"`":
+            quote = ch
+        elif ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+            if depth == 0:
+                return source[start:i + 1]
+        elif depth == 0 and not (ch.isalnum() or ch in "_. "):
+            return None
+        i += 1
+    return None
+
+
+def _snippet(node: exp.Expression, limit: int = 80, dialect: str = DIALECT) -> str:
+    """The construct as SQL text (the analyst's own construct; never data).
+
+    A function call is quoted as written (``COUNT(DISTINCT a, b)``, not DuckDB's rewrite of
+    it); anything else is rendered by sqlglot in ``dialect``.
+    """
     try:
-        text = node.sql(dialect=DIALECT, comments=False)
+        text = _as_written(node) or node.sql(dialect=dialect, comments=False)
     except Exception:  # pragma: no cover - sqlglot cannot render some fragments
         text = type(node).__name__
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _label(node: exp.Expression) -> str:
+    """A released column's default title: the item in DuckDB's spelling (as before)."""
+    text = " ".join(node.sql(dialect=DIALECT, comments=False).split())
+    return text if len(text) <= 200 else text[:199] + "…"
 
 
 def _unsupported(message: str, node: exp.Expression | None = None) -> UnsupportedQuery:
@@ -279,7 +324,11 @@ def parse_statement(sql: str, dialect: str | None = None) -> exp.Select:
     except (TokenError, SqlglotError) as exc:
         raise InvalidSql(f"the SQL does not parse: {str(exc).splitlines()[0][:200]}") from None
     except RecursionError:
-        raise InvalidSql("the SQL is nested too deeply") from None
+        raise InvalidSql(
+            "the SQL nests too deeply to parse (thousands of operators, NOTs or parentheses "
+            f"inside one another); the planner accepts at most {MAX_NESTING} levels: write a "
+            "list of values as IN (…)"
+        ) from None
     if not statements:
         raise InvalidSql("no SQL statement was given")
     if len(statements) > 1:
@@ -785,7 +834,8 @@ def _aggregate(node: exp.Expression, scope: _Scope) -> _Agg:
         if isinstance(arg, exp.Literal) or (isinstance(arg, exp.Neg) and _is_constant(arg)):
             return _Agg("count", None)
         if isinstance(arg, (exp.Null,)):
-            raise _unsupported("COUNT(NULL) is always 0 and is not supported", node)
+            raise _unsupported("COUNT(NULL) is 0 on any data: there is nothing to release "
+                               "(nothing was charged)", node)
         if isinstance(arg, exp.Column):
             name = scope.resolve(arg)
             if scope.is_unit(name):
@@ -1193,6 +1243,25 @@ def _group_by(stmt: exp.Select, scope: _Scope) -> _Keys:
     return _Keys(sorted(cols, key=order.index), keys)
 
 
+def refuse_constant_plan(plan: QueryPlan) -> None:
+    """Refuse a plan whose answer is the same on every dataset (a WHERE that is always false
+    or NULL after constant folding): every aggregate is 0, so there is nothing to release
+    and nothing should be charged — the same rule as ``COUNT(NULL)``.
+
+    The planner still plans such queries (the bounding rewrite is defined for them); the
+    gateway calls this before any charge.
+
+    Raises:
+        UnsupportedQuery: the WHERE clause can select no row.
+    """
+    if plan.where is not None and plan.where.upper() in ("FALSE", "NULL"):
+        raise UnsupportedQuery(
+            "the WHERE clause is always false, so every aggregate is 0 on any data: there is "
+            "nothing to release (nothing was charged)",
+            {"construct": f"WHERE {plan.where}"},
+        )
+
+
 def _policy_digest(table: TablePolicy, columns: set[str]) -> str:
     payload = {
         "privacy_unit": table.privacy_unit,
@@ -1223,12 +1292,32 @@ def parse_query(sql: str, policy: DatasetPolicy, *, dialect: str | None = None) 
         UnknownTable: the table (or a qualifier) is not declared.
         UnknownColumn: a column is not declared.
     """
-    stmt = parse_statement(sql, dialect)
+    token = _SOURCE.set(sql if isinstance(sql, str) else None)
     try:
-        stmt = apply_statement_rules(stmt)
-        return _plan(stmt, policy)
-    except RecursionError:
-        raise InvalidSql("the SQL is nested too deeply") from None
+        stmt = parse_statement(sql, dialect)
+        if sum(1 for _ in stmt.walk()) > MAX_NODES:
+            raise UnsupportedQuery(f"the query is too large (more than {MAX_NODES} syntax nodes)")
+        try:
+            stmt = apply_statement_rules(stmt)
+            return _plan(stmt, policy)
+        except RecursionError:
+            raise InvalidSql(
+                f"the SQL nests too deeply for the planner (it accepts at most {MAX_NESTING} "
+                "levels of operators or parentheses: write a list of values as IN (…))"
+            ) from None
+    except DpgateError as e:
+        raise _nothing_charged(e)
+    finally:
+        _SOURCE.reset(token)
+
+
+def _nothing_charged(e: DpgateError) -> DpgateError:
+    """``e`` with "(nothing was charged)" appended: a planner refusal happens before any charge."""
+    if "nothing was charged" not in e.message:
+        e.message = f"{e.message} (nothing was charged)"
+        e.args = (e.message,)
+    e.details.setdefault("charged", False)
+    return e
 
 
 def _plan(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
@@ -1265,9 +1354,9 @@ def _plan(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
                 )
             outputs.add_key(name, label or node.name)
         elif keys.match(node, scope) is not None:
-            outputs.add_key(keys.match(node, scope).name, label or _snippet(node, 200))
+            outputs.add_key(keys.match(node, scope).name, label or _label(node))
         elif _is_aggregate(node):
-            outputs.add_agg(_aggregate(node, scope), label or _snippet(node, 200))
+            outputs.add_agg(_aggregate(node, scope), label or _label(node))
         elif isinstance(node, exp.AggFunc):
             raise _unsupported(
                 f"aggregate {_snippet(node)} is not supported (COUNT, SUM, AVG, VAR_POP, "
