@@ -378,13 +378,13 @@ class Gateway:
 
     # ----------------------------------------------------------------- planning
 
-    def _plan(self, dataset: str, sql: str) -> tuple[DatasetPolicy, QueryPlan]:
+    def _plan(self, dataset: str, sql: str, dialect: str | None = None) -> tuple[DatasetPolicy, QueryPlan]:
         policy = self.policy(dataset)
         if not isinstance(sql, str) or not sql.strip():
             from dpgate.errors import InvalidSql
 
             raise InvalidSql("the SQL text is empty")
-        return policy, parse_query(sql, policy)
+        return policy, parse_query(sql, policy, dialect=dialect)
 
     def _mechanism(self, policy: DatasetPolicy, mechanism: str | None) -> str:
         mech = mechanism or policy.budget.mechanism
@@ -444,7 +444,8 @@ class Gateway:
     # ----------------------------------------------------------------- explain
 
     def explain(self, dataset: str, sql: str, *, budget: QueryBudget | None = None,
-                mechanism: str | None = None, consumer: str | None = None) -> dict[str, Any]:
+                mechanism: str | None = None, consumer: str | None = None,
+                dialect: str | None = None) -> dict[str, Any]:
         """Plan, bounded SQL (salt hidden), sensitivities and cost of a query.
 
         Reads no data and charges nothing. Raises the same errors as :meth:`query`
@@ -453,8 +454,9 @@ class Gateway:
         report: a charge that does not fit is refused by :meth:`query` with
         ``budget_exhausted`` and nothing is written. A ``ci95`` budget adds
         ``accuracy_target``: each cell's rule and the half-width it will report.
+        ``dialect`` is as for :meth:`query`.
         """
-        policy, plan = self._plan(dataset, sql)
+        policy, plan = self._plan(dataset, sql, dialect)
         mech = self._mechanism(policy, mechanism)
         resolved = self._resolve_budget(policy, mech, budget)
         cal, sens = self._calibrate(policy, plan, mech, resolved)
@@ -499,7 +501,7 @@ class Gateway:
     # ----------------------------------------------------------------- query
 
     def query(self, dataset: str, sql: str, *, consumer: str, budget: QueryBudget | None = None,
-              mechanism: str | None = None) -> dict[str, Any]:
+              mechanism: str | None = None, dialect: str | None = None) -> dict[str, Any]:
         """Answer ``sql`` on ``dataset`` with a DP release, charged to ``consumer``'s allocation.
 
         Args:
@@ -509,6 +511,9 @@ class Gateway:
             budget: the release's budget (None: the policy's ``default_query_rho``).
             mechanism: ``"gaussian"`` (discrete Gaussian, zCDP) or ``"laplace"``
                 (discrete Laplace, pure ε); None: the policy's default.
+            dialect: the SQL dialect ``sql`` is written in (one of
+                :data:`dpgate.sql.parse.DIALECTS`; None: ``duckdb``). The plan, its hash
+                and the release cache do not depend on it.
         Returns:
             The release document: ``{release_id, dataset, columns, rows, accuracy,
             charge: {rho, epsilon_at_delta, charge_id} | None, cached, data_version,
@@ -520,7 +525,7 @@ class Gateway:
             BudgetExhausted: the charge did not fit; nothing was written.
             QueryTimeout, ExecutionError, MechanismError: after the charge, which stays.
         """
-        policy, plan = self._plan(dataset, sql)
+        policy, plan = self._plan(dataset, sql, dialect)
         mech = self._mechanism(policy, mechanism)
         resolved = self._resolve_budget(policy, mech, budget)
         version = self._data_version(dataset)
