@@ -64,7 +64,8 @@ from dpgate.releases import (
 from dpgate.sensitivity import primitive_linf, sensitivities
 from dpgate.settings import Settings
 from dpgate.sql.bound import bounded_sql, bounded_sql_template
-from dpgate.sql.parse import parse_query
+from dpgate.sql.parse import parse_query, parse_statement
+from dpgate.sql.selection_query import check_candidates, recognize as recognize_selection
 from dpgate.sql.plan import AggregateOutput, QueryPlan
 
 #: Margin (seconds) added to the engine's query timeout to make the release lease: how long
@@ -384,6 +385,7 @@ class Gateway:
             from dpgate.errors import InvalidSql
 
             raise InvalidSql("the SQL text is empty")
+        check_candidates(parse_statement(sql), policy)  # selection hook (issue 15): public candidates only
         return policy, parse_query(sql, policy)
 
     def _mechanism(self, policy: DatasetPolicy, mechanism: str | None) -> str:
@@ -455,6 +457,11 @@ class Gateway:
         ``accuracy_target``: each cell's rule and the half-width it will report.
         """
         policy, plan = self._plan(dataset, sql)
+        selection = recognize_selection(plan, policy)
+        if selection is not None:  # selection hook (issue 15): keys only, exponential mechanism
+            from dpgate.selection import explain_selection
+
+            return explain_selection(self, dataset, policy, selection, budget, consumer)
         mech = self._mechanism(policy, mechanism)
         resolved = self._resolve_budget(policy, mech, budget)
         cal, sens = self._calibrate(policy, plan, mech, resolved)
@@ -499,7 +506,7 @@ class Gateway:
     # ----------------------------------------------------------------- query
 
     def query(self, dataset: str, sql: str, *, consumer: str, budget: QueryBudget | None = None,
-              mechanism: str | None = None) -> dict[str, Any]:
+              mechanism: str | None = None, search_id: str | None = None) -> dict[str, Any]:
         """Answer ``sql`` on ``dataset`` with a DP release, charged to ``consumer``'s allocation.
 
         Args:
@@ -508,7 +515,11 @@ class Gateway:
             consumer: the allocation that pays (from the principal, not the request).
             budget: the release's budget (None: the policy's ``default_query_rho``).
             mechanism: ``"gaussian"`` (discrete Gaussian, zCDP) or ``"laplace"``
-                (discrete Laplace, pure ε); None: the policy's default.
+                (discrete Laplace, pure ε); None: the policy's default. A selection query
+                (keys only, ORDER BY an aggregate, LIMIT k) always uses the exponential
+                mechanism (:mod:`dpgate.selection`) and ignores it.
+            search_id: a selection query's search record (:mod:`dpgate.searches`): it must be
+                open and of the dataset's population; the selection is recorded in it.
         Returns:
             The release document: ``{release_id, dataset, columns, rows, accuracy,
             charge: {rho, epsilon_at_delta, charge_id} | None, cached, data_version,
@@ -521,6 +532,10 @@ class Gateway:
             QueryTimeout, ExecutionError, MechanismError: after the charge, which stays.
         """
         policy, plan = self._plan(dataset, sql)
+        selection = recognize_selection(plan, policy)
+        if selection is not None or search_id is not None:  # selection hook (issue 15)
+            return self._selection_query(dataset, policy, plan, selection, consumer=consumer, budget=budget,
+                                         search_id=search_id)
         mech = self._mechanism(policy, mechanism)
         resolved = self._resolve_budget(policy, mech, budget)
         version = self._data_version(dataset)
@@ -566,6 +581,28 @@ class Gateway:
         if fresh:
             return release.to_dict(cached=False)
         return self._serve(release, policy, plan, keys.release, display)
+
+    def _selection_query(self, dataset: str, policy: DatasetPolicy, plan: QueryPlan, selection, *,
+                         consumer: str, budget: QueryBudget | None, search_id: str | None) -> dict[str, Any]:
+        """A selection query (issue 15; :func:`dpgate.selection.run_selection`), recorded in its
+        search when ``search_id`` is given.
+
+        Raises:
+            UnsupportedQuery: ``search_id`` on a query that is not a selection.
+            NotFound / Conflict: the search does not exist, is closed or protects another population.
+        """
+        from dpgate.selection import run_selection
+
+        if selection is None:
+            raise UnsupportedQuery("search_id goes with a selection query (keys only, ORDER BY an aggregate, "
+                                   "LIMIT k); charge other steps of a search through /v1/ledger/charges",
+                                   {"reason": "search_needs_selection"})
+        if search_id is not None:
+            self.searches.check_open(search_id, population=policy.population)
+        release = run_selection(self, dataset, policy, selection, budget, consumer, search_id=search_id)
+        if search_id is not None:
+            self.searches.record_selection(search_id, release, consumer=consumer)
+        return release
 
     def _serve(self, hit: Release, policy: DatasetPolicy, plan: QueryPlan, key: str,
                display: list[str]) -> dict[str, Any]:
