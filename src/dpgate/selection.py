@@ -226,6 +226,7 @@ def explain_selection(gateway: Any, dataset: str, policy: DatasetPolicy, sel: Se
         "plan_hash": plan.plan_hash,
         "plan": plan.canonical_dict(),
         "bounded_sql": bounded_sql_template(plan, policy),
+        "sensitivity": {sel.utility.id: {"linf": float(cal.delta_u)}},
         "selection": cal.describe(),
         "mechanism": MECHANISM,
         "budget": resolved,
