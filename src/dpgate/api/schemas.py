@@ -100,10 +100,11 @@ MechanismChoice = Literal[tuple(MECHANISMS)]
 # --- requests --------------------------------------------------------------------------
 
 
-def _budget_field(maximum: float, what: str) -> Any:
+def _budget_field(maximum: float, what: str, exclusive_minimum: float = 0) -> Any:
     """A budget number: typed here, validated by :class:`~dpgate.service.QueryBudget` (one
     validator for HTTP and CLI); the limits are published in the OpenAPI schema."""
-    return Field(default=None, description=what, json_schema_extra={"exclusiveMinimum": 0, "maximum": maximum})
+    return Field(default=None, description=what,
+                 json_schema_extra={"exclusiveMinimum": exclusive_minimum, "maximum": maximum})
 
 
 class BudgetRequest(RequestModel):
@@ -129,7 +130,8 @@ class BudgetRequest(RequestModel):
     rho: float | None = _budget_field(QueryBudget.MAX_RHO, "zCDP ρ of this release")
     epsilon: float | None = _budget_field(QueryBudget.MAX_EPSILON, "ε of this release at the cap's δ (pure ε for Laplace)")
     ci95: float | None = _budget_field(QueryBudget.MAX_CI95, "95 % half-width wanted on each released cell")
-    expected_count: float | None = _budget_field(1e15, "with ci95: rows expected per group (AVG/VAR/STDDEV)")
+    expected_count: float | None = _budget_field(1e15, "with ci95: rows expected per group (AVG/VAR/STDDEV), > 1",
+                                                   exclusive_minimum=1)
 
     def to_query_budget(self) -> QueryBudget:
         """The validated :class:`~dpgate.service.QueryBudget`; raises InvalidBudget."""
