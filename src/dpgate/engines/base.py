@@ -526,8 +526,8 @@ def portable_group_hash(tree: exp.Expression, *, collate_c: bool = False) -> exp
     The group-choosing order (which k groups a unit keeps) then has the same
     semantics on every engine: md5 is standard and the text of an integer or a
     string is the same everywhere, so exact answers agree for any k. (The text of
-    a *float* group key is not: ``1.0`` vs ``1``; the planner's render should hash
-    the public-key ordinal instead.) ``collate_c`` orders the hex digests bytewise
+    a *float* group key is not: ``1.0`` vs ``1``; so the planner's render hashes a
+    float key's public-key ordinal instead, ``dpgate.sql.bound._hash_key``.) ``collate_c`` orders the hex digests bytewise
     where the database collation might not (PostgreSQL).
     """
 

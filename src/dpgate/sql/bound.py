@@ -182,6 +182,16 @@ def _key_relation(col: ColumnPolicy, i: int) -> str:
     return f"(VALUES {values}) AS {q(f'{_PREFIX}k{i}')}({o}, {g})"
 
 
+def _hash_key(col: ColumnPolicy, ref: str) -> str:
+    """What the group-choosing hash reads of one key: the key itself, or for a float key
+    its ordinal among the public keys (the text of a double differs between engines,
+    ``1.0`` vs ``1``; an ordinal's does not, so every engine keeps the same k groups)."""
+    if col.type != "float":
+        return ref
+    whens = " ".join(f"WHEN {_literal(v, 'float')} THEN {j}" for j, v in enumerate(col.public_keys))
+    return f"(CASE {ref} {whens} END)"
+
+
 def _where(plan: QueryPlan) -> str | None:
     if plan.where is None:
         return None
@@ -282,7 +292,8 @@ def _render(plan: QueryPlan, policy: DatasetPolicy, salt: str, *, unit_unique: b
             f"  GROUP BY {', '.join([u] + g)}"
         )
         if keys and k < table.key_combinations(plan.group_by):
-            order = ", ".join([f"hash({', '.join([u] + g + [salt])})"] + g)
+            hashed = [_hash_key(c, g[i]) for i, c in enumerate(keys)]
+            order = ", ".join([f"hash({', '.join([u] + hashed + [salt])})"] + g)
             part_sql += (
                 f"\n  QUALIFY row_number() OVER (PARTITION BY {u} ORDER BY {order}) <= {k}"
             )
