@@ -86,8 +86,8 @@ def bounded_sql(plan: QueryPlan, policy: DatasetPolicy, *, salt: int, unit_uniqu
             embedded in the SQL text, which therefore must never be logged or returned.
         unit_unique: the engine's load found at most one row per privacy unit in
             ``plan.table`` (``Engine.unit_is_unique``): skip the per-unit aggregation
-            (same values, less work; see the module docstring). Pass it only from the
-            engine that will run the query (``EngineSet.execute_bounded``).
+            (same values, less work; see the module docstring). Every engine refuses
+            (``Conflict``) such SQL on a table its load did not find unique.
 
     Raises:
         ValueError: ``salt`` is not an integer in [0, 2**63).
@@ -233,6 +233,10 @@ def _render(plan: QueryPlan, policy: DatasetPolicy, salt: str, *, unit_unique: b
         expr = _fixed_point(col, src(name)) if name in summed else _present(col, src(name))
         select_rows.append(f"{expr} AS {v}")
         value_of[name] = v
+    if not select_rows:
+        # A record-level COUNT(*) with no group key reads no column: keep one generated
+        # column so that the projection is valid SQL.
+        select_rows.append(f"1 AS {q(_PREFIX + 'one')}")
     conditions = []
     if not record_level:
         conditions.append(f"{src(table.privacy_unit)} IS NOT NULL")
