@@ -75,6 +75,7 @@ from dpgate.policy import (
     quote_identifier,
 )
 from dpgate.sql.keys import KeyDomain, derive_key_domain, width_bucket_to_case
+from dpgate.sql.quantile import QUANTILE_FUNCTIONS, is_quantile_call, quantile_call, quantile_name, quantile_sql
 from dpgate.sql.rules import MAX_NESTING, apply_statement_rules
 from dpgate.sql.plan import (
     FUNCTION_PRIMITIVES,
@@ -793,6 +794,7 @@ def _plan_where(node: exp.Expression | None, scope: _Scope) -> str | None:
 class _Agg:
     function: str
     column: str | None
+    alpha: float | None = None  # quantiles only (dpgate.sql.quantile)
 
 
 def _unparen(node: exp.Expression) -> exp.Expression:
@@ -807,11 +809,38 @@ def _is_aggregate(node: exp.Expression) -> bool:
         return True
     if isinstance(node, exp.Anonymous) and node.name.lower() in _ANON_AGGREGATES:
         return True
-    return False
+    return is_quantile_call(node)  # quantiles hook (dpgate.sql.quantile)
+
+
+# --- quantiles hook: MEDIAN, PERCENTILE_*, QUANTILE_*, APPROX_QUANTILE, MIN, MAX ------------
+
+
+def _quantile_aggregate(node: exp.Expression, scope: _Scope) -> _Agg:
+    """(quantile|min|max, column, α) of a quantile aggregate over a bounded numeric column."""
+    function, arg, alpha = quantile_call(node)
+    if isinstance(arg, exp.Distinct):
+        raise _unsupported(f"{_snippet(node)}: DISTINCT is not supported in quantiles", node)
+    if not isinstance(arg, exp.Column):
+        raise _unsupported(
+            f"expressions inside aggregates are not supported: {_snippet(node)} "
+            "(the argument must be a bare declared column)", node)
+    name = scope.resolve(arg)
+    if scope.is_unit(name):
+        raise _unsupported(f"{_snippet(node)}: aggregating the privacy unit column is not allowed", node)
+    col = scope.table.column(name)
+    if col.type not in _NUMERIC:
+        raise _unsupported(f"{_snippet(node)}: column {name!r} is {col.type}, not numeric", node)
+    if not col.bounded:
+        raise _unsupported(
+            f"{_snippet(node)}: column {name!r} has no bounds in the policy (a DP quantile, "
+            "minimum or maximum picks from candidates spanning [lower, upper]: declare them)", node)
+    return _Agg(function, name, float(alpha))
 
 
 def _aggregate(node: exp.Expression, scope: _Scope) -> _Agg:
     """Map an aggregate call to (function, column), refusing anything outside the subset."""
+    if is_quantile_call(node):
+        return _quantile_aggregate(node, scope)
     table = scope.table
     if isinstance(node, exp.Count):
         _only_args(node, {"this", "big_int"})
@@ -904,6 +933,7 @@ class _Out:
     label: str
     hidden: bool
     name: str = ""
+    alpha: float | None = None  # quantiles only
 
 
 class _Outputs:
@@ -927,14 +957,15 @@ class _Outputs:
 
     def add_agg(self, agg: _Agg, label: str, hidden: bool = False) -> _Out:
         """Append an aggregate output."""
-        out = _Out("agg", agg.column, agg.function, label, hidden)
+        out = _Out("agg", agg.column, agg.function, label, hidden, alpha=agg.alpha)
         self.items.append(out)
         return out
 
     def find_agg(self, agg: _Agg) -> _Out:
         """The first output computing ``agg``, else a new hidden one."""
         for out in self.items:
-            if out.kind == "agg" and out.function == agg.function and out.column == agg.column:
+            if (out.kind == "agg" and out.function == agg.function and out.column == agg.column
+                    and out.alpha == agg.alpha):
                 return out
         return self.add_agg(agg, _agg_label(agg, self.scope), hidden=True)
 
@@ -1017,6 +1048,8 @@ class _Outputs:
                 base = f"count_distinct_{self.scope.table.privacy_unit}"
             elif out.function == "count_column":
                 base = f"count_{out.column}"
+            elif out.function in QUANTILE_FUNCTIONS:
+                base = quantile_name(out.function, out.alpha, out.column)
             else:
                 base = f"{out.function}_{out.column}"
             name, i = base, 2
@@ -1027,13 +1060,17 @@ class _Outputs:
             out.name = name
 
 
-def _agg_sql(function: str, column: str | None, scope: _Scope) -> str:
+def _agg_sql(function: str, column: str | None, scope: _Scope, alpha: float | None = None) -> str:
+    if function in QUANTILE_FUNCTIONS:
+        return quantile_sql(function, alpha, quote_identifier(column))
     if function == "count_distinct_unit":
         column = scope.table.privacy_unit
     return _AGG_SQL[function].format(c=quote_identifier(column) if column else "")
 
 
 def _agg_label(agg: _Agg, scope: _Scope) -> str:
+    if agg.function in QUANTILE_FUNCTIONS:
+        return quantile_sql(agg.function, agg.alpha, agg.column)
     col = agg.column if agg.function != "count_distinct_unit" else scope.table.privacy_unit
     return _AGG_SQL[agg.function].format(c=col or "")
 
@@ -1374,8 +1411,6 @@ def _plan(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
     for name in group_by:
         if not any(o.kind == "key" and o.column == name for o in outputs.items):
             outputs.add_key(name, name, hidden=True)
-    if not any(o.kind == "agg" for o in outputs.items):
-        raise UnsupportedQuery("the query computes no aggregate (COUNT, SUM, AVG, …)")
 
     where_node = stmt.args.get("where")
     where = _plan_where(where_node.this if where_node is not None else None, scope)
@@ -1384,6 +1419,10 @@ def _plan(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
     )
     order_refs = _order_by(stmt, outputs)
     limit = _limit(stmt)
+    # selection hook (issue 15): an aggregate named only in ORDER BY counts (a keys-only
+    # selection query, dpgate.sql.selection_query); checked after ORDER BY is resolved.
+    if not any(o.kind == "agg" for o in outputs.items):
+        raise UnsupportedQuery("the query computes no aggregate (COUNT, SUM, AVG, …)")
 
     n_groups = math.prod(len(keys.column(n, table).public_keys) for n in group_by)
     if n_groups > MAX_GROUPS:
@@ -1395,7 +1434,7 @@ def _plan(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
     outputs.check_labels()
     outputs.assign_names()
     prefix = _primitive_prefix(table)
-    primitives: dict[tuple[str, str | None], Primitive] = {}
+    primitives: dict[tuple[str, str | None, float | None], Primitive] = {}
     plan_outputs: list[Output] = []
     for out in outputs.items:
         if out.kind == "key":
@@ -1404,9 +1443,10 @@ def _plan(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
         ids = []
         for kind in FUNCTION_PRIMITIVES[out.function]:
             column = out.column if kind not in ("count", "count_distinct_unit") else None
-            key = (kind, column)
+            alpha = out.alpha if kind == "quantile" else None
+            key = (kind, column, alpha)
             if key not in primitives:
-                primitives[key] = Primitive(f"{prefix}{len(primitives)}", kind, column)
+                primitives[key] = Primitive(f"{prefix}{len(primitives)}", kind, column, alpha)
             ids.append(primitives[key].id)
         plan_outputs.append(
             AggregateOutput(out.name, out.function, out.column, tuple(ids), out.hidden, out.label)
@@ -1434,6 +1474,12 @@ def _plan(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
         policy_digest=_policy_digest(table, referenced),
         computed_keys=tuple(keys.computed),
     )
+    if plan.computed_keys and any(p.kind == "quantile" for p in plan.primitives):
+        raise UnsupportedQuery(
+            "quantiles grouped by a computed key are not supported yet: group by declared "
+            "columns with public keys, or release COUNT/SUM/AVG per computed key",
+            {"construct": plan.computed_keys[0].expression},
+        )
     return _with_canonical_sql(plan, scope)
 
 
@@ -1480,7 +1526,8 @@ def _with_canonical_sql(plan: QueryPlan, scope: _Scope) -> QueryPlan:
         if isinstance(out, KeyOutput):
             exprs[out.name] = key_sql.get(out.column) or quote_identifier(out.column)
         else:
-            exprs[out.name] = _agg_sql(out.function, out.column, scope)
+            alpha = plan.primitive(out.primitives[0]).alpha if out.function in QUANTILE_FUNCTIONS else None
+            exprs[out.name] = _agg_sql(out.function, out.column, scope, alpha)
     items = []
     for out in plan.visible_outputs:
         text = exprs[out.name]
