@@ -783,7 +783,7 @@ class Gateway:
         keys: dict[str, Any] = {}
         noisy: dict[str, Any] = {}
         if base.primitives:
-            values = self.engine.execute(bounded_sql(base, policy, salt=salt))
+            values = self._run_bounded(self.engine.execute, base, policy, salt=salt)
             keys = {k: values[k] for k in plan.group_by}
             noisy = dict(sample(cal.base, {p.id: values[p.id] for p in base.primitives}))
         qkeys, qnoisy = quantile_release.run(plan, policy, cal, self.engine.execute, salt)
