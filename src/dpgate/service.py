@@ -69,6 +69,7 @@ from dpgate.sql.plan import AggregateOutput, QueryPlan
 from dpgate import quantile_release
 from dpgate.quantile_release import PlanCalibration, has_quantiles, without_quantiles
 from dpgate.sql.quantile import histogram_sql, histogram_sql_template
+from dpgate.sql.public import exact_sql, reads_public_only
 
 #: Margin (seconds) added to the engine's query timeout to make the release lease: how long
 #: after a charge its release must be stored before another process declares it lost.
@@ -462,6 +463,12 @@ class Gateway:
         ``accuracy_target``: each cell's rule and the half-width it will report.
         """
         policy, plan = self._plan(dataset, sql)
+        if reads_public_only(plan, policy):  # public tables hook: exact and free
+            return {"dataset": dataset, "canonical_sql": plan.canonical_sql, "plan_hash": plan.plan_hash,
+                    "plan": plan.canonical_dict(), "public": True, "exact_sql": exact_sql(plan, policy),
+                    "bounded_sql": None, "sensitivity": {}, "mechanism": None, "noise_scales": {},
+                    "budget": None, "cost": {"rho": 0.0, "epsilon": 0.0, "epsilon_at_delta": 0.0, "fits": True,
+                                             "message": "reads public tables only: answered exactly, no charge"}}
         mech = self._mechanism(policy, mechanism)
         resolved = self._resolve_budget(policy, mech, budget)
         cal, sens = self._calibrate(policy, plan, mech, resolved)
@@ -531,6 +538,8 @@ class Gateway:
             QueryTimeout, ExecutionError, MechanismError: after the charge, which stays.
         """
         policy, plan = self._plan(dataset, sql)
+        if reads_public_only(plan, policy):  # public tables hook: exact and free
+            return self._public_release(policy, plan)
         mech = self._mechanism(policy, mechanism)
         resolved = self._resolve_budget(policy, mech, budget)
         version = self._data_version(dataset)
@@ -708,6 +717,51 @@ class Gateway:
         qkeys, qnoisy = quantile_release.run(plan, policy, cal, self.engine.execute, salt)
         noisy.update(qnoisy)
         return keys or qkeys, noisy, cal.halfwidths()
+
+    def _public_release(self, policy: DatasetPolicy, plan: QueryPlan) -> dict[str, Any]:
+        """The exact answer of a query that reads public tables only (no charge, no noise).
+
+        Public tables hold nothing to protect (``public = true`` in the policy), so the
+        release is the exact result of SQL generated from the plan
+        (:func:`dpgate.sql.public.exact_sql`), marked ``exact`` and ``public`` and stored
+        like any release; it is not charged and carries no accuracy entries.
+        """
+        version = self._data_version(policy.name)
+        try:
+            values = self.engine.execute(exact_sql(plan, policy))
+        except DpgateError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - public data, but keep one error shape
+            raise ExecutionError("executing the exact query on public tables failed") from exc
+        names = [o.name for o in plan.visible_outputs]
+        columns = [[_plain(v) for v in np.asarray(values[n]).tolist()] for n in names]
+        rows = [list(r) for r in zip(*columns)] if columns else []
+        release_id, created = new_release_id(), now()
+        document = {
+            "release_id": release_id,
+            "dataset": policy.name,
+            "table": plan.table,
+            "columns": [o.label or o.name for o in plan.visible_outputs],
+            "rows": rows,
+            "accuracy": {},
+            "charge": None,
+            "cached": False,
+            "exact": True,
+            "public": True,
+            "note": "this query reads public tables only (public = true in the policy): answered "
+                    "exactly and at no privacy cost",
+            "data_version": version,
+            "created_at": created,
+            "plan_hash": plan.plan_hash,
+            "canonical_sql": plan.canonical_sql,
+            "mechanism": None,
+            "noise_scales": {},
+            "budget": None,
+            "guarantee": {"population": policy.population, "public_data": True},
+        }
+        key = f"public:{plan.plan_hash}:{version}:{release_id}"
+        stored = self.release_store.put(Release(release_id, key, policy.name, plan.plan_hash, created, document, None))
+        return stored.to_dict(cached=False)
 
     # ----------------------------------------------------------------- releases
 
@@ -985,6 +1039,15 @@ def _noise_signature(plan: QueryPlan, *, cell_targets: bool = False) -> str:
         body["cells"] = sorted(f"{o.function}:{o.column or ''}" for o in plan.outputs if isinstance(o, AggregateOutput))
     payload = json.dumps(body, sort_keys=True, separators=(",", ":"))
     return "noise:" + hashlib.sha256(payload.encode()).hexdigest()
+
+
+def _plain(v: Any) -> Any:
+    """A JSON-ready cell of an exact public answer (NaN/±inf → None; dates as ISO text)."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, (int, float, str, bool)) or v is None:
+        return v
+    return v.isoformat() if hasattr(v, "isoformat") else str(v)
 
 
 def _array(values: list) -> np.ndarray:

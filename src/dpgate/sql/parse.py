@@ -737,7 +737,7 @@ def _quantile_aggregate(node: exp.Expression, scope: _Scope) -> _Agg:
     col = scope.table.column(name)
     if col.type not in _NUMERIC:
         raise _unsupported(f"{_snippet(node)}: column {name!r} is {col.type}, not numeric", node)
-    if not col.bounded:
+    if not col.bounded and not scope.table.public:
         raise _unsupported(
             f"{_snippet(node)}: column {name!r} has no bounds in the policy (a DP quantile, "
             "minimum or maximum picks from candidates spanning [lower, upper]: declare them)", node)
@@ -809,6 +809,8 @@ def _aggregate(node: exp.Expression, scope: _Scope) -> _Agg:
     col = table.column(name)
     if col.type not in _NUMERIC:
         raise _unsupported(f"{_snippet(node)}: column {name!r} is {col.type}, not numeric", node)
+    if table.public:  # public tables hook: answered exactly, nothing to bound
+        return _Agg(function, name)
     if not col.bounded:
         raise _unsupported(
             f"{_snippet(node)}: column {name!r} has no bounds in the policy "
@@ -1052,7 +1054,7 @@ def _group_by(stmt: exp.Select, scope: _Scope) -> list[str]:
                 item,
             )
         col = scope.table.column(name)
-        if col.public_keys is None:
+        if col.public_keys is None and not scope.table.public:  # public tables: keys from the data
             raise _unsupported(
                 f"GROUP BY {name} needs public keys in the policy (private partition selection "
                 "is not supported yet)",
@@ -1071,6 +1073,8 @@ def _policy_digest(table: TablePolicy, columns: set[str]) -> str:
         "max_rows_per_unit": table.max_rows_per_unit,
         "columns": {n: table.columns[n].to_dict() for n in sorted(columns)},
     }
+    if table.public:
+        payload["public"] = True
     text = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -1161,7 +1165,7 @@ def _plan(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
     order_refs = _order_by(stmt, outputs)
     limit = _limit(stmt)
 
-    n_groups = table.key_combinations(group_by)
+    n_groups = 1 if table.public else table.key_combinations(group_by)
     if n_groups > MAX_GROUPS:
         raise UnsupportedQuery(
             f"the GROUP BY releases {n_groups} key combinations, more than {MAX_GROUPS}",
