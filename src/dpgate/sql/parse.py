@@ -7,8 +7,12 @@ Accepted shape (DESIGN.md, "SQL the gateway answers")::
     [GROUP BY <group keys>] [HAVING <predicate>] [ORDER BY <outputs>] [LIMIT n]
 
 * Exactly one statement, a plain SELECT over one declared table (optionally
-  qualified by the dataset name, optionally aliased). Anything that sqlglot can
-  only parse as an opaque ``Command`` is refused.
+  qualified by the dataset name, optionally aliased), read in one of
+  :data:`DIALECTS` (default DuckDB). Anything that sqlglot can only parse as an
+  opaque ``Command`` is refused. CTEs and subqueries in FROM that only filter,
+  project and compute row expressions over one table are inlined first by
+  :mod:`dpgate.sql.rules` (same plan and plan hash as the flat query); other
+  subqueries are refused.
 * Aggregates: ``COUNT(*)``, ``COUNT(<literal>)``, ``COUNT(<unit>)`` (all three count
   rows; rows with a NULL unit are dropped), ``COUNT(col)`` (non-NULL, finite
   values), ``COUNT(DISTINCT <unit>)``, ``SUM``, ``AVG``/``MEAN``, ``VAR_POP`` and
@@ -61,7 +65,7 @@ from sqlglot import exp
 from sqlglot.errors import ParseError, SqlglotError, TokenError
 from sqlglot.optimizer.simplify import simplify
 
-from dpgate.errors import InvalidSql, UnknownColumn, UnknownTable, UnsupportedQuery
+from dpgate.errors import InvalidRequest, InvalidSql, UnknownColumn, UnknownTable, UnsupportedQuery
 from dpgate.policy import (
     MAX_SQUARED_STEPS,
     ColumnPolicy,
@@ -70,6 +74,7 @@ from dpgate.policy import (
     quote_identifier,
 )
 from dpgate.sql.quantile import QUANTILE_FUNCTIONS, is_quantile_call, quantile_call, quantile_name, quantile_sql
+from dpgate.sql.rules import apply_statement_rules
 from dpgate.sql.plan import (
     FUNCTION_PRIMITIVES,
     AggregateOutput,
@@ -81,6 +86,9 @@ from dpgate.sql.plan import (
 )
 
 DIALECT = "duckdb"
+#: SQL dialects an analyst may write in (sqlglot dialect names); the plan is the same
+#: whatever the dialect, and only SQL generated from the plan (DuckDB) is executed.
+DIALECTS = ("duckdb", "postgres", "bigquery", "spark", "tsql", "mysql", "snowflake", "trino")
 #: Longest SQL text accepted (characters).
 MAX_SQL_LENGTH = 100_000
 #: Most public-key combinations one query may release.
@@ -158,7 +166,9 @@ _AGG_SQL = {
     "var_pop": "VAR_POP({c})",
     "stddev_pop": "STDDEV_POP({c})",
 }
-_ANON_AGGREGATES = {"mean": "avg"}
+#: Aggregates sqlglot reads as anonymous functions, by lower-case name: MEAN (DuckDB),
+#: VAR (T-SQL, SmartNoise), VARP and STDEVP (T-SQL's population forms).
+_ANON_AGGREGATES = {"mean": "avg", "var": "var_pop", "varp": "var_pop", "stdevp": "stddev_pop"}
 _TRY_CAST_TYPES = {
     exp.DataType.Type.BIGINT: "int",
     exp.DataType.Type.INT: "int",
@@ -212,10 +222,35 @@ _STATEMENT_WORDS = frozenset(
 )
 
 
-def parse_statement(sql: str) -> exp.Select:
-    """Parse SQL text into exactly one sqlglot SELECT (DuckDB dialect).
+def check_dialect(dialect: str | None) -> str:
+    """The dialect name to read analyst SQL with (``None`` → ``duckdb``).
 
     Raises:
+        InvalidRequest: not one of :data:`DIALECTS` (the message lists them).
+    """
+    if dialect is None:
+        return DIALECT
+    name = dialect.strip().lower() if isinstance(dialect, str) else dialect
+    aliases = {"postgresql": "postgres", "sqlserver": "tsql", "mssql": "tsql",
+               "sparksql": "spark", "databricks": "spark"}
+    name = aliases.get(name, name)
+    if name not in DIALECTS:
+        raise InvalidRequest(
+            f"unknown SQL dialect {dialect!r}: use one of {', '.join(DIALECTS)}",
+            {"dialect": str(dialect), "dialects": list(DIALECTS)},
+        )
+    return name
+
+
+def parse_statement(sql: str, dialect: str | None = None) -> exp.Select:
+    """Parse SQL text into exactly one sqlglot SELECT.
+
+    Args:
+        sql: the analyst's SQL text.
+        dialect: one of :data:`DIALECTS` (default ``duckdb``): how to read the text.
+
+    Raises:
+        InvalidRequest: an unknown dialect.
         InvalidSql: not a string, too long, does not parse, or not exactly one statement.
         UnsupportedQuery: a statement other than SELECT (sqlglot ``Command`` included)
             or a set operation.
@@ -227,7 +262,7 @@ def parse_statement(sql: str) -> exp.Select:
     if "\x00" in sql:
         raise InvalidSql("the SQL contains a NUL character")
     try:
-        statements = [s for s in sqlglot.parse(sql, read=DIALECT) if s is not None]
+        statements = [s for s in sqlglot.parse(sql, read=check_dialect(dialect)) if s is not None]
     except ParseError as exc:
         err = exc.errors[0] if exc.errors else {}
         description = str(err.get("description") or "syntax error")
@@ -711,6 +746,13 @@ class _Agg:
     alpha: float | None = None  # quantiles only (dpgate.sql.quantile)
 
 
+def _unparen(node: exp.Expression) -> exp.Expression:
+    """``node`` without enclosing parentheses (``((SUM(x)))`` → ``SUM(x)``)."""
+    while isinstance(node, exp.Paren):
+        node = node.this
+    return node
+
+
 def _is_aggregate(node: exp.Expression) -> bool:
     if isinstance(node, _AGGREGATES):
         return True
@@ -791,8 +833,12 @@ def _aggregate(node: exp.Expression, scope: _Scope) -> _Agg:
         function = _AGG_FUNCTION[type(node)]
         arg = node.this
     if isinstance(arg, exp.Distinct):
-        raise _unsupported(f"{_snippet(node)}: DISTINCT is only supported in COUNT(DISTINCT "
-                           "<privacy unit>)", node)
+        raise _unsupported(
+            f"{_snippet(node)}: DISTINCT inside SUM/AVG/VAR/STDDEV is not supported: the set of distinct values is shared by all privacy units, so "
+            "contribution bounding cannot cap what one unit adds to it (write it without "
+            "DISTINCT; COUNT(DISTINCT <privacy unit>) is supported)",
+            node,
+        )
     if not isinstance(arg, exp.Column):
         raise _unsupported(
             f"expressions inside aggregates are not supported: {_snippet(node)} "
@@ -908,6 +954,29 @@ class _Outputs:
                 node,
             )
         raise _unsupported(f"{_snippet(node)} is not supported in {clause}", node)
+
+    def check_labels(self) -> None:
+        """Refuse two released columns with the same title (case-insensitive).
+
+        A release is a table whose columns (and their accuracy entries) are keyed by
+        title: two columns titled ``v`` would leave one column's accuracy reported for
+        both. The same computation repeated under one title (``SELECT COUNT(*), COUNT(*)``)
+        is fine: its values and accuracy are the same. Raises UnsupportedQuery naming the
+        title.
+        """
+        seen: dict[str, _Out] = {}
+        for out in self.items:
+            if out.hidden:
+                continue
+            first = seen.setdefault(out.label.casefold(), out)
+            same = (first.kind, first.column, first.function) == (out.kind, out.column,
+                                                                  out.function)
+            if not same:
+                raise UnsupportedQuery(
+                    f"two output columns are named {out.label!r}: give each column of the "
+                    "SELECT list its own name (an alias, AS …)",
+                    {"construct": out.label},
+                )
 
     def assign_names(self) -> None:
         """Give every output its canonical name (``count``, ``sum_x``…; ``_2``… on a clash)."""
@@ -1079,12 +1148,14 @@ def _policy_digest(table: TablePolicy, columns: set[str]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def parse_query(sql: str, policy: DatasetPolicy) -> QueryPlan:
+def parse_query(sql: str, policy: DatasetPolicy, *, dialect: str | None = None) -> QueryPlan:
     """Parse, validate and plan one aggregate query against a dataset's policy.
 
     Args:
         sql: the analyst's SQL text (DuckDB dialect, one SELECT statement).
         policy: the dataset's policy (tables, privacy unit, bounds, public keys).
+        dialect: how to read ``sql`` (one of :data:`DIALECTS`; default ``duckdb``). The
+            plan, its hash and the executed SQL do not depend on it.
 
     Returns:
         The frozen, canonical :class:`QueryPlan` (nothing is executed).
@@ -1096,8 +1167,9 @@ def parse_query(sql: str, policy: DatasetPolicy) -> QueryPlan:
         UnknownTable: the table (or a qualifier) is not declared.
         UnknownColumn: a column is not declared.
     """
-    stmt = parse_statement(sql)
+    stmt = parse_statement(sql, dialect)
     try:
+        stmt = apply_statement_rules(stmt)
         return _plan(stmt, policy)
     except RecursionError:
         raise InvalidSql("the SQL is nested too deeply") from None
@@ -1117,7 +1189,7 @@ def _plan(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
         raise InvalidSql("the SELECT list is empty")
     for item in selects:
         label = item.alias if isinstance(item, exp.Alias) else None
-        node = item.unalias()
+        node = _unparen(item.unalias())
         if isinstance(node, exp.Star) or (
             isinstance(node, exp.Column) and isinstance(node.this, exp.Star)
         ):
@@ -1154,8 +1226,6 @@ def _plan(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
     for name in group_by:
         if not any(o.kind == "key" and o.column == name for o in outputs.items):
             outputs.add_key(name, name, hidden=True)
-    if not any(o.kind == "agg" for o in outputs.items):
-        raise UnsupportedQuery("the query computes no aggregate (COUNT, SUM, AVG, …)")
 
     where_node = stmt.args.get("where")
     where = _plan_where(where_node.this if where_node is not None else None, scope)
@@ -1164,6 +1234,10 @@ def _plan(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
     )
     order_refs = _order_by(stmt, outputs)
     limit = _limit(stmt)
+    # selection hook (issue 15): an aggregate named only in ORDER BY counts (a keys-only
+    # selection query, dpgate.sql.selection_query); checked after ORDER BY is resolved.
+    if not any(o.kind == "agg" for o in outputs.items):
+        raise UnsupportedQuery("the query computes no aggregate (COUNT, SUM, AVG, …)")
 
     n_groups = 1 if table.public else table.key_combinations(group_by)
     if n_groups > MAX_GROUPS:
@@ -1172,6 +1246,7 @@ def _plan(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
             {"groups": n_groups},
         )
 
+    outputs.check_labels()
     outputs.assign_names()
     prefix = _primitive_prefix(table)
     primitives: dict[tuple[str, str | None, float | None], Primitive] = {}
