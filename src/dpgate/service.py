@@ -72,6 +72,7 @@ from dpgate import quantile_release
 from dpgate.quantile_release import PlanCalibration, has_quantiles, without_quantiles
 from dpgate.sql.quantile import histogram_sql, histogram_sql_template
 from dpgate.sql.public import exact_sql, reads_public_only
+from dpgate.sql.joins import JoinedTable, policy_for
 
 #: Margin (seconds) added to the engine's query timeout to make the release lease: how long
 #: after a charge its release must be stored before another process declares it lost.
@@ -407,7 +408,8 @@ class Gateway:
 
             raise InvalidSql("the SQL text is empty")
         check_candidates(parse_statement(sql, dialect), policy)  # selection hook (issue 15): public candidates only
-        return policy, parse_query(sql, policy, dialect=dialect)
+        plan = parse_query(sql, policy, dialect=dialect)
+        return policy_for(plan.table, policy), plan  # joins hook: the plan's joined table
 
     def _mechanism(self, policy: DatasetPolicy, mechanism: str | None) -> str:
         mech = mechanism or policy.budget.mechanism
@@ -503,6 +505,14 @@ class Gateway:
         if "ci95" in resolved:
             extra["accuracy_target"] = self._ci95_scales(policy, plan, mech, resolved, sens).describe(
                 resolved["ci95"], resolved.get("expected_count"))
+        joined = policy.table(plan.table)
+        if isinstance(joined, JoinedTable):  # joins hook: the join and where bounding happens
+            extra["join"] = {
+                "tables": list(joined.sources), "join_sql": joined.join_sql,
+                "privacy_unit": joined.privacy_unit,
+                "bounding": (f"after the join, on the joined rows: at most k = {joined.max_groups_per_unit} "
+                             f"groups and m = {joined.max_rows_per_unit} rows per unit and group, values clamped"),
+            }
         if isinstance(cal, PlanCalibration):  # quantiles hook: grid, scale, rank error, cost
             extra["quantiles"] = {pid: {**q.describe(), "histogram_sql": histogram_sql_template(plan, policy, q.column)}
                                   for pid, q in cal.quantiles.items()}

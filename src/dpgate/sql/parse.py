@@ -73,6 +73,7 @@ from dpgate.policy import (
     TablePolicy,
     quote_identifier,
 )
+from dpgate.sql.joins import JOIN_MARK, rewrite_joins
 from dpgate.sql.quantile import QUANTILE_FUNCTIONS, is_quantile_call, quantile_call, quantile_name, quantile_sql
 from dpgate.sql.rules import apply_statement_rules
 from dpgate.sql.plan import (
@@ -1170,6 +1171,7 @@ def parse_query(sql: str, policy: DatasetPolicy, *, dialect: str | None = None) 
     stmt = parse_statement(sql, dialect)
     try:
         stmt = apply_statement_rules(stmt)
+        stmt, policy = rewrite_joins(stmt, policy)  # joins hook (dpgate.sql.joins): one joined table
         return _plan(stmt, policy)
     except RecursionError:
         raise InvalidSql("the SQL is nested too deeply") from None
@@ -1339,7 +1341,9 @@ def _with_canonical_sql(plan: QueryPlan, scope: _Scope) -> QueryPlan:
         if not (isinstance(out, KeyOutput) and out.name == out.column):
             text += f" AS {quote_identifier(out.name)}"
         items.append(text)
-    sql = f"SELECT {', '.join(items)} FROM {quote_identifier(plan.table)}"
+    source = (plan.table[len(JOIN_MARK):] if plan.table.startswith(JOIN_MARK)  # joins hook
+              else quote_identifier(plan.table))
+    sql = f"SELECT {', '.join(items)} FROM {source}"
     if plan.where:
         sql += f" WHERE {plan.where}"
     if plan.group_by:
