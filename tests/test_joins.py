@@ -234,3 +234,26 @@ def test_one_unit_moves_bounded_aggregates_by_at_most_the_sensitivity(tmp_path_f
         assert d_count <= m and d_sum <= m * bound
         changed += (d_count, d_sum) != (0, 0)
     assert 1 <= changed <= k  # the unit's joined rows do reach the release (the test is not vacuous)
+
+
+def test_public_key_source_without_declared_keys(tmp_path):
+    """genres.genre declares no public_keys: its values (public data) are the keys."""
+    root = tmp_path / "p"
+    write(root)
+    text = (root / "policies" / "lib.toml").read_text().replace(
+        'genre = { type = "text", public_keys = ["fantasy", "mystery", "history", "poetry"] }\ncategory',
+        'genre = { type = "text" }\ncategory')
+    (root / "policies" / "lib.toml").write_text(text)
+    g = Gateway.open(Settings(policies=root / "policies", home=tmp_path / "home"))
+    try:
+        sql = ("SELECT g.genre, COUNT(c.pages) AS n FROM genres g LEFT JOIN checkouts c ON c.genre = g.genre "
+               "GROUP BY g.genre")
+        r = g.query("lib", sql, consumer="analysts", budget=QueryBudget(rho=1000.0))
+        assert [row[0] for row in r["rows"]] == ["fantasy", "history", "mystery", "poetry"]  # the table's values
+        assert abs(dict(r["rows"])["poetry"]) <= 5 * r["accuracy"]["n"]["sigma"] + 1
+        # a protected table's key-less column stays refused
+        with pytest.raises(UnsupportedQuery, match="public keys"):
+            g.query("lib", "SELECT g.category, COUNT(*) FROM checkouts c JOIN genres g ON c.genre = g.genre "
+                    "GROUP BY g.category, c.pages", consumer="analysts")
+    finally:
+        g.close()

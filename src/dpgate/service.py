@@ -73,6 +73,11 @@ from dpgate.quantile_release import PlanCalibration, has_quantiles, without_quan
 from dpgate.sql.quantile import histogram_sql, histogram_sql_template
 from dpgate.sql.public import exact_sql, reads_public_only
 from dpgate.sql.joins import JoinedTable, policy_for
+from dpgate.policy import quote_identifier
+from types import MappingProxyType
+
+#: Most distinct values of a public table's column used as its keys.
+MAX_PUBLIC_TABLE_KEYS = 100_000
 
 #: Margin (seconds) added to the engine's query timeout to make the release lease: how long
 #: after a charge its release must be stored before another process declares it lost.
@@ -408,8 +413,44 @@ class Gateway:
 
             raise InvalidSql("the SQL text is empty")
         check_candidates(parse_statement(sql, dialect), policy)  # selection hook (issue 15): public candidates only
+        policy = self._with_public_table_keys(policy)  # public tables hook: their keys are their values
         plan = parse_query(sql, policy, dialect=dialect)
         return policy_for(plan.table, policy), plan  # joins hook: the plan's joined table
+
+    def _with_public_table_keys(self, policy: DatasetPolicy) -> DatasetPolicy:
+        """The policy with each public table's key-less text/int/bool columns keyed by their values.
+
+        A public table holds nothing to protect, so its distinct values (read from the
+        policy's data source, NULLs left out, at most :data:`MAX_PUBLIC_TABLE_KEYS`) are
+        public keys: grouping a protected aggregate by a joined public table's column
+        releases every one of them (empty groups as noisy zeros). Cached per data version.
+        """
+        targets = [t for t in policy.tables.values() if t.public and any(
+            c.public_keys is None and c.type in ("text", "int", "bool") for c in t.columns.values())]
+        if not targets:
+            return policy
+        version = self.data_versions.get(policy.name)
+        cache = self.__dict__.setdefault("_public_keys_cache", {})
+        if version is not None and (policy.name, version) in cache:
+            return cache[(policy.name, version)]
+        tables = dict(policy.tables)
+        for t in targets:
+            cols = {}
+            for name, col in t.columns.items():
+                if col.public_keys is None and col.type in ("text", "int", "bool"):
+                    ref = quote_identifier(name)
+                    values = self.engine.execute(
+                        f"SELECT DISTINCT {ref} AS v FROM {t.relation} WHERE {ref} IS NOT NULL ORDER BY v "
+                        f"LIMIT {MAX_PUBLIC_TABLE_KEYS + 1}")["v"]
+                    keys = tuple(_plain(v) for v in np.asarray(values).tolist())
+                    if 0 < len(keys) <= MAX_PUBLIC_TABLE_KEYS:
+                        col = dataclasses.replace(col, public_keys=keys)
+                cols[name] = col
+            tables[t.name] = dataclasses.replace(t, columns=MappingProxyType(cols))
+        out = dataclasses.replace(policy, tables=MappingProxyType(tables))
+        if version is not None:
+            cache[(policy.name, version)] = out
+        return out
 
     def _mechanism(self, policy: DatasetPolicy, mechanism: str | None) -> str:
         mech = mechanism or policy.budget.mechanism
