@@ -73,6 +73,7 @@ from dpgate.policy import (
     TablePolicy,
     quote_identifier,
 )
+from dpgate.sql.joins import JOIN_MARK, rewrite_joins
 from dpgate.sql.quantile import QUANTILE_FUNCTIONS, is_quantile_call, quantile_call, quantile_name, quantile_sql
 from dpgate.sql.rules import apply_statement_rules
 from dpgate.sql.plan import (
@@ -779,7 +780,7 @@ def _quantile_aggregate(node: exp.Expression, scope: _Scope) -> _Agg:
     col = scope.table.column(name)
     if col.type not in _NUMERIC:
         raise _unsupported(f"{_snippet(node)}: column {name!r} is {col.type}, not numeric", node)
-    if not col.bounded:
+    if not col.bounded and not scope.table.public:
         raise _unsupported(
             f"{_snippet(node)}: column {name!r} has no bounds in the policy (a DP quantile, "
             "minimum or maximum picks from candidates spanning [lower, upper]: declare them)", node)
@@ -855,6 +856,8 @@ def _aggregate(node: exp.Expression, scope: _Scope) -> _Agg:
     col = table.column(name)
     if col.type not in _NUMERIC:
         raise _unsupported(f"{_snippet(node)}: column {name!r} is {col.type}, not numeric", node)
+    if table.public:  # public tables hook: answered exactly, nothing to bound
+        return _Agg(function, name)
     if not col.bounded:
         raise _unsupported(
             f"{_snippet(node)}: column {name!r} has no bounds in the policy "
@@ -1121,7 +1124,7 @@ def _group_by(stmt: exp.Select, scope: _Scope) -> list[str]:
                 item,
             )
         col = scope.table.column(name)
-        if col.public_keys is None:
+        if col.public_keys is None and not scope.table.public:  # public tables: keys from the data
             raise _unsupported(
                 f"GROUP BY {name} needs public keys in the policy (private partition selection "
                 "is not supported yet)",
@@ -1140,6 +1143,8 @@ def _policy_digest(table: TablePolicy, columns: set[str]) -> str:
         "max_rows_per_unit": table.max_rows_per_unit,
         "columns": {n: table.columns[n].to_dict() for n in sorted(columns)},
     }
+    if table.public:
+        payload["public"] = True
     text = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -1166,6 +1171,7 @@ def parse_query(sql: str, policy: DatasetPolicy, *, dialect: str | None = None) 
     stmt = parse_statement(sql, dialect)
     try:
         stmt = apply_statement_rules(stmt)
+        stmt, policy = rewrite_joins(stmt, policy)  # joins hook (dpgate.sql.joins): one joined table
         return _plan(stmt, policy)
     except RecursionError:
         raise InvalidSql("the SQL is nested too deeply") from None
@@ -1235,7 +1241,7 @@ def _plan(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
     if not any(o.kind == "agg" for o in outputs.items):
         raise UnsupportedQuery("the query computes no aggregate (COUNT, SUM, AVG, …)")
 
-    n_groups = table.key_combinations(group_by)
+    n_groups = 1 if table.public else table.key_combinations(group_by)
     if n_groups > MAX_GROUPS:
         raise UnsupportedQuery(
             f"the GROUP BY releases {n_groups} key combinations, more than {MAX_GROUPS}",
@@ -1335,7 +1341,9 @@ def _with_canonical_sql(plan: QueryPlan, scope: _Scope) -> QueryPlan:
         if not (isinstance(out, KeyOutput) and out.name == out.column):
             text += f" AS {quote_identifier(out.name)}"
         items.append(text)
-    sql = f"SELECT {', '.join(items)} FROM {quote_identifier(plan.table)}"
+    source = (plan.table[len(JOIN_MARK):] if plan.table.startswith(JOIN_MARK)  # joins hook
+              else quote_identifier(plan.table))
+    sql = f"SELECT {', '.join(items)} FROM {source}"
     if plan.where:
         sql += f" WHERE {plan.where}"
     if plan.group_by:
