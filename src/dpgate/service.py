@@ -68,6 +68,9 @@ from dpgate.sql.bound import bounded_sql, bounded_sql_template
 from dpgate.sql.parse import parse_query, parse_statement
 from dpgate.sql.selection_query import check_candidates, recognize as recognize_selection
 from dpgate.sql.plan import AggregateOutput, QueryPlan
+from dpgate import quantile_release
+from dpgate.quantile_release import PlanCalibration, has_quantiles, without_quantiles
+from dpgate.sql.quantile import histogram_sql, histogram_sql_template
 
 #: Margin (seconds) added to the engine's query timeout to make the release lease: how long
 #: after a charge its release must be stored before another process declares it lost.
@@ -396,14 +399,14 @@ class Gateway:
 
     # ----------------------------------------------------------------- planning
 
-    def _plan(self, dataset: str, sql: str) -> tuple[DatasetPolicy, QueryPlan]:
+    def _plan(self, dataset: str, sql: str, dialect: str | None = None) -> tuple[DatasetPolicy, QueryPlan]:
         policy = self.policy(dataset)
         if not isinstance(sql, str) or not sql.strip():
             from dpgate.errors import InvalidSql
 
             raise InvalidSql("the SQL text is empty")
-        check_candidates(parse_statement(sql), policy)  # selection hook (issue 15): public candidates only
-        return policy, parse_query(sql, policy)
+        check_candidates(parse_statement(sql, dialect), policy)  # selection hook (issue 15): public candidates only
+        return policy, parse_query(sql, policy, dialect=dialect)
 
     def _mechanism(self, policy: DatasetPolicy, mechanism: str | None) -> str:
         mech = mechanism or policy.budget.mechanism
@@ -437,6 +440,10 @@ class Gateway:
         budget's ``expected_count``; :func:`~dpgate.postprocess.calibration.scales_for_ci95`).
         """
         check_representable(plan, policy)
+        if has_quantiles(plan):  # quantiles hook: budget split over counts/sums and quantiles
+            sens = sensitivities(without_quantiles(plan), policy)
+            pairs = {pid: (s.l1, s.l2) for pid, s in sens.items()}
+            return quantile_release.calibrate_plan(plan, policy, mech, resolved, pairs, calibrate), sens
         sens = sensitivities(plan, policy)
         pairs = {pid: (s.l1, s.l2) for pid, s in sens.items()}
         if "ci95" in resolved:
@@ -463,7 +470,8 @@ class Gateway:
     # ----------------------------------------------------------------- explain
 
     def explain(self, dataset: str, sql: str, *, budget: QueryBudget | None = None,
-                mechanism: str | None = None, consumer: str | None = None) -> dict[str, Any]:
+                mechanism: str | None = None, consumer: str | None = None,
+                dialect: str | None = None) -> dict[str, Any]:
         """Plan, bounded SQL (salt hidden), sensitivities and cost of a query.
 
         Reads no data and charges nothing. Raises the same errors as :meth:`query`
@@ -472,8 +480,9 @@ class Gateway:
         report: a charge that does not fit is refused by :meth:`query` with
         ``budget_exhausted`` and nothing is written. A ``ci95`` budget adds
         ``accuracy_target``: each cell's rule and the half-width it will report.
+        ``dialect`` is as for :meth:`query`.
         """
-        policy, plan = self._plan(dataset, sql)
+        policy, plan = self._plan(dataset, sql, dialect)
         selection = recognize_selection(plan, policy)
         if selection is not None:  # selection hook (issue 15): keys only, exponential mechanism
             from dpgate.selection import explain_selection
@@ -487,12 +496,15 @@ class Gateway:
         if "ci95" in resolved:
             extra["accuracy_target"] = self._ci95_scales(policy, plan, mech, resolved, sens).describe(
                 resolved["ci95"], resolved.get("expected_count"))
+        if isinstance(cal, PlanCalibration):  # quantiles hook: grid, scale, rank error, cost
+            extra["quantiles"] = {pid: {**q.describe(), "histogram_sql": histogram_sql_template(plan, policy, q.column)}
+                                  for pid, q in cal.quantiles.items()}
         return {
             "dataset": dataset,
             "canonical_sql": plan.canonical_sql,
             "plan_hash": plan.plan_hash,
             "plan": plan.canonical_dict(),
-            "bounded_sql": bounded_sql_template(plan, policy),
+            "bounded_sql": _bounded_template(plan, policy),
             "sensitivity": {pid: {"l1": s.l1, "l2": s.l2, "linf": s.linf} for pid, s in sens.items()},
             "mechanism": cal.mechanism,
             "noise_scales": dict(cal.scales),
@@ -523,7 +535,8 @@ class Gateway:
     # ----------------------------------------------------------------- query
 
     def query(self, dataset: str, sql: str, *, consumer: str, budget: QueryBudget | None = None,
-              mechanism: str | None = None, search_id: str | None = None) -> dict[str, Any]:
+              mechanism: str | None = None, dialect: str | None = None,
+              search_id: str | None = None) -> dict[str, Any]:
         """Answer ``sql`` on ``dataset`` with a DP release, charged to ``consumer``'s allocation.
 
         Args:
@@ -537,6 +550,9 @@ class Gateway:
                 mechanism (:mod:`dpgate.selection`) and ignores it.
             search_id: a selection query's search record (:mod:`dpgate.searches`): it must be
                 open and of the dataset's population; the selection is recorded in it.
+            dialect: the SQL dialect ``sql`` is written in (one of
+                :data:`dpgate.sql.parse.DIALECTS`; None: ``duckdb``). The plan, its hash
+                and the release cache do not depend on it.
         Returns:
             The release document: ``{release_id, dataset, columns, rows, accuracy,
             charge: {rho, epsilon_at_delta, charge_id} | None, cached, data_version,
@@ -548,7 +564,7 @@ class Gateway:
             BudgetExhausted: the charge did not fit; nothing was written.
             QueryTimeout, ExecutionError, MechanismError: after the charge, which stays.
         """
-        policy, plan = self._plan(dataset, sql)
+        policy, plan = self._plan(dataset, sql, dialect)
         selection = recognize_selection(plan, policy)
         if selection is not None or search_id is not None:  # selection hook (issue 15)
             return self._selection_query(dataset, policy, plan, selection, consumer=consumer, budget=budget,
@@ -573,7 +589,8 @@ class Gateway:
             # Calibrate and bind the rewrite before charging (reads no data): a query
             # DuckDB refuses whatever the data costs nothing.
             cal, _ = self._calibrate(policy, plan, mech, resolved)
-            self.engine.check(bounded_sql(plan, policy, salt=0))
+            for statement in _engine_statements(plan, policy):
+                self.engine.check(statement)
 
             def charge(release_key: str):
                 """Charge this query's cost under the attempt's single-flight key.
@@ -667,16 +684,20 @@ class Gateway:
                  receipt, key: str, version: str) -> Release:
         salt = self._salt_source()
         try:
-            values = self.engine.execute(bounded_sql(plan, policy, salt=salt))
+            if isinstance(cal, PlanCalibration):  # quantiles hook
+                keys, noisy, halfwidths = self._compute_quantiles(policy, plan, cal, salt)
+            else:
+                values = self.engine.execute(bounded_sql(plan, policy, salt=salt))
         except DpgateError:
             raise
         except Exception as exc:  # noqa: BLE001 - no data in the message
             raise ExecutionError("executing the bounded query failed; the charge stays",
                                  {"charge_id": receipt and receipt.charge_id}) from exc
         del salt
-        keys = {k: values[k] for k in plan.group_by}
-        noisy = sample(cal, {p.id: values[p.id] for p in plan.primitives})
-        halfwidths = {pid: ci95_halfwidth(cal.mechanism, s) for pid, s in cal.scales.items()}
+        if not isinstance(cal, PlanCalibration):
+            keys = {k: values[k] for k in plan.group_by}
+            noisy = sample(cal, {p.id: values[p.id] for p in plan.primitives})
+            halfwidths = {pid: ci95_halfwidth(cal.mechanism, s) for pid, s in cal.scales.items()}
         sig = {p.id: _primitive_sig(p) for p in plan.primitives}
         table = finalize(plan, policy, keys, noisy, cal.scales, halfwidths, mechanism=cal.mechanism)
         table_policy = policy.table(plan.table)
@@ -734,6 +755,19 @@ class Gateway:
             halfwidths={sig[pid]: float(h) for pid, h in halfwidths.items()},
         )
         return Release(release_id, key, policy.name, plan.plan_hash, created, document, primitives)
+
+    def _compute_quantiles(self, policy: DatasetPolicy, plan: QueryPlan, cal: PlanCalibration, salt: int):
+        """Keys, noisy values and half-widths of a plan with quantiles (quantile index per group)."""
+        base = without_quantiles(plan)
+        keys: dict[str, Any] = {}
+        noisy: dict[str, Any] = {}
+        if base.primitives:
+            values = self.engine.execute(bounded_sql(base, policy, salt=salt))
+            keys = {k: values[k] for k in plan.group_by}
+            noisy = dict(sample(cal.base, {p.id: values[p.id] for p in base.primitives}))
+        qkeys, qnoisy = quantile_release.run(plan, policy, cal, self.engine.execute, salt)
+        noisy.update(qnoisy)
+        return keys or qkeys, noisy, cal.halfwidths()
 
     # ----------------------------------------------------------------- releases
 
@@ -986,6 +1020,8 @@ def check_representable(plan: QueryPlan, policy: DatasetPolicy) -> None:
     """
     table = policy.table(plan.table)
     for p in plan.primitives:
+        if p.kind == "quantile":  # a candidate index; nothing is summed (dpgate.quantiles)
+            continue
         linf = primitive_linf(p, policy, plan.table)
         if linf > limits.MAX_STEPS:
             what = ("its sum of squares (VAR/STDDEV), m·max(lower², upper²)/resolution²"
@@ -1019,8 +1055,27 @@ def _output_unit(policy: DatasetPolicy, plan: QueryPlan, primitive_id: str) -> f
 
 
 def _primitive_sig(p) -> str:
-    """A primitive's identity independent of its id: ``kind:column``."""
-    return f"{p.kind}:{p.column or ''}"
+    """A primitive's identity independent of its id: ``kind:column`` (``:alpha`` for quantiles)."""
+    alpha = getattr(p, "alpha", None)
+    return f"{p.kind}:{p.column or ''}" + (f":{alpha!r}" if alpha is not None else "")
+
+
+def _engine_statements(plan: QueryPlan, policy: DatasetPolicy) -> list[str]:
+    """The SQL the engine will run for ``plan`` (salt 0), to bind before the charge."""
+    if not has_quantiles(plan):
+        return [bounded_sql(plan, policy, salt=0)]
+    base = without_quantiles(plan)
+    out = [bounded_sql(base, policy, salt=0)] if base.primitives else []
+    columns = dict.fromkeys(p.column for p in plan.primitives if p.kind == "quantile")
+    return out + [histogram_sql(plan, policy, c, salt=0) for c in columns]
+
+
+def _bounded_template(plan: QueryPlan, policy: DatasetPolicy) -> str | None:
+    """The bounded SQL of the count/sum primitives (salt hidden); None when there are none."""
+    if not has_quantiles(plan):
+        return bounded_sql_template(plan, policy)
+    base = without_quantiles(plan)
+    return bounded_sql_template(base, policy) if base.primitives else None
 
 
 def _noise_signature(plan: QueryPlan, *, cell_targets: bool = False) -> str:

@@ -155,6 +155,7 @@ def run_query(
         consumer=_consumer_of(principal),
         budget=_budget(body.budget),
         mechanism=body.mechanism,
+        dialect=body.dialect,
         search_id=body.search_id,
     )
     return json_safe(release)
@@ -174,7 +175,7 @@ def explain_query(
     """Show the plan, the bounded SQL template, the sensitivities and the cost a query would
     charge. Reads no data and charges nothing."""
     explanation = gateway.explain(body.dataset, body.sql, budget=_budget(body.budget), mechanism=body.mechanism,
-                                  consumer=principal.consumer)
+                                  consumer=principal.consumer, dialect=body.dialect)
     return json_safe(explanation)
 
 

@@ -27,6 +27,7 @@ from dpgate.errors import did_you_mean
 from dpgate.service import QueryBudget
 
 from dpgate.policy import MECHANISMS
+from dpgate.sql.parse import DIALECTS
 
 #: Largest ρ or ε a request may name (anything near it is refused by any sane cap anyway).
 MAX_PRIVACY_PARAMETER = QueryBudget.MAX_RHO
@@ -95,6 +96,8 @@ class ResponseModel(BaseModel):
 Number = float | Literal["inf", "-inf", "nan"]
 #: The mechanisms a request may name (the one list: :data:`dpgate.policy.MECHANISMS`).
 MechanismChoice = Literal[tuple(MECHANISMS)]
+#: The SQL dialects a request may be written in (the one list: :data:`dpgate.sql.parse.DIALECTS`).
+DialectChoice = Literal[tuple(DIALECTS)]
 
 
 # --- requests --------------------------------------------------------------------------
@@ -156,6 +159,11 @@ class QueryRequest(RequestModel):
     )
     mechanism: MechanismChoice | None = Field(
         default=None, description="noise mechanism; the dataset's policy default when absent"
+    )
+    dialect: DialectChoice | None = Field(
+        default=None,
+        description="the SQL dialect `sql` is written in (sqlglot names); duckdb when absent. "
+        "The plan, its hash and the release cache do not depend on it",
     )
     search_id: Annotated[str, StringConstraints(min_length=1, max_length=64)] | None = Field(
         default=None, description="a selection query's search record (issue 15): it must be open; the "

@@ -193,6 +193,10 @@ def _render(plan: QueryPlan, policy: DatasetPolicy, salt: str) -> str:
         expr = _fixed_point(col, src(name)) if name in summed else _present(col, src(name))
         select_rows.append(f"{expr} AS {v}")
         value_of[name] = v
+    if not select_rows:
+        # A record-level COUNT(*) with no group key reads no column: keep one generated
+        # column so that the projection is valid SQL.
+        select_rows.append(f"1 AS {q(_PREFIX + 'one')}")
     conditions = []
     if not record_level:
         conditions.append(f"{src(table.privacy_unit)} IS NOT NULL")
