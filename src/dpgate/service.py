@@ -38,6 +38,7 @@ import numpy as np
 from dpgate import accounting, limits
 from dpgate.engines import EngineOptions, EngineSet
 from dpgate.errors import (
+    Conflict,
     DpgateError,
     ExecutionError,
     InvalidBudget,
@@ -589,8 +590,11 @@ class Gateway:
             # Calibrate and bind the rewrite before charging (reads no data): a query
             # DuckDB refuses whatever the data costs nothing.
             cal, _ = self._calibrate(policy, plan, mech, resolved)
-            for statement in _engine_statements(plan, policy):
-                self.engine.check(statement)
+            if has_quantiles(plan):
+                for statement in _engine_statements(plan, policy):
+                    self.engine.check(statement)
+            else:
+                self._run_bounded(self.engine.check, plan, policy, salt=0)
 
             def charge(release_key: str):
                 """Charge this query's cost under the attempt's single-flight key.
@@ -680,6 +684,23 @@ class Gateway:
         stored = self.release_store.put(derived)
         return _rename(stored.to_dict(cached=True), display)
 
+    def _run_bounded(self, run, plan: QueryPlan, policy: DatasetPolicy, *, salt: int):
+        """``run`` (the engine's check or execute) on the plan's bounded query.
+
+        Where the engine's load found one row per privacy unit in the table, the query
+        skips the per-unit aggregation (same bounded values, less work; see
+        :mod:`dpgate.sql.bound`). The engine refuses such a query with ``Conflict`` if a
+        reload swapped in data without that property meanwhile; it then runs once more
+        in the general form, so a reload never fails a charged query.
+        """
+        unique = self.engine.unit_is_unique(policy.name, plan.table)
+        if not unique:
+            return run(bounded_sql(plan, policy, salt=salt))
+        try:
+            return run(bounded_sql(plan, policy, salt=salt, unit_unique=True))
+        except Conflict:
+            return run(bounded_sql(plan, policy, salt=salt))
+
     def _compute(self, policy: DatasetPolicy, plan: QueryPlan, cal, resolved: Mapping[str, Any],
                  receipt, key: str, version: str) -> Release:
         salt = self._salt_source()
@@ -687,7 +708,7 @@ class Gateway:
             if isinstance(cal, PlanCalibration):  # quantiles hook
                 keys, noisy, halfwidths = self._compute_quantiles(policy, plan, cal, salt)
             else:
-                values = self.engine.execute(bounded_sql(plan, policy, salt=salt))
+                values = self._run_bounded(self.engine.execute, plan, policy, salt=salt)
         except DpgateError:
             raise
         except Exception as exc:  # noqa: BLE001 - no data in the message
