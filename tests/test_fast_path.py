@@ -422,3 +422,29 @@ def test_fast_path_equals_general_form_on_any_unique_table(rows, nulls, salt, ti
             assert general == fast, sql
     finally:
         con.close()
+
+
+@pytest.mark.postgres
+def test_postgres_views_and_materialized_views_never_take_the_fast_path(tmp_path):
+    """A view has no index; a materialized view's unique index cannot be held by LOCK TABLE
+    for the per-query re-check, so neither is treated as unique (a table with the same
+    unique index is)."""
+    reason = pg_unavailable()
+    if reason:
+        pytest.skip(reason)
+    import psycopg
+
+    with pg_schema() as schema:
+        pg_load(schema, "prompts", unique_units())
+        with psycopg.connect(PG_URL, autocommit=True) as conn:
+            conn.execute(f'ALTER TABLE "{schema}"."prompts" ADD UNIQUE ("user_id")')
+            conn.execute(f'CREATE VIEW "{schema}"."v" AS SELECT * FROM "{schema}"."prompts"')
+            conn.execute(f'CREATE MATERIALIZED VIEW "{schema}"."mv" AS SELECT * FROM "{schema}"."prompts"')
+            conn.execute(f'CREATE UNIQUE INDEX ON "{schema}"."mv" ("user_id")')
+        for rel, unique in (("prompts", True), ("v", False), ("mv", False)):
+            e = _open(tmp_path, f"pg_{rel}", f'engine = "postgres"\nconnection = "{PG_URL}"\n',
+                      TABLES.format(source=f"{schema}.{rel}"))
+            try:
+                assert e.unit_is_unique("par", "prompts") is unique, rel
+            finally:
+                e.close()
