@@ -42,6 +42,7 @@ from dpgate.errors import (
     DpgateError,
     ExecutionError,
     InvalidBudget,
+    InvalidRequest,
     UnknownDataset,
     UnknownPopulation,
     UnsupportedQuery,
@@ -65,7 +66,8 @@ from dpgate.releases import (
 from dpgate.sensitivity import primitive_linf, sensitivities
 from dpgate.settings import Settings
 from dpgate.sql.bound import bounded_sql, bounded_sql_template
-from dpgate.sql.parse import parse_query
+from dpgate.sql.parse import parse_query, parse_statement
+from dpgate.sql.selection_query import check_candidates, recognize as recognize_selection
 from dpgate.sql.plan import AggregateOutput, QueryPlan
 from dpgate import quantile_release
 from dpgate.quantile_release import PlanCalibration, has_quantiles, without_quantiles
@@ -252,8 +254,24 @@ class Gateway:
         versions = {name: None if v is None else _published_version(v, key) for name, v in versions.items()}
         return cls(policies, engine, versions, ledger, store, fingerprint_key=key, salt_source=salt_source)
 
+    @property
+    def searches(self):
+        """The search records (:class:`dpgate.searches.Searches`), opened on first use in the
+        ledger's database (issue 15)."""
+        if getattr(self, "_searches", None) is None:
+            from dpgate.searches import Searches, open_search_store
+
+            self._searches = Searches(self.ledger, open_search_store(self.ledger))
+        return self._searches
+
     def close(self) -> None:
-        """Close the release store, the ledger and the engine."""
+        """Close the search and release stores, the ledger and the engine."""
+        searches = getattr(self, "_searches", None)
+        if searches is not None:
+            try:
+                searches.store.close()
+            except Exception:  # noqa: BLE001 - closing must not mask the caller's error
+                pass
         for closer in (self.release_store.close, self.ledger.close, self.engine.close):
             try:
                 closer()
@@ -388,6 +406,7 @@ class Gateway:
             from dpgate.errors import InvalidSql
 
             raise InvalidSql("the SQL text is empty")
+        check_candidates(parse_statement(sql, dialect), policy)  # selection hook (issue 15): public candidates only
         return policy, parse_query(sql, policy, dialect=dialect)
 
     def _mechanism(self, policy: DatasetPolicy, mechanism: str | None) -> str:
@@ -465,6 +484,11 @@ class Gateway:
         ``dialect`` is as for :meth:`query`.
         """
         policy, plan = self._plan(dataset, sql, dialect)
+        selection = recognize_selection(plan, policy)
+        if selection is not None:  # selection hook (issue 15): keys only, exponential mechanism
+            from dpgate.selection import explain_selection
+
+            return explain_selection(self, dataset, policy, selection, budget, consumer)
         mech = self._mechanism(policy, mechanism)
         resolved = self._resolve_budget(policy, mech, budget)
         cal, sens = self._calibrate(policy, plan, mech, resolved)
@@ -512,7 +536,8 @@ class Gateway:
     # ----------------------------------------------------------------- query
 
     def query(self, dataset: str, sql: str, *, consumer: str, budget: QueryBudget | None = None,
-              mechanism: str | None = None, dialect: str | None = None) -> dict[str, Any]:
+              mechanism: str | None = None, dialect: str | None = None,
+              search_id: str | None = None) -> dict[str, Any]:
         """Answer ``sql`` on ``dataset`` with a DP release, charged to ``consumer``'s allocation.
 
         Args:
@@ -521,7 +546,11 @@ class Gateway:
             consumer: the allocation that pays (from the principal, not the request).
             budget: the release's budget (None: the policy's ``default_query_rho``).
             mechanism: ``"gaussian"`` (discrete Gaussian, zCDP) or ``"laplace"``
-                (discrete Laplace, pure ε); None: the policy's default.
+                (discrete Laplace, pure ε); None: the policy's default. A selection query
+                (keys only, ORDER BY an aggregate, LIMIT k) always uses the exponential
+                mechanism (:mod:`dpgate.selection`) and ignores it.
+            search_id: a selection query's search record (:mod:`dpgate.searches`): it must be
+                open and of the dataset's population; the selection is recorded in it.
             dialect: the SQL dialect ``sql`` is written in (one of
                 :data:`dpgate.sql.parse.DIALECTS`; None: ``duckdb``). The plan, its hash
                 and the release cache do not depend on it.
@@ -537,6 +566,10 @@ class Gateway:
             QueryTimeout, ExecutionError, MechanismError: after the charge, which stays.
         """
         policy, plan = self._plan(dataset, sql, dialect)
+        selection = recognize_selection(plan, policy)
+        if selection is not None or search_id is not None:  # selection hook (issue 15)
+            return self._selection_query(dataset, policy, plan, selection, consumer=consumer, budget=budget,
+                                         search_id=search_id)
         mech = self._mechanism(policy, mechanism)
         resolved = self._resolve_budget(policy, mech, budget)
         version = self._data_version(dataset)
@@ -586,6 +619,28 @@ class Gateway:
         if fresh:
             return release.to_dict(cached=False)
         return self._serve(release, policy, plan, keys.release, display)
+
+    def _selection_query(self, dataset: str, policy: DatasetPolicy, plan: QueryPlan, selection, *,
+                         consumer: str, budget: QueryBudget | None, search_id: str | None) -> dict[str, Any]:
+        """A selection query (issue 15; :func:`dpgate.selection.run_selection`), recorded in its
+        search when ``search_id`` is given.
+
+        Raises:
+            UnsupportedQuery: ``search_id`` on a query that is not a selection.
+            NotFound / Conflict: the search does not exist, is closed or protects another population.
+        """
+        from dpgate.selection import run_selection
+
+        if selection is None:
+            raise UnsupportedQuery("search_id goes with a selection query (keys only, ORDER BY an aggregate, "
+                                   "LIMIT k); charge other steps of a search through /v1/ledger/charges",
+                                   {"reason": "search_needs_selection"})
+        if search_id is not None:
+            self.searches.check_open(search_id, population=policy.population)
+        release = run_selection(self, dataset, policy, selection, budget, consumer, search_id=search_id)
+        if search_id is not None:
+            self.searches.record_selection(search_id, release, consumer=consumer)
+        return release
 
     def _serve(self, hit: Release, policy: DatasetPolicy, plan: QueryPlan, key: str,
                display: list[str]) -> dict[str, Any]:
@@ -751,7 +806,9 @@ class Gateway:
 
     def charge_external(self, population: str, consumer: str, *, curve: list[float] | None = None,
                         orders: list[float] | None = None, rho: float | None = None, kind: str = "rdp",
-                        purpose: str, actor: str) -> dict[str, Any]:
+                        purpose: str, actor: str, search_id: str | None = None, candidate: str | None = None,
+                        step: str | None = None, outcome: str | None = None, attempt: int | None = None,
+                        note: str | None = None) -> dict[str, Any]:
         """Charge a cost computed by an external accountant (e.g. a DP-SGD run).
 
         A curve may be given on the caller's own order grid (the orders its accountant
@@ -770,6 +827,12 @@ class Gateway:
             orders: the caller's ascending orders α > 1 (``inf`` allowed), or None.
             rho: total ρ for ``kind = "zcdp"`` or ``"gaussian"`` (continuous Gaussian).
             purpose, actor: recorded with the charge.
+            search_id: the search this charge is a step of (issue 15): it must be open and spend
+                ``population``; the step records ``candidate`` (declared in the search),
+                ``step`` (training, retry, evaluation, stopping, other; default training),
+                ``outcome`` (completed, failed, target_missed, discarded, aborted), ``attempt``
+                and ``note``, with the accountant's state after the charge. A failed run or a
+                retry is charged and recorded like any other.
         Raises:
             InvalidBudget: malformed cost, or no claim at an order the cap checks.
             UnknownPopulation / UnknownConsumer.
@@ -779,6 +842,24 @@ class Gateway:
         if population not in self.ledger.populations():
             raise UnknownPopulation(f"unknown population {population!r}", {"population": population})
         metadata: dict[str, Any] = {"actor": actor, "external": True}
+        if search_id is None and any(v is not None for v in (candidate, step, outcome, attempt, note)):
+            raise InvalidRequest("candidate, step, outcome, attempt and note go with a search_id",
+                                 {"field": "search_id"})
+        if search_id is not None:  # search hook (issue 15): validated before anything is charged
+            from dpgate.searches.record import OUTCOMES, STEP_KINDS
+
+            step = step or "training"
+            if step not in STEP_KINDS:
+                raise InvalidRequest(f"step must be one of {', '.join(STEP_KINDS)}", {"field": "step"})
+            if outcome is not None and outcome not in OUTCOMES:
+                raise InvalidRequest(f"outcome must be one of {', '.join(OUTCOMES)}", {"field": "outcome"})
+            if attempt is not None and (isinstance(attempt, bool) or not isinstance(attempt, int)
+                                        or not 1 <= attempt <= 10_000):
+                raise InvalidRequest("attempt must be an integer in [1, 10000]", {"field": "attempt"})
+            self.searches.check_open(search_id, population=population, candidate=candidate)
+            metadata.update({"search_id": search_id, "search_step": step})
+            if candidate is not None:
+                metadata["candidate"] = candidate
         try:
             if kind == "rdp":
                 if curve is None:
@@ -800,7 +881,33 @@ class Gateway:
         except ValueError as exc:
             raise InvalidBudget(str(exc), {"kind": kind}) from None
         receipt = self.ledger.charge(population, consumer, cost, purpose=purpose, metadata=metadata)
-        return receipt.to_dict()
+        out = receipt.to_dict()
+        if search_id is not None:
+            recorded = self.searches.record_charge(search_id, out, step=step or "training", candidate=candidate,
+                                                   outcome=outcome, attempt=attempt, note=note)
+            out["search_id"] = search_id
+            out["search_step"] = recorded["step"]
+        return out
+
+    # ----------------------------------------------------------------- searches (issue 15)
+
+    def create_search(self, spec: Mapping[str, Any], *, consumer: str, actor: str) -> dict[str, Any]:
+        """Declare a search (:meth:`dpgate.searches.Searches.create`); charges nothing."""
+        return self.searches.create(spec, consumer=consumer, actor=actor)
+
+    def search(self, search_id: str) -> dict[str, Any]:
+        """A search record with every step, the accountant's state after each, and its replay."""
+        return self.searches.get(search_id)
+
+    def search_list(self, population: str | None = None, *, limit: int = 100) -> list[dict[str, Any]]:
+        """Searches, newest first."""
+        return self.searches.list(population, limit=limit)
+
+    def close_search(self, search_id: str, *, selected: str, artifacts: list[str],
+                     selection_release: str | None = None, note: str | None = None, actor: str) -> dict[str, Any]:
+        """Close a search with its selected candidate and artifacts (:meth:`dpgate.searches.Searches.close`)."""
+        return self.searches.close(search_id, selected=selected, artifacts=artifacts,
+                                   selection_release=selection_release, note=note, actor=actor)
 
     def ledger_entries(self, population: str | None = None, *, limit: int | None = None) -> list[dict[str, Any]]:
         """Ledger charges (oldest first), optionally of one population."""

@@ -165,6 +165,9 @@ class QueryRequest(RequestModel):
         description="the SQL dialect `sql` is written in (sqlglot names); duckdb when absent. "
         "The plan, its hash and the release cache do not depend on it",
     )
+    search_id: Annotated[str, StringConstraints(min_length=1, max_length=64)] | None = Field(
+        default=None, description="a selection query's search record (issue 15): it must be open; the "
+                                  "selection is recorded in it")
 
 
 class ExternalChargeRequest(RequestModel):
@@ -188,6 +191,17 @@ class ExternalChargeRequest(RequestModel):
     orders: Annotated[list[Order], Field(min_length=1, max_length=MAX_CURVE_POINTS)] | None = None
     rho: PositiveParameter | None = None
     purpose: Text
+    search_id: Annotated[str, StringConstraints(min_length=1, max_length=64)] | None = Field(
+        default=None, description="the search this charge is a step of (issue 15); failed runs and retries too")
+    candidate: Annotated[str, StringConstraints(min_length=1, max_length=200)] | None = Field(
+        default=None, description="with search_id: the candidate configuration this run trains")
+    step: Literal["training", "retry", "evaluation", "stopping", "other"] | None = Field(
+        default=None, description="with search_id: what the charge pays for (default training)")
+    outcome: Literal["completed", "failed", "target_missed", "discarded", "aborted"] | None = Field(
+        default=None, description="with search_id: how the run ended (failed and missed runs stay charged)")
+    attempt: Annotated[int, Field(ge=1, le=10_000)] | None = Field(
+        default=None, description="with search_id: attempt number of a retried run")
+    note: Annotated[str, StringConstraints(min_length=1, max_length=2000)] | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> "ExternalChargeRequest":
@@ -200,6 +214,70 @@ class ExternalChargeRequest(RequestModel):
             if self.rho is None or self.curve is not None or self.orders is not None:
                 raise ValueError(f'kind "{self.kind}" needs rho, not curve or orders')
         return self
+
+
+class SearchDataset(RequestModel):
+    """A data boundary of a search: a dataset's name and the population (people) it is about."""
+
+    name: Annotated[str, StringConstraints(min_length=1, max_length=200)]
+    population: Annotated[str, StringConstraints(min_length=1, max_length=128)] | None = Field(
+        default=None, description="the people the data is about (required for training; none: public data)")
+    description: Annotated[str, StringConstraints(min_length=1, max_length=500)] | None = None
+
+
+class SearchCandidate(RequestModel):
+    """One candidate configuration (hyper-parameters, base model…); never validation scores."""
+
+    name: Annotated[str, StringConstraints(min_length=1, max_length=200)]
+    config: dict[str, Any] | None = None
+
+
+class SearchRequest(RequestModel):
+    """``POST /v1/searches``: declare a tuning/selection search (issue 15); charges nothing.
+
+    ``people``: whether training and validation data hold the same people (one population) or
+    disjoint people (different populations, with ``people_split`` saying how they were split;
+    disjoint rows of one population are not disjoint people). ``stopping = "data-dependent"``
+    is refused unless ``stopping_privatised`` (each stopping decision is then a charged step).
+    """
+
+    purpose: Text
+    consumer: Name | None = Field(default=None, description="who pays: required with an admin key")
+    candidates: Annotated[list[SearchCandidate], Field(min_length=1, max_length=1000)]
+    training: SearchDataset
+    validation: SearchDataset
+    people: Literal["same", "disjoint"] = "same"
+    people_split: Annotated[str, StringConstraints(min_length=1, max_length=500)] | None = None
+    selection: Literal["private", "public"]
+    stopping: Literal["fixed", "data-dependent"] = "fixed"
+    stopping_privatised: bool = False
+
+
+class SearchCloseRequest(RequestModel):
+    """``POST /v1/searches/{id}/close``: the selected candidate and its artifact ids."""
+
+    selected: Annotated[str, StringConstraints(min_length=1, max_length=200)]
+    artifacts: Annotated[list[Annotated[str, StringConstraints(min_length=1, max_length=500)]],
+                         Field(max_length=100)] = []
+    selection_release: Annotated[str, StringConstraints(min_length=1, max_length=128)] | None = Field(
+        default=None, description="private selection: the selection release recorded in this search")
+    note: Annotated[str, StringConstraints(min_length=1, max_length=2000)] | None = None
+
+
+class SearchRecord(ResponseModel):
+    """A search record: declaration, steps with the accountant's state after each, totals, replay."""
+
+    search_id: str
+    status: Literal["open", "closed"]
+    steps: list[dict[str, Any]]
+    totals: dict[str, Any]
+    replay: dict[str, Any]
+
+
+class SearchList(ResponseModel):
+    """``GET /v1/searches``: newest first."""
+
+    searches: list[dict[str, Any]]
 
 
 class CapChangeRequest(RequestModel):

@@ -1222,8 +1222,6 @@ def _plan(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
     for name in group_by:
         if not any(o.kind == "key" and o.column == name for o in outputs.items):
             outputs.add_key(name, name, hidden=True)
-    if not any(o.kind == "agg" for o in outputs.items):
-        raise UnsupportedQuery("the query computes no aggregate (COUNT, SUM, AVG, …)")
 
     where_node = stmt.args.get("where")
     where = _plan_where(where_node.this if where_node is not None else None, scope)
@@ -1232,6 +1230,10 @@ def _plan(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
     )
     order_refs = _order_by(stmt, outputs)
     limit = _limit(stmt)
+    # selection hook (issue 15): an aggregate named only in ORDER BY counts (a keys-only
+    # selection query, dpgate.sql.selection_query); checked after ORDER BY is resolved.
+    if not any(o.kind == "agg" for o in outputs.items):
+        raise UnsupportedQuery("the query computes no aggregate (COUNT, SUM, AVG, …)")
 
     n_groups = table.key_combinations(group_by)
     if n_groups > MAX_GROUPS:
