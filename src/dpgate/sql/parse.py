@@ -75,6 +75,7 @@ from dpgate.policy import (
     quote_identifier,
 )
 from dpgate.sql.keys import KeyDomain, derive_key_domain, width_bucket_to_case
+from dpgate.sql.joins import JOIN_MARK, rewrite_joins
 from dpgate.sql.quantile import QUANTILE_FUNCTIONS, is_quantile_call, quantile_call, quantile_name, quantile_sql
 from dpgate.sql.rules import MAX_NESTING, apply_statement_rules
 from dpgate.sql.plan import (
@@ -830,7 +831,7 @@ def _quantile_aggregate(node: exp.Expression, scope: _Scope) -> _Agg:
     col = scope.table.column(name)
     if col.type not in _NUMERIC:
         raise _unsupported(f"{_snippet(node)}: column {name!r} is {col.type}, not numeric", node)
-    if not col.bounded:
+    if not col.bounded and not scope.table.public:
         raise _unsupported(
             f"{_snippet(node)}: column {name!r} has no bounds in the policy (a DP quantile, "
             "minimum or maximum picks from candidates spanning [lower, upper]: declare them)", node)
@@ -907,6 +908,8 @@ def _aggregate(node: exp.Expression, scope: _Scope) -> _Agg:
     col = table.column(name)
     if col.type not in _NUMERIC:
         raise _unsupported(f"{_snippet(node)}: column {name!r} is {col.type}, not numeric", node)
+    if table.public:  # public tables hook: answered exactly, nothing to bound
+        return _Agg(function, name)
     if not col.bounded:
         raise _unsupported(
             f"{_snippet(node)}: column {name!r} has no bounds in the policy "
@@ -1257,7 +1260,7 @@ def _group_by(stmt: exp.Select, scope: _Scope) -> _Keys:
                     target,
                 )
             col = scope.table.column(name)
-            if col.public_keys is None:
+            if col.public_keys is None and not scope.table.public:  # public tables: keys from the data
                 refuse_key_without_public_keys(name, target)
             if name not in cols:
                 cols.append(name)
@@ -1306,6 +1309,8 @@ def _policy_digest(table: TablePolicy, columns: set[str]) -> str:
         "max_rows_per_unit": table.max_rows_per_unit,
         "columns": {n: table.columns[n].to_dict() for n in sorted(columns)},
     }
+    if table.public:
+        payload["public"] = True
     text = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -1336,6 +1341,7 @@ def parse_query(sql: str, policy: DatasetPolicy, *, dialect: str | None = None) 
             raise UnsupportedQuery(f"the query is too large (more than {MAX_NODES} syntax nodes)")
         try:
             stmt = apply_statement_rules(stmt)
+            stmt, policy = rewrite_joins(stmt, policy)  # joins hook (dpgate.sql.joins): one joined table
             return _plan(stmt, policy)
         except RecursionError:
             raise InvalidSql(
@@ -1424,7 +1430,7 @@ def _plan(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
     if not any(o.kind == "agg" for o in outputs.items):
         raise UnsupportedQuery("the query computes no aggregate (COUNT, SUM, AVG, …)")
 
-    n_groups = math.prod(len(keys.column(n, table).public_keys) for n in group_by)
+    n_groups = 1 if table.public else math.prod(len(keys.column(n, table).public_keys) for n in group_by)
     if n_groups > MAX_GROUPS:
         raise UnsupportedQuery(
             f"the GROUP BY releases {n_groups} key combinations, more than {MAX_GROUPS}",
@@ -1535,7 +1541,9 @@ def _with_canonical_sql(plan: QueryPlan, scope: _Scope) -> QueryPlan:
                 and out.column not in key_sql):
             text += f" AS {quote_identifier(out.name)}"
         items.append(text)
-    sql = f"SELECT {', '.join(items)} FROM {quote_identifier(plan.table)}"
+    source = (plan.table[len(JOIN_MARK):] if plan.table.startswith(JOIN_MARK)  # joins hook
+              else quote_identifier(plan.table))
+    sql = f"SELECT {', '.join(items)} FROM {source}"
     if plan.where:
         sql += f" WHERE {plan.where}"
     if plan.group_by:
