@@ -321,3 +321,23 @@ def test_gateway_explain_and_cli_show_computed_keys(tmp_path, capsys):
     assert main(["explain", "--dataset", "usage", "--policies", str(project / "policies"),
                  "--home", str(tmp_path / "h2"), sql]) == 0
     assert "case_literals, 2 key(s)" in capsys.readouterr().out
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(upper=st.booleans(), spaces=st.sampled_from([" ", "  ", "\n", "\t "]),
+       alias=st.sampled_from(["band", "b", "AgeBand", '"x y"']), by=st.sampled_from(["pos", "alias", "expr"]),
+       lit=st.sampled_from(["30", "30.0", "3e1"]), flip=st.booleans(), count=st.sampled_from(["COUNT(*)", "COUNT(1)"]),
+       wrap=st.booleans())
+def test_canonical_form_is_spelling_independent(policy, upper, spaces, alias, by, lit, flip, count, wrap):
+    """Case, whitespace, aliases, GROUP BY position/alias/expression, equivalent literals,
+    operand order and an inlined subquery never change the plan hash of a computed-key query."""
+    cond = f"{lit} > age" if flip else f"age < {lit}"
+    key = f"CASE WHEN {cond} THEN 'young' ELSE 'old' END"
+    target = {"pos": "1", "alias": alias, "expr": key}[by]
+    source = "(SELECT * FROM prompts) AS s" if wrap else "prompts"
+    sql = f"SELECT {key} AS {alias},{spaces}{count} AS n FROM {source} WHERE region = 'eu' GROUP BY {target}"
+    if upper:
+        sql = sql.replace("SELECT", "select").replace("FROM", "from").replace("GROUP BY", "group by")
+    base = parse_query("SELECT CASE WHEN age < 30 THEN 'young' ELSE 'old' END AS band, COUNT(*) AS n "
+                       "FROM prompts WHERE region = 'eu' GROUP BY band", policy)
+    assert parse_query(sql, policy).plan_hash == base.plan_hash
