@@ -100,7 +100,7 @@ def recognize(plan: QueryPlan, policy: DatasetPolicy) -> SelectionQuery | None:
             f"column, not {out.function.upper()}: its sensitivity is not bounded by the contribution "
             "bounds (to rank averages over groups of equal size, order by SUM)",
             {"reason": "selection_utility", "function": out.function})
-    candidates = policy.table(plan.table).key_combinations(plan.group_by)
+    candidates = plan.key_combinations(policy.table(plan.table))
     k = int(plan.limit)  # type: ignore[arg-type]
     if not 1 <= k <= candidates:
         raise UnsupportedQuery(
