@@ -763,7 +763,10 @@ class Gateway:
         reload swapped in data without that property meanwhile; it then runs once more
         in the general form, so a reload never fails a charged query.
         """
-        unique = self.engine.unit_is_unique(policy.name, plan.table)
+        # A joined table (joins hook) never takes the fast path: a join can give one unit
+        # several rows even where each table read has one row per unit.
+        unique = not isinstance(policy.table(plan.table), JoinedTable) and \
+            self.engine.unit_is_unique(policy.name, plan.table)
         if not unique:
             return run(bounded_sql(plan, policy, salt=salt))
         try:
