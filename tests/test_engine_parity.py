@@ -610,6 +610,16 @@ def _corpus_bounded(policies, engines_ref: EngineSet, q) -> list[tuple[str, str]
     the reference load found the unit unique."""
     policy = policies[q.dataset]
     plan = parse_query(q.sql, policy)
+    if any(p.kind == "quantile" for p in plan.primitives):  # quantiles: the histogram SQL too
+        from dpgate.sql.joins import policy_for
+        from dpgate.sql.quantile import histogram_sql
+
+        columns = dict.fromkeys(p.column for p in plan.primitives if p.kind == "quantile")
+        hist = [("histogram", histogram_sql(plan, policy_for(plan.table, policy), c, salt=CORPUS_SALT))
+                for c in columns]
+        if all(p.kind == "quantile" for p in plan.primitives):
+            return hist
+        return [("general", bounded_sql(plan, policy, salt=CORPUS_SALT))] + hist
     out = [("general", bounded_sql(plan, policy, salt=CORPUS_SALT))]
     if engines_ref.unit_is_unique(q.dataset, plan.table):
         out.append(("fast path", bounded_sql(plan, policy, salt=CORPUS_SALT, unit_unique=True)))
