@@ -9,7 +9,7 @@ equal DuckDB's exactly — or, for the few WHERE constructs an engine cannot run
 TRY semantics, the engine refuses the query in ``check()`` (before any charge).
 
 The analyst-query corpus (``tests/corpus/queries.toml``, every answered query that is not
-pending, on the datasets that need no date type) runs the same way: each table typed once
+pending, whatever its dialect) runs the same way: each table typed once
 to Parquet (DuckDB, Spark) and PostgreSQL, its bounded SQL with one salt in the general form
 and, where the load found the unit unique, in the fast path; every engine's exact columns
 equal DuckDB's. Float group keys with k below the key count check that the group-choosing
@@ -529,8 +529,7 @@ CORPUS_SALT = 2**61 + 12345
 def _answered_corpus():
     from tests.corpus.harness import load_corpus
 
-    return [q for q in load_corpus() if q.label == "answer" and not q.pending and q.dataset in CORPUS_DATASETS
-            and q.dialect == "duckdb"]
+    return [q for q in load_corpus() if q.label == "answer" and not q.pending and q.dataset in CORPUS_DATASETS]
 
 
 class CorpusData:
@@ -608,18 +607,19 @@ def corpus_policies(corpus_data):
 def _corpus_bounded(policies, engines_ref: EngineSet, q) -> list[tuple[str, str]]:
     """(label, bounded SQL) of one corpus query: the general form, and the fast path where
     the reference load found the unit unique."""
-    policy = policies[q.dataset]
-    plan = parse_query(q.sql, policy)
-    if any(p.kind == "quantile" for p in plan.primitives):  # quantiles: the histogram SQL too
-        from dpgate.sql.joins import policy_for
-        from dpgate.sql.quantile import histogram_sql
+    from dpgate.quantile_release import has_quantiles, without_quantiles
+    from dpgate.sql.quantile import histogram_sql
 
+    policy = policies[q.dataset]
+    plan = parse_query(q.sql, policy, dialect=None if q.dialect == "duckdb" else q.dialect)
+    from dpgate.sql.joins import policy_for
+
+    if has_quantiles(plan):  # what the service runs: counts/sums, then one histogram per column
+        base = without_quantiles(plan)
+        out = [("general", bounded_sql(base, policy, salt=CORPUS_SALT))] if base.primitives else []
         columns = dict.fromkeys(p.column for p in plan.primitives if p.kind == "quantile")
-        hist = [("histogram", histogram_sql(plan, policy_for(plan.table, policy), c, salt=CORPUS_SALT))
-                for c in columns]
-        if all(p.kind == "quantile" for p in plan.primitives):
-            return hist
-        return [("general", bounded_sql(plan, policy, salt=CORPUS_SALT))] + hist
+        return out + [(f"quantile histogram of {c}", histogram_sql(plan, policy_for(plan.table, policy), c, salt=CORPUS_SALT))
+                      for c in columns]
     out = [("general", bounded_sql(plan, policy, salt=CORPUS_SALT))]
     if engines_ref.unit_is_unique(q.dataset, plan.table):
         out.append(("fast path", bounded_sql(plan, policy, salt=CORPUS_SALT, unit_unique=True)))
@@ -643,9 +643,9 @@ def _corpus_parity(engines: EngineSet, kind: str, reference: EngineSet, policies
 
 def test_corpus_parity_covers_the_answered_queries(corpus_duckdb, corpus_policies):
     queries = _answered_corpus()
-    assert len(queries) >= 70
-    fast = sum(len(_corpus_bounded(corpus_policies, corpus_duckdb, q)) - 1 for q in queries)
-    assert fast >= 50  # PUMS (one row per person) takes the fast path
+    assert len(queries) >= 85
+    forms = [label for q in queries for label, _ in _corpus_bounded(corpus_policies, corpus_duckdb, q)]
+    assert forms.count("fast path") >= 50  # PUMS (one row per person) takes the fast path
 
 
 @pytest.mark.postgres

@@ -364,3 +364,133 @@ def test_pums_fast_path_spark_equals_duckdb(tmp_path):
     finally:
         sp.close()
         ref.close()
+
+
+# --- property: any table with unique units, any salt ------------------------------------------------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_PROP_QUERIES = [
+    "SELECT COUNT(*), COUNT(DISTINCT user_id), SUM(tokens), AVG(latency) FROM prompts",
+    "SELECT region, week, COUNT(*), SUM(age), VAR_POP(latency) FROM prompts GROUP BY region, week",
+    "SELECT flagged, COUNT(model), SUM(tokens) FROM prompts WHERE age > 20 OR tokens < 0 GROUP BY flagged",
+]
+_ROW = st.fixed_dictionaries({
+    "region": st.sampled_from(["eu", "us", "apac", "mars", None]),
+    "week": st.one_of(st.none(), st.integers(-2, 54)),
+    "tokens": st.one_of(st.none(), st.floats(allow_nan=True, allow_infinity=True, width=64),
+                        st.floats(-200, 9000)),
+    "latency": st.one_of(st.none(), st.sampled_from([-11.0, -10.0, 0.25, 0.75, 99.75, 100.0, 1e300, float("nan")]),
+                         st.floats(-20, 120)),
+    "age": st.one_of(st.none(), st.integers(-(2**62), 2**62), st.integers(-5, 120)),
+    "model": st.sampled_from(["gpt", "", None]),
+    "flagged": st.sampled_from([True, False, None]),
+})
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rows=st.lists(_ROW, min_size=0, max_size=25), nulls=st.sets(st.integers(0, 24), max_size=4),
+       salt=st.integers(0, 2**63 - 1), tight=st.booleans())
+def test_fast_path_equals_general_form_on_any_unique_table(rows, nulls, salt, tight):
+    """Hand derivation in the module docstring: with one row per unit the per-unit step is
+    the identity, so for any data (NULLs, NaN, ±inf, values beyond the clamps), any salt
+    and k, m ≥ 1 the two forms give the same exact vectors."""
+    import duckdb
+
+    from dpgate.policy import parse_policy
+
+    text = (TIGHT if tight else TABLES).format(source="/nonexistent.parquet")
+    import tomllib
+
+    spec = tomllib.loads('[dataset]\nname = "par"\npopulation = "p"\n[budget]\nepsilon = 1.0\ndelta = 1e-6\n'
+                         'default_query_rho = 0.01\n[allocations]\nanalysts = 1.0\n' + text)
+    policy = parse_policy(spec, Path("par.toml"))
+    con = duckdb.connect()
+    try:
+        con.execute('CREATE SCHEMA "par"')
+        con.execute('CREATE TABLE "par"."prompts" (user_id BIGINT, region VARCHAR, week BIGINT, tokens DOUBLE, '
+                    'latency DOUBLE, age BIGINT, model VARCHAR, flagged BOOLEAN)')
+        for i, r in enumerate(rows):
+            con.execute('INSERT INTO "par"."prompts" VALUES (?, ?, ?, ?, ?, ?, ?, ?)',
+                        [None if i in nulls else i + 1, r["region"], r["week"], r["tokens"], r["latency"],
+                         r["age"], r["model"], r["flagged"]])
+        for sql in _PROP_QUERIES:
+            plan = parse_query(sql, policy)
+            general = con.execute(bounded_sql(plan, policy, salt=salt)).fetchall()
+            fast = con.execute(bounded_sql(plan, policy, salt=salt, unit_unique=True)).fetchall()
+            assert general == fast, sql
+    finally:
+        con.close()
+
+
+@pytest.mark.postgres
+def test_postgres_views_and_materialized_views_never_take_the_fast_path(tmp_path):
+    """A view has no index; a materialized view's unique index cannot be held by LOCK TABLE
+    for the per-query re-check, so neither is treated as unique (a table with the same
+    unique index is)."""
+    reason = pg_unavailable()
+    if reason:
+        pytest.skip(reason)
+    import psycopg
+
+    with pg_schema() as schema:
+        pg_load(schema, "prompts", unique_units())
+        with psycopg.connect(PG_URL, autocommit=True) as conn:
+            conn.execute(f'ALTER TABLE "{schema}"."prompts" ADD UNIQUE ("user_id")')
+            conn.execute(f'CREATE VIEW "{schema}"."v" AS SELECT * FROM "{schema}"."prompts"')
+            conn.execute(f'CREATE MATERIALIZED VIEW "{schema}"."mv" AS SELECT * FROM "{schema}"."prompts"')
+            conn.execute(f'CREATE UNIQUE INDEX ON "{schema}"."mv" ("user_id")')
+        for rel, unique in (("prompts", True), ("v", False), ("mv", False)):
+            e = _open(tmp_path, f"pg_{rel}", f'engine = "postgres"\nconnection = "{PG_URL}"\n',
+                      TABLES.format(source=f"{schema}.{rel}"))
+            try:
+                assert e.unit_is_unique("par", "prompts") is unique, rel
+            finally:
+                e.close()
+
+
+def test_a_join_never_takes_the_fast_path(tmp_path):
+    """people has one row per unit, events many: their join on the unit gives a unit several
+    rows, so the gateway runs the general form (the caps apply after the join)."""
+    from dpgate.service import Gateway, QueryBudget
+    from dpgate.settings import Settings
+
+    n = 200
+    pq.write_table(pa.table({"uid": np.arange(n, dtype=np.int64),
+                             "region": np.array(["eu", "us"] * (n // 2), dtype=object)}), tmp_path / "people.parquet")
+    pq.write_table(pa.table({"uid": np.repeat(np.arange(n, dtype=np.int64), 5),
+                             "x": np.arange(5 * n, dtype=np.int64) % 7}), tmp_path / "events.parquet")
+    pol = write_policy(tmp_path / "gw", "jn", 'load = "memory"\n', f"""
+[tables.people]
+source = "{tmp_path / 'people.parquet'}"
+privacy_unit = "uid"
+max_groups_per_unit = 1
+max_rows_per_unit = 1
+[tables.people.columns]
+uid = {{ type = "int" }}
+region = {{ type = "text", public_keys = ["eu", "us"] }}
+
+[tables.events]
+source = "{tmp_path / 'events.parquet'}"
+privacy_unit = "uid"
+max_groups_per_unit = 1
+max_rows_per_unit = 5
+[tables.events.columns]
+uid = {{ type = "int" }}
+x = {{ type = "int", lower = 0, upper = 10 }}
+""")
+    gw = Gateway.open(Settings(policies=pol, home=tmp_path / "gw" / "home"), salt_source=lambda: 5)
+    try:
+        assert gw.engine.unit_is_unique("jn", "people") is True
+        seen = _spy(gw)
+        gw.query("jn", "SELECT p.region, COUNT(*) FROM people p JOIN events e ON p.uid = e.uid GROUP BY p.region",
+                 consumer="analysts", budget=QueryBudget(rho=0.01))
+        assert seen and UNIQUE_ROWS_CTE not in seen[-1] and "__dpg_partials" in seen[-1]
+        out = gw.engine.execute(seen[-1])
+        assert sorted(out["p0"].tolist()) == [500, 500]  # 5 joined rows per unit, m = 5
+        gw.query("jn", "SELECT region, COUNT(*) FROM people GROUP BY region",
+                 consumer="analysts", budget=QueryBudget(rho=0.01))
+        assert UNIQUE_ROWS_CTE in seen[-1]  # the table alone does
+    finally:
+        gw.close()

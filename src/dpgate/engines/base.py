@@ -138,9 +138,11 @@ class TableInfo:
             value occurs in at most one row (census microdata), so the per-unit
             aggregation of the bounding rewrite changes nothing and may be skipped
             (same bounded values, less work). Established by a scan of the loaded
-            data (DuckDB) or by a UNIQUE/PRIMARY KEY constraint on the unit column
-            (PostgreSQL); False when unknown. A fact about the data: it must not
-            be published (it only picks an equivalent plan).
+            data (DuckDB; Spark over pinned Parquet files) or by a valid UNIQUE/PRIMARY
+            KEY index on exactly the unit column (PostgreSQL, re-checked in each
+            fast-path query's transaction); False when unknown. Fixed for the life of
+            the engine: a reload builds a new engine and establishes it again. A fact
+            about the data: it must not be published (it only picks an equivalent plan).
         unit_integer: the unit column is stored (or loaded) as an integer type, so the
             group-choosing hash may use integer arithmetic (:func:`arithmetic_group_hash`).
     """

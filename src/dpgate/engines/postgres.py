@@ -290,9 +290,10 @@ class PostgresEngine:
         Returns:
             A :class:`LoadReport`: ``data_version`` is the declared one, or None
             (``versioned_by = "version_sql"``: evaluated per query; or None: release
-            cache off). A table's ``unit_unique`` comes from a UNIQUE or PRIMARY KEY
-            constraint on exactly the unit column (a schema fact that holds whatever
-            the data becomes).
+            cache off). A table's ``unit_unique`` comes from a valid UNIQUE or PRIMARY
+            KEY index on exactly the unit column of a table (not a view or materialized
+            view): a schema fact that holds whatever the data becomes, re-checked under
+            a lock in every query that relies on it.
 
         Raises:
             PolicyError: unreachable server, missing table/column, ambiguous column
@@ -381,7 +382,7 @@ class PostgresEngine:
         )
         self._projections[(self.policy.name, table.name)] = exp.select(*select).from_(source_table)
         unique = False
-        if unit is not None and relkind in ("r", "p", "m"):
+        if unit is not None and relkind in ("r", "p"):  # tables: LOCK TABLE works (not on a matview)
             unique = conn.execute(
                 _UNIQUE_UNIT_SQL,
                 (oid, names[next(n for n in names if n.casefold() == unit.casefold())]),

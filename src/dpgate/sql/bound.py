@@ -133,6 +133,8 @@ def bounded_sql_template(plan: QueryPlan, policy: DatasetPolicy) -> str:
 
 
 def _literal(value, ctype: str) -> str:
+    if value is None:
+        return "NULL"
     if ctype == "text":
         return "'" + str(value).replace("'", "''") + "'"
     if ctype == "bool":
@@ -182,7 +184,47 @@ def _key_filter(col: ColumnPolicy, ref: str) -> str:
     keys = col.public_keys
     if isinstance(keys, range):
         return f"{ref} BETWEEN {keys.start} AND {keys.stop - 1}"
-    return f"{ref} IN ({', '.join(_literal(k, col.type) for k in keys)})"
+    values = [k for k in keys if k is not None]
+    test = f"{ref} IN ({', '.join(_literal(k, col.type) for k in values)})" if values else "FALSE"
+    if len(values) < len(keys):  # a computed key's NULL group (a CASE without ELSE)
+        test = f"({test} OR {ref} IS NULL)"
+    return test
+
+
+def _has_null(col: ColumnPolicy) -> bool:
+    """True when the key's domain has a NULL group (computed keys only)."""
+    return not isinstance(col.public_keys, range) and None in col.public_keys
+
+
+def _input_filter(col: ColumnPolicy, ref: str) -> str:
+    """Rows whose input to an enumerated computed key lies in its declared domain (or is NULL)."""
+    if col.public_keys is not None:
+        inside = _key_filter(col, ref)
+    elif col.type == "int" and col.bounded:
+        inside = f"{ref} BETWEEN {int(col.lower)} AND {int(col.upper)}"
+    else:  # bool: every value is admitted
+        return "TRUE"
+    return f"({ref} IS NULL OR {inside})"
+
+
+def _key_expression(plan: QueryPlan, name: str) -> str | None:
+    """The computed key's expression over ``"__dpg_src"`` columns, in TRY(…), or None.
+
+    TRY: an expression that would raise on some value outside the policy's domain gives NULL
+    (the row is then dropped, or lands in the NULL group of a CASE key) instead of failing the
+    release after the charge.
+    """
+    key = plan.computed_key(name)
+    if key is None:
+        return None
+    tree = sqlglot.parse_one(key.expression, read="duckdb")
+
+    def qualify(node: exp.Expression) -> exp.Expression:
+        if isinstance(node, exp.Column):
+            return exp.column(node.name, table=_SRC, quoted=True)
+        return node
+
+    return f"TRY({tree.transform(qualify).sql(dialect='duckdb')})"
 
 
 def _key_relation(col: ColumnPolicy, i: int) -> str:
@@ -228,7 +270,8 @@ def _where(plan: QueryPlan) -> str | None:
 def _render(plan: QueryPlan, policy: DatasetPolicy, salt: str, *, unit_unique: bool = False) -> str:
     table: TablePolicy = policy.table(plan.table)
     src = lambda c: f"{q(_SRC)}.{q(c)}"  # noqa: E731
-    keys = [table.column(c) for c in plan.group_by]
+    keys = [plan.key_column(table, c) for c in plan.group_by]
+    key_refs = [_key_expression(plan, c.name) or src(c.name) for c in keys]
     g = [q(f"{_PREFIX}g{i}") for i in range(len(keys))]
     m = table.max_rows_per_unit
     k = table.max_groups_per_unit
@@ -240,7 +283,7 @@ def _render(plan: QueryPlan, policy: DatasetPolicy, salt: str, *, unit_unique: b
     select_rows: list[str] = []
     if not record_level:
         select_rows.append(f"{src(table.privacy_unit)} AS {q(_PREFIX + 'u')}")
-    select_rows += [f"{src(c.name)} AS {g[i]}" for i, c in enumerate(keys)]
+    select_rows += [f"{key_refs[i]} AS {g[i]}" for i in range(len(keys))]
     summed = {p.column for p in plan.primitives if p.kind in ("sum", "sum_squares")}
     counted = {p.column for p in plan.primitives if p.kind == "count_column"}
     for j, name in enumerate(sorted(summed | counted, key=list(table.columns).index)):
@@ -259,7 +302,10 @@ def _render(plan: QueryPlan, policy: DatasetPolicy, salt: str, *, unit_unique: b
     where = _where(plan)
     if where is not None:
         conditions.append(f"({where})")
-    conditions += [_key_filter(c, src(c.name)) for c in keys]
+    conditions += [_key_filter(c, key_refs[i]) for i, c in enumerate(keys)]
+    for key in plan.computed_keys:
+        if key.rule == "enumerated":
+            conditions += [_input_filter(table.column(n), src(n)) for n in key.inputs]
     rows_sql = (
         f"SELECT {', '.join(select_rows)}\n  FROM {table.relation} AS {q(_SRC)}"
         + (f"\n  WHERE {' AND '.join(conditions)}" if conditions else "")
@@ -311,7 +357,7 @@ def _render(plan: QueryPlan, policy: DatasetPolicy, salt: str, *, unit_unique: b
             f"SELECT {', '.join([u] + g + part_cols)}\n  FROM {source}\n"
             f"  GROUP BY {', '.join([u] + g)}"
         )
-        if keys and k < table.key_combinations(plan.group_by):
+        if keys and k < plan.key_combinations(table):
             hashed = [_hash_key(c, g[i]) for i, c in enumerate(keys)]
             order = ", ".join([f"hash({', '.join([u] + hashed + [salt])})"] + g)
             part_sql += (
@@ -336,7 +382,10 @@ def _render(plan: QueryPlan, policy: DatasetPolicy, salt: str, *, unit_unique: b
             for i, c in enumerate(keys)
         ]
         joins = " CROSS JOIN ".join(_key_relation(c, i) for i, c in enumerate(keys))
-        on = " AND ".join(f"{q(f'{_PREFIX}k{i}')}.{g[i]} = {grp}.{g[i]}" for i in range(len(keys)))
+        on = " AND ".join(
+            f"{q(f'{_PREFIX}k{i}')}.{g[i]} "
+            f"{'IS NOT DISTINCT FROM' if _has_null(c) else '='} {grp}.{g[i]}"
+            for i, c in enumerate(keys))
         order = ", ".join(f"{q(f'{_PREFIX}k{i}')}.{q(f'{_PREFIX}o{i}')}" for i in range(len(keys)))
         final = (
             f"SELECT {', '.join(key_outs + outs)}\nFROM {joins}\n"
