@@ -29,9 +29,12 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal, Mapping
+from typing import TYPE_CHECKING, Any, Literal, Mapping
 
 import numpy as np
+
+if TYPE_CHECKING:  # pragma: no cover
+    from dpgate.policy import ColumnPolicy, TablePolicy
 
 PrimitiveKind = Literal["count", "count_column", "count_distinct_unit", "sum", "sum_squares"]
 AggregateFunction = Literal[
@@ -51,6 +54,40 @@ FUNCTION_PRIMITIVES: Mapping[str, tuple[PrimitiveKind, ...]] = {
 
 
 @dataclass(frozen=True)
+class DerivedValue:
+    """A row expression aggregated by a primitive, with the clamp derived from the policy.
+
+    ``SUM(CASE WHEN income > 50000 THEN 1 ELSE 0 END)`` aggregates the expression; its
+    range [0, 1] follows from the policy's declared bounds by interval arithmetic
+    (:mod:`dpgate.sql.expr`), never from data, and becomes the clamp of the per-row
+    value, exactly as a declared column's ``[lower, upper]`` does. Primitives and outputs
+    refer to it by ``expression`` in their ``column`` field.
+
+    Attributes:
+        expression: canonical DuckDB SQL of the expression over declared columns
+            (double-quoted names); also its name in the plan.
+        type: ``"int"`` or ``"float"`` (booleans are 0/1 ints).
+        lower, upper: the derived clamp (exact multiples of ``resolution``).
+        resolution: fixed-point step of sums (1 for int expressions).
+        range: the derived range as written for humans (``[0, 1]``).
+    """
+
+    expression: str
+    type: str
+    lower: float
+    upper: float
+    resolution: float
+    range: str = ""
+
+    def column_policy(self) -> "ColumnPolicy":
+        """The value as a bounded column (what the bounding rewrite and sensitivity read)."""
+        from dpgate.policy import ColumnPolicy
+
+        return ColumnPolicy(name=self.expression, type=self.type, lower=self.lower,
+                            upper=self.upper, resolution=self.resolution)
+
+
+@dataclass(frozen=True)
 class Primitive:
     """One noisy primitive, computed per group by the bounded SQL as an integer.
 
@@ -63,8 +100,8 @@ class Primitive:
             (distinct privacy units), ``sum`` (clamped values of ``column`` in
             fixed-point units of its ``resolution``), ``sum_squares`` (squares of
             the clamped fixed-point values, units of ``resolution**2``).
-        column: the declared column, or None for ``count`` and
-            ``count_distinct_unit``.
+        column: the declared column (or a :class:`DerivedValue`'s expression), or None
+            for ``count`` and ``count_distinct_unit``.
     """
 
     id: str
@@ -176,6 +213,25 @@ class QueryPlan:
     limit: int | None = None
     policy_digest: str = ""
     canonical_sql: str = field(default="", compare=False)
+    values: tuple[DerivedValue, ...] = ()
+
+    def column_policy(self, table: "TablePolicy", name: str) -> "ColumnPolicy":
+        """The declared column ``name`` of ``table``, or the derived value of that expression.
+
+        Raises:
+            UnknownColumn: neither.
+        """
+        for v in self.values:
+            if v.expression == name:
+                return v.column_policy()
+        return table.column(name)
+
+    def derived(self, name: str | None) -> DerivedValue | None:
+        """The derived value named ``name`` (an aggregated expression), or None."""
+        for v in self.values:
+            if v.expression == name:
+                return v
+        return None
 
     def canonical_dict(self) -> dict:
         """JSON-serialisable canonical form (everything that changes the meaning).
@@ -186,6 +242,8 @@ class QueryPlan:
         """
         d = asdict(self)
         d.pop("canonical_sql")
+        if not d["values"]:  # plans without expressions keep their hash
+            d.pop("values")
         for o in d["outputs"]:
             o.pop("label")
         return d
@@ -218,6 +276,8 @@ class QueryPlan:
     def to_dict(self) -> dict[str, Any]:
         """JSON-native full form (lists, not tuples; with labels, canonical SQL and ``plan_hash``)."""
         d = json.loads(json.dumps(asdict(self)))
+        if not d["values"]:
+            d.pop("values")
         d["plan_hash"] = self.plan_hash
         return d
 
@@ -246,6 +306,7 @@ class QueryPlan:
             limit=d.get("limit"),
             policy_digest=d.get("policy_digest", ""),
             canonical_sql=d.get("canonical_sql", ""),
+            values=tuple(DerivedValue(**v) for v in d.get("values", ())),
         )
 
 
