@@ -54,7 +54,7 @@ _AGGREGATES = (
     exp.StddevPop,
     exp.StddevSamp,
 )
-_ANON_AGGREGATES = {"mean": "avg"}
+_ANON_AGGREGATES = {"mean": "avg", "var": "var_pop", "varp": "var_pop", "stdevp": "stddev_pop"}
 _TRY_CAST_TYPES = {
     exp.DataType.Type.BIGINT: "int",
     exp.DataType.Type.INT: "int",
@@ -325,11 +325,15 @@ class Binder:
     Args:
         column: column node → :class:`ColumnInfo` (or a type string, for HAVING's outputs).
         clause: ``"WHERE"``, ``"aggregate"`` or ``"HAVING"``.
+        is_aggregate: which calls are aggregates (HAVING refers to them as outputs); default
+            :func:`is_aggregate`.
     """
 
-    def __init__(self, column: Callable[[exp.Expression], Any], clause: str = "WHERE") -> None:
+    def __init__(self, column: Callable[[exp.Expression], Any], clause: str = "WHERE",
+                 is_aggregate: Callable[[exp.Expression], bool] | None = None) -> None:
         self.column = column
         self.clause = clause
+        self.is_aggregate = is_aggregate or globals()["is_aggregate"]
 
     # -- entry points
 
@@ -350,7 +354,7 @@ class Binder:
     def bind(self, node: exp.Expression) -> Expr:
         """The typed IR of ``node`` (UnsupportedQuery if refused)."""
         if self.clause == "HAVING":
-            if is_aggregate(node):
+            if self.is_aggregate(node):
                 return Expr("other", self._info(node).type, node)
             if not isinstance(node, _HAVING_NODES):
                 raise unsupported(f"{snippet(node)} is not supported in HAVING", node)
@@ -393,7 +397,7 @@ class Binder:
             return Expr("predicate", "bool", node, (), Interval.point(1 if node.this else 0), False)
         if isinstance(node, exp.Null):
             return Expr("null", "null", node)
-        if is_aggregate(node) or isinstance(node, exp.AggFunc):
+        if self.is_aggregate(node) or isinstance(node, exp.AggFunc):
             if self._values:
                 raise unsupported(f"aggregates cannot be nested: {snippet(node)}", node)
             raise unsupported(

@@ -7,8 +7,12 @@ Accepted shape (DESIGN.md, "SQL the gateway answers")::
     [GROUP BY <group keys>] [HAVING <predicate>] [ORDER BY <outputs>] [LIMIT n]
 
 * Exactly one statement, a plain SELECT over one declared table (optionally
-  qualified by the dataset name, optionally aliased). Anything that sqlglot can
-  only parse as an opaque ``Command`` is refused.
+  qualified by the dataset name, optionally aliased), read in one of
+  :data:`DIALECTS` (default DuckDB). Anything that sqlglot can only parse as an
+  opaque ``Command`` is refused. CTEs and subqueries in FROM that only filter,
+  project and compute row expressions over one table are inlined first by
+  :mod:`dpgate.sql.rules` (same plan and plan hash as the flat query); other
+  subqueries are refused.
 * Aggregates: ``COUNT(*)``, ``COUNT(<literal>)``, ``COUNT(<unit>)`` (all three count
   rows; rows with a NULL unit are dropped), ``COUNT(col)`` (non-NULL, finite
   values), ``COUNT(DISTINCT <unit>)``, ``SUM``, ``AVG``/``MEAN``, ``VAR_POP`` and
@@ -58,7 +62,7 @@ import sqlglot
 from sqlglot import exp
 from sqlglot.errors import ParseError, SqlglotError, TokenError
 
-from dpgate.errors import InvalidSql, UnknownColumn, UnknownTable, UnsupportedQuery
+from dpgate.errors import InvalidRequest, InvalidSql, UnknownColumn, UnknownTable, UnsupportedQuery
 from dpgate.policy import (
     MAX_SQUARED_STEPS,
     ColumnPolicy,
@@ -66,12 +70,14 @@ from dpgate.policy import (
     TablePolicy,
     quote_identifier,
 )
+from dpgate.sql.joins import JOIN_MARK, rewrite_joins
+from dpgate.sql.quantile import QUANTILE_FUNCTIONS, is_quantile_call, quantile_call, quantile_name, quantile_sql
+from dpgate.sql.rules import apply_statement_rules
 from dpgate.sql.bind import (
     Binder,
     canonical_value,
     canonicalize_literals,
     derived_value,
-    is_aggregate,
     number,
     only_args,
     plan_where,
@@ -100,9 +106,11 @@ _only_args = only_args
 _number = number
 _canonicalize_literals = canonicalize_literals
 _simplify = simplify_tree
-_is_aggregate = is_aggregate
 
 DIALECT = "duckdb"
+#: SQL dialects an analyst may write in (sqlglot dialect names); the plan is the same
+#: whatever the dialect, and only SQL generated from the plan (DuckDB) is executed.
+DIALECTS = ("duckdb", "postgres", "bigquery", "spark", "tsql", "mysql", "snowflake", "trino")
 #: Longest SQL text accepted (characters).
 MAX_SQL_LENGTH = 100_000
 #: Most public-key combinations one query may release.
@@ -179,7 +187,9 @@ _AGG_SQL = {
     "var_pop": "VAR_POP({c})",
     "stddev_pop": "STDDEV_POP({c})",
 }
-_ANON_AGGREGATES = {"mean": "avg"}
+#: Aggregates sqlglot reads as anonymous functions, by lower-case name: MEAN (DuckDB),
+#: VAR (T-SQL, SmartNoise), VARP and STDEVP (T-SQL's population forms).
+_ANON_AGGREGATES = {"mean": "avg", "var": "var_pop", "varp": "var_pop", "stdevp": "stddev_pop"}
 
 
 #: Statement keywords sqlglot may parse as a generic ``Command`` (named in refusals).
@@ -190,10 +200,35 @@ _STATEMENT_WORDS = frozenset(
 )
 
 
-def parse_statement(sql: str) -> exp.Select:
-    """Parse SQL text into exactly one sqlglot SELECT (DuckDB dialect).
+def check_dialect(dialect: str | None) -> str:
+    """The dialect name to read analyst SQL with (``None`` → ``duckdb``).
 
     Raises:
+        InvalidRequest: not one of :data:`DIALECTS` (the message lists them).
+    """
+    if dialect is None:
+        return DIALECT
+    name = dialect.strip().lower() if isinstance(dialect, str) else dialect
+    aliases = {"postgresql": "postgres", "sqlserver": "tsql", "mssql": "tsql",
+               "sparksql": "spark", "databricks": "spark"}
+    name = aliases.get(name, name)
+    if name not in DIALECTS:
+        raise InvalidRequest(
+            f"unknown SQL dialect {dialect!r}: use one of {', '.join(DIALECTS)}",
+            {"dialect": str(dialect), "dialects": list(DIALECTS)},
+        )
+    return name
+
+
+def parse_statement(sql: str, dialect: str | None = None) -> exp.Select:
+    """Parse SQL text into exactly one sqlglot SELECT.
+
+    Args:
+        sql: the analyst's SQL text.
+        dialect: one of :data:`DIALECTS` (default ``duckdb``): how to read the text.
+
+    Raises:
+        InvalidRequest: an unknown dialect.
         InvalidSql: not a string, too long, does not parse, or not exactly one statement.
         UnsupportedQuery: a statement other than SELECT (sqlglot ``Command`` included)
             or a set operation.
@@ -205,7 +240,7 @@ def parse_statement(sql: str) -> exp.Select:
     if "\x00" in sql:
         raise InvalidSql("the SQL contains a NUL character")
     try:
-        statements = [s for s in sqlglot.parse(sql, read=DIALECT) if s is not None]
+        statements = [s for s in sqlglot.parse(sql, read=check_dialect(dialect)) if s is not None]
     except ParseError as exc:
         err = exc.errors[0] if exc.errors else {}
         description = str(err.get("description") or "syntax error")
@@ -362,7 +397,50 @@ def _check_structure(stmt: exp.Select) -> None:
 class _Agg:
     function: str
     column: str | None
-    derived: DerivedValue | None = None
+    alpha: float | None = None  # quantiles only (dpgate.sql.quantile)
+    derived: DerivedValue | None = None  # an aggregated expression (dpgate.sql.bind)
+
+
+def _unparen(node: exp.Expression) -> exp.Expression:
+    """``node`` without enclosing parentheses (``((SUM(x)))`` → ``SUM(x)``)."""
+    while isinstance(node, exp.Paren):
+        node = node.this
+    return node
+
+
+def _is_aggregate(node: exp.Expression) -> bool:
+    if isinstance(node, _AGGREGATES):
+        return True
+    if isinstance(node, exp.Anonymous) and node.name.lower() in _ANON_AGGREGATES:
+        return True
+    if isinstance(node, exp.Filter):  # agg(x) FILTER (WHERE p)
+        return _is_aggregate(node.this) and not is_quantile_call(node.this)
+    return is_quantile_call(node)  # quantiles hook (dpgate.sql.quantile)
+
+
+# --- quantiles hook: MEDIAN, PERCENTILE_*, QUANTILE_*, APPROX_QUANTILE, MIN, MAX ------------
+
+
+def _quantile_aggregate(node: exp.Expression, scope: _Scope) -> _Agg:
+    """(quantile|min|max, column, α) of a quantile aggregate over a bounded numeric column."""
+    function, arg, alpha = quantile_call(node)
+    if isinstance(arg, exp.Distinct):
+        raise _unsupported(f"{_snippet(node)}: DISTINCT is not supported in quantiles", node)
+    if not isinstance(arg, exp.Column):
+        raise _unsupported(
+            f"expressions inside aggregates are not supported: {_snippet(node)} "
+            "(the argument must be a bare declared column)", node)
+    name = scope.resolve(arg)
+    if scope.is_unit(name):
+        raise _unsupported(f"{_snippet(node)}: aggregating the privacy unit column is not allowed", node)
+    col = scope.table.column(name)
+    if col.type not in _NUMERIC:
+        raise _unsupported(f"{_snippet(node)}: column {name!r} is {col.type}, not numeric", node)
+    if not col.bounded and not scope.table.public:
+        raise _unsupported(
+            f"{_snippet(node)}: column {name!r} has no bounds in the policy (a DP quantile, "
+            "minimum or maximum picks from candidates spanning [lower, upper]: declare them)", node)
+    return _Agg(function, name, float(alpha))
 
 
 def _is_constant(node: exp.Expression) -> bool:
@@ -379,6 +457,8 @@ def _aggregate(node: exp.Expression, scope: _Scope) -> _Agg:
     FILTER counts the rows where p holds."""
     if isinstance(node, exp.Filter):
         return _filtered(node, scope)
+    if is_quantile_call(node):
+        return _quantile_aggregate(node, scope)
     table = scope.table
     if isinstance(node, exp.Count):
         _only_args(node, {"this", "big_int"})
@@ -418,8 +498,12 @@ def _aggregate(node: exp.Expression, scope: _Scope) -> _Agg:
         function = _AGG_FUNCTION[type(node)]
         arg = node.this
     if isinstance(arg, exp.Distinct):
-        raise _unsupported(f"{_snippet(node)}: DISTINCT is only supported in COUNT(DISTINCT "
-                           "<privacy unit>)", node)
+        raise _unsupported(
+            f"{_snippet(node)}: DISTINCT inside SUM/AVG/VAR/STDDEV is not supported: the set of distinct values is shared by all privacy units, so "
+            "contribution bounding cannot cap what one unit adds to it (write it without "
+            "DISTINCT; COUNT(DISTINCT <privacy unit>) is supported)",
+            node,
+        )
     if not isinstance(arg, exp.Column):
         return _expression_aggregate(function, arg, node, scope)
     name = scope.resolve(arg)
@@ -432,13 +516,23 @@ def _aggregate(node: exp.Expression, scope: _Scope) -> _Agg:
     col = table.column(name)
     if col.type not in _NUMERIC:
         raise _unsupported(f"{_snippet(node)}: column {name!r} is {col.type}, not numeric", node)
+    if table.public:  # public tables hook: answered exactly, nothing to bound
+        return _Agg(function, name)
     if not col.bounded:
         raise _unsupported(
             f"{_snippet(node)}: column {name!r} has no bounds in the policy "
             "(declare lower and upper to SUM/AVG/VAR/STDDEV it)",
             node,
         )
-    _check_squares(function, col.fixed_point_bounds, name, node)
+    if function in ("var_pop", "stddev_pop") and max(map(abs, col.fixed_point_bounds)) > (
+        MAX_SQUARED_STEPS
+    ):
+        raise _unsupported(
+            f"{_snippet(node)}: the clamp of {name!r} spans more than 2**31 steps of its "
+            "resolution, so its squares would overflow 64-bit integers (the policy needs a "
+            "coarser resolution)",
+            node,
+        )
     return _Agg(function, name)
 
 
@@ -516,7 +610,7 @@ def _expression_aggregate(function: str, arg: exp.Expression, node: exp.Expressi
     text = e.text()
     value = DerivedValue(text, d.type, d.lower, d.upper, d.resolution, str(e.range))
     _check_squares(function, value.column_policy().fixed_point_bounds, text, node)
-    return _Agg(function, text, value)
+    return _Agg(function, text, derived=value)
 
 
 @dataclass
@@ -527,6 +621,7 @@ class _Out:
     label: str
     hidden: bool
     name: str = ""
+    alpha: float | None = None  # quantiles only
     derived: DerivedValue | None = None
 
 
@@ -546,14 +641,16 @@ class _Outputs:
 
     def add_agg(self, agg: _Agg, label: str, hidden: bool = False) -> _Out:
         """Append an aggregate output."""
-        out = _Out("agg", agg.column, agg.function, label, hidden, derived=agg.derived)
+        out = _Out("agg", agg.column, agg.function, label, hidden, alpha=agg.alpha,
+                   derived=agg.derived)
         self.items.append(out)
         return out
 
     def find_agg(self, agg: _Agg) -> _Out:
         """The first output computing ``agg``, else a new hidden one."""
         for out in self.items:
-            if out.kind == "agg" and out.function == agg.function and out.column == agg.column:
+            if (out.kind == "agg" and out.function == agg.function and out.column == agg.column
+                    and out.alpha == agg.alpha):
                 return out
         return self.add_agg(agg, _agg_label(agg, self.scope), hidden=True)
 
@@ -598,6 +695,29 @@ class _Outputs:
             )
         raise _unsupported(f"{_snippet(node)} is not supported in {clause}", node)
 
+    def check_labels(self) -> None:
+        """Refuse two released columns with the same title (case-insensitive).
+
+        A release is a table whose columns (and their accuracy entries) are keyed by
+        title: two columns titled ``v`` would leave one column's accuracy reported for
+        both. The same computation repeated under one title (``SELECT COUNT(*), COUNT(*)``)
+        is fine: its values and accuracy are the same. Raises UnsupportedQuery naming the
+        title.
+        """
+        seen: dict[str, _Out] = {}
+        for out in self.items:
+            if out.hidden:
+                continue
+            first = seen.setdefault(out.label.casefold(), out)
+            same = (first.kind, first.column, first.function) == (out.kind, out.column,
+                                                                  out.function)
+            if not same:
+                raise UnsupportedQuery(
+                    f"two output columns are named {out.label!r}: give each column of the "
+                    "SELECT list its own name (an alias, AS …)",
+                    {"construct": out.label},
+                )
+
     def assign_names(self) -> None:
         """Give every output its canonical name (``count``, ``sum_x``…; ``_2``… on a clash)."""
         taken: set[str] = set()
@@ -612,6 +732,8 @@ class _Outputs:
                 base = f"{'count' if out.function == 'count_column' else out.function}_expr"
             elif out.function == "count_column":
                 base = f"count_{out.column}"
+            elif out.function in QUANTILE_FUNCTIONS:
+                base = quantile_name(out.function, out.alpha, out.column)
             else:
                 base = f"{out.function}_{out.column}"
             name, i = base, 2
@@ -622,7 +744,9 @@ class _Outputs:
             out.name = name
 
 
-def _agg_sql(function: str, column: str | None, scope: _Scope) -> str:
+def _agg_sql(function: str, column: str | None, scope: _Scope, alpha: float | None = None) -> str:
+    if function in QUANTILE_FUNCTIONS:
+        return quantile_sql(function, alpha, quote_identifier(column))
     if function == "count_distinct_unit":
         column = scope.table.privacy_unit
     if column and column not in scope.table.columns and column != scope.table.privacy_unit:
@@ -631,6 +755,8 @@ def _agg_sql(function: str, column: str | None, scope: _Scope) -> str:
 
 
 def _agg_label(agg: _Agg, scope: _Scope) -> str:
+    if agg.function in QUANTILE_FUNCTIONS:
+        return quantile_sql(agg.function, agg.alpha, agg.column)
     col = agg.column if agg.function != "count_distinct_unit" else scope.table.privacy_unit
     return _AGG_SQL[agg.function].format(c=col or "")
 
@@ -655,7 +781,7 @@ def _plan_having(
             return outputs.scope.table.column(out.column).type
         return "float"
 
-    Binder(reference_type, "HAVING").check_predicate(node)
+    Binder(reference_type, "HAVING", is_aggregate=_is_aggregate).check_predicate(node)
 
     def resolve(n: exp.Expression) -> exp.Expression:
         if _is_aggregate(n) or isinstance(n, exp.Column):
@@ -741,7 +867,7 @@ def _group_by(stmt: exp.Select, scope: _Scope) -> list[str]:
                 item,
             )
         col = scope.table.column(name)
-        if col.public_keys is None:
+        if col.public_keys is None and not scope.table.public:  # public tables: keys from the data
             raise _unsupported(
                 f"GROUP BY {name} needs public keys in the policy (private partition selection "
                 "is not supported yet)",
@@ -760,16 +886,20 @@ def _policy_digest(table: TablePolicy, columns: set[str]) -> str:
         "max_rows_per_unit": table.max_rows_per_unit,
         "columns": {n: table.columns[n].to_dict() for n in sorted(columns)},
     }
+    if table.public:
+        payload["public"] = True
     text = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def parse_query(sql: str, policy: DatasetPolicy) -> QueryPlan:
+def parse_query(sql: str, policy: DatasetPolicy, *, dialect: str | None = None) -> QueryPlan:
     """Parse, validate and plan one aggregate query against a dataset's policy.
 
     Args:
         sql: the analyst's SQL text (DuckDB dialect, one SELECT statement).
         policy: the dataset's policy (tables, privacy unit, bounds, public keys).
+        dialect: how to read ``sql`` (one of :data:`DIALECTS`; default ``duckdb``). The
+            plan, its hash and the executed SQL do not depend on it.
 
     Returns:
         The frozen, canonical :class:`QueryPlan` (nothing is executed).
@@ -781,8 +911,10 @@ def parse_query(sql: str, policy: DatasetPolicy) -> QueryPlan:
         UnknownTable: the table (or a qualifier) is not declared.
         UnknownColumn: a column is not declared.
     """
-    stmt = parse_statement(sql)
+    stmt = parse_statement(sql, dialect)
     try:
+        stmt = apply_statement_rules(stmt)
+        stmt, policy = rewrite_joins(stmt, policy)  # joins hook (dpgate.sql.joins): one joined table
         return _plan(stmt, policy)
     except RecursionError:
         raise InvalidSql("the SQL is nested too deeply") from None
@@ -802,7 +934,7 @@ def _plan(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
         raise InvalidSql("the SELECT list is empty")
     for item in selects:
         label = item.alias if isinstance(item, exp.Alias) else None
-        node = item.unalias()
+        node = _unparen(item.unalias())
         if isinstance(node, exp.Star) or (
             isinstance(node, exp.Column) and isinstance(node.this, exp.Star)
         ):
@@ -839,8 +971,6 @@ def _plan(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
     for name in group_by:
         if not any(o.kind == "key" and o.column == name for o in outputs.items):
             outputs.add_key(name, name, hidden=True)
-    if not any(o.kind == "agg" for o in outputs.items):
-        raise UnsupportedQuery("the query computes no aggregate (COUNT, SUM, AVG, …)")
 
     where_node = stmt.args.get("where")
     where = plan_where(where_node.this if where_node is not None else None, scope)
@@ -849,17 +979,22 @@ def _plan(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
     )
     order_refs = _order_by(stmt, outputs)
     limit = _limit(stmt)
+    # selection hook (issue 15): an aggregate named only in ORDER BY counts (a keys-only
+    # selection query, dpgate.sql.selection_query); checked after ORDER BY is resolved.
+    if not any(o.kind == "agg" for o in outputs.items):
+        raise UnsupportedQuery("the query computes no aggregate (COUNT, SUM, AVG, …)")
 
-    n_groups = table.key_combinations(group_by)
+    n_groups = 1 if table.public else table.key_combinations(group_by)
     if n_groups > MAX_GROUPS:
         raise UnsupportedQuery(
             f"the GROUP BY releases {n_groups} key combinations, more than {MAX_GROUPS}",
             {"groups": n_groups},
         )
 
+    outputs.check_labels()
     outputs.assign_names()
     prefix = _primitive_prefix(table)
-    primitives: dict[tuple[str, str | None], Primitive] = {}
+    primitives: dict[tuple[str, str | None, float | None], Primitive] = {}
     plan_outputs: list[Output] = []
     for out in outputs.items:
         if out.kind == "key":
@@ -868,9 +1003,10 @@ def _plan(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
         ids = []
         for kind in FUNCTION_PRIMITIVES[out.function]:
             column = out.column if kind not in ("count", "count_distinct_unit") else None
-            key = (kind, column)
+            alpha = out.alpha if kind == "quantile" else None
+            key = (kind, column, alpha)
             if key not in primitives:
-                primitives[key] = Primitive(f"{prefix}{len(primitives)}", kind, column)
+                primitives[key] = Primitive(f"{prefix}{len(primitives)}", kind, column, alpha)
             ids.append(primitives[key].id)
         plan_outputs.append(
             AggregateOutput(out.name, out.function, out.column, tuple(ids), out.hidden, out.label)
@@ -947,14 +1083,17 @@ def _with_canonical_sql(plan: QueryPlan, scope: _Scope) -> QueryPlan:
         if isinstance(out, KeyOutput):
             exprs[out.name] = quote_identifier(out.column)
         else:
-            exprs[out.name] = _agg_sql(out.function, out.column, scope)
+            alpha = plan.primitive(out.primitives[0]).alpha if out.function in QUANTILE_FUNCTIONS else None
+            exprs[out.name] = _agg_sql(out.function, out.column, scope, alpha)
     items = []
     for out in plan.visible_outputs:
         text = exprs[out.name]
         if not (isinstance(out, KeyOutput) and out.name == out.column):
             text += f" AS {quote_identifier(out.name)}"
         items.append(text)
-    sql = f"SELECT {', '.join(items)} FROM {quote_identifier(plan.table)}"
+    source = (plan.table[len(JOIN_MARK):] if plan.table.startswith(JOIN_MARK)  # joins hook
+              else quote_identifier(plan.table))
+    sql = f"SELECT {', '.join(items)} FROM {source}"
     if plan.where:
         sql += f" WHERE {plan.where}"
     if plan.group_by:

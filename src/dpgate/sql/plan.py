@@ -36,9 +36,10 @@ import numpy as np
 if TYPE_CHECKING:  # pragma: no cover
     from dpgate.policy import ColumnPolicy, TablePolicy
 
-PrimitiveKind = Literal["count", "count_column", "count_distinct_unit", "sum", "sum_squares"]
+PrimitiveKind = Literal["count", "count_column", "count_distinct_unit", "sum", "sum_squares", "quantile"]
 AggregateFunction = Literal[
-    "count", "count_column", "count_distinct_unit", "sum", "avg", "var_pop", "stddev_pop"
+    "count", "count_column", "count_distinct_unit", "sum", "avg", "var_pop", "stddev_pop",
+    "quantile", "min", "max",
 ]
 
 #: Primitives each aggregate function is computed from, in this order.
@@ -50,6 +51,11 @@ FUNCTION_PRIMITIVES: Mapping[str, tuple[PrimitiveKind, ...]] = {
     "avg": ("sum", "count_column"),
     "var_pop": ("sum_squares", "sum", "count_column"),
     "stddev_pop": ("sum_squares", "sum", "count_column"),
+    # quantiles (dpgate.quantiles): one exponential-mechanism release of the α-quantile;
+    # MIN/MAX are the 0- and 1-quantiles
+    "quantile": ("quantile",),
+    "min": ("quantile",),
+    "max": ("quantile",),
 }
 
 
@@ -99,14 +105,19 @@ class Primitive:
             (non-NULL, finite values of ``column``), ``count_distinct_unit``
             (distinct privacy units), ``sum`` (clamped values of ``column`` in
             fixed-point units of its ``resolution``), ``sum_squares`` (squares of
-            the clamped fixed-point values, units of ``resolution**2``).
+            the clamped fixed-point values, units of ``resolution**2``), ``quantile``
+            (the index of the ``alpha``-quantile's candidate on the column's grid,
+            chosen by the exponential mechanism; :mod:`dpgate.quantiles`).
         column: the declared column (or a :class:`DerivedValue`'s expression), or None
             for ``count`` and ``count_distinct_unit``.
+        alpha: the quantile in [0, 1] for ``quantile`` primitives, else None (then
+            left out of the canonical form, so other plans keep their hashes).
     """
 
     id: str
     kind: PrimitiveKind
     column: str | None = None
+    alpha: float | None = None
 
 
 @dataclass(frozen=True)
@@ -246,6 +257,7 @@ class QueryPlan:
             d.pop("values")
         for o in d["outputs"]:
             o.pop("label")
+        _drop_empty_alpha(d)
         return d
 
     @property
@@ -278,6 +290,7 @@ class QueryPlan:
         d = json.loads(json.dumps(asdict(self)))
         if not d["values"]:
             d.pop("values")
+        _drop_empty_alpha(d)
         d["plan_hash"] = self.plan_hash
         return d
 
@@ -308,6 +321,13 @@ class QueryPlan:
             canonical_sql=d.get("canonical_sql", ""),
             values=tuple(DerivedValue(**v) for v in d.get("values", ())),
         )
+
+
+def _drop_empty_alpha(d: dict) -> None:
+    """Leave ``alpha`` out of non-quantile primitives (their canonical form predates it)."""
+    for p in d["primitives"]:
+        if p.get("alpha") is None:
+            p.pop("alpha", None)
 
 
 # --- HAVING on noisy values (post-processing) ---------------------------------------------
