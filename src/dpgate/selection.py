@@ -167,7 +167,7 @@ def calibrate_selection(sel: SelectionQuery, policy: DatasetPolicy,
     """
     plan = sel.plan
     table = policy.table(plan.table)
-    delta_u = int(primitive_linf(sel.utility, policy, plan.table))
+    delta_u = int(primitive_linf(sel.utility, policy, plan.table, plan))
     if delta_u <= 0:
         raise UnsupportedQuery("the selection's utility is constant (its bounds are [0, 0]): no key is "
                                "better than another", {"reason": "selection_constant"})
