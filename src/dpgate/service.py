@@ -413,8 +413,8 @@ class Gateway:
             from dpgate.errors import InvalidSql
 
             raise InvalidSql("the SQL text is empty")
-        check_candidates(parse_statement(sql, dialect), policy)  # selection hook (issue 15): public candidates only
         policy = self._with_public_table_keys(policy)  # public tables hook: their keys are their values
+        check_candidates(parse_statement(sql, dialect), policy)  # selection hook (issue 15): public candidates only
         plan = parse_query(sql, policy, dialect=dialect)
         refuse_constant_plan(plan)
         return policy_for(plan.table, policy), plan  # joins hook: the plan's joined table
@@ -697,6 +697,10 @@ class Gateway:
         """
         from dpgate.selection import run_selection
 
+        if reads_public_only(plan, policy):
+            raise UnsupportedQuery("this query reads public tables only: it is answered exactly and free, without "
+                                   "search_id; a search records public-data selection when it is closed",
+                                   {"reason": "search_public_query"})
         if selection is None:
             raise UnsupportedQuery("search_id goes with a selection query (keys only, ORDER BY an aggregate, "
                                    "LIMIT k); charge other steps of a search through /v1/ledger/charges",
@@ -759,7 +763,10 @@ class Gateway:
         reload swapped in data without that property meanwhile; it then runs once more
         in the general form, so a reload never fails a charged query.
         """
-        unique = self.engine.unit_is_unique(policy.name, plan.table)
+        # A joined table (joins hook) never takes the fast path: a join can give one unit
+        # several rows even where each table read has one row per unit.
+        unique = not isinstance(policy.table(plan.table), JoinedTable) and \
+            self.engine.unit_is_unique(policy.name, plan.table)
         if not unique:
             return run(bounded_sql(plan, policy, salt=salt))
         try:
