@@ -631,9 +631,18 @@ def _corpus_parity(engines: EngineSet, kind: str, reference: EngineSet, policies
     n = 0
     problems = []
     for q in queries:
+        computed = bool(parse_query(q.sql, policies[q.dataset],
+                                    dialect=None if q.dialect == "duckdb" else q.dialect).computed_keys)
         for label, bounded in _corpus_bounded(policies, reference, q):
             try:
-                engines.check(bounded)
+                try:
+                    engines.check(bounded)
+                except UnsupportedQuery:
+                    # A computed group key (dpgate.sql.keys) that this engine cannot make total
+                    # is refused before the charge: a documented gap, not a parity failure.
+                    if computed and kind != "duckdb":
+                        continue
+                    raise
                 _same(reference.execute(bounded), engines.execute(bounded))
                 n += 1
             except Exception as e:  # noqa: BLE001 - collected, reported together
