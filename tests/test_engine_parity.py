@@ -608,10 +608,12 @@ def _corpus_bounded(policies, engines_ref: EngineSet, q) -> list[tuple[str, str]
     """(label, bounded SQL) of one corpus query: the general form, and the fast path where
     the reference load found the unit unique."""
     from dpgate.quantile_release import has_quantiles, without_quantiles
+    from dpgate.sql.joins import JoinedTable, policy_for
     from dpgate.sql.quantile import histogram_sql
 
     policy = policies[q.dataset]
     plan = parse_query(q.sql, policy, dialect=None if q.dialect == "duckdb" else q.dialect)
+    policy = policy_for(plan.table, policy)  # a join: the joined table, as the service does
     if has_quantiles(plan):  # what the service runs: counts/sums, then one histogram per column
         base = without_quantiles(plan)
         out = [("general", bounded_sql(base, policy, salt=CORPUS_SALT))] if base.primitives else []
@@ -619,7 +621,7 @@ def _corpus_bounded(policies, engines_ref: EngineSet, q) -> list[tuple[str, str]
         return out + [(f"quantile histogram of {c}", histogram_sql(plan, policy, c, salt=CORPUS_SALT))
                       for c in columns]
     out = [("general", bounded_sql(plan, policy, salt=CORPUS_SALT))]
-    if engines_ref.unit_is_unique(q.dataset, plan.table):
+    if not isinstance(policy.table(plan.table), JoinedTable) and engines_ref.unit_is_unique(q.dataset, plan.table):
         out.append(("fast path", bounded_sql(plan, policy, salt=CORPUS_SALT, unit_unique=True)))
     return out
 
