@@ -116,7 +116,7 @@ def primitive_linf(primitive: Primitive, policy: DatasetPolicy, table: str) -> i
 def max_groups_changed(plan: QueryPlan, policy: DatasetPolicy) -> int:
     """k_eff = min(k, number of public-key combinations): groups one unit can change."""
     t = policy.table(plan.table)
-    return min(t.max_groups_per_unit, t.key_combinations(plan.group_by))
+    return min(t.max_groups_per_unit, plan.key_combinations(t))
 
 
 def sensitivities(plan: QueryPlan, policy: DatasetPolicy) -> dict[str, Sensitivity]:
