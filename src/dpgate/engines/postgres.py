@@ -116,6 +116,16 @@ _UNIQUE_UNIT_SQL = (
 )
 
 
+def _alias_derived_tables(tree: exp.Expression) -> exp.Expression:
+    """Give every subquery in a FROM or JOIN an alias (``__dpg_d<i>``): PostgreSQL before
+    16 refuses a derived table without one, which DuckDB and Spark accept (the quantile
+    histogram's ``FROM (SELECT … QUALIFY …)`` becomes such a subquery when rendered)."""
+    for i, node in enumerate(list(tree.find_all(exp.Subquery))):
+        if not node.alias and isinstance(node.parent, (exp.From, exp.Join)):
+            node.set("alias", exp.TableAlias(this=exp.to_identifier(f"__dpg_d{i}", quoted=True)))
+    return tree
+
+
 def _source_parts(source: str) -> list[str]:
     return source.split(".")
 
@@ -487,7 +497,7 @@ class PostgresEngine:
                 table.set("alias", exp.TableAlias(this=exp.to_identifier("__dpg_r"),
                                                   columns=[exp.to_identifier("range")]))
         tree = replace_relations(tree, {k: (lambda v=v: v.copy()) for k, v in self._projections.items()})
-        return tree.sql(dialect="postgres")
+        return _alias_derived_tables(tree).sql(dialect="postgres")
 
     # ------------------------------------------------------------------ queries
 
