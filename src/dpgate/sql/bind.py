@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 import re
+from contextvars import ContextVar
 from dataclasses import dataclass
 from decimal import MAX_EMAX, MIN_EMIN, Decimal, InvalidOperation, localcontext
 from fractions import Fraction
@@ -91,10 +92,48 @@ _BOOL = Interval.of(0, 1)
 # --- messages ---------------------------------------------------------------------------------
 
 
-def snippet(node: exp.Expression, limit: int = 80) -> str:
-    """The construct as SQL text (the analyst's own construct; never data)."""
+#: The SQL text being planned (so that messages can quote a function call as written).
+SOURCE: ContextVar[str | None] = ContextVar("dpgate_sql_source", default=None)
+
+
+def as_written(node: exp.Expression) -> str | None:
+    """A function call exactly as the analyst wrote it, from the source text, or None.
+
+    sqlglot records where a function's name starts; the call runs to the matching closing
+    parenthesis (quotes respected). Other nodes carry no position and are rendered.
+    """
+    source = SOURCE.get()
+    start = node.meta.get("start") if isinstance(node, exp.Func) else None
+    if source is None or not isinstance(start, int) or not 0 <= start < len(source):
+        return None
+    depth, quote, i = 0, None, start
+    while i < len(source):
+        ch = source[i]
+        if quote:
+            if ch == quote:
+                quote = None
+        elif ch in "'\"`":
+            quote = ch
+        elif ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+            if depth == 0:
+                return source[start:i + 1]
+        elif depth == 0 and not (ch.isalnum() or ch in "_. "):
+            return None
+        i += 1
+    return None
+
+
+def snippet(node: exp.Expression, limit: int = 80, dialect: str = DIALECT) -> str:
+    """The construct as SQL text (the analyst's own construct; never data).
+
+    A function call is quoted as written (``COUNT(DISTINCT a, b)``, not DuckDB's rewrite of
+    it; see :func:`as_written`); anything else is rendered by sqlglot in ``dialect``.
+    """
     try:
-        text = node.sql(dialect=DIALECT, comments=False)
+        text = as_written(node) or node.sql(dialect=dialect, comments=False)
     except Exception:  # pragma: no cover - sqlglot cannot render some fragments
         text = type(node).__name__
     text = " ".join(text.split())
@@ -659,8 +698,8 @@ class Binder:
             kind = "predicate" if target == "bool" else "other"
             return Expr(kind, target, node, (a,), _BOOL if target == "bool" else None)
         if self._values and isinstance(node, exp.Anonymous) and node.name.lower() == "if":
-            raise unsupported(f"function {name} is not allowed", node)  # pragma: no cover
-        raise unsupported(f"function {name} is not allowed", node)
+            raise unsupported(f"function {snippet(node)} is not allowed", node)  # pragma: no cover
+        raise unsupported(f"function {snippet(node)} is not allowed", node)
 
 
 def _hull(branches: list[Expr], t: str) -> Interval | None:

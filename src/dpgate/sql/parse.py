@@ -55,7 +55,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from contextvars import ContextVar
 import math
 import re
 from dataclasses import dataclass, replace
@@ -77,6 +76,7 @@ from dpgate.sql.joins import JOIN_MARK, rewrite_joins
 from dpgate.sql.quantile import QUANTILE_FUNCTIONS, is_quantile_call, quantile_call, quantile_name, quantile_sql
 from dpgate.sql.rules import MAX_NESTING, apply_statement_rules
 from dpgate.sql.bind import (
+    SOURCE,
     Binder,
     canonical_columns,
     canonical_value,
@@ -85,6 +85,7 @@ from dpgate.sql.bind import (
     number,
     plan_where,
     simplify_tree,
+    snippet,
     unbounded_message,
 )
 from dpgate.sql.plan import (
@@ -188,52 +189,9 @@ _AGG_SQL = {
 #: Aggregates sqlglot reads as anonymous functions, by lower-case name: MEAN (DuckDB),
 #: VAR (T-SQL, SmartNoise), VARP and STDEVP (T-SQL's population forms).
 _ANON_AGGREGATES = {"mean": "avg", "var": "var_pop", "varp": "var_pop", "stdevp": "stddev_pop"}
-#: The SQL text being planned (so that messages can quote a function call as written).
-_SOURCE: ContextVar[str | None] = ContextVar("dpgate_sql_source", default=None)
-
-
-def _as_written(node: exp.Expression) -> str | None:
-    """A function call exactly as the analyst wrote it, from the source text, or None.
-
-    sqlglot records where a function's name starts; the call runs to the matching closing
-    parenthesis (quotes respected). Other nodes carry no position and are rendered.
-    """
-    source = _SOURCE.get()
-    start = node.meta.get("start") if isinstance(node, exp.Func) else None
-    if source is None or not isinstance(start, int) or not 0 <= start < len(source):
-        return None
-    depth, quote, i = 0, None, start
-    while i < len(source):
-        ch = source[i]
-        if quote:
-            if ch == quote:
-                quote = None
-        elif ch in "'\"`":
-            quote = ch
-        elif ch == "(":
-            depth += 1
-        elif ch == ")":
-            depth -= 1
-            if depth == 0:
-                return source[start:i + 1]
-        elif depth == 0 and not (ch.isalnum() or ch in "_. "):
-            return None
-        i += 1
-    return None
-
-
 def _snippet(node: exp.Expression, limit: int = 80, dialect: str = DIALECT) -> str:
-    """The construct as SQL text (the analyst's own construct; never data).
-
-    A function call is quoted as written (``COUNT(DISTINCT a, b)``, not DuckDB's rewrite of
-    it); anything else is rendered by sqlglot in ``dialect``.
-    """
-    try:
-        text = _as_written(node) or node.sql(dialect=dialect, comments=False)
-    except Exception:  # pragma: no cover - sqlglot cannot render some fragments
-        text = type(node).__name__
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    """The construct as SQL text (:func:`dpgate.sql.bind.snippet`: a call quoted as written)."""
+    return snippet(node, limit, dialect)
 
 
 def _label(node: exp.Expression) -> str:
@@ -1095,7 +1053,7 @@ def parse_query(sql: str, policy: DatasetPolicy, *, dialect: str | None = None) 
         UnknownTable: the table (or a qualifier) is not declared.
         UnknownColumn: a column is not declared.
     """
-    token = _SOURCE.set(sql if isinstance(sql, str) else None)
+    token = SOURCE.set(sql if isinstance(sql, str) else None)
     try:
         stmt = parse_statement(sql, dialect)
         if sum(1 for _ in stmt.walk()) > MAX_NODES:
@@ -1112,7 +1070,7 @@ def parse_query(sql: str, policy: DatasetPolicy, *, dialect: str | None = None) 
     except DpgateError as e:
         raise _nothing_charged(e)
     finally:
-        _SOURCE.reset(token)
+        SOURCE.reset(token)
 
 
 def _nothing_charged(e: DpgateError) -> DpgateError:
