@@ -94,7 +94,9 @@ _BOOL = Interval.of(0, 1)
 def snippet(node: exp.Expression, limit: int = 80) -> str:
     """The construct as SQL text (the analyst's own construct; never data)."""
     try:
-        text = node.sql(dialect=DIALECT, comments=False)
+        from dpgate.sql.parse import _as_written  # a call quoted as the analyst wrote it
+
+        text = _as_written(node) or node.sql(dialect=DIALECT, comments=False)
     except Exception:  # pragma: no cover - sqlglot cannot render some fragments
         text = type(node).__name__
     text = " ".join(text.split())
