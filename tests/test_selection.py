@@ -281,3 +281,15 @@ def test_a_joined_public_tables_keys_are_a_public_candidate_set(tmp_path):
         assert len(g.ledger_entries()) == 1
     finally:
         g.close()
+
+
+def test_a_computed_keys_domain_is_a_public_candidate_set(gw):
+    """GROUP BY a CASE with literal results: the candidates are its domain (from the policy),
+    Δu is still the per-candidate bound after the rewrite caps m rows per unit and key."""
+    sql = ("SELECT CASE WHEN candidate IN ('a', 'b') THEN 'ab' ELSE 'cde' END AS grp FROM eval "
+           "GROUP BY grp ORDER BY SUM(correct) DESC LIMIT 1")
+    r = gw.query("evals", sql, consumer="analysts", budget=QueryBudget(epsilon=1.0))
+    sel = r["selection"]
+    assert r["columns"] == ["grp"] and r["rows"][0][0] in ("ab", "cde")
+    assert sel["candidates"] == 2 and sel["candidate_keys"] == ["ab", "cde"] and sel["delta_u"] == 1.0
+    assert r["charge"]["rho"] == pytest.approx(1 / 8, rel=1e-12)

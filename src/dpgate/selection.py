@@ -167,7 +167,7 @@ def calibrate_selection(sel: SelectionQuery, policy: DatasetPolicy,
     """
     plan = sel.plan
     table = policy.table(plan.table)
-    delta_u = int(primitive_linf(sel.utility, policy, plan.table))
+    delta_u = int(primitive_linf(sel.utility, policy, plan.table, plan))
     if delta_u <= 0:
         raise UnsupportedQuery("the selection's utility is constant (its bounds are [0, 0]): no key is "
                                "better than another", {"reason": "selection_constant"})
@@ -202,7 +202,7 @@ def calibrate_selection(sel: SelectionQuery, policy: DatasetPolicy,
             unit = float(table.column(sel.utility.column).resolution or 1.0)
         except Exception:  # noqa: BLE001 - not a declared column: report Δu in integer units
             unit = 1.0
-    return SelectionCalibration(k=k, candidates=table.key_combinations(plan.group_by), delta_u=delta_u,
+    return SelectionCalibration(k=k, candidates=plan.key_combinations(table), delta_u=delta_u,
                                 delta_u_output=delta_u * unit, monotonic=mono, epsilon_per_selection=eps1,
                                 epsilon=eps_total, scale=scale, rho=rho)
 
@@ -213,7 +213,7 @@ def _candidate_list(sel: SelectionQuery, policy: DatasetPolicy, n: int) -> list[
     table = policy.table(sel.plan.table)
     if len(sel.plan.group_by) != 1:
         return None
-    keys = table.column(sel.plan.group_by[0]).public_keys
+    keys = sel.plan.key_column(table, sel.plan.group_by[0]).public_keys
     return [_json_key(k) for k in keys] if keys is not None else None
 
 

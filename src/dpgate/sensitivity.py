@@ -92,8 +92,12 @@ def _sqrt_up(value: int) -> float:
     return r
 
 
-def primitive_linf(primitive: Primitive, policy: DatasetPolicy, table: str) -> int:
+def primitive_linf(primitive: Primitive, policy: DatasetPolicy, table: str,
+                   plan: QueryPlan | None = None) -> int:
     """Exact per-group bound (integer units) of one unit's contribution to ``primitive``.
+
+    For a primitive over an aggregated expression, ``plan`` supplies its derived clamp
+    (:class:`~dpgate.sql.plan.DerivedValue`, from the policy's bounds by interval arithmetic).
 
     Raises:
         UnknownTable, UnknownColumn: the primitive does not match the policy.
@@ -105,7 +109,8 @@ def primitive_linf(primitive: Primitive, policy: DatasetPolicy, table: str) -> i
         return m
     if primitive.kind == "count_distinct_unit":
         return 1
-    lo, hi = t.column(primitive.column).fixed_point_bounds
+    col = plan.column_policy(t, primitive.column) if plan is not None else t.column(primitive.column)
+    lo, hi = col.fixed_point_bounds
     if primitive.kind == "sum":
         return m * max(abs(lo), abs(hi))
     if primitive.kind == "sum_squares":
@@ -132,7 +137,7 @@ def sensitivities(plan: QueryPlan, policy: DatasetPolicy) -> dict[str, Sensitivi
     k_eff = max_groups_changed(plan, policy)
     out: dict[str, Sensitivity] = {}
     for p in plan.primitives:
-        linf = primitive_linf(p, policy, plan.table)
+        linf = primitive_linf(p, policy, plan.table, plan)
         out[p.id] = Sensitivity(
             l1=_float_up(k_eff * linf),
             l2=_sqrt_up(k_eff * linf * linf),

@@ -1161,7 +1161,7 @@ def check_representable(plan: QueryPlan, policy: DatasetPolicy) -> None:
     for p in plan.primitives:
         if p.kind == "quantile":  # a candidate index; nothing is summed (dpgate.quantiles)
             continue
-        linf = primitive_linf(p, policy, plan.table)
+        linf = primitive_linf(p, policy, plan.table, plan)
         if linf > limits.MAX_STEPS:
             what = ("its sum of squares (VAR/STDDEV), m·max(lower², upper²)/resolution²"
                     if p.kind == "sum_squares" else f"its {p.kind.replace('_', ' ')}")
@@ -1181,7 +1181,7 @@ def _cell_targets(policy: DatasetPolicy, plan: QueryPlan) -> list[CellTarget]:
     targets = []
     for o in plan.outputs:
         if isinstance(o, AggregateOutput):
-            col = table.column(o.column) if o.column else None
+            col = plan.column_policy(table, o.column) if o.column else None
             bounds = (float(col.lower), float(col.upper)) if col is not None and col.bounded else None
             targets.append(CellTarget(o.label or o.name, o.function, tuple(o.primitives), bounds))
     return targets
@@ -1190,7 +1190,8 @@ def _cell_targets(policy: DatasetPolicy, plan: QueryPlan) -> list[CellTarget]:
 def _output_unit(policy: DatasetPolicy, plan: QueryPlan, primitive_id: str) -> float:
     """Size of one integer unit of a primitive in output units (1 for counts)."""
     p = plan.primitive(primitive_id)
-    return output_unit(p.kind, policy.table(plan.table).column(p.column).resolution if p.column else None)
+    table = policy.table(plan.table)
+    return output_unit(p.kind, plan.column_policy(table, p.column).resolution if p.column else None)
 
 
 def _primitive_sig(p) -> str:

@@ -84,7 +84,7 @@ from dpgate.engines.base import (
 from dpgate.errors import Conflict, ExecutionError, InvalidSql, QueryTimeout
 from dpgate.policy import DatasetPolicy, TablePolicy, quote_identifier
 
-__all__ = ["DuckDBEngine", "LOAD_MODES"]
+__all__ = ["DuckDBEngine", "LOAD_MODES", "evaluate_tableless"]
 
 CSV_SUFFIXES = (".csv", ".tsv", ".txt", ".csv.gz", ".tsv.gz")
 PARQUET_SUFFIXES = (".parquet", ".parq")
@@ -103,6 +103,28 @@ _LOCKDOWN = (
 _INTEGER_TYPES = {"TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT",
                   "UINTEGER", "UBIGINT", "UHUGEINT"}
 _TEXT_TYPES = {"VARCHAR"}
+
+
+def evaluate_tableless(sql: str) -> tuple[list[tuple], str]:
+    """Run a query that reads no table (only ``range``, ``unnest`` and literals) in a fresh
+    in-memory DuckDB with external access off and one thread; for the planner, which
+    enumerates a computed group key's domain from the policy (:mod:`dpgate.sql.keys`).
+
+    Returns:
+        (rows, DuckDB type name of the first result column).
+
+    Raises:
+        ValueError: DuckDB refused or failed the query (its error class and first line).
+    """
+    con = duckdb.connect(config={"enable_external_access": False, "threads": 1})
+    try:
+        cur = con.execute(sql)
+        type_name = str(cur.description[0][1])
+        return cur.fetchall(), type_name
+    except duckdb.Error as e:
+        raise ValueError(f"{type(e).__name__}: {str(e).splitlines()[0][:160]}") from None
+    finally:
+        con.close()
 
 
 def _sql_string(value: str) -> str:

@@ -343,7 +343,7 @@ def finalize(
 def _finalize(plan, policy, keys, noisy, scales, halfwidths, mechanism, resolution_of) -> ReleasedTable:
     table = policy.table(plan.table)
     n = _row_count(plan, keys, noisy)
-    res = resolution_of or (lambda c: table.column(c).resolution or 1.0)
+    res = resolution_of or (lambda c: plan.column_policy(table, c).resolution or 1.0)
 
     # Primitives in output units: values and noise.
     values: dict[str, np.ndarray] = {}
@@ -372,11 +372,11 @@ def _finalize(plan, policy, keys, noisy, scales, halfwidths, mechanism, resoluti
             continue
         bounds = None
         if o.function in ("avg", "var_pop", "stddev_pop"):
-            bounds = _bounds(table, o.column)
+            bounds = _bounds(table, o.column, plan)
         integer = digits = None
         if o.function == "sum":
             r = float(res(o.column))
-            integer = table.column(o.column).type == "int" and r.is_integer()
+            integer = plan.column_policy(table, o.column).type == "int" and r.is_integer()
             digits = _decimals(r)
         cells[o.name] = aggregate_cell(o.function, [(pid, values[pid]) for pid in o.primitives], prims,
                                        bounds=bounds, clamp_counts=policy.budget.clamp_counts,
@@ -465,8 +465,8 @@ def _objects(values: np.ndarray) -> np.ndarray:
     return out
 
 
-def _bounds(table: TablePolicy, column: str | None) -> tuple[float, float]:
-    col = table.column(column) if column else None
+def _bounds(table: TablePolicy, column: str | None, plan: QueryPlan) -> tuple[float, float]:
+    col = plan.column_policy(table, column) if column else None
     if col is None or not col.bounded:
         raise Internal(f"column {column!r} has no bounds; AVG/VAR/STDDEV need them")
     return float(col.lower), float(col.upper)

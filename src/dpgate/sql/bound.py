@@ -57,6 +57,8 @@ import sqlglot
 from sqlglot import exp
 
 from dpgate.policy import ColumnPolicy, DatasetPolicy, TablePolicy, quote_identifier as q
+from dpgate.sql.bind import bind_value
+from dpgate.sql.expr import value_sql
 from dpgate.sql.plan import QueryPlan
 
 SALT_PLACEHOLDER = "<salt>"
@@ -267,6 +269,21 @@ def _where(plan: QueryPlan) -> str | None:
     return f"TRY({tree.transform(qualify).sql(dialect='duckdb')})"
 
 
+def _derived_value(expression: str, table: TablePolicy) -> str:
+    """The executable per-row value of an aggregated expression (DuckDB SQL over ``__dpg_src``).
+
+    The canonical expression is bound again against the table policy
+    (:func:`dpgate.sql.bind.canonical_value`) and rendered by
+    :func:`dpgate.sql.expr.value_sql`: numeric columns clamped to their declared bounds
+    (NaN/±inf → NULL), conditions over raw columns under ``TRY``, division in doubles. The
+    result is then clamped again to the plan's derived range by :func:`_fixed_point`.
+    """
+    tree = sqlglot.parse_one(expression, read="duckdb")
+    e = bind_value(tree, table)
+    ref = lambda name: exp.column(name, table=_SRC, quoted=True)  # noqa: E731
+    return f"({value_sql(e, ref).sql(dialect='duckdb')})"
+
+
 def _render(plan: QueryPlan, policy: DatasetPolicy, salt: str, *, unit_unique: bool = False) -> str:
     table: TablePolicy = policy.table(plan.table)
     src = lambda c: f"{q(_SRC)}.{q(c)}"  # noqa: E731
@@ -286,10 +303,14 @@ def _render(plan: QueryPlan, policy: DatasetPolicy, salt: str, *, unit_unique: b
     select_rows += [f"{key_refs[i]} AS {g[i]}" for i in range(len(keys))]
     summed = {p.column for p in plan.primitives if p.kind in ("sum", "sum_squares")}
     counted = {p.column for p in plan.primitives if p.kind == "count_column"}
-    for j, name in enumerate(sorted(summed | counted, key=list(table.columns).index)):
-        col = table.column(name)
+    declared = list(table.columns)
+    derived = [v.expression for v in plan.values]
+    order = lambda n: (0, declared.index(n)) if n in declared else (1, derived.index(n))  # noqa: E731
+    for j, name in enumerate(sorted(summed | counted, key=order)):
+        col = plan.column_policy(table, name)
         v = q(f"{_PREFIX}v{j}")
-        expr = _fixed_point(col, src(name)) if name in summed else _present(col, src(name))
+        ref = src(name) if name in declared else _derived_value(name, table)
+        expr = _fixed_point(col, ref) if name in summed else _present(col, ref)
         select_rows.append(f"{expr} AS {v}")
         value_of[name] = v
     if not select_rows:
@@ -326,7 +347,7 @@ def _render(plan: QueryPlan, policy: DatasetPolicy, salt: str, *, unit_unique: b
             row, clip = f"COUNT({v})", f"LEAST(COUNT({v}), {m})"
         elif p.kind == "sum":
             v = value_of[p.column]
-            lo, hi = table.column(p.column).fixed_point_bounds
+            lo, hi = plan.column_policy(table, p.column).fixed_point_bounds
             row = f"SUM({v})"
             # A unit with c > m values in the group adds m rows' worth: m × its mean
             # (exact integer arithmetic, truncated), so that AVG = Σ sums / Σ min(c, m)
@@ -337,7 +358,7 @@ def _render(plan: QueryPlan, policy: DatasetPolicy, salt: str, *, unit_unique: b
                     f"{m * min(lo, 0)}), {m * max(hi, 0)})")
         else:  # sum_squares: the parser checked |v| ≤ 2**31, so v*v fits in a BIGINT
             v = value_of[p.column]
-            lo, hi = table.column(p.column).fixed_point_bounds
+            lo, hi = plan.column_policy(table, p.column).fixed_point_bounds
             row = f"SUM({v} * {v})"
             clip = (f"LEAST(COALESCE({_m_rows_worth(f'SUM({v} * {v})', f'COUNT({v})', m)}, 0), "
                     f"{m * max(lo * lo, hi * hi)})")

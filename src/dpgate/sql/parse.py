@@ -59,12 +59,10 @@ from contextvars import ContextVar
 import math
 import re
 from dataclasses import dataclass, replace
-from typing import Callable
 
 import sqlglot
 from sqlglot import exp
 from sqlglot.errors import ParseError, SqlglotError, TokenError
-from sqlglot.optimizer.simplify import simplify
 
 from dpgate.errors import DpgateError, InvalidRequest, InvalidSql, UnknownColumn, UnknownTable, UnsupportedQuery
 from dpgate.policy import (
@@ -78,16 +76,34 @@ from dpgate.sql.keys import KeyDomain, derive_key_domain, width_bucket_to_case
 from dpgate.sql.joins import JOIN_MARK, rewrite_joins
 from dpgate.sql.quantile import QUANTILE_FUNCTIONS, is_quantile_call, quantile_call, quantile_name, quantile_sql
 from dpgate.sql.rules import MAX_NESTING, apply_statement_rules
+from dpgate.sql.bind import (
+    Binder,
+    canonical_columns,
+    canonical_value,
+    canonicalize_literals,
+    derived_value,
+    number,
+    plan_where,
+    simplify_tree,
+    unbounded_message,
+)
 from dpgate.sql.plan import (
     FUNCTION_PRIMITIVES,
     AggregateOutput,
     ComputedKey,
+    DerivedValue,
     KeyOutput,
     OrderItem,
     Output,
     Primitive,
     QueryPlan,
 )
+
+# Short local names (the statement-level code below predates dpgate.sql.bind).
+_number = number
+_canonical_columns = canonical_columns
+_canonicalize_literals = canonicalize_literals
+_simplify = simplify_tree
 
 DIALECT = "duckdb"
 #: SQL dialects an analyst may write in (sqlglot dialect names); the plan is the same
@@ -138,7 +154,6 @@ _STRUCTURAL = {
     exp.SetOperation: "set operations (UNION / INTERSECT / EXCEPT) are not supported",
     exp.Placeholder: "query parameters are not supported",
     exp.Parameter: "query parameters are not supported",
-    exp.Filter: "FILTER (WHERE …) on aggregates is not supported",
     exp.TableSample: "TABLESAMPLE / USING SAMPLE is not supported",
 }
 
@@ -173,26 +188,6 @@ _AGG_SQL = {
 #: Aggregates sqlglot reads as anonymous functions, by lower-case name: MEAN (DuckDB),
 #: VAR (T-SQL, SmartNoise), VARP and STDEVP (T-SQL's population forms).
 _ANON_AGGREGATES = {"mean": "avg", "var": "var_pop", "varp": "var_pop", "stdevp": "stddev_pop"}
-_TRY_CAST_TYPES = {
-    exp.DataType.Type.BIGINT: "int",
-    exp.DataType.Type.INT: "int",
-    exp.DataType.Type.DOUBLE: "float",
-    exp.DataType.Type.VARCHAR: "text",
-    exp.DataType.Type.TEXT: "text",
-    exp.DataType.Type.BOOLEAN: "bool",
-}
-_COMPARISONS = (
-    exp.EQ,
-    exp.NEQ,
-    exp.GT,
-    exp.GTE,
-    exp.LT,
-    exp.LTE,
-    exp.NullSafeEQ,
-    exp.NullSafeNEQ,
-)
-
-
 #: The SQL text being planned (so that messages can quote a function call as written).
 _SOURCE: ContextVar[str | None] = ContextVar("dpgate_sql_source", default=None)
 
@@ -464,330 +459,6 @@ def _check_structure(stmt: exp.Select) -> None:
             raise _unsupported("commands are not supported", node)
 
 
-# --- literals -----------------------------------------------------------------------------------
-
-
-def _number(lit: exp.Literal) -> int | float:
-    text = str(lit.this)
-    try:
-        value: int | float = int(text) if _INT_RE.match(text) else float(text)
-    except ValueError:
-        raise _unsupported(f"numeric literal {text} is not a number", lit) from None
-    if isinstance(value, float) and not math.isfinite(value):
-        raise _unsupported(f"numeric literal {text} is not a finite number", lit)
-    if isinstance(value, int) and value >= 2**63:
-        raise _unsupported(f"integer literal {text} is outside the 64-bit range", lit)
-    return value
-
-
-def _canonical_number(value: int | float) -> str:
-    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
-        value = int(value)
-    return str(value) if isinstance(value, int) else repr(value)
-
-
-def _canonicalize_literals(tree: exp.Expression) -> exp.Expression:
-    """Normalise numeric literals (``1.0`` → ``1``), sort/deduplicate IN lists and turn a
-    one-element IN into ``=``, in place."""
-
-    def canonical(node: exp.Expression) -> exp.Expression:
-        if isinstance(node, exp.Literal) and not node.is_string:
-            text = _canonical_number(_number(node))
-            return node if text == node.this else exp.Literal.number(text)
-        return node
-
-    def fix(node: exp.Expression) -> exp.Expression:
-        if isinstance(node, exp.In) and node.expressions:
-            items = {}
-            for e in node.expressions:
-                e = canonical(e)
-                key = (f"{'s' if e.is_string else 'n'}:{e.this}" if isinstance(e, exp.Literal)
-                       else e.sql(dialect=DIALECT))
-                items.setdefault(key, e)
-            if len(items) == 1:  # x IN (v) is x = v, NULLs included
-                return exp.EQ(this=node.this, expression=next(iter(items.values())))
-            node.set("expressions", [items[k] for k in sorted(items)])  # one set: linear
-            return node
-        return canonical(node)
-
-    return tree.transform(fix, copy=False)
-
-
-# --- type checking of row predicates -------------------------------------------------------------
-
-
-def _common(types: list[str], node: exp.Expression) -> str:
-    real = [t for t in types if t != "null"]
-    if not real:
-        return "null"
-    if all(t in _NUMERIC for t in real):
-        return "float" if "float" in real else "int"
-    if all(t == real[0] for t in real):
-        return real[0]
-    raise _unsupported(
-        f"incompatible types ({', '.join(sorted(set(real)))}) in {_snippet(node)}", node
-    )
-
-
-class _Typer:
-    """Static types of a predicate: over declared columns (WHERE, executed by DuckDB) or
-    over outputs (HAVING, evaluated on noisy values by :func:`~dpgate.sql.plan.evaluate_predicate`).
-    """
-
-    def __init__(self, column_type: Callable[[exp.Expression], str], clause: str = "WHERE") -> None:
-        self.column_type = column_type
-        self.clause = clause
-
-    def check_predicate(self, node: exp.Expression) -> None:
-        """Raise UnsupportedQuery unless ``node`` is an allowed boolean predicate."""
-        t = self.type(node)
-        if t not in ("bool", "null"):
-            raise _unsupported(
-                f"{self.clause} must be a condition, not a value of type {t}: {_snippet(node)}", node
-            )
-
-    def type(self, node: exp.Expression) -> str:
-        """Static type of ``node``: int, float, text, bool or null (UnsupportedQuery if refused)."""
-        if self.clause == "HAVING":
-            if _is_aggregate(node):
-                return self.column_type(node)
-            if not isinstance(node, _HAVING_NODES):
-                raise _unsupported(f"{_snippet(node)} is not supported in HAVING", node)
-        return self._type(node)
-
-    def _expect(self, node: exp.Expression, allowed: tuple[str, ...], what: str) -> str:
-        t = self.type(node)
-        if t != "null" and t not in allowed:
-            raise _unsupported(f"{what} needs a {' or '.join(allowed)} operand, got {t}: "
-                               f"{_snippet(node)}", node)
-        return t
-
-    def _type(self, node: exp.Expression) -> str:
-        if isinstance(node, exp.Paren):
-            return self.type(node.this)
-        if isinstance(node, exp.Column):
-            return self.column_type(node)
-        if isinstance(node, exp.Literal):
-            if node.is_string:
-                return "text"
-            return "int" if isinstance(_number(node), int) else "float"
-        if isinstance(node, exp.Boolean):
-            return "bool"
-        if isinstance(node, exp.Null):
-            return "null"
-        if isinstance(node, _AGGREGATES) or (
-            isinstance(node, exp.Anonymous) and node.name.lower() in _ANON_AGGREGATES
-        ):
-            raise _unsupported(
-                f"aggregate {_snippet(node)} is not allowed in WHERE (use HAVING)", node
-            )
-        if isinstance(node, exp.Div) and self.clause == "HAVING":
-            self._expect(node.this, _NUMERIC, "division")
-            self._expect(node.expression, _NUMERIC, "division")
-            return "float"
-        if isinstance(node, (exp.Div, exp.IntDiv, exp.Mod, exp.SafeDivide)):
-            raise _unsupported(
-                f"division and modulo are not allowed in WHERE (they can fail on data): "
-                f"{_snippet(node)}",
-                node,
-            )
-        if isinstance(node, exp.Cast) and not isinstance(node, exp.TryCast):
-            raise _unsupported(
-                f"CAST can fail on data and is not allowed; use TRY_CAST: {_snippet(node)}", node
-            )
-        if isinstance(node, exp.Try) and self.clause == "WHERE":
-            _only_args(node, {"this"})
-            return self.type(node.this)
-        if isinstance(node, exp.Neg):
-            return self._expect(node.this, _NUMERIC, "unary minus")
-        if isinstance(node, (exp.Add, exp.Sub, exp.Mul)):
-            a = self._expect(node.this, _NUMERIC, "arithmetic")
-            b = self._expect(node.expression, _NUMERIC, "arithmetic")
-            return _common([a, b], node)
-        if isinstance(node, exp.DPipe):
-            _only_args(node, {"this", "expression", "safe"})
-            self._expect(node.this, ("text",), "||")
-            self._expect(node.expression, ("text",), "||")
-            return "text"
-        if isinstance(node, _COMPARISONS):
-            _common([self.type(node.this), self.type(node.expression)], node)
-            return "bool"
-        if isinstance(node, exp.Is):
-            t = self.type(node.this)
-            target = node.expression
-            if isinstance(target, exp.Boolean):
-                if t not in ("bool", "null"):
-                    raise _unsupported(f"IS TRUE/FALSE needs a boolean: {_snippet(node)}", node)
-            elif not isinstance(target, exp.Null):
-                raise _unsupported(f"{_snippet(node)} is not supported", node)
-            return "bool"
-        if isinstance(node, exp.In):
-            _only_args(node, {"this", "expressions"})
-            _common([self.type(node.this)] + [self.type(e) for e in node.expressions], node)
-            return "bool"
-        if isinstance(node, exp.Between):
-            _only_args(node, {"this", "low", "high"})
-            _common([self.type(node.this), self.type(node.args["low"]),
-                     self.type(node.args["high"])], node)
-            return "bool"
-        if isinstance(node, exp.Escape):
-            raise _unsupported(f"LIKE … ESCAPE is not supported: {_snippet(node)}", node)
-        if isinstance(node, (exp.Like, exp.ILike)):
-            _only_args(node, {"this", "expression", "negate"})
-            self._expect(node.this, ("text",), "LIKE")
-            self._expect(node.expression, ("text",), "LIKE")
-            return "bool"
-        if isinstance(node, (exp.And, exp.Or)):
-            self._expect(node.this, ("bool",), node.key.upper())
-            self._expect(node.expression, ("bool",), node.key.upper())
-            return "bool"
-        if isinstance(node, exp.Not):
-            self._expect(node.this, ("bool",), "NOT")
-            return "bool"
-        if isinstance(node, exp.Case):
-            raise _unsupported(f"CASE expressions are not supported: {_snippet(node)}", node)
-        if isinstance(node, exp.Func):
-            return self._function(node)
-        raise _unsupported(f"{_snippet(node)} is not supported in a row predicate", node)
-
-    def _function(self, node: exp.Func) -> str:
-        name = _snippet(node, 40)
-        if isinstance(node, (exp.Lower, exp.Upper)):
-            _only_args(node, {"this"})
-            self._expect(node.this, ("text",), node.key.upper())
-            return "text"
-        if isinstance(node, exp.Length):
-            _only_args(node, {"this"})
-            self._expect(node.this, ("text",), "LENGTH")
-            return "int"
-        if isinstance(node, exp.Trim):
-            _only_args(node, {"this", "expression", "position"})
-            self._expect(node.this, ("text",), "TRIM")
-            if node.args.get("expression") is not None:
-                self._expect(node.args["expression"], ("text",), "TRIM")
-            return "text"
-        if isinstance(node, exp.Concat):
-            _only_args(node, {"expressions", "safe", "coalesce"})
-            for e in node.expressions:
-                self.type(e)
-            return "text"
-        if isinstance(node, (exp.StartsWith, exp.EndsWith, exp.Contains)):
-            _only_args(node, {"this", "expression"})
-            self._expect(node.this, ("text",), node.key.upper())
-            self._expect(node.expression, ("text",), node.key.upper())
-            return "bool"
-        if isinstance(node, (exp.Abs, exp.Sign, exp.Floor, exp.Ceil)):
-            _only_args(node, {"this"})
-            return self._expect(node.this, _NUMERIC, node.key.upper())
-        if isinstance(node, exp.Round):
-            _only_args(node, {"this", "decimals"})
-            t = self._expect(node.this, _NUMERIC, "ROUND")
-            digits = node.args.get("decimals")
-            if digits is not None:
-                lit = digits.this if isinstance(digits, exp.Neg) else digits
-                if not (isinstance(lit, exp.Literal) and not lit.is_string
-                        and isinstance(_number(lit), int)):
-                    raise _unsupported("ROUND digits must be an integer constant", node)
-            return t
-        if isinstance(node, (exp.Coalesce, exp.Greatest, exp.Least)):
-            _only_args(node, {"this", "expressions", "is_nvl", "is_null", "ignore_nulls"})
-            args = [node.this] + list(node.expressions)
-            return _common([self.type(a) for a in args], node)
-        if isinstance(node, exp.Nullif):
-            _only_args(node, {"this", "expression"})
-            t = self.type(node.this)
-            _common([t, self.type(node.expression)], node)
-            return t
-        if isinstance(node, exp.TryCast):
-            _only_args(node, {"this", "to", "safe"})
-            self.type(node.this)
-            to = node.args["to"]
-            target = _TRY_CAST_TYPES.get(to.this) if isinstance(to, exp.DataType) else None
-            if target is None or to.expressions:
-                raise _unsupported(
-                    f"TRY_CAST to {_snippet(to)} is not supported (BIGINT, INTEGER, DOUBLE, "
-                    "VARCHAR or BOOLEAN)",
-                    node,
-                )
-            return target
-        raise _unsupported(f"function {name} is not allowed", node)
-
-
-_HAVING_NODES = (
-    exp.Paren, exp.Column, exp.Literal, exp.Boolean, exp.Null, exp.Neg, exp.Abs, exp.Add,
-    exp.Sub, exp.Mul, exp.Div, exp.And, exp.Or, exp.Not, exp.Is, exp.In, exp.Between,
-    exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE,
-)
-
-
-_ARITHMETIC = (exp.Add, exp.Sub, exp.Mul, exp.Neg, exp.Abs)
-
-
-def _guard_arithmetic(tree: exp.Expression) -> exp.Expression:
-    """Wrap every non-constant ``+ - *``, unary minus and ABS in DuckDB's ``TRY(…)``.
-
-    Integer and DECIMAL arithmetic raises on overflow (``abs(-2**63)``, ``age * 2``, a
-    DECIMAL product beyond 38 digits); an error after the charge would be a failure the
-    analyst paid for, and its occurrence would depend on the data. ``TRY`` turns it into
-    NULL and leaves every other value (and its type) unchanged. Idempotent.
-    """
-    targets = [n for n in tree.walk() if isinstance(n, _ARITHMETIC) and n.find(exp.Column)
-               and not isinstance(n.parent, exp.Try)]
-    for node in targets:
-        if node is tree:
-            tree = exp.Try(this=node)
-            continue
-        wrapper = exp.Try()
-        node.replace(wrapper)
-        wrapper.set("this", node)
-    return tree
-
-
-def _is_constant(node: exp.Expression) -> bool:
-    if isinstance(node, exp.Paren):
-        return _is_constant(node.this)
-    if isinstance(node, exp.Neg):
-        return _is_constant(node.this)
-    return isinstance(node, (exp.Literal, exp.Null, exp.Boolean))
-
-
-def _canonical_columns(tree: exp.Expression, rename: Callable[[exp.Column], str]) -> exp.Expression:
-    def fix(node: exp.Expression) -> exp.Expression:
-        if isinstance(node, exp.Column):
-            return exp.column(rename(node), quoted=True)
-        return node
-
-    return tree.transform(fix, copy=True)
-
-
-def _simplify(tree: exp.Expression) -> exp.Expression:
-    try:
-        out = simplify(tree.copy(), dialect=DIALECT)
-    except (SqlglotError, RecursionError, ValueError, TypeError):  # pragma: no cover
-        return tree
-    return out
-
-
-def _plan_where(node: exp.Expression | None, scope: _Scope) -> str | None:
-    if node is None:
-        return None
-    typer = _Typer(lambda c: scope.declared(c).type)
-    typer.check_predicate(node)
-    tree = _canonical_columns(node, scope.resolve)
-    tree = _canonicalize_literals(tree)
-    # Guard arithmetic before simplifying too, so that the canonical form is a fixed point
-    # (planning the canonical SQL again gives the same plan).
-    tree = _guard_arithmetic(tree)
-    tree = _simplify(tree)
-    tree = _canonicalize_literals(tree)
-    # Validate what will actually run (simplify may fold constants).
-    typer.check_predicate(tree)
-    if isinstance(tree, exp.Boolean) and tree.this:
-        return None
-    tree = _guard_arithmetic(tree)
-    return tree.sql(dialect=DIALECT, comments=False)
-
-
 # --- aggregates, outputs ------------------------------------------------------------------------
 
 
@@ -796,6 +467,7 @@ class _Agg:
     function: str
     column: str | None
     alpha: float | None = None  # quantiles only (dpgate.sql.quantile)
+    derived: DerivedValue | None = None  # an aggregated expression (dpgate.sql.bind)
 
 
 def _unparen(node: exp.Expression) -> exp.Expression:
@@ -810,6 +482,8 @@ def _is_aggregate(node: exp.Expression) -> bool:
         return True
     if isinstance(node, exp.Anonymous) and node.name.lower() in _ANON_AGGREGATES:
         return True
+    if isinstance(node, exp.Filter):  # agg(x) FILTER (WHERE p)
+        return _is_aggregate(node.this) and not is_quantile_call(node.this)
     return is_quantile_call(node)  # quantiles hook (dpgate.sql.quantile)
 
 
@@ -838,8 +512,20 @@ def _quantile_aggregate(node: exp.Expression, scope: _Scope) -> _Agg:
     return _Agg(function, name, float(alpha))
 
 
+def _is_constant(node: exp.Expression) -> bool:
+    if isinstance(node, exp.Paren):
+        return _is_constant(node.this)
+    if isinstance(node, exp.Neg):
+        return _is_constant(node.this)
+    return isinstance(node, (exp.Literal, exp.Null, exp.Boolean))
+
+
 def _aggregate(node: exp.Expression, scope: _Scope) -> _Agg:
-    """Map an aggregate call to (function, column), refusing anything outside the subset."""
+    """Map an aggregate call to (function, column or derived value), refusing anything outside
+    the subset. ``agg(x) FILTER (WHERE p)`` is ``agg(CASE WHEN p THEN x END)``; COUNT(*) with a
+    FILTER counts the rows where p holds."""
+    if isinstance(node, exp.Filter):
+        return _filtered(node, scope)
     if is_quantile_call(node):
         return _quantile_aggregate(node, scope)
     table = scope.table
@@ -871,11 +557,7 @@ def _aggregate(node: exp.Expression, scope: _Scope) -> _Agg:
             if scope.is_unit(name):
                 return _Agg("count", None)  # rows with a NULL unit are dropped
             return _Agg("count_column", name)
-        raise _unsupported(
-            f"expressions inside aggregates are not supported: {_snippet(node)} "
-            "(COUNT takes *, a constant or a bare column)",
-            node,
-        )
+        return _expression_aggregate("count_column", arg, node, scope)
     if isinstance(node, exp.Anonymous):
         function = _ANON_AGGREGATES[node.name.lower()]
         if len(node.expressions) != 1:
@@ -893,11 +575,7 @@ def _aggregate(node: exp.Expression, scope: _Scope) -> _Agg:
             node,
         )
     if not isinstance(arg, exp.Column):
-        raise _unsupported(
-            f"expressions inside aggregates are not supported: {_snippet(node)} "
-            "(the argument must be a bare declared column)",
-            node,
-        )
+        return _expression_aggregate(function, arg, node, scope)
     name = scope.resolve(arg)
     if scope.is_unit(name):
         raise _unsupported(
@@ -928,6 +606,83 @@ def _aggregate(node: exp.Expression, scope: _Scope) -> _Agg:
     return _Agg(function, name)
 
 
+def _check_squares(function: str, bounds: tuple[int, int], name: str, node: exp.Expression) -> None:
+    if function in ("var_pop", "stddev_pop") and max(map(abs, bounds)) > MAX_SQUARED_STEPS:
+        raise _unsupported(
+            f"{_snippet(node)}: the clamp of {name!r} spans more than 2**31 steps of its "
+            "resolution, so its squares would overflow 64-bit integers (the policy needs a "
+            "coarser resolution)",
+            node,
+        )
+
+
+def _filtered(node: exp.Filter, scope: _Scope) -> _Agg:
+    """``agg(x) FILTER (WHERE p)`` as the aggregate of ``CASE WHEN p THEN x END``."""
+    inner, where = node.this, node.args.get("expression")
+    if not _is_aggregate(inner) or not isinstance(where, exp.Where):
+        raise _unsupported(f"FILTER is only supported on an aggregate: {_snippet(node)}", node)
+    cond = where.this
+    if isinstance(inner, exp.Count):
+        _only_args(inner, {"this", "big_int"})
+        arg = inner.this
+        if isinstance(arg, exp.Distinct):
+            raise _unsupported(f"COUNT(DISTINCT …) with FILTER is not supported: {_snippet(node)}",
+                               node)
+        if arg is None or isinstance(arg, exp.Star) or _is_constant(arg) and not isinstance(
+                arg, exp.Null):
+            value: exp.Expression = exp.Literal.number(1)
+        elif isinstance(arg, exp.Column) and scope.is_unit(scope.resolve(arg)):
+            value = exp.Literal.number(1)
+        else:
+            value = arg.copy()
+        case = exp.Case(ifs=[exp.If(this=cond.copy(), true=value)])
+        return _expression_aggregate("count_column", case, node, scope)
+    if isinstance(inner, exp.Anonymous):
+        function = _ANON_AGGREGATES[inner.name.lower()]
+        if len(inner.expressions) != 1:
+            raise _unsupported(f"{_snippet(inner)} takes exactly one column", inner)
+        arg = inner.expressions[0]
+    else:
+        _only_args(inner, {"this"})
+        function = _AGG_FUNCTION[type(inner)]
+        arg = inner.this
+    if isinstance(arg, exp.Distinct):
+        raise _unsupported(f"{_snippet(node)}: DISTINCT is only supported in COUNT(DISTINCT "
+                           "<privacy unit>)", node)
+    case = exp.Case(ifs=[exp.If(this=cond.copy(), true=arg.copy())])
+    return _expression_aggregate(function, case, node, scope)
+
+
+def _expression_aggregate(function: str, arg: exp.Expression, node: exp.Expression,
+                          scope: _Scope) -> _Agg:
+    """An aggregate of a row expression: bind it, derive its range from the policy's bounds,
+    and make the range the clamp of the per-row value (the sensitivity follows from it)."""
+    if any(isinstance(n, exp.Column) and isinstance(n.this, exp.Star) for n in arg.walk()):
+        raise _unsupported(f"{_snippet(node)} is not supported", node)
+    if isinstance(arg, exp.Star):
+        raise _unsupported(f"{_snippet(node)} is not supported", node)
+    e, tree = canonical_value(arg, scope)
+    if e.kind == "column" and e.type != "bool":
+        # A spelling of a bare column (``(x)``, ``x + 0`` after simplification).
+        col = scope.table.column(e.column)
+        if function == "count_column":
+            return _Agg("count_column", col.name)
+        if col.type in _NUMERIC and col.bounded:
+            _check_squares(function, col.fixed_point_bounds, col.name, node)
+            return _Agg(function, col.name)
+    if e.type not in ("int", "float", "bool"):
+        raise _unsupported(
+            f"{_snippet(node)}: the argument is a {e.type} value; aggregates take numbers "
+            "(booleans count as 0/1)", node)
+    if e.unbounded() is not None or e.range is None:
+        raise _unsupported(unbounded_message(e, node), node)
+    d = derived_value(e, tree)
+    text = e.text()
+    value = DerivedValue(text, d.type, d.lower, d.upper, d.resolution, str(e.range))
+    _check_squares(function, value.column_policy().fixed_point_bounds, text, node)
+    return _Agg(function, text, derived=value)
+
+
 @dataclass
 class _Out:
     kind: str  # "key" | "agg"
@@ -937,6 +692,7 @@ class _Out:
     hidden: bool
     name: str = ""
     alpha: float | None = None  # quantiles only
+    derived: DerivedValue | None = None
 
 
 class _Outputs:
@@ -960,7 +716,8 @@ class _Outputs:
 
     def add_agg(self, agg: _Agg, label: str, hidden: bool = False) -> _Out:
         """Append an aggregate output."""
-        out = _Out("agg", agg.column, agg.function, label, hidden, alpha=agg.alpha)
+        out = _Out("agg", agg.column, agg.function, label, hidden, alpha=agg.alpha,
+                   derived=agg.derived)
         self.items.append(out)
         return out
 
@@ -1049,6 +806,8 @@ class _Outputs:
                 base = "count"
             elif out.function == "count_distinct_unit":
                 base = f"count_distinct_{self.scope.table.privacy_unit}"
+            elif out.derived is not None:
+                base = f"{'count' if out.function == 'count_column' else out.function}_expr"
             elif out.function == "count_column":
                 base = f"count_{out.column}"
             elif out.function in QUANTILE_FUNCTIONS:
@@ -1068,6 +827,8 @@ def _agg_sql(function: str, column: str | None, scope: _Scope, alpha: float | No
         return quantile_sql(function, alpha, quote_identifier(column))
     if function == "count_distinct_unit":
         column = scope.table.privacy_unit
+    if column and column not in scope.table.columns and column != scope.table.privacy_unit:
+        return _AGG_SQL[function].format(c=column)  # a derived value: canonical SQL text
     return _AGG_SQL[function].format(c=quote_identifier(column) if column else "")
 
 
@@ -1098,7 +859,7 @@ def _plan_having(
             return outputs.key_type(out.column)
         return "float"
 
-    _Typer(reference_type, "HAVING").check_predicate(node)
+    Binder(reference_type, "HAVING", is_aggregate=_is_aggregate).check_predicate(node)
 
     def resolve(n: exp.Expression) -> exp.Expression:
         if _is_aggregate(n) or isinstance(n, exp.Column):
@@ -1269,7 +1030,7 @@ def _group_by(stmt: exp.Select, scope: _Scope) -> _Keys:
             raise _unsupported(f"GROUP BY {_snippet(target)}: a group key cannot contain an "
                                "aggregate", target)
         tree = _key_tree(target, scope)
-        typer = _Typer(lambda c: scope.declared(c).type)
+        typer = Binder(lambda c: scope.declared(c).type)
         domain = derive_key_domain(tree, scope.table.columns, check_predicate=typer.check_predicate,
                                    shown=target)
         text = domain.expression.sql(dialect=DIALECT, comments=False)
@@ -1419,7 +1180,7 @@ def _plan(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
             outputs.add_key(name, name, hidden=True)
 
     where_node = stmt.args.get("where")
-    where = _plan_where(where_node.this if where_node is not None else None, scope)
+    where = plan_where(where_node.this if where_node is not None else None, scope)
     having_tree, having_refs = _plan_having(
         stmt.args["having"].this if stmt.args.get("having") else None, outputs
     )
@@ -1464,6 +1225,12 @@ def _plan(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
     referenced = set(keys.columns) | {o.column for o in outputs.items if o.column in table.columns}
     for key in keys.computed:
         referenced.update(key.inputs)
+    values: dict[str, DerivedValue] = {}
+    for o in outputs.items:
+        if o.derived is not None:
+            values.setdefault(o.derived.expression, o.derived)
+            referenced.update(c.name for c in sqlglot.parse_one(o.derived.expression,
+                                                                 read=DIALECT).find_all(exp.Column))
     if where is not None:
         referenced.update(c.name for c in sqlglot.parse_one(where, read=DIALECT).find_all(exp.Column))
 
@@ -1478,6 +1245,7 @@ def _plan(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
         order_by=order_by,
         limit=limit,
         policy_digest=_policy_digest(table, referenced),
+        values=tuple(values.values()),
         computed_keys=tuple(keys.computed),
     )
     if plan.computed_keys and any(p.kind == "quantile" for p in plan.primitives):

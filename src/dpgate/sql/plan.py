@@ -29,9 +29,12 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal, Mapping
+from typing import TYPE_CHECKING, Any, Literal, Mapping
 
 import numpy as np
+
+if TYPE_CHECKING:  # pragma: no cover
+    from dpgate.policy import ColumnPolicy, TablePolicy
 
 PrimitiveKind = Literal["count", "count_column", "count_distinct_unit", "sum", "sum_squares", "quantile"]
 AggregateFunction = Literal[
@@ -57,6 +60,40 @@ FUNCTION_PRIMITIVES: Mapping[str, tuple[PrimitiveKind, ...]] = {
 
 
 @dataclass(frozen=True)
+class DerivedValue:
+    """A row expression aggregated by a primitive, with the clamp derived from the policy.
+
+    ``SUM(CASE WHEN income > 50000 THEN 1 ELSE 0 END)`` aggregates the expression; its
+    range [0, 1] follows from the policy's declared bounds by interval arithmetic
+    (:mod:`dpgate.sql.expr`), never from data, and becomes the clamp of the per-row
+    value, exactly as a declared column's ``[lower, upper]`` does. Primitives and outputs
+    refer to it by ``expression`` in their ``column`` field.
+
+    Attributes:
+        expression: canonical DuckDB SQL of the expression over declared columns
+            (double-quoted names); also its name in the plan.
+        type: ``"int"`` or ``"float"`` (booleans are 0/1 ints).
+        lower, upper: the derived clamp (exact multiples of ``resolution``).
+        resolution: fixed-point step of sums (1 for int expressions).
+        range: the derived range as written for humans (``[0, 1]``).
+    """
+
+    expression: str
+    type: str
+    lower: float
+    upper: float
+    resolution: float
+    range: str = ""
+
+    def column_policy(self) -> "ColumnPolicy":
+        """The value as a bounded column (what the bounding rewrite and sensitivity read)."""
+        from dpgate.policy import ColumnPolicy
+
+        return ColumnPolicy(name=self.expression, type=self.type, lower=self.lower,
+                            upper=self.upper, resolution=self.resolution)
+
+
+@dataclass(frozen=True)
 class Primitive:
     """One noisy primitive, computed per group by the bounded SQL as an integer.
 
@@ -71,8 +108,8 @@ class Primitive:
             the clamped fixed-point values, units of ``resolution**2``), ``quantile``
             (the index of the ``alpha``-quantile's candidate on the column's grid,
             chosen by the exponential mechanism; :mod:`dpgate.quantiles`).
-        column: the declared column, or None for ``count`` and
-            ``count_distinct_unit``.
+        column: the declared column (or a :class:`DerivedValue`'s expression), or None
+            for ``count`` and ``count_distinct_unit``.
         alpha: the quantile in [0, 1] for ``quantile`` primitives, else None (then
             left out of the canonical form, so other plans keep their hashes).
     """
@@ -231,6 +268,25 @@ class QueryPlan:
     policy_digest: str = ""
     computed_keys: tuple[ComputedKey, ...] = ()
     canonical_sql: str = field(default="", compare=False)
+    values: tuple[DerivedValue, ...] = ()
+
+    def column_policy(self, table: "TablePolicy", name: str) -> "ColumnPolicy":
+        """The declared column ``name`` of ``table``, or the derived value of that expression.
+
+        Raises:
+            UnknownColumn: neither.
+        """
+        for v in self.values:
+            if v.expression == name:
+                return v.column_policy()
+        return table.column(name)
+
+    def derived(self, name: str | None) -> DerivedValue | None:
+        """The derived value named ``name`` (an aggregated expression), or None."""
+        for v in self.values:
+            if v.expression == name:
+                return v
+        return None
 
     def computed_key(self, name: str) -> ComputedKey | None:
         """The computed key named ``name``, or None for a declared column."""
@@ -268,6 +324,8 @@ class QueryPlan:
         """
         d = asdict(self)
         d.pop("canonical_sql")
+        if not d["values"]:  # plans without expressions keep their hash
+            d.pop("values")
         if not d["computed_keys"]:  # plans without computed keys keep their earlier hash
             d.pop("computed_keys")
         for o in d["outputs"]:
@@ -303,6 +361,8 @@ class QueryPlan:
     def to_dict(self) -> dict[str, Any]:
         """JSON-native full form (lists, not tuples; with labels, canonical SQL and ``plan_hash``)."""
         d = json.loads(json.dumps(asdict(self)))
+        if not d["values"]:
+            d.pop("values")
         if not d["computed_keys"]:
             d.pop("computed_keys")
         _drop_empty_alpha(d)
@@ -338,6 +398,7 @@ class QueryPlan:
                 for k in d.get("computed_keys", ())
             ),
             canonical_sql=d.get("canonical_sql", ""),
+            values=tuple(DerivedValue(**v) for v in d.get("values", ())),
         )
 
 
