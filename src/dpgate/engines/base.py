@@ -1037,7 +1037,9 @@ def _ancestors(node: exp.Expression):
 
 def replace_isfinite(tree: exp.Expression) -> exp.Expression:
     """DuckDB's ``isfinite(x)`` → :func:`finite` (``x > -inf AND x < inf``)."""
-    for node in list(tree.find_all(exp.Anonymous)):
+    # deepest first: an outer replacement copies its argument, so a nested isfinite
+    # must already be replaced when its ancestor is
+    for node in reversed(list(tree.find_all(exp.Anonymous))):
         if str(node.this).lower() == "isfinite" and len(node.expressions) == 1:
             node.replace(exp.Paren(this=finite(node.expressions[0])))
     return tree
@@ -1045,7 +1047,7 @@ def replace_isfinite(tree: exp.Expression) -> exp.Expression:
 
 def replace_round(tree: exp.Expression) -> exp.Expression:
     """One-argument ``ROUND(x)`` of a double (the fixed-point step) → :func:`round_half_away`."""
-    for node in list(tree.find_all(exp.Round)):
+    for node in reversed(list(tree.find_all(exp.Round))):  # deepest first (see replace_isfinite)
         if node.args.get("decimals") is None and not any(isinstance(p, exp.Try) for p in _ancestors(node)):
             node.replace(round_half_away(node.this))
     return tree
