@@ -123,6 +123,11 @@ def test_spellings_of_one_unit_join_share_a_plan(tmp_path):
     ("SELECT COUNT(*) FROM checkouts c JOIN (SELECT * FROM members) m ON c.member_id = m.id", "only declared tables"),
     ("SELECT genre, COUNT(*) FROM checkouts c JOIN genres g ON c.genre = g.genre GROUP BY genre", "ambiguous"),
     ("SELECT m.id, COUNT(*) FROM checkouts c JOIN members m ON c.member_id = m.id GROUP BY m.id", "privacy unit"),
+    # a trial: a public table joined on the unit labelled each unit with a public key (one cell per person)
+    ("SELECT g.category, COUNT(*) FROM checkouts c JOIN genres g ON c.member_id = g.genre GROUP BY g.category",
+     "cannot be joined on the privacy unit"),
+    ("SELECT g.category, COUNT(*) FROM genres g JOIN checkouts c ON g.genre = c.member_id GROUP BY g.category",
+     "cannot be joined on the privacy unit"),
 ])
 def test_refusals_charge_nothing(gw, sql, words):
     before = gw.ledger.spend("members").charges

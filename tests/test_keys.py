@@ -341,3 +341,15 @@ def test_canonical_form_is_spelling_independent(policy, upper, spaces, alias, by
     base = parse_query("SELECT CASE WHEN age < 30 THEN 'young' ELSE 'old' END AS band, COUNT(*) AS n "
                        "FROM prompts WHERE region = 'eu' GROUP BY band", policy)
     assert parse_query(sql, policy).plan_hash == base.plan_hash
+
+
+def test_key_combinations_are_limited_before_the_charge(policy):
+    # a trial: three computed keys of 101 values each (age in [0, 100]) released 1,030,301 cells
+    # after the charge, though one computed key may have at most 100,000; the product is limited
+    with pytest.raises(UnsupportedQuery) as e:
+        parse_query("SELECT age + 0 AS a, age + 1 AS b, age + 2 AS c, COUNT(*) FROM prompts GROUP BY a, b, c",
+                    policy)
+    assert "key combinations" in str(e.value) and "100,000" in str(e.value)
+    assert e.value.details["groups"] == 101 ** 3
+    # two keys (10,201 combinations) are fine
+    assert parse_query("SELECT age + 0 AS a, age + 1 AS b, COUNT(*) FROM prompts GROUP BY a, b", policy)

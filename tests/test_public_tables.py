@@ -125,3 +125,22 @@ def test_a_table_not_declared_public_is_protected(tmp_path):
         assert r["charge"] is not None and not r.get("public")
     finally:
         g.close()
+
+
+@pytest.mark.parametrize("sql, words", [
+    ("SELECT category, COUNT(*) FROM genres GROUP BY category", "answered exactly and charges nothing"),
+    ("SELECT MEDIAN(pages), MAX(pages) FROM checkouts", "exponential mechanism"),
+    ("SELECT MEDIAN(pages), COUNT(*) FROM checkouts", "bounded SQL"),
+])
+def test_explain_of_public_and_quantile_queries_over_http_and_cli(gw, tmp_path, capsys, sql, words):
+    # a trial: POST /v1/queries/explain answered 500 (the response model wanted a bounded SQL that
+    # such queries do not have) and `dpgate explain` printed a traceback and exited 0
+    from dpgate.api.schemas import Explanation
+    from dpgate.cli import main
+
+    Explanation.model_validate(gw.explain("lib", sql))  # what the HTTP route answers with
+    status = main(["explain", "--policies", str(tmp_path / "p" / "policies"), "--home", str(tmp_path / "home"),
+                   "--dataset", "lib", sql])
+    out = capsys.readouterr()
+    assert status == 0 and "Traceback" not in out.err
+    assert words in out.out

@@ -150,6 +150,8 @@ def test_several_quantiles_and_min_max_in_one_query(project):
     ("SELECT QUANTILE_CONT(amount, 0.1234567) FROM orders", "10^-6"),
     ("SELECT MEDIAN(amount + 1) FROM orders", "bare declared column"),
     ("SELECT PERCENTILE_CONT(0.5) WITHIN GROUP (ORDER BY amount, big) FROM orders", "exactly one ORDER BY"),
+    # a trial: the second quantile was silently dropped (answered as the 0.9 quantile)
+    ("SELECT PERCENTILE_CONT(0.9, 0.1) WITHIN GROUP (ORDER BY amount) FROM orders", "one quantile per call"),
 ])
 def test_refusals(project, sql, words):
     with pytest.raises(UnsupportedQuery) as e:

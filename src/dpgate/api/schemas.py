@@ -352,7 +352,9 @@ class Explanation(ResponseModel):
 
     canonical_sql: str
     plan_hash: str
-    bounded_sql: str = Field(description="the bounded DuckDB SQL, with the secret salt shown as <salt>")
+    bounded_sql: str | None = Field(
+        description="the bounded DuckDB SQL of the count/sum primitives, with the secret salt shown as "
+        "<salt>; null when there are none (a query of quantiles only, or of public tables only)")
     sensitivity: dict[str, dict[str, Number]] = Field(description="per primitive: l1, l2, linf")
     cost: dict[str, Any] = Field(description="rho, epsilon (Laplace), epsilon_at_delta, delta of this release")
     computed_keys: list[dict[str, Any]] = Field(

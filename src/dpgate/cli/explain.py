@@ -53,7 +53,6 @@ def run(args: argparse.Namespace, settings) -> int:
         print_json(result)
         return 0
     c = result["contribution"]
-    unit = "record-level (each row is a unit)" if c["record_level"] else c["privacy_unit"]
     print(f"dataset       {result['dataset']}")
     print(f"canonical SQL {result['canonical_sql']}")
     print(f"plan hash     {result['plan_hash']}")
@@ -61,6 +60,14 @@ def run(args: argparse.Namespace, settings) -> int:
     for key in result.get("computed_keys", []):
         print(f"computed key  {key['name']} = {key['expression']} ({key['rule']}, "
               f"{key['domain_size']} key(s))")
+    if result.get("public"):
+        print("privacy unit  none: the query reads public tables only; it is answered exactly "
+              "and charges nothing")
+        print()
+        print("exact SQL:")
+        print(result["exact_sql"])
+        return 0
+    unit = "record-level (each row is a unit)" if c["record_level"] else c["privacy_unit"]
     print(f"privacy unit  {unit}")
     print(f"bounds        k = {c['max_groups_per_unit']} groups per unit, "
           f"m = {c['max_rows_per_unit']} rows per unit and group; {c['groups']} group(s) released")
@@ -69,12 +76,19 @@ def run(args: argparse.Namespace, settings) -> int:
     rows = [
         [p["id"], p["kind"], p["column"] or "", _num(sens[p["id"]]["linf"]),
          _num(sens[p["id"]]["l1"]), _num(sens[p["id"]]["l2"])]
-        for p in result["plan"]["primitives"]
+        for p in result["plan"]["primitives"] if p["id"] in sens
     ]
-    print_table(["primitive", "kind", "column", "linf", "l1", "l2"], rows)
-    print()
-    print("bounded SQL (salt hidden):")
-    print(result["bounded_sql"])
+    if rows:
+        print_table(["primitive", "kind", "column", "linf", "l1", "l2"], rows)
+        print()
+    for pid, sql in result.get("quantiles", {}).items():
+        print(f"quantile {pid}: OpenDP's exponential mechanism over the bounded per-candidate "
+              "counts of (salt hidden):")
+        print(sql)
+        print()
+    if result["bounded_sql"] is not None:
+        print("bounded SQL (salt hidden):")
+        print(result["bounded_sql"])
     return 0
 
 

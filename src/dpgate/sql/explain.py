@@ -4,12 +4,15 @@ the sensitivities. Reads no data and charges nothing.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from dpgate.policy import DatasetPolicy
 from dpgate.sensitivity import sensitivities
 from dpgate.sql.bound import bounded_sql_template
 from dpgate.sql.parse import parse_query
+from dpgate.sql.public import exact_sql, reads_public_only
+from dpgate.sql.quantile import histogram_sql_template
 
 
 def explain_query(sql: str, policy: DatasetPolicy, *, dialect: str | None = None) -> dict[str, Any]:
@@ -28,6 +31,11 @@ def explain_query(sql: str, policy: DatasetPolicy, *, dialect: str | None = None
         (privacy unit or None for record-level, k, m, groups released), ``columns``
         (released column labels) and ``computed_keys`` (each computed group key's name,
         canonical expression, domain rule, type and domain size; empty when none).
+        A query with quantiles adds ``quantiles`` (primitive id → its per-candidate
+        histogram SQL template); ``bounded_sql`` and ``sensitivities`` then describe its
+        count/sum primitives only (None and {} when it has none). A query that reads public
+        tables only is answered exactly and free: ``public`` is True, ``exact_sql`` the
+        SQL of its exact answer, ``bounded_sql`` None and ``sensitivities`` {}.
 
     Raises:
         InvalidSql, UnsupportedQuery, UnknownTable, UnknownColumn: as
@@ -35,12 +43,28 @@ def explain_query(sql: str, policy: DatasetPolicy, *, dialect: str | None = None
     """
     plan = parse_query(sql, policy, dialect=dialect)
     table = policy.table(plan.table)
-    return {
+    doc: dict[str, Any] = {
         "dataset": plan.dataset,
         "table": plan.table,
         "canonical_sql": plan.canonical_sql,
         "plan_hash": plan.plan_hash,
         "columns": [o.label for o in plan.visible_outputs],
+        "computed_keys": [
+            {"name": k.name, "expression": k.expression, "rule": k.rule, "type": k.type,
+             "domain_size": len(k.domain)}
+            for k in plan.computed_keys
+        ],
+        "plan": plan.to_dict(),
+    }
+    if reads_public_only(plan, policy):
+        # nothing to protect: the exact answer, free (its keys are the public table's values)
+        return {**doc, "public": True, "exact_sql": exact_sql(plan, policy), "bounded_sql": None,
+                "sensitivities": {}, "contribution": {
+                    "privacy_unit": None, "record_level": False, "public": True,
+                    "max_groups_per_unit": None, "max_rows_per_unit": None, "groups": None}}
+    quantiles = [p for p in plan.primitives if p.kind == "quantile"]
+    noisy = replace(plan, primitives=tuple(p for p in plan.primitives if p.kind != "quantile")) if quantiles else plan
+    doc.update({
         "contribution": {
             "privacy_unit": table.privacy_unit,
             "record_level": table.record_level,
@@ -48,12 +72,10 @@ def explain_query(sql: str, policy: DatasetPolicy, *, dialect: str | None = None
             "max_rows_per_unit": table.max_rows_per_unit,
             "groups": plan.key_combinations(table),
         },
-        "computed_keys": [
-            {"name": k.name, "expression": k.expression, "rule": k.rule, "type": k.type,
-             "domain_size": len(k.domain)}
-            for k in plan.computed_keys
-        ],
-        "plan": plan.to_dict(),
-        "bounded_sql": bounded_sql_template(plan, policy),
-        "sensitivities": {k: v.to_dict() for k, v in sensitivities(plan, policy).items()},
-    }
+        "bounded_sql": bounded_sql_template(noisy, policy) if noisy.primitives else None,
+        "sensitivities": ({k: v.to_dict() for k, v in sensitivities(noisy, policy).items()}
+                          if noisy.primitives else {}),
+    })
+    if quantiles:
+        doc["quantiles"] = {p.id: histogram_sql_template(plan, policy, p.column) for p in quantiles}
+    return doc

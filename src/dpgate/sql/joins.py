@@ -220,6 +220,16 @@ def rewrite_joins(stmt: exp.Select, policy: DatasetPolicy) -> tuple[exp.Select, 
                         f"{b.table.name}.{b.table.privacy_unit}), not {a.alias}.{ca} = {b.alias}.{cb}: a joined "
                         "row would combine rows of two different units", join)
                 connected.update({a.alias, b.alias})
+            else:
+                # a public table joined on the privacy unit would turn the unit into a group key
+                # (a public row per unit id: one released cell per person), which grouping by the
+                # unit itself is refused for
+                for t, c, other in ((a, ca, b), (b, cb, a)):
+                    if not t.table.public and is_unit(t, c):
+                        raise _refuse(
+                            f"a public table ({other.table.name}) cannot be joined on the privacy unit "
+                            f"({t.alias}.{c}): its columns would then label units, and releasing values per "
+                            "unit is refused; join public tables on other columns", join)
             if sources.index(a) > sources.index(b):  # canonical: the earlier table first
                 a, ca, b, cb = b, cb, a, ca
             if (a, ca, b, cb) not in conditions:

@@ -112,8 +112,11 @@ DIALECT = "duckdb"
 DIALECTS = ("duckdb", "postgres", "bigquery", "spark", "tsql", "mysql", "snowflake", "trino")
 #: Longest SQL text accepted (characters).
 MAX_SQL_LENGTH = 100_000
-#: Most public-key combinations one query may release.
-MAX_GROUPS = 10_000_000
+#: Most key combinations (public keys × computed-key domains) one query may release: the
+#: same limit as one computed key's domain (``sql.keys.MAX_DOMAIN``), so that combining keys
+#: cannot get around it. Checked before the charge: a release of millions of noisy cells
+#: takes minutes of sampling and makes every page that shows it heavy.
+MAX_GROUPS = 100_000
 #: Most syntax-tree nodes in one query (planning cost stays bounded).
 MAX_NODES = 20_000
 _NUMERIC = ("int", "float")
@@ -1152,7 +1155,9 @@ def _plan(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
     n_groups = 1 if table.public else math.prod(len(keys.column(n, table).public_keys) for n in group_by)
     if n_groups > MAX_GROUPS:
         raise UnsupportedQuery(
-            f"the GROUP BY releases {n_groups} key combinations, more than {MAX_GROUPS}",
+            f"the GROUP BY releases {n_groups:,} key combinations (the product of its keys' "
+            f"domains), more than {MAX_GROUPS:,}; group by fewer or coarser keys "
+            "(nothing was charged)",
             {"groups": n_groups},
         )
 

@@ -107,6 +107,10 @@ def quantile_call(node: exp.Expression) -> tuple[str, exp.Expression, float]:
         if len(items) != 1 or set(k for k, v in order.args.items() if v) - {"expressions"}:
             raise _refuse(f"{_snippet(node)}: WITHIN GROUP needs exactly one ORDER BY column", node)
         item = items[0]
+        extra = {k for k, v in node.this.args.items() if v not in (None, False, [], "")} - {"this"}
+        if extra:  # PERCENTILE_CONT(0.9, 0.1): one quantile per call
+            raise _refuse(f"{_snippet(node)}: one quantile per call (write one PERCENTILE_CONT per "
+                          "quantile)", node)
         text = _alpha(node.this.this, node)
         num, den = alpha_fraction(text)
         alpha = num / den
