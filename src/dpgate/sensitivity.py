@@ -114,8 +114,13 @@ def primitive_linf(primitive: Primitive, policy: DatasetPolicy, table: str) -> i
 
 
 def max_groups_changed(plan: QueryPlan, policy: DatasetPolicy) -> int:
-    """k_eff = min(k, number of public-key combinations): groups one unit can change."""
+    """k_eff = min(k, number of public-key combinations): groups one unit can change.
+
+    With privately selected keys (issue 11) the key domain is unbounded: k_eff = k.
+    """
     t = policy.table(plan.table)
+    if plan.selected_keys:
+        return t.max_groups_per_unit
     return min(t.max_groups_per_unit, t.key_combinations(plan.group_by))
 
 

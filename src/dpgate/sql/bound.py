@@ -42,6 +42,7 @@ import sqlglot
 from sqlglot import exp
 
 from dpgate.policy import ColumnPolicy, DatasetPolicy, TablePolicy, quote_identifier as q
+from dpgate.sql import selection
 from dpgate.sql.plan import QueryPlan
 
 SALT_PLACEHOLDER = "<salt>"
@@ -199,7 +200,8 @@ def _render(plan: QueryPlan, policy: DatasetPolicy, salt: str) -> str:
     where = _where(plan)
     if where is not None:
         conditions.append(f"({where})")
-    conditions += [_key_filter(c, src(c.name)) for c in keys]
+    # selected keys (issue 11) have no public keys to filter on: every value is a candidate
+    conditions += [_key_filter(c, src(c.name)) for c in keys if c.name not in plan.selected_keys]
     rows_sql = (
         f"SELECT {', '.join(select_rows)}\n  FROM {table.relation} AS {q(_SRC)}"
         + (f"\n  WHERE {' AND '.join(conditions)}" if conditions else "")
@@ -250,7 +252,7 @@ def _render(plan: QueryPlan, policy: DatasetPolicy, salt: str) -> str:
             f"SELECT {', '.join([u] + g + part_cols)}\n  FROM {source}\n"
             f"  GROUP BY {', '.join([u] + g)}"
         )
-        if keys and k < table.key_combinations(plan.group_by):
+        if keys and (plan.selected_keys or k < table.key_combinations(plan.group_by)):
             order = ", ".join([f"hash({', '.join([u] + g + [salt])})"] + g)
             part_sql += (
                 f"\n  QUALIFY row_number() OVER (PARTITION BY {u} ORDER BY {order}) <= {k}"
@@ -261,6 +263,10 @@ def _render(plan: QueryPlan, policy: DatasetPolicy, salt: str) -> str:
     if keys:
         groups_sql += f"\n  GROUP BY {group_list}"
     ctes.append(f"{q(_PREFIX + 'groups')} AS (\n  {groups_sql}\n)")
+
+    if plan.selected_keys:  # issue 11 hook: private partition selection (sql/selection.py)
+        ctes.append(selection.units_cte(plan, source, record_level))
+        return "WITH " + ",\n".join(ctes) + "\n" + selection.final_sql(plan, keys, _key_relation)
 
     grp = q(_PREFIX + "groups")
     outs = [

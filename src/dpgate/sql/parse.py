@@ -30,8 +30,9 @@ Accepted shape (DESIGN.md, "SQL the gateway answers")::
   charge). Every ``+ - *``, unary minus and ABS is wrapped in DuckDB's ``TRY(…)``, so
   an integer or DECIMAL overflow gives NULL instead of an error. Division, modulo,
   CAST, CASE and every other function are refused.
-* GROUP BY: bare declared columns with public keys (by name, SELECT alias or
-  position). Every non-aggregate SELECT item must be a group key; a group key that
+* GROUP BY: bare declared columns (by name, SELECT alias or position); columns
+  without public keys are selected by private partition selection
+  (:mod:`dpgate.sql.selection`). Every non-aggregate SELECT item must be a group key; a group key that
   is not selected is a hidden key output.
 * HAVING / ORDER BY / LIMIT: post-processing over the outputs (aliases, positions,
   group keys or the aggregate expressions themselves; an aggregate that only they
@@ -69,6 +70,7 @@ from dpgate.policy import (
     TablePolicy,
     quote_identifier,
 )
+from dpgate.sql import selection
 from dpgate.sql.plan import (
     FUNCTION_PRIMITIVES,
     AggregateOutput,
@@ -1014,13 +1016,8 @@ def _group_by(stmt: exp.Select, scope: _Scope) -> list[str]:
                 "per-unit values",
                 item,
             )
-        col = scope.table.column(name)
-        if col.public_keys is None:
-            raise _unsupported(
-                f"GROUP BY {name} needs public keys in the policy (private partition selection "
-                "is not supported yet)",
-                item,
-            )
+        scope.table.column(name)  # declared (UnknownColumn otherwise)
+        # issue 11 hook: a key without public keys is selected privately (sql/selection.py)
         if name not in cols:
             cols.append(name)
     order = list(scope.table.columns)
@@ -1114,7 +1111,12 @@ def _plan(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
         if not any(o.kind == "key" and o.column == name for o in outputs.items):
             outputs.add_key(name, name, hidden=True)
     if not any(o.kind == "agg" for o in outputs.items):
-        raise UnsupportedQuery("the query computes no aggregate (COUNT, SUM, AVG, …)")
+        if not selection.selected_columns(table, group_by):
+            raise UnsupportedQuery("the query computes no aggregate (COUNT, SUM, AVG, …)")
+        # issue 11 hook: keys only, selected privately — a hidden count of units is the
+        # selection's own noisy count (no charge of its own; sql/selection.py)
+        agg = _Agg("count", None) if table.record_level else _Agg("count_distinct_unit", None)
+        outputs.add_agg(agg, _agg_label(agg, scope), hidden=True)
 
     where_node = stmt.args.get("where")
     where = _plan_where(where_node.this if where_node is not None else None, scope)
@@ -1124,7 +1126,8 @@ def _plan(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
     order_refs = _order_by(stmt, outputs)
     limit = _limit(stmt)
 
-    n_groups = table.key_combinations(group_by)
+    selected_keys = selection.selected_columns(table, group_by)  # issue 11 hook
+    n_groups = table.key_combinations([c for c in group_by if c not in selected_keys])
     if n_groups > MAX_GROUPS:
         raise UnsupportedQuery(
             f"the GROUP BY releases {n_groups} key combinations, more than {MAX_GROUPS}",
@@ -1168,6 +1171,7 @@ def _plan(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
         order_by=order_by,
         limit=limit,
         policy_digest=_policy_digest(table, referenced),
+        selected_keys=selected_keys,
     )
     return _with_canonical_sql(plan, scope)
 

@@ -163,6 +163,10 @@ class QueryPlan:
             keys), so that a policy change changes the plan hash.
         canonical_sql: a normalised SQL text of the query, for humans and the
             release record; equal for queries that differ only in spelling.
+        selected_keys: group-by columns without public keys, whose values are chosen by
+            private partition selection (issue 11; :mod:`dpgate.sql.selection`); empty
+            when every key is public. Left out of the canonical form when empty, so the
+            plan hashes of queries without selection are unchanged.
     """
 
     dataset: str
@@ -176,6 +180,7 @@ class QueryPlan:
     limit: int | None = None
     policy_digest: str = ""
     canonical_sql: str = field(default="", compare=False)
+    selected_keys: tuple[str, ...] = ()
 
     def canonical_dict(self) -> dict:
         """JSON-serialisable canonical form (everything that changes the meaning).
@@ -186,6 +191,8 @@ class QueryPlan:
         """
         d = asdict(self)
         d.pop("canonical_sql")
+        if not d["selected_keys"]:
+            d.pop("selected_keys")
         for o in d["outputs"]:
             o.pop("label")
         return d
@@ -195,6 +202,11 @@ class QueryPlan:
         """SHA-256 (hex) of the canonical JSON form; the release cache key's core."""
         payload = json.dumps(self.canonical_dict(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(payload.encode()).hexdigest()
+
+    @property
+    def public_group_by(self) -> tuple[str, ...]:
+        """The group-by columns with public keys (enumerated), in ``group_by`` order."""
+        return tuple(c for c in self.group_by if c not in self.selected_keys)
 
     def primitive(self, primitive_id: str) -> Primitive:
         """Return the primitive with that id (KeyError if absent)."""
@@ -218,6 +230,8 @@ class QueryPlan:
     def to_dict(self) -> dict[str, Any]:
         """JSON-native full form (lists, not tuples; with labels, canonical SQL and ``plan_hash``)."""
         d = json.loads(json.dumps(asdict(self)))
+        if not d["selected_keys"]:
+            d.pop("selected_keys")
         d["plan_hash"] = self.plan_hash
         return d
 
@@ -246,6 +260,7 @@ class QueryPlan:
             limit=d.get("limit"),
             policy_digest=d.get("policy_digest", ""),
             canonical_sql=d.get("canonical_sql", ""),
+            selected_keys=tuple(d.get("selected_keys", ())),
         )
 
 
