@@ -179,3 +179,35 @@ def test_a_time_window_before_every_entry_or_after_them_is_empty(ledger):
     last = ledger.entries()[-1]["created_at"]
     page = ledger.entries_page(since=last, consumer="ml", limit=5)
     assert all(e["created_at"] >= last and e["consumer"] == "ml" for e in page.entries)
+
+
+def test_spend_series_states_a_dp_sgd_curve_by_the_orders_the_cap_checks(ledger):
+    # A DP-SGD run's curve is known up to order 12 only (Poisson-subsampled Gaussian, q = 0.01,
+    # σ = 1, 10,000 steps; dp-accounting's curve), so above order 12 it makes no claim (+∞) and its
+    # ρ-bound over the whole grid is ∞; the stored `rho` column says so. The cap (ε = 10, δ = 1e-6)
+    # checks orders α ≤ α_cap = 4 only (test_ledger_external), so the burn-down must plot the ρ
+    # the filter sees, max_{α ≤ 4} ε(α)/α, here computed from dp-accounting's own values, which is
+    # also the population's spent ρ in the spend report — never ∞ for an admitted charge.
+    dp_accounting = pytest.importorskip("dp_accounting")
+    from dp_accounting import rdp
+
+    from dpgate.accounting import ORDERS, curve_on_grid
+
+    caller = [1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 12.0]
+    acc = rdp.RdpAccountant(orders=caller)
+    acc.compose(dp_accounting.SelfComposedDpEvent(
+        dp_accounting.PoissonSampledDpEvent(0.01, dp_accounting.GaussianDpEvent(1.0)), 10_000))
+    oracle = dict(zip(caller, map(float, acc._rdp)))
+    ledger.ensure_population("p", epsilon=10.0, delta=1e-6, allocations={})
+    assert ledger.cap("p").alpha_cap == 4.0
+    receipt = ledger.charge("p", "analysts", Cost("rdp", curve=tuple(curve_on_grid(list(oracle.values()), caller))),
+                            purpose="dp-sgd")
+    assert receipt.rho == float("inf")  # no claim above order 12: no finite bound on the whole grid
+    # each grid order α ≤ 4 takes the caller's value at the smallest caller order ≥ α
+    expected = max(oracle[min(b for b in caller if b >= a)] / a for a in ORDERS if a <= 4.0)
+    ((_, _, consumer, rho),) = ledger.spend_series("p")
+    assert consumer == "analysts"
+    assert rho == pytest.approx(expected, rel=1e-12)
+    assert rho == pytest.approx(ledger.spend("p").spent_rho, rel=1e-12)
+    ledger.charge("p", "analysts", Cost.zcdp(0.01), purpose="q")
+    assert [r[3] for r in ledger.spend_series("p")] == [pytest.approx(expected, rel=1e-12), 0.01]

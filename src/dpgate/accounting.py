@@ -922,17 +922,26 @@ class Cost:
         out[exact] = c[idx[exact]]
         return out
 
-    def rho_bound(self) -> float:
-        """The smallest ρ' with ε(α) <= α·ρ' at every finite order of :data:`ORDERS`.
+    def rho_bound(self, max_order: float | None = None) -> float:
+        """The smallest ρ' with ε(α) <= α·ρ' at every finite order α of :data:`ORDERS`
+        (with ``max_order``: at every grid order α <= ``max_order`` only).
 
         For zcdp/gaussian costs this is ρ itself. Used to state an RDP charge in
-        ρ units (it may be ∞ if the curve is infinite at a finite order).
+        ρ units: over the whole grid it may be ∞ (a curve that makes no claim at
+        high orders, such as a DP-SGD run's); over the orders a cap checks
+        (``max_order`` = the cap's α_cap, see ``docs/DESIGN_NOTES.md``) it is the
+        share of the budget α·ρ_cap that the filter sees the charge use.
+
+        Args:
+            max_order: the largest order to include (None: every finite order).
         """
         if self.is_zcdp:
             return float(self.rho)  # type: ignore[arg-type]
         a = np.asarray(ORDERS)
-        fin = np.isfinite(a)
-        return float(np.max(np.asarray(self.curve)[fin] / a[fin]))
+        keep = np.isfinite(a) if max_order is None else (np.isfinite(a) & (a <= max_order))
+        if not keep.any():
+            return math.inf
+        return float(np.max(np.asarray(self.curve)[keep] / a[keep]))
 
     def epsilon(self, delta: float) -> float:
         """Shorthand for :func:`cost_epsilon` ``(self, delta)``."""

@@ -20,13 +20,13 @@ role          permissions
 ============  ============================================================================
 analyst       run queries and explain them, charged to the key's consumer (the consumer
               always comes from the key, never from the request); read releases and
-              datasets; read budgets
+              datasets; read budgets; declare, read and close search records
 dashboard     read stored releases (free post-processing) and datasets; nothing else
 admin         read releases, datasets, every budget and the ledger; explain queries;
               change a population's cap (a governance event with a reason); post
-              external charges for any consumer
+              external charges for any consumer; search records
 service       post external charges (for its own consumer only, if the key names one);
-              read datasets
+              read datasets; declare, read and close search records
 ============  ============================================================================
 
 No role both spends budget and governs it: admins do not run queries.
@@ -85,6 +85,7 @@ class Permission(str, enum.Enum):
     READ_LEDGER = "read_ledger"  #: GET /v1/admin/ledger
     SET_CAP = "set_cap"  #: POST /v1/admin/populations/{p}/cap
     RELOAD_DATASETS = "reload_datasets"  #: POST /v1/admin/datasets/{name}/reload
+    SEARCH = "search"  #: POST/GET /v1/searches, POST /v1/searches/{id}/close (issue 15)
 
 
 class Role(str, enum.Enum):
@@ -105,6 +106,7 @@ ROLE_PERMISSIONS: dict[Role, frozenset[Permission]] = {
             Permission.READ_RELEASES,
             Permission.READ_DATASETS,
             Permission.READ_BUDGET,
+            Permission.SEARCH,
         }
     ),
     Role.DASHBOARD: frozenset({Permission.READ_RELEASES, Permission.READ_DATASETS}),
@@ -118,9 +120,10 @@ ROLE_PERMISSIONS: dict[Role, frozenset[Permission]] = {
             Permission.SET_CAP,
             Permission.RELOAD_DATASETS,
             Permission.CHARGE_EXTERNAL,
+            Permission.SEARCH,
         }
     ),
-    Role.SERVICE: frozenset({Permission.CHARGE_EXTERNAL, Permission.READ_DATASETS}),
+    Role.SERVICE: frozenset({Permission.CHARGE_EXTERNAL, Permission.READ_DATASETS, Permission.SEARCH}),
 }
 
 #: Roles whose keys must name a consumer (the allocation they spend).

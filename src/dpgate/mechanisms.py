@@ -89,8 +89,10 @@ __all__ = [
     "ci_halfwidth",
     "mechanism_name",
     "sample",
+    "select_top_k",
     "sigma_for_ci95",
     "threshold_select",
+    "top_k_rho",
 ]
 
 MechanismName = Literal["discrete_gaussian", "discrete_laplace"]
@@ -851,3 +853,160 @@ def threshold_select(calibration: SelectionCalibration, counts: np.ndarray) -> d
     except dp.OpenDPException as e:
         raise MechanismError(f"OpenDP's threshold sampler failed: {e}") from None
     return {int(i): int(v) for i, v in out.items()}
+
+
+# --- quantiles: OpenDP's exponential mechanism (report-noisy-max with Gumbel noise) -----------
+#
+# The scores are computed by dpgate.quantiles from per-candidate counts (the same integer
+# scores as OpenDP's ``make_quantile_score_candidates``; a test pins the equality) and the
+# selection is OpenDP's ``make_noisy_max`` (Gumbel noise ⇒ the exponential mechanism,
+# McSherry & Talwar 2007), whose privacy map also gives the cost. dpgate.quantiles owns the
+# rest (grid, bounding, budget split, rank error).
+
+
+def _noisy_max(measure: str, scale: float):
+    """OpenDP's ``make_noisy_max`` on i64 score vectors (L∞ input metric), choosing the minimum.
+
+    ``measure``: ``"zcdp"`` (ZeroConcentratedDivergence) or ``"pure"`` (MaxDivergence).
+    With Gumbel noise of scale ``scale`` it selects index i with probability
+    ∝ exp(−score_i/scale) (Gumbel-max trick), and its privacy map for score
+    sensitivity Δ∞ is ε = 2Δ∞/scale, or ρ = ε²/8 under zCDP (bounded-range
+    conversion, Cesar & Rogers 2021 Lemma 3.2; Durfee & Rogers 2019 Lemma 3.1).
+    """
+    _enable_contrib()
+    out = dp.zero_concentrated_divergence() if measure == "zcdp" else dp.max_divergence()
+    try:
+        return dp.m.make_noisy_max(dp.vector_domain(dp.atom_domain(T="i64")), dp.linf_distance(T="i64"),
+                                   out, scale=float(scale), negate=True)
+    except dp.OpenDPException as e:  # pragma: no cover - guarded by our own checks
+        raise MechanismError(f"OpenDP refused the noisy-max measurement: {e}") from None
+
+
+def noisy_max_cost(measure: str, scale: float, score_sensitivity: int) -> float:
+    """Cost (ρ for ``"zcdp"``, ε for ``"pure"``) of one noisy-max selection, from OpenDP's privacy map.
+
+    Args:
+        measure: ``"zcdp"`` or ``"pure"``.
+        scale: Gumbel scale in score units (> 0).
+        score_sensitivity: Δ∞ of the integer score vector under add/remove one unit.
+
+    Raises:
+        MechanismError: OpenDP's map fails.
+    """
+    meas = _noisy_max(measure, scale)
+    try:
+        return float(meas.map(int(score_sensitivity)))
+    except dp.OpenDPException as e:
+        raise MechanismError(f"OpenDP's privacy map failed: {e}") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# Private selection (issue 15): OpenDP's noisy top-k with Gumbel noise = the exponential
+# mechanism. The calibration, the Δu analysis and the release live in dpgate.selection; this
+# section only builds the OpenDP measurement, reads its privacy map and samples it.
+# ---------------------------------------------------------------------------------------------
+
+
+def _top_k_measurement(k: int, scale: float, *, monotonic: bool, negate: bool):
+    """OpenDP's ``make_noisy_top_k`` on i64 score vectors, output measure ρ-zCDP (Gumbel noise).
+
+    With ``zero_concentrated_divergence`` OpenDP 0.16 adds Gumbel noise of ``scale`` to each
+    score and returns the indices of the k largest (smallest with ``negate``): the exponential
+    mechanism, k times by peeling (Durfee & Rogers 2019, "Practical Differentially Private Top-k
+    Selection with Pay-what-you-get Composition", NeurIPS: one-shot Gumbel top-k has the
+    distribution of k peeled exponential mechanisms). Input metric
+    ``linf_distance(T=i64, monotonic=…)``: d_in bounds the change of any one score. Its privacy
+    map is the bounded-range one, ρ = k·ε₁²/8 with ε₁ = c·d_in/scale (c = 1 monotonic, 2
+    otherwise): the exponential mechanism is ε₁-bounded-range (Durfee & Rogers 2019, Sec. 3) and
+    an ε-bounded-range mechanism is ε²/8-zCDP (Cesar & Rogers 2021, "Bounding, Concentrating,
+    and Truncating", ALT, Sec. 3); k peels compose additively in ρ (Bun & Steinke 2016,
+    Lemma 2.3). OpenDP's proof document of ``make_noisy_top_k`` proves the same map.
+    """
+    _enable_contrib()
+    domain = dp.vector_domain(dp.atom_domain(T="i64"))
+    try:
+        meas = dp.m.make_noisy_top_k(domain, dp.linf_distance(T="i64", monotonic=bool(monotonic)),
+                                     dp.zero_concentrated_divergence(), k=int(k), scale=float(scale),
+                                     negate=bool(negate))
+    except dp.OpenDPException as e:
+        raise MechanismError(f"OpenDP refused the noisy top-k measurement: {e}") from None
+    if meas.output_measure != dp.zero_concentrated_divergence():  # pragma: no cover - API guard
+        raise MechanismError(f"OpenDP's noisy top-k has output measure {meas.output_measure}")
+    return meas
+
+
+def top_k_rho(d_in: int, k: int, scale: float, *, monotonic: bool) -> float:
+    """ρ (zCDP) of OpenDP's Gumbel noisy top-k, read from its own privacy map.
+
+    Args:
+        d_in: Δu, the L∞ sensitivity of the score vector (integer units, ≥ 0).
+        k: number of keys selected (≥ 1).
+        scale: Gumbel scale (integer units, > 0).
+        monotonic: every score moves in the same direction when one unit is added or removed.
+    Returns:
+        ρ = k·(c·d_in/scale)²/8, c = 1 if monotonic else 2 (:func:`_top_k_measurement`).
+    Raises:
+        MechanismError: OpenDP refuses the parameters.
+    """
+    meas = _top_k_measurement(k, scale, monotonic=monotonic, negate=False)
+    try:
+        return float(meas.map(int(d_in)))
+    except dp.OpenDPException as e:
+        raise MechanismError(f"OpenDP's privacy map failed: {e}") from None
+
+
+def noisy_argmin(measure: str, scale: float, scores: np.ndarray) -> int:
+    """Index chosen by OpenDP's report-noisy-max (Gumbel) on the negated integer ``scores``.
+
+    Args:
+        measure: ``"zcdp"`` or ``"pure"`` (the same sampler; only the map differs).
+        scale: Gumbel scale in score units.
+        scores: 1-D int64 scores (smaller is better), each ≤ 2^62.
+
+    Raises:
+        MechanismError: OpenDP's sampler fails.
+    """
+    meas = _noisy_max(measure, scale)
+    arr = np.ascontiguousarray(np.minimum(np.asarray(scores, dtype=np.int64), MAX_ABS_VALUE))
+    try:
+        return int(meas(arr))
+    except dp.OpenDPException as e:
+        raise MechanismError(f"OpenDP's sampler failed: {e}") from None
+
+
+def opendp_quantile_oracle(values: list[float], candidates: list[float], alpha: float,
+                           scale: float, measure: str = "zcdp") -> tuple[list[int], float, float]:
+    """OpenDP's own quantile scorer and private quantile, for tests (scores, map(1), score Δ).
+
+    Returns ``make_quantile_score_candidates(values)``, ``make_private_quantile(…).map(1)``
+    and the scorer's ``map(1)`` (its integer score sensitivity). Not used to release.
+    """
+    _enable_contrib()
+    dom = dp.vector_domain(dp.atom_domain(T=float, nan=False))
+    met = dp.symmetric_distance()
+    out = dp.zero_concentrated_divergence() if measure == "zcdp" else dp.max_divergence()
+    t = dp.t.make_quantile_score_candidates(dom, met, list(map(float, candidates)), alpha=alpha)
+    m = dp.m.make_private_quantile(dom, met, out, list(map(float, candidates)), alpha=alpha, scale=scale)
+    return list(t(list(map(float, values)))), float(m.map(1)), float(t.map(1))
+
+
+def select_top_k(scores: np.ndarray, k: int, scale: float, *, monotonic: bool, descending: bool) -> list[int]:
+    """Indices of the k noisy-best scores (OpenDP Gumbel noisy top-k; scores never leave here).
+
+    Args:
+        scores: 1-D integer score vector (integer units), one per candidate; clamped to ±2^62
+            first (a contraction: the L∞ sensitivity cannot grow).
+        k: 1 ≤ k ≤ len(scores).
+        scale: Gumbel scale (integer units).
+        monotonic, descending: see :func:`top_k_rho`; ``descending=False`` selects the k smallest.
+    Returns:
+        The selected indices, best first.
+    Raises:
+        MechanismError: any OpenDP failure.
+    """
+    arr = _clamped_int64("score", scores)
+    meas = _top_k_measurement(k, scale, monotonic=monotonic, negate=not descending)
+    try:
+        return [int(i) for i in meas(arr)]
+    except dp.OpenDPException as e:
+        raise MechanismError(f"OpenDP's noisy top-k failed: {e}") from None

@@ -2,7 +2,7 @@
 
 The gateway (:mod:`dpgate.service`) calls these for a plan with privately selected
 keys (:attr:`~dpgate.sql.plan.QueryPlan.selected_keys`; plan side in
-:mod:`dpgate.sql.selection`, the OpenDP threshold mechanism in
+:mod:`dpgate.sql.partition_selection`, the OpenDP threshold mechanism in
 :mod:`dpgate.mechanisms`):
 
 * :func:`selection_budget` — the δ_q the query will spend: the request's
@@ -16,7 +16,7 @@ keys (:attr:`~dpgate.sql.plan.QueryPlan.selected_keys`; plan side in
   (smallest integer with OpenDP's δ ≤ δ_q). Cost: (ρ, δ) approximate zCDP by
   composition (Bun & Steinke 2016, Lemma 2.3, for the ρ parts; the δ parts add,
   a union bound over the bad events, Bun & Steinke 2016 Def. 1.2 / Rogers 2023
-  §3). The primitives that *are* the unit count (:func:`~dpgate.sql.selection.reused_primitives`)
+  §3). The primitives that *are* the unit count (:func:`~dpgate.sql.partition_selection.reused_primitives`)
   take the threshold mechanism's noisy counts and get no share of their own.
 * :func:`select_rows` — after the bounded SQL: the threshold mechanism on the
   candidates' unit counts, the rows of the selected candidates kept, the other
@@ -41,7 +41,7 @@ from dpgate.mechanisms import (
     threshold_select,
 )
 from dpgate.policy import DatasetPolicy
-from dpgate.sql import selection
+from dpgate.sql import partition_selection as selection
 from dpgate.sql.plan import QueryPlan
 
 

@@ -41,6 +41,7 @@ from dpgate.errors import (
     DpgateError,
     ExecutionError,
     InvalidBudget,
+    InvalidRequest,
     UnknownDataset,
     UnknownPopulation,
     UnsupportedQuery,
@@ -64,8 +65,12 @@ from dpgate.releases import (
 from dpgate.sensitivity import primitive_linf, sensitivities
 from dpgate.settings import Settings
 from dpgate.sql.bound import bounded_sql, bounded_sql_template
-from dpgate.sql.parse import parse_query
+from dpgate.sql.parse import parse_query, parse_statement
+from dpgate.sql.selection_query import check_candidates, recognize as recognize_selection
 from dpgate.sql.plan import AggregateOutput, QueryPlan
+from dpgate import quantile_release
+from dpgate.quantile_release import PlanCalibration, has_quantiles, without_quantiles
+from dpgate.sql.quantile import histogram_sql, histogram_sql_template
 
 #: Margin (seconds) added to the engine's query timeout to make the release lease: how long
 #: after a charge its release must be stored before another process declares it lost.
@@ -257,8 +262,24 @@ class Gateway:
         versions = {name: None if v is None else _published_version(v, key) for name, v in versions.items()}
         return cls(policies, engine, versions, ledger, store, fingerprint_key=key, salt_source=salt_source)
 
+    @property
+    def searches(self):
+        """The search records (:class:`dpgate.searches.Searches`), opened on first use in the
+        ledger's database (issue 15)."""
+        if getattr(self, "_searches", None) is None:
+            from dpgate.searches import Searches, open_search_store
+
+            self._searches = Searches(self.ledger, open_search_store(self.ledger))
+        return self._searches
+
     def close(self) -> None:
-        """Close the release store, the ledger and the engine."""
+        """Close the search and release stores, the ledger and the engine."""
+        searches = getattr(self, "_searches", None)
+        if searches is not None:
+            try:
+                searches.store.close()
+            except Exception:  # noqa: BLE001 - closing must not mask the caller's error
+                pass
         for closer in (self.release_store.close, self.ledger.close, self.engine.close):
             try:
                 closer()
@@ -387,13 +408,14 @@ class Gateway:
 
     # ----------------------------------------------------------------- planning
 
-    def _plan(self, dataset: str, sql: str) -> tuple[DatasetPolicy, QueryPlan]:
+    def _plan(self, dataset: str, sql: str, dialect: str | None = None) -> tuple[DatasetPolicy, QueryPlan]:
         policy = self.policy(dataset)
         if not isinstance(sql, str) or not sql.strip():
             from dpgate.errors import InvalidSql
 
             raise InvalidSql("the SQL text is empty")
-        return policy, parse_query(sql, policy)
+        check_candidates(parse_statement(sql, dialect), policy)  # selection hook (issue 15): public candidates only
+        return policy, parse_query(sql, policy, dialect=dialect)
 
     def _mechanism(self, policy: DatasetPolicy, mechanism: str | None) -> str:
         mech = mechanism or policy.budget.mechanism
@@ -438,6 +460,15 @@ class Gateway:
         budget's ``expected_count``; :func:`~dpgate.postprocess.calibration.scales_for_ci95`).
         """
         check_representable(plan, policy)
+        if plan.selected_keys and has_quantiles(plan):  # issue 11: not combined yet
+            raise UnsupportedQuery(
+                "quantiles (MEDIAN, PERCENTILE_CONT, MIN/MAX, …) are not supported with private partition "
+                f"selection yet: give GROUP BY {', '.join(plan.selected_keys)} public keys",
+                {"selected_keys": list(plan.selected_keys)})
+        if has_quantiles(plan):  # quantiles hook: budget split over counts/sums and quantiles
+            sens = sensitivities(without_quantiles(plan), policy)
+            pairs = {pid: (s.l1, s.l2) for pid, s in sens.items()}
+            return quantile_release.calibrate_plan(plan, policy, mech, resolved, pairs, calibrate), sens
         sens = sensitivities(plan, policy)
         pairs = {pid: (s.l1, s.l2) for pid, s in sens.items()}
         if plan.selected_keys:  # issue 11 hook: the selection histogram shares the budget
@@ -472,7 +503,8 @@ class Gateway:
     # ----------------------------------------------------------------- explain
 
     def explain(self, dataset: str, sql: str, *, budget: QueryBudget | None = None,
-                mechanism: str | None = None, consumer: str | None = None) -> dict[str, Any]:
+                mechanism: str | None = None, consumer: str | None = None,
+                dialect: str | None = None) -> dict[str, Any]:
         """Plan, bounded SQL (salt hidden), sensitivities and cost of a query.
 
         Reads no data and charges nothing. Raises the same errors as :meth:`query`
@@ -481,24 +513,33 @@ class Gateway:
         report: a charge that does not fit is refused by :meth:`query` with
         ``budget_exhausted`` and nothing is written. A ``ci95`` budget adds
         ``accuracy_target``: each cell's rule and the half-width it will report.
+        ``dialect`` is as for :meth:`query`.
         """
-        policy, plan = self._plan(dataset, sql)
+        policy, plan = self._plan(dataset, sql, dialect)
+        selection = recognize_selection(plan, policy)
+        if selection is not None:  # selection hook (issue 15): keys only, exponential mechanism
+            from dpgate.selection import explain_selection
+
+            return explain_selection(self, dataset, policy, selection, budget, consumer)
         mech = self._mechanism(policy, mechanism)
         resolved = self._resolve_selection(policy, plan, self._resolve_budget(policy, mech, budget), budget)
         cal, sens = self._calibrate(policy, plan, mech, resolved)
         delta = self.ledger.cap(policy.population).rho_delta
         extra: dict[str, Any] = {}
-        if cal.selection is not None:  # issue 11: threshold, δ and the units a key needs
+        if getattr(cal, "selection", None) is not None:  # issue 11: threshold, δ and the units a key needs
             extra["partition_selection"] = partition_selection.describe(plan, cal, resolved["selection_delta"])
         if "ci95" in resolved:
             extra["accuracy_target"] = self._ci95_scales(policy, plan, mech, resolved, sens).describe(
                 resolved["ci95"], resolved.get("expected_count"))
+        if isinstance(cal, PlanCalibration):  # quantiles hook: grid, scale, rank error, cost
+            extra["quantiles"] = {pid: {**q.describe(), "histogram_sql": histogram_sql_template(plan, policy, q.column)}
+                                  for pid, q in cal.quantiles.items()}
         return {
             "dataset": dataset,
             "canonical_sql": plan.canonical_sql,
             "plan_hash": plan.plan_hash,
             "plan": plan.canonical_dict(),
-            "bounded_sql": bounded_sql_template(plan, policy),
+            "bounded_sql": _bounded_template(plan, policy),
             "sensitivity": {pid: {"l1": s.l1, "l2": s.l2, "linf": s.linf} for pid, s in sens.items()},
             "mechanism": cal.mechanism,
             "noise_scales": dict(cal.scales),
@@ -508,7 +549,7 @@ class Gateway:
                 "epsilon": cal.epsilon,
                 "epsilon_at_delta": accounting.cost_epsilon(cal.cost, delta),
                 "delta": delta,
-                **({"selection_delta": cal.selection.delta} if cal.selection is not None else {}),
+                **({"selection_delta": cal.selection.delta} if getattr(cal, "selection", None) is not None else {}),
                 **self._fit(policy, cal.cost, consumer),
             },
             **extra,
@@ -530,7 +571,8 @@ class Gateway:
     # ----------------------------------------------------------------- query
 
     def query(self, dataset: str, sql: str, *, consumer: str, budget: QueryBudget | None = None,
-              mechanism: str | None = None) -> dict[str, Any]:
+              mechanism: str | None = None, dialect: str | None = None,
+              search_id: str | None = None) -> dict[str, Any]:
         """Answer ``sql`` on ``dataset`` with a DP release, charged to ``consumer``'s allocation.
 
         Args:
@@ -539,7 +581,14 @@ class Gateway:
             consumer: the allocation that pays (from the principal, not the request).
             budget: the release's budget (None: the policy's ``default_query_rho``).
             mechanism: ``"gaussian"`` (discrete Gaussian, zCDP) or ``"laplace"``
-                (discrete Laplace, pure ε); None: the policy's default.
+                (discrete Laplace, pure ε); None: the policy's default. A selection query
+                (keys only, ORDER BY an aggregate, LIMIT k) always uses the exponential
+                mechanism (:mod:`dpgate.selection`) and ignores it.
+            search_id: a selection query's search record (:mod:`dpgate.searches`): it must be
+                open and of the dataset's population; the selection is recorded in it.
+            dialect: the SQL dialect ``sql`` is written in (one of
+                :data:`dpgate.sql.parse.DIALECTS`; None: ``duckdb``). The plan, its hash
+                and the release cache do not depend on it.
         Returns:
             The release document: ``{release_id, dataset, columns, rows, accuracy,
             charge: {rho, epsilon_at_delta, charge_id} | None, cached, data_version,
@@ -551,7 +600,11 @@ class Gateway:
             BudgetExhausted: the charge did not fit; nothing was written.
             QueryTimeout, ExecutionError, MechanismError: after the charge, which stays.
         """
-        policy, plan = self._plan(dataset, sql)
+        policy, plan = self._plan(dataset, sql, dialect)
+        selection = recognize_selection(plan, policy)
+        if selection is not None or search_id is not None:  # selection hook (issue 15)
+            return self._selection_query(dataset, policy, plan, selection, consumer=consumer, budget=budget,
+                                         search_id=search_id)
         mech = self._mechanism(policy, mechanism)
         resolved = self._resolve_selection(policy, plan, self._resolve_budget(policy, mech, budget), budget)
         version = self._data_version(dataset)
@@ -572,7 +625,8 @@ class Gateway:
             # Calibrate and bind the rewrite before charging (reads no data): a query
             # DuckDB refuses whatever the data costs nothing.
             cal, _ = self._calibrate(policy, plan, mech, resolved)
-            self.engine.check(bounded_sql(plan, policy, salt=0))
+            for statement in _engine_statements(plan, policy):
+                self.engine.check(statement)
 
             def charge(release_key: str):
                 """Charge this query's cost under the attempt's single-flight key.
@@ -588,7 +642,7 @@ class Gateway:
                     release_key=release_key,
                     metadata={"dataset": dataset, "plan_hash": plan.plan_hash, "data_version": version},
                     # issue 11: the δ OpenDP's threshold map gives, against the cap's selection_delta
-                    **({"selection_delta": cal.selection.delta} if cal.selection is not None else {}),
+                    **({"selection_delta": cal.selection.delta} if getattr(cal, "selection", None) is not None else {}),
                 )
 
             # ---- once charged, nothing refunds the charge (a failed attempt stays charged) ----
@@ -599,6 +653,28 @@ class Gateway:
         if fresh:
             return release.to_dict(cached=False)
         return self._serve(release, policy, plan, keys.release, display)
+
+    def _selection_query(self, dataset: str, policy: DatasetPolicy, plan: QueryPlan, selection, *,
+                         consumer: str, budget: QueryBudget | None, search_id: str | None) -> dict[str, Any]:
+        """A selection query (issue 15; :func:`dpgate.selection.run_selection`), recorded in its
+        search when ``search_id`` is given.
+
+        Raises:
+            UnsupportedQuery: ``search_id`` on a query that is not a selection.
+            NotFound / Conflict: the search does not exist, is closed or protects another population.
+        """
+        from dpgate.selection import run_selection
+
+        if selection is None:
+            raise UnsupportedQuery("search_id goes with a selection query (keys only, ORDER BY an aggregate, "
+                                   "LIMIT k); charge other steps of a search through /v1/ledger/charges",
+                                   {"reason": "search_needs_selection"})
+        if search_id is not None:
+            self.searches.check_open(search_id, population=policy.population)
+        release = run_selection(self, dataset, policy, selection, budget, consumer, search_id=search_id)
+        if search_id is not None:
+            self.searches.record_selection(search_id, release, consumer=consumer)
+        return release
 
     def _serve(self, hit: Release, policy: DatasetPolicy, plan: QueryPlan, key: str,
                display: list[str]) -> dict[str, Any]:
@@ -646,19 +722,23 @@ class Gateway:
                  receipt, key: str, version: str) -> Release:
         salt = self._salt_source()
         try:
-            values = self.engine.execute(bounded_sql(plan, policy, salt=salt))
+            if isinstance(cal, PlanCalibration):  # quantiles hook
+                keys, noisy, halfwidths = self._compute_quantiles(policy, plan, cal, salt)
+            else:
+                values = self.engine.execute(bounded_sql(plan, policy, salt=salt))
         except DpgateError:
             raise
         except Exception as exc:  # noqa: BLE001 - no data in the message
             raise ExecutionError("executing the bounded query failed; the charge stays",
                                  {"charge_id": receipt and receipt.charge_id}) from exc
         del salt
-        if cal.selection is not None:  # issue 11 hook: threshold, then noise on the selected rows
-            keys, noisy = partition_selection.select_rows(plan, policy, cal, values)
-        else:
-            keys = {k: values[k] for k in plan.group_by}
-            noisy = sample(cal, {p.id: values[p.id] for p in plan.primitives})
-        halfwidths = {pid: ci95_halfwidth(cal.mechanism, s) for pid, s in cal.scales.items()}
+        if not isinstance(cal, PlanCalibration):
+            if getattr(cal, "selection", None) is not None:  # issue 11 hook: threshold, then noise on the selected rows
+                keys, noisy = partition_selection.select_rows(plan, policy, cal, values)
+            else:
+                keys = {k: values[k] for k in plan.group_by}
+                noisy = sample(cal, {p.id: values[p.id] for p in plan.primitives})
+            halfwidths = {pid: ci95_halfwidth(cal.mechanism, s) for pid, s in cal.scales.items()}
         sig = {p.id: _primitive_sig(p) for p in plan.primitives}
         table = finalize(plan, policy, keys, noisy, cal.scales, halfwidths, mechanism=cal.mechanism)
         table_policy = policy.table(plan.table)
@@ -702,7 +782,7 @@ class Gateway:
             },
             "post_processing": post_processing_settings(policy),
             **({"partition_selection": partition_selection.describe(plan, cal, resolved["selection_delta"])}
-               if cal.selection is not None else {}),
+               if getattr(cal, "selection", None) is not None else {}),
             # the published guarantee: the cap the ledger enforced when it charged this release
             "guarantee": {
                 "population": policy.population,
@@ -720,6 +800,19 @@ class Gateway:
         )
         return Release(release_id, key, policy.name, plan.plan_hash, created, document, primitives)
 
+    def _compute_quantiles(self, policy: DatasetPolicy, plan: QueryPlan, cal: PlanCalibration, salt: int):
+        """Keys, noisy values and half-widths of a plan with quantiles (quantile index per group)."""
+        base = without_quantiles(plan)
+        keys: dict[str, Any] = {}
+        noisy: dict[str, Any] = {}
+        if base.primitives:
+            values = self.engine.execute(bounded_sql(base, policy, salt=salt))
+            keys = {k: values[k] for k in plan.group_by}
+            noisy = dict(sample(cal.base, {p.id: values[p.id] for p in base.primitives}))
+        qkeys, qnoisy = quantile_release.run(plan, policy, cal, self.engine.execute, salt)
+        noisy.update(qnoisy)
+        return keys or qkeys, noisy, cal.halfwidths()
+
     # ----------------------------------------------------------------- releases
 
     def release(self, release_id: str) -> dict[str, Any]:
@@ -736,7 +829,9 @@ class Gateway:
 
     def charge_external(self, population: str, consumer: str, *, curve: list[float] | None = None,
                         orders: list[float] | None = None, rho: float | None = None, kind: str = "rdp",
-                        purpose: str, actor: str) -> dict[str, Any]:
+                        purpose: str, actor: str, search_id: str | None = None, candidate: str | None = None,
+                        step: str | None = None, outcome: str | None = None, attempt: int | None = None,
+                        note: str | None = None) -> dict[str, Any]:
         """Charge a cost computed by an external accountant (e.g. a DP-SGD run).
 
         A curve may be given on the caller's own order grid (the orders its accountant
@@ -755,6 +850,12 @@ class Gateway:
             orders: the caller's ascending orders α > 1 (``inf`` allowed), or None.
             rho: total ρ for ``kind = "zcdp"`` or ``"gaussian"`` (continuous Gaussian).
             purpose, actor: recorded with the charge.
+            search_id: the search this charge is a step of (issue 15): it must be open and spend
+                ``population``; the step records ``candidate`` (declared in the search),
+                ``step`` (training, retry, evaluation, stopping, other; default training),
+                ``outcome`` (completed, failed, target_missed, discarded, aborted), ``attempt``
+                and ``note``, with the accountant's state after the charge. A failed run or a
+                retry is charged and recorded like any other.
         Raises:
             InvalidBudget: malformed cost, or no claim at an order the cap checks.
             UnknownPopulation / UnknownConsumer.
@@ -764,6 +865,24 @@ class Gateway:
         if population not in self.ledger.populations():
             raise UnknownPopulation(f"unknown population {population!r}", {"population": population})
         metadata: dict[str, Any] = {"actor": actor, "external": True}
+        if search_id is None and any(v is not None for v in (candidate, step, outcome, attempt, note)):
+            raise InvalidRequest("candidate, step, outcome, attempt and note go with a search_id",
+                                 {"field": "search_id"})
+        if search_id is not None:  # search hook (issue 15): validated before anything is charged
+            from dpgate.searches.record import OUTCOMES, STEP_KINDS
+
+            step = step or "training"
+            if step not in STEP_KINDS:
+                raise InvalidRequest(f"step must be one of {', '.join(STEP_KINDS)}", {"field": "step"})
+            if outcome is not None and outcome not in OUTCOMES:
+                raise InvalidRequest(f"outcome must be one of {', '.join(OUTCOMES)}", {"field": "outcome"})
+            if attempt is not None and (isinstance(attempt, bool) or not isinstance(attempt, int)
+                                        or not 1 <= attempt <= 10_000):
+                raise InvalidRequest("attempt must be an integer in [1, 10000]", {"field": "attempt"})
+            self.searches.check_open(search_id, population=population, candidate=candidate)
+            metadata.update({"search_id": search_id, "search_step": step})
+            if candidate is not None:
+                metadata["candidate"] = candidate
         try:
             if kind == "rdp":
                 if curve is None:
@@ -785,7 +904,33 @@ class Gateway:
         except ValueError as exc:
             raise InvalidBudget(str(exc), {"kind": kind}) from None
         receipt = self.ledger.charge(population, consumer, cost, purpose=purpose, metadata=metadata)
-        return receipt.to_dict()
+        out = receipt.to_dict()
+        if search_id is not None:
+            recorded = self.searches.record_charge(search_id, out, step=step or "training", candidate=candidate,
+                                                   outcome=outcome, attempt=attempt, note=note)
+            out["search_id"] = search_id
+            out["search_step"] = recorded["step"]
+        return out
+
+    # ----------------------------------------------------------------- searches (issue 15)
+
+    def create_search(self, spec: Mapping[str, Any], *, consumer: str, actor: str) -> dict[str, Any]:
+        """Declare a search (:meth:`dpgate.searches.Searches.create`); charges nothing."""
+        return self.searches.create(spec, consumer=consumer, actor=actor)
+
+    def search(self, search_id: str) -> dict[str, Any]:
+        """A search record with every step, the accountant's state after each, and its replay."""
+        return self.searches.get(search_id)
+
+    def search_list(self, population: str | None = None, *, limit: int = 100) -> list[dict[str, Any]]:
+        """Searches, newest first."""
+        return self.searches.list(population, limit=limit)
+
+    def close_search(self, search_id: str, *, selected: str, artifacts: list[str],
+                     selection_release: str | None = None, note: str | None = None, actor: str) -> dict[str, Any]:
+        """Close a search with its selected candidate and artifacts (:meth:`dpgate.searches.Searches.close`)."""
+        return self.searches.close(search_id, selected=selected, artifacts=artifacts,
+                                   selection_release=selection_release, note=note, actor=actor)
 
     def ledger_entries(self, population: str | None = None, *, limit: int | None = None) -> list[dict[str, Any]]:
         """Ledger charges (oldest first), optionally of one population."""
@@ -919,6 +1064,8 @@ def check_representable(plan: QueryPlan, policy: DatasetPolicy) -> None:
     """
     table = policy.table(plan.table)
     for p in plan.primitives:
+        if p.kind == "quantile":  # a candidate index; nothing is summed (dpgate.quantiles)
+            continue
         linf = primitive_linf(p, policy, plan.table)
         if linf > limits.MAX_STEPS:
             what = ("its sum of squares (VAR/STDDEV), m·max(lower², upper²)/resolution²"
@@ -952,8 +1099,27 @@ def _output_unit(policy: DatasetPolicy, plan: QueryPlan, primitive_id: str) -> f
 
 
 def _primitive_sig(p) -> str:
-    """A primitive's identity independent of its id: ``kind:column``."""
-    return f"{p.kind}:{p.column or ''}"
+    """A primitive's identity independent of its id: ``kind:column`` (``:alpha`` for quantiles)."""
+    alpha = getattr(p, "alpha", None)
+    return f"{p.kind}:{p.column or ''}" + (f":{alpha!r}" if alpha is not None else "")
+
+
+def _engine_statements(plan: QueryPlan, policy: DatasetPolicy) -> list[str]:
+    """The SQL the engine will run for ``plan`` (salt 0), to bind before the charge."""
+    if not has_quantiles(plan):
+        return [bounded_sql(plan, policy, salt=0)]
+    base = without_quantiles(plan)
+    out = [bounded_sql(base, policy, salt=0)] if base.primitives else []
+    columns = dict.fromkeys(p.column for p in plan.primitives if p.kind == "quantile")
+    return out + [histogram_sql(plan, policy, c, salt=0) for c in columns]
+
+
+def _bounded_template(plan: QueryPlan, policy: DatasetPolicy) -> str | None:
+    """The bounded SQL of the count/sum primitives (salt hidden); None when there are none."""
+    if not has_quantiles(plan):
+        return bounded_sql_template(plan, policy)
+    base = without_quantiles(plan)
+    return bounded_sql_template(base, policy) if base.primitives else None
 
 
 def _noise_signature(plan: QueryPlan, *, cell_targets: bool = False) -> str:

@@ -155,6 +155,8 @@ def run_query(
         consumer=_consumer_of(principal),
         budget=_budget(body.budget),
         mechanism=body.mechanism,
+        dialect=body.dialect,
+        search_id=body.search_id,
     )
     return json_safe(release)
 
@@ -173,7 +175,7 @@ def explain_query(
     """Show the plan, the bounded SQL template, the sensitivities and the cost a query would
     charge. Reads no data and charges nothing."""
     explanation = gateway.explain(body.dataset, body.sql, budget=_budget(body.budget), mechanism=body.mechanism,
-                                  consumer=principal.consumer)
+                                  consumer=principal.consumer, dialect=body.dialect)
     return json_safe(explanation)
 
 
@@ -276,8 +278,83 @@ def post_external_charge(
         kind=body.kind,
         purpose=body.purpose,
         actor=principal.name,
+        search_id=body.search_id,
+        candidate=body.candidate,
+        step=body.step,
+        outcome=body.outcome,
+        attempt=body.attempt,
+        note=body.note,
     )
     return json_safe(receipt)
+
+
+# --- searches (issue 15) ---------------------------------------------------------------
+
+SearchId = Annotated[str, Path(min_length=1, max_length=64, description="search id (srch_…)")]
+
+
+@v1.post("/searches", response_model=schemas.SearchRecord, status_code=201, tags=["searches"],
+         summary="Declare a tuning/selection search (charges nothing)")
+def create_search(
+    body: schemas.SearchRequest,
+    gateway: GatewayDep,
+    principal: Annotated[Principal, Depends(require(Permission.SEARCH))],
+) -> dict[str, Any]:
+    """Declare a search: candidates, training and validation data (and whether they hold the same
+    people), public or private selection, and the stopping rule. Its charges (training runs via
+    ``POST /v1/ledger/charges`` with ``search_id``, selection queries with ``search_id``) are recorded
+    with the accountant's state after each. Data-dependent stopping that is not privatised, score-like
+    fields and unstated disjointness are refused (400). The consumer is the key's (an admin names it)."""
+    consumer = body.consumer
+    if principal.consumer:
+        if consumer is not None and consumer != principal.consumer:
+            raise Forbidden(f"API key {principal.name!r} may declare searches only for consumer "
+                            f"{principal.consumer!r}", {"key": principal.name, "consumer": consumer})
+        consumer = principal.consumer
+    if not consumer:
+        raise InvalidRequest("name the consumer whose allocation the search spends", {"field": "consumer"})
+    spec = body.model_dump(exclude={"consumer"})
+    return json_safe(gateway.create_search(spec, consumer=consumer, actor=principal.name))
+
+
+@v1.get("/searches", response_model=schemas.SearchList, tags=["searches"], summary="Search records, newest first")
+def list_searches(
+    gateway: GatewayDep,
+    principal: Annotated[Principal, Depends(require(Permission.SEARCH))],
+    population: Annotated[str | None, Query(min_length=1, max_length=128)] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> dict[str, Any]:
+    """Search records (id, population, purpose, consumer), newest first."""
+    return json_safe({"searches": gateway.search_list(population, limit=limit)})
+
+
+@v1.get("/searches/{search_id}", response_model=schemas.SearchRecord, tags=["searches"],
+        summary="One search record, replayed against the ledger")
+def get_search(
+    search_id: SearchId,
+    gateway: GatewayDep,
+    principal: Annotated[Principal, Depends(require(Permission.SEARCH))],
+) -> dict[str, Any]:
+    """Every step (charges with candidate, outcome and attempt; selections with the released keys,
+    never scores; the closing step) with the accountant's state after it, the totals of the whole
+    search (ρ and ε at the cap's δ), and ``replay``: each step recomputed from the ledger."""
+    return json_safe(gateway.search(search_id))
+
+
+@v1.post("/searches/{search_id}/close", response_model=schemas.SearchRecord, tags=["searches"],
+         summary="Close a search with the selected candidate and artifacts")
+def close_search(
+    search_id: SearchId,
+    body: schemas.SearchCloseRequest,
+    gateway: GatewayDep,
+    principal: Annotated[Principal, Depends(require(Permission.SEARCH))],
+) -> dict[str, Any]:
+    """Record the selected candidate and artifact ids. Private selection names the selection release
+    recorded in the search; public selection is recorded as free post-processing. A closed search
+    cannot be reopened (409 ``conflict``): a new search is a new record on the same budget."""
+    return json_safe(gateway.close_search(search_id, selected=body.selected, artifacts=list(body.artifacts),
+                                          selection_release=body.selection_release, note=body.note,
+                                          actor=principal.name))
 
 
 @v1.get(

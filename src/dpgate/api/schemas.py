@@ -27,6 +27,7 @@ from dpgate.errors import did_you_mean
 from dpgate.service import QueryBudget
 
 from dpgate.policy import MECHANISMS
+from dpgate.sql.parse import DIALECTS
 
 #: Largest ρ or ε a request may name (anything near it is refused by any sane cap anyway).
 MAX_PRIVACY_PARAMETER = QueryBudget.MAX_RHO
@@ -95,15 +96,18 @@ class ResponseModel(BaseModel):
 Number = float | Literal["inf", "-inf", "nan"]
 #: The mechanisms a request may name (the one list: :data:`dpgate.policy.MECHANISMS`).
 MechanismChoice = Literal[tuple(MECHANISMS)]
+#: The SQL dialects a request may be written in (the one list: :data:`dpgate.sql.parse.DIALECTS`).
+DialectChoice = Literal[tuple(DIALECTS)]
 
 
 # --- requests --------------------------------------------------------------------------
 
 
-def _budget_field(maximum: float, what: str) -> Any:
+def _budget_field(maximum: float, what: str, exclusive_minimum: float = 0) -> Any:
     """A budget number: typed here, validated by :class:`~dpgate.service.QueryBudget` (one
     validator for HTTP and CLI); the limits are published in the OpenAPI schema."""
-    return Field(default=None, description=what, json_schema_extra={"exclusiveMinimum": 0, "maximum": maximum})
+    return Field(default=None, description=what,
+                 json_schema_extra={"exclusiveMinimum": exclusive_minimum, "maximum": maximum})
 
 
 class BudgetRequest(RequestModel):
@@ -133,7 +137,8 @@ class BudgetRequest(RequestModel):
     rho: float | None = _budget_field(QueryBudget.MAX_RHO, "zCDP ρ of this release")
     epsilon: float | None = _budget_field(QueryBudget.MAX_EPSILON, "ε of this release at the cap's δ (pure ε for Laplace)")
     ci95: float | None = _budget_field(QueryBudget.MAX_CI95, "95 % half-width wanted on each released cell")
-    expected_count: float | None = _budget_field(1e15, "with ci95: rows expected per group (AVG/VAR/STDDEV)")
+    expected_count: float | None = _budget_field(1e15, "with ci95: rows expected per group (AVG/VAR/STDDEV), > 1",
+                                                   exclusive_minimum=1)
     delta: float | None = Field(default=None, description=(
         "δ spent on private partition selection (GROUP BY keys without public keys; issue 11), in (0, 1); "
         "default: the policy's default_selection_delta"), json_schema_extra={"exclusiveMinimum": 0, "exclusiveMaximum": 1})
@@ -162,6 +167,14 @@ class QueryRequest(RequestModel):
     mechanism: MechanismChoice | None = Field(
         default=None, description="noise mechanism; the dataset's policy default when absent"
     )
+    dialect: DialectChoice | None = Field(
+        default=None,
+        description="the SQL dialect `sql` is written in (sqlglot names); duckdb when absent. "
+        "The plan, its hash and the release cache do not depend on it",
+    )
+    search_id: Annotated[str, StringConstraints(min_length=1, max_length=64)] | None = Field(
+        default=None, description="a selection query's search record (issue 15): it must be open; the "
+                                  "selection is recorded in it")
 
 
 class ExternalChargeRequest(RequestModel):
@@ -185,6 +198,17 @@ class ExternalChargeRequest(RequestModel):
     orders: Annotated[list[Order], Field(min_length=1, max_length=MAX_CURVE_POINTS)] | None = None
     rho: PositiveParameter | None = None
     purpose: Text
+    search_id: Annotated[str, StringConstraints(min_length=1, max_length=64)] | None = Field(
+        default=None, description="the search this charge is a step of (issue 15); failed runs and retries too")
+    candidate: Annotated[str, StringConstraints(min_length=1, max_length=200)] | None = Field(
+        default=None, description="with search_id: the candidate configuration this run trains")
+    step: Literal["training", "retry", "evaluation", "stopping", "other"] | None = Field(
+        default=None, description="with search_id: what the charge pays for (default training)")
+    outcome: Literal["completed", "failed", "target_missed", "discarded", "aborted"] | None = Field(
+        default=None, description="with search_id: how the run ended (failed and missed runs stay charged)")
+    attempt: Annotated[int, Field(ge=1, le=10_000)] | None = Field(
+        default=None, description="with search_id: attempt number of a retried run")
+    note: Annotated[str, StringConstraints(min_length=1, max_length=2000)] | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> "ExternalChargeRequest":
@@ -197,6 +221,70 @@ class ExternalChargeRequest(RequestModel):
             if self.rho is None or self.curve is not None or self.orders is not None:
                 raise ValueError(f'kind "{self.kind}" needs rho, not curve or orders')
         return self
+
+
+class SearchDataset(RequestModel):
+    """A data boundary of a search: a dataset's name and the population (people) it is about."""
+
+    name: Annotated[str, StringConstraints(min_length=1, max_length=200)]
+    population: Annotated[str, StringConstraints(min_length=1, max_length=128)] | None = Field(
+        default=None, description="the people the data is about (required for training; none: public data)")
+    description: Annotated[str, StringConstraints(min_length=1, max_length=500)] | None = None
+
+
+class SearchCandidate(RequestModel):
+    """One candidate configuration (hyper-parameters, base model…); never validation scores."""
+
+    name: Annotated[str, StringConstraints(min_length=1, max_length=200)]
+    config: dict[str, Any] | None = None
+
+
+class SearchRequest(RequestModel):
+    """``POST /v1/searches``: declare a tuning/selection search (issue 15); charges nothing.
+
+    ``people``: whether training and validation data hold the same people (one population) or
+    disjoint people (different populations, with ``people_split`` saying how they were split;
+    disjoint rows of one population are not disjoint people). ``stopping = "data-dependent"``
+    is refused unless ``stopping_privatised`` (each stopping decision is then a charged step).
+    """
+
+    purpose: Text
+    consumer: Name | None = Field(default=None, description="who pays: required with an admin key")
+    candidates: Annotated[list[SearchCandidate], Field(min_length=1, max_length=1000)]
+    training: SearchDataset
+    validation: SearchDataset
+    people: Literal["same", "disjoint"] = "same"
+    people_split: Annotated[str, StringConstraints(min_length=1, max_length=500)] | None = None
+    selection: Literal["private", "public"]
+    stopping: Literal["fixed", "data-dependent"] = "fixed"
+    stopping_privatised: bool = False
+
+
+class SearchCloseRequest(RequestModel):
+    """``POST /v1/searches/{id}/close``: the selected candidate and its artifact ids."""
+
+    selected: Annotated[str, StringConstraints(min_length=1, max_length=200)]
+    artifacts: Annotated[list[Annotated[str, StringConstraints(min_length=1, max_length=500)]],
+                         Field(max_length=100)] = []
+    selection_release: Annotated[str, StringConstraints(min_length=1, max_length=128)] | None = Field(
+        default=None, description="private selection: the selection release recorded in this search")
+    note: Annotated[str, StringConstraints(min_length=1, max_length=2000)] | None = None
+
+
+class SearchRecord(ResponseModel):
+    """A search record: declaration, steps with the accountant's state after each, totals, replay."""
+
+    search_id: str
+    status: Literal["open", "closed"]
+    steps: list[dict[str, Any]]
+    totals: dict[str, Any]
+    replay: dict[str, Any]
+
+
+class SearchList(ResponseModel):
+    """``GET /v1/searches``: newest first."""
+
+    searches: list[dict[str, Any]]
 
 
 class CapChangeRequest(RequestModel):

@@ -15,6 +15,7 @@ from dpgate.cli import add_common_options, print_json, print_table
 from dpgate.errors import UnknownDataset
 from dpgate.policy import load_policies
 from dpgate.sql.explain import explain_query
+from dpgate.sql.parse import DIALECTS
 
 
 def register(subparsers) -> None:
@@ -26,6 +27,8 @@ def register(subparsers) -> None:
     )
     parser.add_argument("--dataset", required=True, help="dataset name (a policy file)")
     parser.add_argument("sql", help="the SQL query (quote it)")
+    parser.add_argument("--dialect", choices=DIALECTS, default=None,
+                        help="the SQL dialect the query is written in (default duckdb)")
     add_common_options(parser)
     parser.set_defaults(func=run)
 
@@ -45,7 +48,7 @@ def run(args: argparse.Namespace, settings) -> int:
     policy = policies.get(args.dataset)
     if policy is None:
         raise UnknownDataset.named(args.dataset, policies)
-    result = explain_query(args.sql, policy)
+    result = explain_query(args.sql, policy, dialect=args.dialect)
     if args.json:
         print_json(result)
         return 0

@@ -14,6 +14,7 @@ import argparse
 
 from dpgate.cli import add_common_options, print_json, print_table
 from dpgate.policy import MECHANISMS
+from dpgate.sql.parse import DIALECTS
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -31,6 +32,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--delta", type=float,
                    help="δ spent on private partition selection (GROUP BY keys without public keys)")
     p.add_argument("--mechanism", choices=tuple(MECHANISMS))
+    p.add_argument("--dialect", choices=DIALECTS, default=None,
+                   help="the SQL dialect the query is written in (default duckdb)")
+    p.add_argument("--search-id", help="record this selection query in an open search (dpgate search)")
     add_common_options(p)
     p.set_defaults(func=run)
 
@@ -64,12 +68,16 @@ def run(args: argparse.Namespace, settings) -> int:
                          delta=args.delta)
     with Gateway.open(settings, progress=None if args.json else print) as gw:
         release = gw.query(args.dataset, args.sql, consumer=args.consumer, budget=budget,
-                           mechanism=args.mechanism)
+                           mechanism=args.mechanism, dialect=args.dialect, search_id=args.search_id)
         report = None if args.json else gw.budget(args.dataset)
     if args.json:
         print_json(release)  # the same document as the HTTP API's answer
         return 0
     format_release(release)
+    if release.get("kind") == "selection":
+        sel = release["selection"]
+        print(f"selected by the exponential mechanism among {sel['candidates']} public candidates "
+              f"(Δu = {sel['delta_u']:g}, ε = {sel['epsilon']:.4g}); scores are not released")
     charge = release.get("charge")
     print()
     if charge is None:

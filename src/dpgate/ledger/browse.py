@@ -22,10 +22,13 @@ name; filters are normalised to the same form.
 
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, ClassVar
 
+from dpgate.accounting import Cost
 from dpgate.errors import InvalidRequest
 from dpgate.ledger.entries import (
     EVENT_COLUMNS,
@@ -226,8 +229,14 @@ class LedgerBrowsing:
 
         Each item is ``(seq, created_at, consumer, rho)``: ``rho`` is the stored ρ
         of the charge (its zCDP ρ; for an RDP-curve charge, the smallest ρ whose
-        zCDP curve bounds it). One range scan of the ``(population, seq)`` index:
-        a caller that remembers the last ``seq`` it saw reads only new charges.
+        zCDP curve bounds it). A curve with no finite bound over the whole grid
+        (no claim at high orders, e.g. a DP-SGD run) is stated instead by its
+        bound over the orders the population's cap checks (α ≤ α_cap,
+        ``Cost.rho_bound(max_order=α_cap)``): the share of the budget the filter
+        sees it use, never ∞ for a charge the filter admitted. One range scan of
+        the ``(population, seq)`` index (plus one read of the costs of such
+        curves): a caller that remembers the last ``seq`` it saw reads only new
+        charges.
 
         Args:
             population: the population.
@@ -250,4 +259,14 @@ class LedgerBrowsing:
             query += f" LIMIT {p}"
             args.append(limit)
         with self._tx(write=False) as tx:  # type: ignore[attr-defined]
-            return [(int(r[0]), r[1], r[2], float(r[3])) for r in tx.execute(query, args).fetchall()]
+            rows = [(int(r[0]), r[1], r[2], float(r[3])) for r in tx.execute(query, args).fetchall()]
+            unbounded = [r[0] for r in rows if not math.isfinite(r[3])]
+            if not unbounded:
+                return rows
+            marks = ", ".join([p] * len(unbounded))
+            costs = dict(tx.execute(f"SELECT seq, cost FROM charges WHERE seq IN ({marks})", unbounded).fetchall())
+        alpha_cap = self.cap(population).alpha_cap  # type: ignore[attr-defined]
+        max_order = alpha_cap if alpha_cap is not None else None
+        return [(seq, at, who, rho if math.isfinite(rho)
+                 else Cost.from_dict(json.loads(costs[seq])).rho_bound(max_order=max_order))
+                for seq, at, who, rho in rows]

@@ -62,6 +62,7 @@ from dpgate.ledger.sql import SqlLedger, SqlTransaction, orders_json
 
 if TYPE_CHECKING:  # pragma: no cover
     from dpgate.releases import PostgresReleaseStore
+    from dpgate.searches.store import PostgresSearchStore
 
 __all__ = ["PostgresLedger", "MIGRATIONS", "TRIGGERS", "open_postgres_ledger", "advisory_key"]
 
@@ -487,6 +488,17 @@ class PostgresLedger(SqlLedger):
         from dpgate.releases import PostgresReleaseStore  # releases imports ledger, not the reverse
 
         return PostgresReleaseStore(self.connection, error=psycopg.Error)
+
+    def search_store(self) -> "PostgresSearchStore":
+        """The search store (issue 15) in the ledger's database and schema, borrowing from this
+        ledger's pool (:class:`dpgate.searches.PostgresSearchStore`; close it before the ledger).
+
+        Raises:
+            LedgerError: the tables cannot be created.
+        """
+        from dpgate.searches.store import PostgresSearchStore  # searches imports ledger, not the reverse
+
+        return PostgresSearchStore(self.connection, error=psycopg.Error)
 
     def close(self) -> None:
         """Close this process's connection pool (never a parent process's). Idempotent."""

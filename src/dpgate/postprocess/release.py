@@ -71,6 +71,7 @@ from dpgate.postprocess.expressions import (
     limit_rows,
     sort_rows,
 )
+from dpgate.quantiles import grid_for
 from dpgate.sql.plan import FUNCTION_PRIMITIVES, KeyOutput, QueryPlan
 
 _COUNTS = ("count", "count_column", "count_distinct_unit")
@@ -262,6 +263,34 @@ def aggregate_cell(function: str, parts: Sequence[tuple[str, np.ndarray]], primi
                         np.maximum(sd_hi - sd, sd - sd_lo))
 
 
+def quantile_cell(function: str, alpha: float, values: np.ndarray, rank_scale: float, rank_error: float,
+                  grid: Mapping[str, Any], mechanism: str) -> ReleasedCell:
+    """A released quantile column (values in column units) with its rank-error accuracy entry.
+
+    The accuracy is a rank error, not a σ (:mod:`dpgate.quantiles`): with probability
+    ≥ 95 % the released value has α·n ± ``rank_error95`` values below it (plus the
+    values within one grid step of the true quantile), n the bounded values of the
+    group. ``ci95`` is None: there is no value interval to report.
+    """
+    entry: dict[str, Any] = {
+        "mechanism": "exponential_mechanism",
+        "noise": "gumbel" if mechanism == "discrete_gaussian" else "exponential",
+        "quantile": float(alpha),
+        "rank_scale": float(rank_scale),
+        "rank_error95": float(rank_error),
+        "grid": dict(grid),
+        "approximate": False,
+        "ci95": None,
+        "accuracy": (f"with probability >= 95 % the released value has q*n +/- {rank_error:.4g} values "
+                     "below it (n: the group's bounded values), plus the values within one grid step"),
+    }
+    if function in ("min", "max"):
+        entry["estimate"] = (f"a DP {'minimum' if function == 'min' else 'maximum'} is an estimate: the "
+                             f"{'0' if function == 'min' else '1'}-quantile of the clamped column, not the "
+                             "true extreme")
+    return ReleasedCell(Vector.of(np.asarray(values, dtype=np.float64)), None, entry, None)
+
+
 def _number_vector(v: np.ndarray, integer: bool) -> Vector:
     """Float values as an int Vector when asked and exactly representable (|v| < 2^53), else float."""
     if integer and (v.size == 0 or float(np.max(np.abs(v))) < 2.0**53):
@@ -322,6 +351,9 @@ def _finalize(plan, policy, keys, noisy, scales, halfwidths, mechanism, resoluti
     for p in plan.primitives:
         if p.id not in noisy or p.id not in scales or p.id not in halfwidths:
             raise Internal(f"post-processing is missing primitive {p.id!r}")
+        if p.kind == "quantile":  # quantiles hook: the noisy value is a candidate index
+            values[p.id] = grid_for(table.column(p.column)).value(np.asarray(noisy[p.id]))
+            continue
         unit = output_unit(p.kind, res(p.column) if p.column else None)
         values[p.id] = np.asarray(noisy[p.id]).astype(np.float64) * unit
         prims[p.id] = primitive_noise(mechanism, scales[p.id], halfwidths[p.id], unit)
@@ -332,6 +364,11 @@ def _finalize(plan, policy, keys, noisy, scales, halfwidths, mechanism, resoluti
             if o.column not in keys:
                 raise Internal(f"post-processing is missing the key column {o.column!r}")
             cells[o.name] = ReleasedCell(Vector.of(_objects(keys[o.column])))
+            continue
+        if o.function in ("quantile", "min", "max"):  # quantiles hook
+            p = plan.primitive(o.primitives[0])
+            cells[o.name] = quantile_cell(o.function, p.alpha, values[p.id], scales[p.id], halfwidths[p.id],
+                                          grid_for(table.column(p.column)).describe(), mechanism)
             continue
         bounds = None
         if o.function in ("avg", "var_pop", "stddev_pop"):

@@ -42,7 +42,7 @@ import sqlglot
 from sqlglot import exp
 
 from dpgate.policy import ColumnPolicy, DatasetPolicy, TablePolicy, quote_identifier as q
-from dpgate.sql import selection
+from dpgate.sql import partition_selection as selection
 from dpgate.sql.plan import QueryPlan
 
 SALT_PLACEHOLDER = "<salt>"
@@ -194,6 +194,10 @@ def _render(plan: QueryPlan, policy: DatasetPolicy, salt: str) -> str:
         expr = _fixed_point(col, src(name)) if name in summed else _present(col, src(name))
         select_rows.append(f"{expr} AS {v}")
         value_of[name] = v
+    if not select_rows:
+        # A record-level COUNT(*) with no group key reads no column: keep one generated
+        # column so that the projection is valid SQL.
+        select_rows.append(f"1 AS {q(_PREFIX + 'one')}")
     conditions = []
     if not record_level:
         conditions.append(f"{src(table.privacy_unit)} IS NOT NULL")
@@ -264,7 +268,7 @@ def _render(plan: QueryPlan, policy: DatasetPolicy, salt: str) -> str:
         groups_sql += f"\n  GROUP BY {group_list}"
     ctes.append(f"{q(_PREFIX + 'groups')} AS (\n  {groups_sql}\n)")
 
-    if plan.selected_keys:  # issue 11 hook: private partition selection (sql/selection.py)
+    if plan.selected_keys:  # issue 11 hook: private partition selection (sql/partition_selection.py)
         ctes.append(selection.units_cte(plan, source, record_level))
         return "WITH " + ",\n".join(ctes) + "\n" + selection.final_sql(plan, keys, _key_relation)
 

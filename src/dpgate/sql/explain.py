@@ -12,12 +12,13 @@ from dpgate.sql.bound import bounded_sql_template
 from dpgate.sql.parse import parse_query
 
 
-def explain_query(sql: str, policy: DatasetPolicy) -> dict[str, Any]:
+def explain_query(sql: str, policy: DatasetPolicy, *, dialect: str | None = None) -> dict[str, Any]:
     """Plan ``sql`` against ``policy`` and describe what a release would compute.
 
     Args:
         sql: the analyst's SQL text.
         policy: the dataset's policy.
+        dialect: the SQL dialect of ``sql`` (:data:`dpgate.sql.parse.DIALECTS`; default duckdb).
 
     Returns:
         JSON-serialisable dict: ``dataset``, ``table``, ``canonical_sql``, ``plan_hash``,
@@ -31,7 +32,7 @@ def explain_query(sql: str, policy: DatasetPolicy) -> dict[str, Any]:
         InvalidSql, UnsupportedQuery, UnknownTable, UnknownColumn: as
             :func:`~dpgate.sql.parse.parse_query` (the refusal; nothing is charged).
     """
-    plan = parse_query(sql, policy)
+    plan = parse_query(sql, policy, dialect=dialect)
     table = policy.table(plan.table)
     return {
         "dataset": plan.dataset,

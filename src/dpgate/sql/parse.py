@@ -7,8 +7,12 @@ Accepted shape (DESIGN.md, "SQL the gateway answers")::
     [GROUP BY <group keys>] [HAVING <predicate>] [ORDER BY <outputs>] [LIMIT n]
 
 * Exactly one statement, a plain SELECT over one declared table (optionally
-  qualified by the dataset name, optionally aliased). Anything that sqlglot can
-  only parse as an opaque ``Command`` is refused.
+  qualified by the dataset name, optionally aliased), read in one of
+  :data:`DIALECTS` (default DuckDB). Anything that sqlglot can only parse as an
+  opaque ``Command`` is refused. CTEs and subqueries in FROM that only filter,
+  project and compute row expressions over one table are inlined first by
+  :mod:`dpgate.sql.rules` (same plan and plan hash as the flat query); other
+  subqueries are refused.
 * Aggregates: ``COUNT(*)``, ``COUNT(<literal>)``, ``COUNT(<unit>)`` (all three count
   rows; rows with a NULL unit are dropped), ``COUNT(col)`` (non-NULL, finite
   values), ``COUNT(DISTINCT <unit>)``, ``SUM``, ``AVG``/``MEAN``, ``VAR_POP`` and
@@ -32,7 +36,7 @@ Accepted shape (DESIGN.md, "SQL the gateway answers")::
   CAST, CASE and every other function are refused.
 * GROUP BY: bare declared columns (by name, SELECT alias or position); columns
   without public keys are selected by private partition selection
-  (:mod:`dpgate.sql.selection`). Every non-aggregate SELECT item must be a group key; a group key that
+  (:mod:`dpgate.sql.partition_selection`). Every non-aggregate SELECT item must be a group key; a group key that
   is not selected is a hidden key output.
 * HAVING / ORDER BY / LIMIT: post-processing over the outputs (aliases, positions,
   group keys or the aggregate expressions themselves; an aggregate that only they
@@ -62,7 +66,7 @@ from sqlglot import exp
 from sqlglot.errors import ParseError, SqlglotError, TokenError
 from sqlglot.optimizer.simplify import simplify
 
-from dpgate.errors import InvalidSql, UnknownColumn, UnknownTable, UnsupportedQuery
+from dpgate.errors import InvalidRequest, InvalidSql, UnknownColumn, UnknownTable, UnsupportedQuery
 from dpgate.policy import (
     MAX_SQUARED_STEPS,
     ColumnPolicy,
@@ -70,7 +74,9 @@ from dpgate.policy import (
     TablePolicy,
     quote_identifier,
 )
-from dpgate.sql import selection
+from dpgate.sql import partition_selection as selection
+from dpgate.sql.quantile import QUANTILE_FUNCTIONS, is_quantile_call, quantile_call, quantile_name, quantile_sql
+from dpgate.sql.rules import apply_statement_rules
 from dpgate.sql.plan import (
     FUNCTION_PRIMITIVES,
     AggregateOutput,
@@ -82,6 +88,9 @@ from dpgate.sql.plan import (
 )
 
 DIALECT = "duckdb"
+#: SQL dialects an analyst may write in (sqlglot dialect names); the plan is the same
+#: whatever the dialect, and only SQL generated from the plan (DuckDB) is executed.
+DIALECTS = ("duckdb", "postgres", "bigquery", "spark", "tsql", "mysql", "snowflake", "trino")
 #: Longest SQL text accepted (characters).
 MAX_SQL_LENGTH = 100_000
 #: Most public-key combinations one query may release.
@@ -159,7 +168,9 @@ _AGG_SQL = {
     "var_pop": "VAR_POP({c})",
     "stddev_pop": "STDDEV_POP({c})",
 }
-_ANON_AGGREGATES = {"mean": "avg"}
+#: Aggregates sqlglot reads as anonymous functions, by lower-case name: MEAN (DuckDB),
+#: VAR (T-SQL, SmartNoise), VARP and STDEVP (T-SQL's population forms).
+_ANON_AGGREGATES = {"mean": "avg", "var": "var_pop", "varp": "var_pop", "stdevp": "stddev_pop"}
 _TRY_CAST_TYPES = {
     exp.DataType.Type.BIGINT: "int",
     exp.DataType.Type.INT: "int",
@@ -213,10 +224,35 @@ _STATEMENT_WORDS = frozenset(
 )
 
 
-def parse_statement(sql: str) -> exp.Select:
-    """Parse SQL text into exactly one sqlglot SELECT (DuckDB dialect).
+def check_dialect(dialect: str | None) -> str:
+    """The dialect name to read analyst SQL with (``None`` → ``duckdb``).
 
     Raises:
+        InvalidRequest: not one of :data:`DIALECTS` (the message lists them).
+    """
+    if dialect is None:
+        return DIALECT
+    name = dialect.strip().lower() if isinstance(dialect, str) else dialect
+    aliases = {"postgresql": "postgres", "sqlserver": "tsql", "mssql": "tsql",
+               "sparksql": "spark", "databricks": "spark"}
+    name = aliases.get(name, name)
+    if name not in DIALECTS:
+        raise InvalidRequest(
+            f"unknown SQL dialect {dialect!r}: use one of {', '.join(DIALECTS)}",
+            {"dialect": str(dialect), "dialects": list(DIALECTS)},
+        )
+    return name
+
+
+def parse_statement(sql: str, dialect: str | None = None) -> exp.Select:
+    """Parse SQL text into exactly one sqlglot SELECT.
+
+    Args:
+        sql: the analyst's SQL text.
+        dialect: one of :data:`DIALECTS` (default ``duckdb``): how to read the text.
+
+    Raises:
+        InvalidRequest: an unknown dialect.
         InvalidSql: not a string, too long, does not parse, or not exactly one statement.
         UnsupportedQuery: a statement other than SELECT (sqlglot ``Command`` included)
             or a set operation.
@@ -228,7 +264,7 @@ def parse_statement(sql: str) -> exp.Select:
     if "\x00" in sql:
         raise InvalidSql("the SQL contains a NUL character")
     try:
-        statements = [s for s in sqlglot.parse(sql, read=DIALECT) if s is not None]
+        statements = [s for s in sqlglot.parse(sql, read=check_dialect(dialect)) if s is not None]
     except ParseError as exc:
         err = exc.errors[0] if exc.errors else {}
         description = str(err.get("description") or "syntax error")
@@ -709,6 +745,14 @@ def _plan_where(node: exp.Expression | None, scope: _Scope) -> str | None:
 class _Agg:
     function: str
     column: str | None
+    alpha: float | None = None  # quantiles only (dpgate.sql.quantile)
+
+
+def _unparen(node: exp.Expression) -> exp.Expression:
+    """``node`` without enclosing parentheses (``((SUM(x)))`` → ``SUM(x)``)."""
+    while isinstance(node, exp.Paren):
+        node = node.this
+    return node
 
 
 def _is_aggregate(node: exp.Expression) -> bool:
@@ -716,11 +760,38 @@ def _is_aggregate(node: exp.Expression) -> bool:
         return True
     if isinstance(node, exp.Anonymous) and node.name.lower() in _ANON_AGGREGATES:
         return True
-    return False
+    return is_quantile_call(node)  # quantiles hook (dpgate.sql.quantile)
+
+
+# --- quantiles hook: MEDIAN, PERCENTILE_*, QUANTILE_*, APPROX_QUANTILE, MIN, MAX ------------
+
+
+def _quantile_aggregate(node: exp.Expression, scope: _Scope) -> _Agg:
+    """(quantile|min|max, column, α) of a quantile aggregate over a bounded numeric column."""
+    function, arg, alpha = quantile_call(node)
+    if isinstance(arg, exp.Distinct):
+        raise _unsupported(f"{_snippet(node)}: DISTINCT is not supported in quantiles", node)
+    if not isinstance(arg, exp.Column):
+        raise _unsupported(
+            f"expressions inside aggregates are not supported: {_snippet(node)} "
+            "(the argument must be a bare declared column)", node)
+    name = scope.resolve(arg)
+    if scope.is_unit(name):
+        raise _unsupported(f"{_snippet(node)}: aggregating the privacy unit column is not allowed", node)
+    col = scope.table.column(name)
+    if col.type not in _NUMERIC:
+        raise _unsupported(f"{_snippet(node)}: column {name!r} is {col.type}, not numeric", node)
+    if not col.bounded:
+        raise _unsupported(
+            f"{_snippet(node)}: column {name!r} has no bounds in the policy (a DP quantile, "
+            "minimum or maximum picks from candidates spanning [lower, upper]: declare them)", node)
+    return _Agg(function, name, float(alpha))
 
 
 def _aggregate(node: exp.Expression, scope: _Scope) -> _Agg:
     """Map an aggregate call to (function, column), refusing anything outside the subset."""
+    if is_quantile_call(node):
+        return _quantile_aggregate(node, scope)
     table = scope.table
     if isinstance(node, exp.Count):
         _only_args(node, {"this", "big_int"})
@@ -764,8 +835,12 @@ def _aggregate(node: exp.Expression, scope: _Scope) -> _Agg:
         function = _AGG_FUNCTION[type(node)]
         arg = node.this
     if isinstance(arg, exp.Distinct):
-        raise _unsupported(f"{_snippet(node)}: DISTINCT is only supported in COUNT(DISTINCT "
-                           "<privacy unit>)", node)
+        raise _unsupported(
+            f"{_snippet(node)}: DISTINCT inside SUM/AVG/VAR/STDDEV is not supported: the set of distinct values is shared by all privacy units, so "
+            "contribution bounding cannot cap what one unit adds to it (write it without "
+            "DISTINCT; COUNT(DISTINCT <privacy unit>) is supported)",
+            node,
+        )
     if not isinstance(arg, exp.Column):
         raise _unsupported(
             f"expressions inside aggregates are not supported: {_snippet(node)} "
@@ -808,6 +883,7 @@ class _Out:
     label: str
     hidden: bool
     name: str = ""
+    alpha: float | None = None  # quantiles only
 
 
 class _Outputs:
@@ -826,14 +902,15 @@ class _Outputs:
 
     def add_agg(self, agg: _Agg, label: str, hidden: bool = False) -> _Out:
         """Append an aggregate output."""
-        out = _Out("agg", agg.column, agg.function, label, hidden)
+        out = _Out("agg", agg.column, agg.function, label, hidden, alpha=agg.alpha)
         self.items.append(out)
         return out
 
     def find_agg(self, agg: _Agg) -> _Out:
         """The first output computing ``agg``, else a new hidden one."""
         for out in self.items:
-            if out.kind == "agg" and out.function == agg.function and out.column == agg.column:
+            if (out.kind == "agg" and out.function == agg.function and out.column == agg.column
+                    and out.alpha == agg.alpha):
                 return out
         return self.add_agg(agg, _agg_label(agg, self.scope), hidden=True)
 
@@ -878,6 +955,29 @@ class _Outputs:
             )
         raise _unsupported(f"{_snippet(node)} is not supported in {clause}", node)
 
+    def check_labels(self) -> None:
+        """Refuse two released columns with the same title (case-insensitive).
+
+        A release is a table whose columns (and their accuracy entries) are keyed by
+        title: two columns titled ``v`` would leave one column's accuracy reported for
+        both. The same computation repeated under one title (``SELECT COUNT(*), COUNT(*)``)
+        is fine: its values and accuracy are the same. Raises UnsupportedQuery naming the
+        title.
+        """
+        seen: dict[str, _Out] = {}
+        for out in self.items:
+            if out.hidden:
+                continue
+            first = seen.setdefault(out.label.casefold(), out)
+            same = (first.kind, first.column, first.function) == (out.kind, out.column,
+                                                                  out.function)
+            if not same:
+                raise UnsupportedQuery(
+                    f"two output columns are named {out.label!r}: give each column of the "
+                    "SELECT list its own name (an alias, AS …)",
+                    {"construct": out.label},
+                )
+
     def assign_names(self) -> None:
         """Give every output its canonical name (``count``, ``sum_x``…; ``_2``… on a clash)."""
         taken: set[str] = set()
@@ -890,6 +990,8 @@ class _Outputs:
                 base = f"count_distinct_{self.scope.table.privacy_unit}"
             elif out.function == "count_column":
                 base = f"count_{out.column}"
+            elif out.function in QUANTILE_FUNCTIONS:
+                base = quantile_name(out.function, out.alpha, out.column)
             else:
                 base = f"{out.function}_{out.column}"
             name, i = base, 2
@@ -900,13 +1002,17 @@ class _Outputs:
             out.name = name
 
 
-def _agg_sql(function: str, column: str | None, scope: _Scope) -> str:
+def _agg_sql(function: str, column: str | None, scope: _Scope, alpha: float | None = None) -> str:
+    if function in QUANTILE_FUNCTIONS:
+        return quantile_sql(function, alpha, quote_identifier(column))
     if function == "count_distinct_unit":
         column = scope.table.privacy_unit
     return _AGG_SQL[function].format(c=quote_identifier(column) if column else "")
 
 
 def _agg_label(agg: _Agg, scope: _Scope) -> str:
+    if agg.function in QUANTILE_FUNCTIONS:
+        return quantile_sql(agg.function, agg.alpha, agg.column)
     col = agg.column if agg.function != "count_distinct_unit" else scope.table.privacy_unit
     return _AGG_SQL[agg.function].format(c=col or "")
 
@@ -1017,7 +1123,7 @@ def _group_by(stmt: exp.Select, scope: _Scope) -> list[str]:
                 item,
             )
         scope.table.column(name)  # declared (UnknownColumn otherwise)
-        # issue 11 hook: a key without public keys is selected privately (sql/selection.py)
+        # issue 11 hook: a key without public keys is selected privately (sql/partition_selection.py)
         if name not in cols:
             cols.append(name)
     order = list(scope.table.columns)
@@ -1035,12 +1141,14 @@ def _policy_digest(table: TablePolicy, columns: set[str]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def parse_query(sql: str, policy: DatasetPolicy) -> QueryPlan:
+def parse_query(sql: str, policy: DatasetPolicy, *, dialect: str | None = None) -> QueryPlan:
     """Parse, validate and plan one aggregate query against a dataset's policy.
 
     Args:
         sql: the analyst's SQL text (DuckDB dialect, one SELECT statement).
         policy: the dataset's policy (tables, privacy unit, bounds, public keys).
+        dialect: how to read ``sql`` (one of :data:`DIALECTS`; default ``duckdb``). The
+            plan, its hash and the executed SQL do not depend on it.
 
     Returns:
         The frozen, canonical :class:`QueryPlan` (nothing is executed).
@@ -1052,8 +1160,9 @@ def parse_query(sql: str, policy: DatasetPolicy) -> QueryPlan:
         UnknownTable: the table (or a qualifier) is not declared.
         UnknownColumn: a column is not declared.
     """
-    stmt = parse_statement(sql)
+    stmt = parse_statement(sql, dialect)
     try:
+        stmt = apply_statement_rules(stmt)
         return _plan(stmt, policy)
     except RecursionError:
         raise InvalidSql("the SQL is nested too deeply") from None
@@ -1073,7 +1182,7 @@ def _plan(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
         raise InvalidSql("the SELECT list is empty")
     for item in selects:
         label = item.alias if isinstance(item, exp.Alias) else None
-        node = item.unalias()
+        node = _unparen(item.unalias())
         if isinstance(node, exp.Star) or (
             isinstance(node, exp.Column) and isinstance(node.this, exp.Star)
         ):
@@ -1110,13 +1219,6 @@ def _plan(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
     for name in group_by:
         if not any(o.kind == "key" and o.column == name for o in outputs.items):
             outputs.add_key(name, name, hidden=True)
-    if not any(o.kind == "agg" for o in outputs.items):
-        if not selection.selected_columns(table, group_by):
-            raise UnsupportedQuery("the query computes no aggregate (COUNT, SUM, AVG, …)")
-        # issue 11 hook: keys only, selected privately — a hidden count of units is the
-        # selection's own noisy count (no charge of its own; sql/selection.py)
-        agg = _Agg("count", None) if table.record_level else _Agg("count_distinct_unit", None)
-        outputs.add_agg(agg, _agg_label(agg, scope), hidden=True)
 
     where_node = stmt.args.get("where")
     where = _plan_where(where_node.this if where_node is not None else None, scope)
@@ -1125,6 +1227,15 @@ def _plan(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
     )
     order_refs = _order_by(stmt, outputs)
     limit = _limit(stmt)
+    # selection hook (issue 15): an aggregate named only in ORDER BY counts (a keys-only
+    # selection query, dpgate.sql.selection_query); checked after ORDER BY is resolved.
+    if not any(o.kind == "agg" for o in outputs.items):
+        if not selection.selected_columns(table, group_by):
+            raise UnsupportedQuery("the query computes no aggregate (COUNT, SUM, AVG, …)")
+        # issue 11 hook: keys only, selected privately — a hidden count of units is the
+        # selection's own noisy count (no charge of its own; sql/partition_selection.py)
+        agg = _Agg("count", None) if table.record_level else _Agg("count_distinct_unit", None)
+        outputs.add_agg(agg, _agg_label(agg, scope), hidden=True)
 
     selected_keys = selection.selected_columns(table, group_by)  # issue 11 hook
     n_groups = table.key_combinations([c for c in group_by if c not in selected_keys])
@@ -1134,9 +1245,10 @@ def _plan(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
             {"groups": n_groups},
         )
 
+    outputs.check_labels()
     outputs.assign_names()
     prefix = _primitive_prefix(table)
-    primitives: dict[tuple[str, str | None], Primitive] = {}
+    primitives: dict[tuple[str, str | None, float | None], Primitive] = {}
     plan_outputs: list[Output] = []
     for out in outputs.items:
         if out.kind == "key":
@@ -1145,9 +1257,10 @@ def _plan(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
         ids = []
         for kind in FUNCTION_PRIMITIVES[out.function]:
             column = out.column if kind not in ("count", "count_distinct_unit") else None
-            key = (kind, column)
+            alpha = out.alpha if kind == "quantile" else None
+            key = (kind, column, alpha)
             if key not in primitives:
-                primitives[key] = Primitive(f"{prefix}{len(primitives)}", kind, column)
+                primitives[key] = Primitive(f"{prefix}{len(primitives)}", kind, column, alpha)
             ids.append(primitives[key].id)
         plan_outputs.append(
             AggregateOutput(out.name, out.function, out.column, tuple(ids), out.hidden, out.label)
@@ -1218,7 +1331,8 @@ def _with_canonical_sql(plan: QueryPlan, scope: _Scope) -> QueryPlan:
         if isinstance(out, KeyOutput):
             exprs[out.name] = quote_identifier(out.column)
         else:
-            exprs[out.name] = _agg_sql(out.function, out.column, scope)
+            alpha = plan.primitive(out.primitives[0]).alpha if out.function in QUANTILE_FUNCTIONS else None
+            exprs[out.name] = _agg_sql(out.function, out.column, scope, alpha)
     items = []
     for out in plan.visible_outputs:
         text = exprs[out.name]

@@ -33,9 +33,10 @@ from typing import Any, Literal, Mapping
 
 import numpy as np
 
-PrimitiveKind = Literal["count", "count_column", "count_distinct_unit", "sum", "sum_squares"]
+PrimitiveKind = Literal["count", "count_column", "count_distinct_unit", "sum", "sum_squares", "quantile"]
 AggregateFunction = Literal[
-    "count", "count_column", "count_distinct_unit", "sum", "avg", "var_pop", "stddev_pop"
+    "count", "count_column", "count_distinct_unit", "sum", "avg", "var_pop", "stddev_pop",
+    "quantile", "min", "max",
 ]
 
 #: Primitives each aggregate function is computed from, in this order.
@@ -47,6 +48,11 @@ FUNCTION_PRIMITIVES: Mapping[str, tuple[PrimitiveKind, ...]] = {
     "avg": ("sum", "count_column"),
     "var_pop": ("sum_squares", "sum", "count_column"),
     "stddev_pop": ("sum_squares", "sum", "count_column"),
+    # quantiles (dpgate.quantiles): one exponential-mechanism release of the α-quantile;
+    # MIN/MAX are the 0- and 1-quantiles
+    "quantile": ("quantile",),
+    "min": ("quantile",),
+    "max": ("quantile",),
 }
 
 
@@ -62,14 +68,19 @@ class Primitive:
             (non-NULL, finite values of ``column``), ``count_distinct_unit``
             (distinct privacy units), ``sum`` (clamped values of ``column`` in
             fixed-point units of its ``resolution``), ``sum_squares`` (squares of
-            the clamped fixed-point values, units of ``resolution**2``).
+            the clamped fixed-point values, units of ``resolution**2``), ``quantile``
+            (the index of the ``alpha``-quantile's candidate on the column's grid,
+            chosen by the exponential mechanism; :mod:`dpgate.quantiles`).
         column: the declared column, or None for ``count`` and
             ``count_distinct_unit``.
+        alpha: the quantile in [0, 1] for ``quantile`` primitives, else None (then
+            left out of the canonical form, so other plans keep their hashes).
     """
 
     id: str
     kind: PrimitiveKind
     column: str | None = None
+    alpha: float | None = None
 
 
 @dataclass(frozen=True)
@@ -164,7 +175,7 @@ class QueryPlan:
         canonical_sql: a normalised SQL text of the query, for humans and the
             release record; equal for queries that differ only in spelling.
         selected_keys: group-by columns without public keys, whose values are chosen by
-            private partition selection (issue 11; :mod:`dpgate.sql.selection`); empty
+            private partition selection (issue 11; :mod:`dpgate.sql.partition_selection`); empty
             when every key is public. Left out of the canonical form when empty, so the
             plan hashes of queries without selection are unchanged.
     """
@@ -195,6 +206,7 @@ class QueryPlan:
             d.pop("selected_keys")
         for o in d["outputs"]:
             o.pop("label")
+        _drop_empty_alpha(d)
         return d
 
     @property
@@ -230,6 +242,7 @@ class QueryPlan:
     def to_dict(self) -> dict[str, Any]:
         """JSON-native full form (lists, not tuples; with labels, canonical SQL and ``plan_hash``)."""
         d = json.loads(json.dumps(asdict(self)))
+        _drop_empty_alpha(d)
         if not d["selected_keys"]:
             d.pop("selected_keys")
         d["plan_hash"] = self.plan_hash
@@ -262,6 +275,13 @@ class QueryPlan:
             canonical_sql=d.get("canonical_sql", ""),
             selected_keys=tuple(d.get("selected_keys", ())),
         )
+
+
+def _drop_empty_alpha(d: dict) -> None:
+    """Leave ``alpha`` out of non-quantile primitives (their canonical form predates it)."""
+    for p in d["primitives"]:
+        if p.get("alpha") is None:
+            p.pop("alpha", None)
 
 
 # --- HAVING on noisy values (post-processing) ---------------------------------------------

@@ -50,6 +50,7 @@ from dpgate.auth import KeyStore, Permission, Principal, Role
 from dpgate.errors import DpgateError, Forbidden, InvalidRequest, NotFound, Unauthenticated
 from dpgate.ledger.browse import MAX_PAGE_SIZE, normalise_time
 from dpgate.service import Gateway, QueryBudget
+from dpgate.sql.parse import DIALECTS as PLANNER_DIALECTS
 from dpgate.ui.data import BurndownCache, drift_warning, explanation_view, populations_overview, recent_releases, release_view
 from dpgate.ui.render import PAGE_HEADERS, error_page, page
 from dpgate.ui.sessions import COOKIE_NAME, Session, SessionStore, csrf_matches
@@ -59,7 +60,7 @@ log = logging.getLogger("dpgate.ui")
 __all__ = ["router", "SignInRequired", "CsrfFailed"]
 
 #: The SQL dialects offered in the console when the gateway accepts a ``dialect`` (sqlglot names).
-DIALECTS = ("duckdb", "postgres", "bigquery", "spark", "tsql", "mysql", "snowflake", "sqlite")
+DIALECTS = PLANNER_DIALECTS
 #: Budget forms of the console: the request's ``budget`` field names.
 BUDGET_KINDS = ("default", "rho", "epsilon", "ci95")
 #: Releases shown per dashboard page by default, and at most.

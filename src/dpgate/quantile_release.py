@@ -1,0 +1,267 @@
+"""Calibrating, charging and sampling DP quantiles (the mechanism side of :mod:`dpgate.quantiles`).
+
+**Budget.** A query's budget (ρ, ε, or the policy's default ρ) is split equally over
+its n noisy releases: every noisy count/sum primitive and every quantile
+(``MEDIAN``, ``MIN``… each is one release). A quantile's share b is spent over the
+k_eff groups one unit can touch (k_eff = min(k, key combinations), as for sums):
+per group b/k_eff. Cost by composition: ρ adds ([BS16] Lemma 2.3), ε adds ([DR14]
+Thm. 3.16). A ``{ci95}`` budget (a half-width in the column's units) has no
+meaning for a rank error and is refused for queries with quantiles.
+
+**Scale.** Under zCDP (mechanism ``gaussian``) the selection is OpenDP's Gumbel
+report-noisy-max, the exponential mechanism: ε_g-DP with ε_g = 2Δ∞/s for score
+sensitivity Δ∞ and Gumbel scale s, hence ε_g²/8-zCDP by the bounded-range
+analysis (Cesar & Rogers 2021, "Bounding, Concentrating, and Truncating: Unifying
+Privacy Loss Composition for Data Analytics", ALT 2021, Lemma 3.2; Durfee & Rogers
+2019, NeurIPS, Lemma 3.1) — DESIGN.md "Accounting" allows ρ = ε²/8 for the
+Gumbel-noise max only. So for a per-group share ρ_g: ε_g = √(8ρ_g) and
+s = 2Δ∞/ε_g. Under pure DP (mechanism ``laplace``) OpenDP uses exponential noise
+(permute-and-flip-equivalent), ε_g = 2Δ∞/s, so s = 2Δ∞/ε_g with ε_g the per-group
+ε share. In both cases the charged cost is read back from OpenDP's privacy map of
+the measurement used (``make_noisy_max(…).map(Δ∞)``) and must not exceed the share
+(the scale is widened by ulps until it does not).
+
+Δ∞ = m·max(num, den − num) in integer score units (:func:`dpgate.quantiles.score_sensitivity`);
+the rank scale reported is ``s_r = s/den`` (ranks), and the rank error
+``r = s_r·ln(C/0.05)`` (:func:`dpgate.quantiles.rank_error`).
+
+[BS16] Bun & Steinke, TCC 2016. [DR14] Dwork & Roth, The Algorithmic Foundations
+of Differential Privacy, 2014.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Literal, Mapping
+
+import numpy as np
+
+from dpgate import accounting, mechanisms
+from dpgate.errors import InvalidBudget, UnsupportedQuery
+from dpgate.policy import DatasetPolicy
+from dpgate.quantiles import MAX_CELLS, Grid, alpha_fraction, grid_for, rank_error, score_sensitivity, scores
+from dpgate.sensitivity import max_groups_changed
+from dpgate.sql.plan import Primitive, QueryPlan
+from dpgate.sql.quantile import histogram_sql
+
+Measure = Literal["zcdp", "pure"]
+
+
+def has_quantiles(plan: QueryPlan) -> bool:
+    """True when the plan releases at least one quantile."""
+    return any(p.kind == "quantile" for p in plan.primitives)
+
+
+def without_quantiles(plan: QueryPlan) -> QueryPlan:
+    """The plan's count/sum primitives only (what :func:`dpgate.sql.bound.bounded_sql` computes)."""
+    return replace(plan, primitives=tuple(p for p in plan.primitives if p.kind != "quantile"))
+
+
+@dataclass(frozen=True)
+class QuantileNoise:
+    """The calibrated selection of one quantile primitive.
+
+    Attributes:
+        primitive: primitive id. column: the declared column. alpha: the quantile.
+        num, den: α as an exact fraction. grid: the candidates.
+        measure: ``"zcdp"`` (Gumbel) or ``"pure"`` (exponential noise).
+        score_scale: OpenDP's noise scale on the integer scores.
+        rank_scale: the same in ranks (score_scale / den).
+        score_sensitivity: Δ∞ of the integer scores (one unit, one group).
+        groups: k_eff, groups one unit can change.
+        cost_per_group: OpenDP's privacy map at Δ∞ (ρ or ε).
+        cost: groups × cost_per_group.
+        rank_error95: r = rank_scale·ln(C/0.05).
+    """
+
+    primitive: str
+    column: str
+    alpha: float
+    num: int
+    den: int
+    grid: Grid
+    measure: Measure
+    score_scale: float
+    rank_scale: float
+    score_sensitivity: int
+    groups: int
+    cost_per_group: float
+    cost: float
+    rank_error95: float
+
+    def describe(self) -> dict[str, Any]:
+        """JSON form for explain."""
+        return {
+            "column": self.column, "quantile": self.alpha, "grid": self.grid.describe(),
+            "mechanism": "exponential_mechanism (OpenDP make_noisy_max, "
+                         + ("Gumbel noise, rho = eps^2/8" if self.measure == "zcdp" else "exponential noise, pure eps")
+                         + ")",
+            "score_sensitivity": self.score_sensitivity, "score_scale": self.score_scale,
+            "rank_scale": self.rank_scale, "rank_error95": self.rank_error95,
+            "groups_per_unit": self.groups,
+            ("rho" if self.measure == "zcdp" else "epsilon"): self.cost,
+        }
+
+
+def calibrate_quantile(p: Primitive, plan: QueryPlan, policy: DatasetPolicy, measure: Measure,
+                       share: float) -> QuantileNoise:
+    """Scale and cost of one quantile for its budget ``share`` (ρ or ε; module docstring).
+
+    Raises:
+        InvalidBudget: a share so small that the scale is not finite.
+    """
+    table = policy.table(plan.table)
+    grid = grid_for(table.column(p.column))
+    num, den = alpha_fraction(repr(p.alpha))
+    k_eff = max_groups_changed(plan, policy)
+    delta_inf = score_sensitivity(num, den, table.max_rows_per_unit)
+    per_group = share / k_eff
+    eps_g = math.sqrt(8.0 * per_group) if measure == "zcdp" else per_group
+    scale = 2.0 * delta_inf / eps_g if eps_g > 0 else math.inf
+    if not math.isfinite(scale) or scale <= 0:
+        raise InvalidBudget(f"the budget is too small for the quantile of {p.column!r}",
+                            {"primitive": p.id})
+    mapped = mechanisms.noisy_max_cost(measure, scale, delta_inf)
+    for _ in range(64):
+        if mapped <= per_group:
+            break
+        scale = math.nextafter(scale, math.inf)
+        mapped = mechanisms.noisy_max_cost(measure, scale, delta_inf)
+    rank_scale = scale / den
+    return QuantileNoise(p.id, p.column, float(p.alpha), num, den, grid, measure, scale, rank_scale,
+                         delta_inf, k_eff, mapped, k_eff * mapped, rank_error(rank_scale, grid.size))
+
+
+@dataclass(frozen=True)
+class PlanCalibration:
+    """The calibration of a plan with quantiles: the count/sum part and the quantiles.
+
+    Duck-types :class:`dpgate.mechanisms.Calibration` where the service reads it
+    (``mechanism``, ``scales``, ``cost``, ``rho``, ``epsilon``, ``exact``).
+    ``scales`` maps quantile primitives to their rank scale.
+    """
+
+    mechanism: str
+    base: mechanisms.Calibration | None
+    quantiles: dict[str, QuantileNoise]
+    cost: accounting.Cost
+    rho: float | None
+    epsilon: float | None
+    scales: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def exact(self) -> bool:
+        """Never exact: a quantile always costs something."""
+        return False
+
+    def halfwidths(self) -> dict[str, float]:
+        """Quantile primitive → rank error (ranks); count/sum primitive → 95 % half-width."""
+        out = {pid: mechanisms.ci95_halfwidth(self.base.mechanism, s) for pid, s in self.base.scales.items()} \
+            if self.base is not None else {}
+        out.update({pid: q.rank_error95 for pid, q in self.quantiles.items()})
+        return out
+
+
+def calibrate_plan(plan: QueryPlan, policy: DatasetPolicy, mechanism: str, resolved: Mapping[str, Any],
+                   pairs: Mapping[str, tuple[float, float]],
+                   calibrate: Callable[..., mechanisms.Calibration]) -> PlanCalibration:
+    """Split the query's budget over its count/sum primitives and its quantiles (module docstring).
+
+    Args:
+        plan, policy: the query plan and its policy.
+        mechanism: ``"gaussian"`` (zCDP; quantiles with Gumbel noise) or ``"laplace"`` (pure ε).
+        resolved: the resolved budget (``{rho}``, ``{epsilon[, delta]}``; ``{ci95}`` refused).
+        pairs: (Δ1, Δ2) of the count/sum primitives.
+        calibrate: :func:`dpgate.mechanisms.calibrate`.
+
+    Raises:
+        InvalidBudget: a ``ci95`` budget; a budget too small.
+        UnsupportedQuery: groups × candidates above :data:`dpgate.quantiles.MAX_CELLS`.
+    """
+    if "ci95" in resolved:
+        raise InvalidBudget(
+            "a ci95 budget is a half-width in the column's units; a DP quantile (MEDIAN, PERCENTILE, "
+            "MIN, MAX) reports a rank error instead: give rho or epsilon for this query")
+    gaussian = mechanisms.mechanism_name(mechanism) == "discrete_gaussian"
+    measure: Measure = "zcdp" if gaussian else "pure"
+    if gaussian:
+        total = (accounting.rho_for_cap(resolved["epsilon"], resolved["delta"], "tight")
+                 if "epsilon" in resolved else float(resolved["rho"]))
+    else:
+        total = resolved["epsilon"] if "epsilon" in resolved else math.sqrt(2.0 * resolved["rho"])
+    if not (math.isfinite(total) and total > 0):
+        raise InvalidBudget(f"the budget must be finite and > 0, got {total!r}")
+    table = policy.table(plan.table)
+    groups = table.key_combinations(plan.group_by)
+    qprims = [p for p in plan.primitives if p.kind == "quantile"]
+    for p in qprims:
+        cells = groups * grid_for(table.column(p.column)).size
+        if cells > MAX_CELLS:
+            raise UnsupportedQuery(
+                f"the quantile of {p.column!r} would score {cells} (group, candidate) pairs, more than "
+                f"{MAX_CELLS}: group by fewer keys or coarsen the column's resolution",
+                {"cells": cells, "max": MAX_CELLS})
+    noisy = [pid for pid, (l1, l2) in pairs.items() if (l2 if gaussian else l1) > 0]
+    n = len(noisy) + len(qprims)
+    share = total / n
+    base = None
+    if pairs:
+        if noisy:
+            base = calibrate(pairs, mechanism=mechanism, **({"rho": share * len(noisy)} if gaussian
+                                                           else {"epsilon": share * len(noisy)}))
+        else:
+            base = calibrate(pairs, mechanism=mechanism, scales={})
+    quantiles = {p.id: calibrate_quantile(p, plan, policy, measure, share) for p in qprims}
+    spent = math.fsum([q.cost for q in quantiles.values()]
+                      + ([(base.rho if gaussian else base.epsilon) or 0.0] if base is not None else []))
+    spent = max(spent, total) if noisy or quantiles else spent
+    scales = dict(base.scales) if base is not None else {}
+    scales.update({pid: q.rank_scale for pid, q in quantiles.items()})
+    mech = base.mechanism if base is not None else mechanisms.mechanism_name(mechanism)
+    return PlanCalibration(mech, base, quantiles,
+                           accounting.Cost.zcdp(spent) if gaussian else accounting.Cost.pure(spent),
+                           spent if gaussian else None, None if gaussian else spent, scales)
+
+
+def histograms(result: Mapping[str, np.ndarray], n_groups: int, candidates: int) -> np.ndarray:
+    """The (groups × candidates) count matrix from :func:`dpgate.sql.quantile.histogram_sql`'s result."""
+    r = np.asarray(result["__dpg_r"], dtype=np.int64)
+    b = np.asarray(result["__dpg_b"], dtype=np.int64)
+    c = np.asarray(result["__dpg_n"], dtype=np.int64)
+    keep = b >= 0
+    flat = np.bincount(r[keep] * candidates + b[keep], weights=c[keep], minlength=n_groups * candidates)
+    return np.rint(flat).astype(np.int64).reshape(n_groups, candidates)
+
+
+def group_keys(result: Mapping[str, np.ndarray], plan: QueryPlan) -> dict[str, np.ndarray]:
+    """Group-key vectors (one entry per group, public-key order) from a histogram result."""
+    r = np.asarray(result["__dpg_r"], dtype=np.int64)
+    first = np.flatnonzero(np.r_[True, r[1:] != r[:-1]]) if r.size else np.array([], dtype=np.int64)
+    return {k: np.asarray(result[k])[first] for k in plan.group_by}
+
+
+def select(noise: QuantileNoise, hist: np.ndarray) -> np.ndarray:
+    """Candidate index per group, each chosen by OpenDP's noisy max on that group's scores."""
+    return np.array([mechanisms.noisy_argmin(noise.measure, noise.score_scale, scores(row, noise.num, noise.den))
+                     for row in hist], dtype=np.int64)
+
+
+def run(plan: QueryPlan, policy: DatasetPolicy, cal: PlanCalibration, execute: Callable[[str], Mapping[str, np.ndarray]],
+        salt: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Execute each quantile column's histogram SQL and select every quantile.
+
+    Returns (group keys, primitive id → candidate index per group).
+    """
+    table = policy.table(plan.table)
+    n_groups = table.key_combinations(plan.group_by)
+    by_column: dict[str, Mapping[str, np.ndarray]] = {}
+    out: dict[str, np.ndarray] = {}
+    keys: dict[str, np.ndarray] = {}
+    for pid, q in cal.quantiles.items():
+        if q.column not in by_column:
+            by_column[q.column] = execute(histogram_sql(plan, policy, q.column, salt=salt))
+            keys = keys or group_keys(by_column[q.column], plan)
+        hist = histograms(by_column[q.column], n_groups, q.grid.size)
+        out[pid] = select(q, hist)
+    return keys, out

@@ -1,0 +1,215 @@
+"""Quantile aggregates in SQL: recognising them (parser hook) and the bounded histogram SQL.
+
+Recognised spellings (sqlglot, DuckDB dialect) and the quantile α they mean:
+
+* ``MEDIAN(x)`` → 0.5; ``QUANTILE_CONT(x, q)``, ``QUANTILE_DISC(x, q)``,
+  ``QUANTILE(x, q)``, ``APPROX_QUANTILE(x, q)`` → q;
+* ``PERCENTILE_CONT(q) WITHIN GROUP (ORDER BY x)`` and ``PERCENTILE_DISC`` → q
+  (``ORDER BY x DESC`` → 1 − q);
+* ``MIN(x)`` → 0, ``MAX(x)`` → 1 (DP estimates of the bounded column's minimum and
+  maximum, not the true extremes).
+
+q is a numeric literal in [0, 1]. CONT and DISC are the same DP estimate: the
+released value is a candidate of the public grid (:mod:`dpgate.quantiles`), so
+there is nothing to interpolate. A list of quantiles in one call is refused (write
+one call per quantile: each is its own release, charged separately).
+
+:func:`histogram_sql` is the bounding rewrite for one quantile column (same
+conventions as :mod:`dpgate.sql.bound`: generated names only, the plan's canonical
+WHERE, the analyst's text never reaches the engine). Its steps:
+
+1. ``rows``: filtered rows (NULL unit dropped, group keys restricted to their
+   public keys), the value as a clamped fixed-point integer (NULL for NULL, NaN,
+   ±inf; those rows are left out) rounded to its nearest grid candidate ``b``;
+2. ``kept``: per (unit, group), at most m values — those with the smallest
+   ``hash(unit, b, row order, salt)`` — and, when the unit has values in more
+   than k groups, only the k groups with the smallest ``hash(unit, keys, salt)``
+   (the rule of :mod:`dpgate.sql.bound`; it depends only on the unit's own rows
+   and the secret salt);
+3. per (group, candidate): the number of kept values;
+4. the public keys LEFT JOINed: one row per (group, non-empty candidate), or one row
+   with ``b = -1`` for an empty group, in public-key order.
+
+Record-level tables (each row its own unit, k = m = 1) skip step 2.
+"""
+
+from __future__ import annotations
+
+from sqlglot import exp
+
+from dpgate.errors import UnsupportedQuery
+from dpgate.policy import DatasetPolicy, quote_identifier as q
+from dpgate.quantiles import Grid, alpha_fraction, grid_for
+from dpgate.sql.bound import SALT_PLACEHOLDER, _fixed_point, _key_filter, _key_relation, _where
+from dpgate.sql.plan import QueryPlan
+
+_PREFIX = "__dpg_"
+_SRC = _PREFIX + "src"
+
+#: Aggregate node types that are quantiles (besides MIN/MAX and WITHIN GROUP).
+QUANTILE_NODES = (exp.Median, exp.PercentileCont, exp.PercentileDisc, exp.ApproxQuantile,
+                  exp.Quantile, exp.Min, exp.Max, exp.WithinGroup)
+
+#: Aggregate functions of the plan that are quantiles.
+QUANTILE_FUNCTIONS = ("quantile", "min", "max")
+
+
+def is_quantile_call(node: exp.Expression) -> bool:
+    """True for a quantile aggregate node (see the module docstring)."""
+    if isinstance(node, exp.WithinGroup):
+        return isinstance(node.this, (exp.PercentileCont, exp.PercentileDisc))
+    return isinstance(node, QUANTILE_NODES)
+
+
+def _snippet(node: exp.Expression) -> str:
+    text = node.sql(dialect="duckdb")
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _refuse(message: str, node: exp.Expression) -> UnsupportedQuery:
+    return UnsupportedQuery(message, {"construct": _snippet(node)})
+
+
+def _alpha(lit: exp.Expression | None, call: exp.Expression) -> str:
+    """The quantile literal's decimal text (checked to be in [0, 1])."""
+    if isinstance(lit, exp.Array):
+        raise _refuse(f"{_snippet(call)}: a list of quantiles in one call is not supported; "
+                      "write one call per quantile", call)
+    if not (isinstance(lit, exp.Literal) and not lit.is_string):
+        raise _refuse(f"{_snippet(call)}: the quantile must be a numeric literal in [0, 1]", call)
+    try:
+        alpha_fraction(lit.this)
+    except ValueError as e:
+        raise _refuse(f"{_snippet(call)}: {e}", call) from None
+    return str(lit.this)
+
+
+def quantile_call(node: exp.Expression) -> tuple[str, exp.Expression, float]:
+    """(function, argument, α) of a quantile aggregate.
+
+    ``function`` is ``"quantile"``, ``"min"`` or ``"max"``; the argument is the
+    aggregated expression (the caller checks it is a bounded declared column).
+
+    Raises:
+        UnsupportedQuery: a non-literal or out-of-range quantile, a list of quantiles,
+            several ORDER BY items in WITHIN GROUP, DISTINCT.
+    """
+    if isinstance(node, exp.Min):
+        return "min", node.this, 0.0
+    if isinstance(node, exp.Max):
+        return "max", node.this, 1.0
+    if isinstance(node, exp.Median):
+        return "quantile", node.this, 0.5
+    if isinstance(node, exp.WithinGroup):
+        order = node.expression
+        items = order.expressions if isinstance(order, exp.Order) else []
+        if len(items) != 1 or set(k for k, v in order.args.items() if v) - {"expressions"}:
+            raise _refuse(f"{_snippet(node)}: WITHIN GROUP needs exactly one ORDER BY column", node)
+        item = items[0]
+        text = _alpha(node.this.this, node)
+        num, den = alpha_fraction(text)
+        alpha = num / den
+        if isinstance(item, exp.Ordered) and item.args.get("desc"):
+            alpha = (den - num) / den
+        arg = item.this if isinstance(item, exp.Ordered) else item
+        return "quantile", arg, alpha
+    lit = node.args.get("quantile") if isinstance(node, (exp.ApproxQuantile, exp.Quantile)) \
+        else node.args.get("expression")
+    extra = {k for k, v in node.args.items() if v not in (None, False, [], "")} - {
+        "this", "quantile", "expression"}
+    if extra:
+        raise _refuse(f"{_snippet(node)} uses options that are not supported", node)
+    num, den = alpha_fraction(_alpha(lit, node))
+    return "quantile", node.this, num / den
+
+
+def quantile_name(function: str, alpha: float | None, column: str) -> str:
+    """Canonical output name: ``min_x``, ``max_x``, ``median_x``, ``quantile_90_x``, ``quantile_97_5_x``."""
+    if function in ("min", "max"):
+        return f"{function}_{column}"
+    if alpha == 0.5:
+        return f"median_{column}"
+    pct = f"{alpha * 100:.4f}".rstrip("0").rstrip(".").replace(".", "_")
+    return f"quantile_{pct}_{column}"
+
+
+def quantile_sql(function: str, alpha: float | None, column_sql: str) -> str:
+    """Canonical SQL text of a quantile aggregate (``MIN(x)``, ``MEDIAN(x)``, ``QUANTILE_CONT(x, 0.9)``)."""
+    if function == "min":
+        return f"MIN({column_sql})"
+    if function == "max":
+        return f"MAX({column_sql})"
+    if alpha == 0.5:
+        return f"MEDIAN({column_sql})"
+    return f"QUANTILE_CONT({column_sql}, {alpha!r})"
+
+
+def histogram_sql(plan: QueryPlan, policy: DatasetPolicy, column: str, *, salt: int | str) -> str:
+    """DuckDB SQL of the bounded per-(group, candidate) counts of one quantile column.
+
+    Result columns: the group keys (declared names, in public-key order), ``__dpg_r``
+    (the group's ordinal, 0-based), ``__dpg_b`` (candidate index, −1 for an empty
+    group) and ``__dpg_n`` (kept values at that candidate), ordered by (r, b).
+    """
+    table = policy.table(plan.table)
+    col = table.column(column)
+    grid: Grid = grid_for(col)
+    salt_sql = str(int(salt)) if not isinstance(salt, str) else salt
+    src = lambda c: f"{q(_SRC)}.{q(c)}"  # noqa: E731
+    keys = [table.column(c) for c in plan.group_by]
+    g = [q(f"{_PREFIX}g{i}") for i in range(len(keys))]
+    u, b = q(_PREFIX + "u"), q(_PREFIX + "b")
+    m, k = table.max_rows_per_unit, table.max_groups_per_unit
+    fp = _fixed_point(col, src(col.name))
+    half = grid.stride // 2
+    bin_sql = f"LEAST(({fp} - ({grid.lo}) + {half}) // {grid.stride}, {grid.size - 1})"
+    select = ([] if table.record_level else [f"{src(table.privacy_unit)} AS {u}"])
+    select += [f"{src(c.name)} AS {g[i]}" for i, c in enumerate(keys)]
+    select.append(f"{bin_sql} AS {b}")
+    conditions = [f"({fp}) IS NOT NULL"]
+    if not table.record_level:
+        conditions.append(f"{src(table.privacy_unit)} IS NOT NULL")
+    where = _where(plan)
+    if where is not None:
+        conditions.append(f"({where})")
+    conditions += [_key_filter(c, src(c.name)) for c in keys]
+    ctes = [f"{q(_PREFIX + 'rows')} AS (\n  SELECT {', '.join(select)}\n  FROM {table.relation} AS "
+            f"{q(_SRC)}\n  WHERE {' AND '.join(conditions)}\n)"]
+    source = q(_PREFIX + "rows")
+    if not table.record_level:
+        part = ", ".join([u] + g)
+        kept = (f"SELECT {', '.join([u] + g + [b])} FROM {source}\n  QUALIFY row_number() OVER "
+                f"(PARTITION BY {part} ORDER BY hash({u}, {b}, {salt_sql}), {b}) <= {m}")
+        ctes.append(f"{q(_PREFIX + 'kept')} AS (\n  {kept}\n)")
+        source = q(_PREFIX + "kept")
+        if keys and k < table.key_combinations(plan.group_by):
+            order = ", ".join([f"hash({', '.join([u] + g + [salt_sql])})"] + g)
+            ug = (f"SELECT {', '.join([u] + g)} FROM {source} GROUP BY {', '.join([u] + g)}\n"
+                  f"  QUALIFY row_number() OVER (PARTITION BY {u} ORDER BY {order}) <= {k}")
+            ctes.append(f"{q(_PREFIX + 'unit_groups')} AS (\n  {ug}\n)")
+            on = " AND ".join(f"{source}.{x} = {q(_PREFIX + 'unit_groups')}.{x}" for x in [u] + g)
+            ctes.append(f"{q(_PREFIX + 'kept_groups')} AS (\n  SELECT {', '.join(f'{source}.{x}' for x in g + [b])} "
+                        f"FROM {source} JOIN {q(_PREFIX + 'unit_groups')} ON {on}\n)")
+            source = q(_PREFIX + "kept_groups")
+    counts = f"SELECT {', '.join(g + [b])}, COUNT(*) AS {q(_PREFIX + 'n')} FROM {source} GROUP BY {', '.join(g + [b])}"
+    ctes.append(f"{q(_PREFIX + 'counts')} AS (\n  {counts}\n)")
+    cnt = q(_PREFIX + "counts")
+    r, n = q(_PREFIX + "r"), q(_PREFIX + "n")
+    if not keys:
+        final = (f"SELECT 0 AS {r}, COALESCE({cnt}.{b}, -1) AS {b}, COALESCE({cnt}.{n}, 0) AS {n}\n"
+                 f"FROM (SELECT 1) AS {q(_PREFIX + 'one')}(x) LEFT JOIN {cnt} ON TRUE\nORDER BY {b}")
+    else:
+        key_outs = [f"CAST({q(f'{_PREFIX}k{i}')}.{g[i]} AS {c.duckdb_type}) AS {q(c.name)}"
+                    for i, c in enumerate(keys)]
+        joins = " CROSS JOIN ".join(_key_relation(c, i) for i, c in enumerate(keys))
+        on = " AND ".join(f"{q(f'{_PREFIX}k{i}')}.{g[i]} = {cnt}.{g[i]}" for i in range(len(keys)))
+        order = ", ".join(f"{q(f'{_PREFIX}k{i}')}.{q(f'{_PREFIX}o{i}')}" for i in range(len(keys)))
+        final = (f"SELECT {', '.join(key_outs)}, dense_rank() OVER (ORDER BY {order}) - 1 AS {r}, "
+                 f"COALESCE({cnt}.{b}, -1) AS {b}, COALESCE({cnt}.{n}, 0) AS {n}\n"
+                 f"FROM {joins}\nLEFT JOIN {cnt} ON {on}\nORDER BY {r}, {b}")
+    return "WITH " + ",\n".join(ctes) + "\n" + final
+
+
+def histogram_sql_template(plan: QueryPlan, policy: DatasetPolicy, column: str) -> str:
+    """:func:`histogram_sql` with the salt shown as ``<salt>`` (for explain)."""
+    return histogram_sql(plan, policy, column, salt=SALT_PLACEHOLDER)

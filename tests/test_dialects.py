@@ -1,0 +1,135 @@
+"""SQL dialects (issue 10 item 7): the planner reads postgres, bigquery, spark, tsql, mysql,
+snowflake and trino as well as duckdb; the plan (and so the cache entry) does not depend on the
+dialect; schema-qualified names that match the dataset resolve. Through the planner, the HTTP
+API (``dialect`` in the body) and the CLI (``--dialect``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from _api_server import LiveServer, make_project
+
+from dpgate.api import create_app
+from dpgate.auth import KeyStore
+from dpgate.errors import InvalidRequest, UnknownTable
+from dpgate.policy import load_policy
+from dpgate.settings import Settings
+from dpgate.sql.parse import DIALECTS, parse_query
+
+POLICY = Path(__file__).parent / "fixtures" / "policies" / "planner.toml"
+FLAT = "SELECT region, COUNT(*) AS n FROM prompts WHERE age > 30 GROUP BY region ORDER BY n DESC LIMIT 3"
+
+SPELLINGS = {
+    "duckdb": FLAT,
+    "postgres": 'SELECT "region", COUNT(*) AS n FROM prompts WHERE age > 30 GROUP BY region '
+                "ORDER BY n DESC LIMIT 3",
+    "bigquery": "SELECT region, COUNT(*) AS n FROM `prompts` WHERE age > 30 GROUP BY region "
+                "ORDER BY n DESC LIMIT 3",
+    "spark": "SELECT `region`, COUNT(*) AS n FROM prompts WHERE age > 30 GROUP BY region "
+             "ORDER BY n DESC LIMIT 3",
+    "tsql": "SELECT TOP 3 [region], COUNT(*) AS n FROM prompts WHERE age > 30 GROUP BY region "
+            "ORDER BY n DESC",
+    "mysql": "SELECT `region`, COUNT(*) AS n FROM prompts WHERE age > 30 GROUP BY region "
+             "ORDER BY n DESC LIMIT 3",
+    "snowflake": 'SELECT "REGION", COUNT(*) AS n FROM prompts WHERE age > 30 GROUP BY region '
+                 "ORDER BY n DESC LIMIT 3",
+    "trino": "SELECT region, COUNT(*) AS n FROM prompts WHERE age > 30 GROUP BY region "
+             "ORDER BY n DESC LIMIT 3",
+}
+
+
+@pytest.fixture(scope="module")
+def policy():
+    return load_policy(POLICY)
+
+
+def test_every_dialect_is_covered():
+    assert set(SPELLINGS) == set(DIALECTS)
+
+
+@pytest.mark.parametrize("dialect", sorted(SPELLINGS))
+def test_each_dialect_plans_to_the_same_plan(policy, dialect):
+    """Same plan whatever the dialect, except what the dialect's SQL means differently:
+    PostgreSQL and Snowflake sort NULLs (suppressed cells) as the largest values, so their
+    ``ORDER BY n DESC`` is DuckDB's ``ORDER BY n DESC NULLS FIRST`` (post-processing only:
+    the noisy primitives, and so the charge, are shared)."""
+    nulls_large = dialect in ("postgres", "snowflake")
+    flat = parse_query(FLAT.replace("DESC", "DESC NULLS FIRST") if nulls_large else FLAT, policy)
+    plan = parse_query(SPELLINGS[dialect], policy, dialect=dialect)
+    assert plan.plan_hash == flat.plan_hash
+    assert plan.limit == 3
+
+
+@pytest.mark.parametrize("name", ["PostgreSQL", " TSQL ", "sqlserver"])
+def test_dialect_aliases_and_case(policy, name):
+    parse_query(FLAT, policy, dialect=name)
+
+
+def test_unknown_dialect_is_a_clear_400(policy):
+    with pytest.raises(InvalidRequest) as e:
+        parse_query(FLAT, policy, dialect="oracle9")
+    assert "unknown SQL dialect 'oracle9'" in str(e.value) and "tsql" in str(e.value)
+    assert e.value.http_status == 400
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT COUNT(*) FROM planner.prompts",
+    "SELECT COUNT(*) FROM PLANNER.PROMPTS",
+    "SELECT COUNT(*) FROM (SELECT * FROM Planner.Prompts) s",
+    "SELECT planner.prompts.region, COUNT(*) FROM planner.prompts GROUP BY region",
+])
+def test_schema_qualified_names_matching_the_dataset_resolve(policy, sql):
+    parse_query(sql, policy)
+
+
+def test_a_schema_other_than_the_dataset_is_unknown(policy):
+    with pytest.raises(UnknownTable) as e:
+        parse_query("SELECT COUNT(*) FROM other.prompts", policy)
+    assert "unknown dataset 'other'" in str(e.value)
+
+
+# --- HTTP and CLI -----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    return make_project(tmp_path_factory.mktemp("project"))
+
+
+def test_http_dialect_field(project, tmp_path):
+    settings = Settings(policies=project / "policies", home=tmp_path / "state")
+    key = KeyStore(settings.resolved_keys_file()).add("alice", role="analyst", consumer="analysts")[0]
+    top = "SELECT TOP 2 region, COUNT(*) AS n FROM prompts GROUP BY region ORDER BY n DESC"
+    with LiveServer(create_app(settings)) as live, live.client(key) as c:
+        r = c.post("/v1/queries/explain", json={"dataset": "usage", "sql": top, "dialect": "tsql"})
+        assert r.status_code == 200, r.text
+        assert r.json()["plan"]["limit"] == 2
+        # without the dialect, TOP does not parse in DuckDB: a 400, nothing charged
+        r = c.post("/v1/queries/explain", json={"dataset": "usage", "sql": top})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_sql"
+        r = c.post("/v1/queries", json={"dataset": "usage", "sql": top, "dialect": "tsql",
+                                        "budget": {"rho": 0.001}})
+        assert r.status_code == 200, r.text
+        assert len(r.json()["rows"]) == 2
+        # the same question in another dialect is the same release, served free
+        again = c.post("/v1/queries", json={
+            "dataset": "usage", "sql": "SELECT region, COUNT(*) AS n FROM prompts GROUP BY region "
+            "ORDER BY n DESC LIMIT 2", "dialect": "postgres", "budget": {"rho": 0.001}})
+        assert again.status_code == 200 and again.json()["cached"] is True
+        bad = c.post("/v1/queries/explain", json={"dataset": "usage", "sql": top, "dialect": "x"})
+        assert bad.status_code in (400, 422)
+        assert "dialect" in bad.text
+        schema = c.get("/openapi.json").json()
+        assert "dialect" in json.dumps(schema["components"]["schemas"]["QueryRequest"])
+
+
+def test_cli_dialect_flag(project, tmp_path, capsys):
+    from dpgate.cli import main
+
+    top = "SELECT TOP 2 region, COUNT(*) AS n FROM prompts GROUP BY region"
+    status = main(["explain", "--dataset", "usage", "--dialect", "tsql", "--json",
+                   "--policies", str(project / "policies"), "--home", str(tmp_path / "h"), top])
+    assert status == 0
+    assert json.loads(capsys.readouterr().out)["plan"]["limit"] == 2
