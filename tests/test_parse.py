@@ -39,8 +39,8 @@ REFUSED = [
     ("SELECT COUNT(*) FROM prompts GROUP BY user_id", UnsupportedQuery, "privacy unit (user_id)"),
     ("SELECT SUM(user_id) FROM prompts", UnsupportedQuery, "SUM(user_id)"),
     ("SELECT AVG(user_id) FROM prompts", UnsupportedQuery, "privacy unit"),
-    ("SELECT COUNT(DISTINCT model) FROM prompts", UnsupportedQuery, "COUNT(DISTINCT model)"),
-    ("SELECT COUNT(DISTINCT age) FROM pums", UnsupportedQuery, "record-level"),
+    # COUNT(DISTINCT <column>) of a non-unit column is planned (issue 11; tests/test_count_distinct.py)
+    ("SELECT COUNT(DISTINCT lower(model)) FROM prompts", UnsupportedQuery, "one bare declared column"),
     ("SELECT SUM(CASE WHEN user_id = 42 THEN tokens * 1000000 ELSE 0 END) FROM prompts",
      UnsupportedQuery, "SUM(CASE WHEN user_id = 42"),
     ("SELECT SUM(tokens * 2) FROM prompts", UnsupportedQuery, "expressions inside aggregates"),

@@ -31,6 +31,8 @@ primitive              linf (one unit, one group)
 count                  m             (partial row count clipped to [0, m])
 count_column           m             (partial non-NULL count clipped to [0, m])
 count_distinct_unit    1             (a unit is one partial per group)
+count_distinct         m             (a unit keeps ≤ m distinct values of the column per group;
+                                      removing it removes at most those from the group's set)
 sum                    m·max(|lo|, |hi|)   (partial clipped to [m·min(lo,0), m·max(hi,0)])
 sum_squares            m·max(lo², hi²)     (partial clipped to [0, m·max(lo², hi²)])
 =====================  =========================================================
@@ -105,6 +107,10 @@ def primitive_linf(primitive: Primitive, policy: DatasetPolicy, table: str) -> i
         return m
     if primitive.kind == "count_distinct_unit":
         return 1
+    if primitive.kind == "count_distinct":
+        # each unit keeps at most m distinct values per group (sql/bound.py); removing it removes
+        # at most those m from the group's set of distinct values (others' choices do not move)
+        return m
     lo, hi = t.column(primitive.column).fixed_point_bounds
     if primitive.kind == "sum":
         return m * max(abs(lo), abs(hi))

@@ -149,6 +149,7 @@ _AGGREGATES = (
     exp.Stddev,
     exp.StddevPop,
     exp.StddevSamp,
+    exp.ApproxDistinct,
 )
 _AGG_FUNCTION = {
     exp.Sum: "sum",
@@ -163,6 +164,7 @@ _AGG_SQL = {
     "count": "COUNT(*)",
     "count_column": "COUNT({c})",
     "count_distinct_unit": "COUNT(DISTINCT {c})",
+    "count_distinct": "COUNT(DISTINCT {c})",
     "sum": "SUM({c})",
     "avg": "AVG({c})",
     "var_pop": "VAR_POP({c})",
@@ -802,15 +804,14 @@ def _aggregate(node: exp.Expression, scope: _Scope) -> _Agg:
             return _Agg("count", None)
         if isinstance(arg, exp.Distinct):
             items = arg.expressions
-            if (len(items) == 1 and isinstance(items[0], exp.Column)
-                    and scope.is_unit(scope.resolve(items[0]))):
-                return _Agg("count_distinct_unit", None)
+            if len(items) == 1 and isinstance(items[0], exp.Column):
+                if scope.is_unit(scope.resolve(items[0])):
+                    return _Agg("count_distinct_unit", None)
+                # issue 11: any other declared column; each unit adds at most m distinct values
+                # per group (sql/bound.py)
+                return _Agg("count_distinct", scope.declared(items[0]).name)
             raise _unsupported(
-                f"{_snippet(node)}: COUNT(DISTINCT …) is only supported on the privacy unit"
-                + (f" ({table.privacy_unit})" if table.privacy_unit else
-                   " (this table has record-level privacy)"),
-                node,
-            )
+                f"{_snippet(node)}: COUNT(DISTINCT …) takes one bare declared column", node)
         if isinstance(arg, exp.Literal) or (isinstance(arg, exp.Neg) and _is_constant(arg)):
             return _Agg("count", None)
         if isinstance(arg, (exp.Null,)):
@@ -825,6 +826,14 @@ def _aggregate(node: exp.Expression, scope: _Scope) -> _Agg:
             "(COUNT takes *, a constant or a bare column)",
             node,
         )
+    if isinstance(node, exp.ApproxDistinct):  # APPROX_COUNT_DISTINCT: the DP estimate of COUNT(DISTINCT)
+        _only_args(node, {"this"})
+        arg = node.this
+        if isinstance(arg, exp.Column):
+            if scope.is_unit(scope.resolve(arg)):
+                return _Agg("count_distinct_unit", None)
+            return _Agg("count_distinct", scope.declared(arg).name)
+        raise _unsupported(f"{_snippet(node)} takes one bare declared column", node)
     if isinstance(node, exp.Anonymous):
         function = _ANON_AGGREGATES[node.name.lower()]
         if len(node.expressions) != 1:

@@ -33,9 +33,10 @@ from typing import Any, Literal, Mapping
 
 import numpy as np
 
-PrimitiveKind = Literal["count", "count_column", "count_distinct_unit", "sum", "sum_squares", "quantile"]
+PrimitiveKind = Literal["count", "count_column", "count_distinct_unit", "count_distinct", "sum", "sum_squares",
+                        "quantile"]
 AggregateFunction = Literal[
-    "count", "count_column", "count_distinct_unit", "sum", "avg", "var_pop", "stddev_pop",
+    "count", "count_column", "count_distinct_unit", "count_distinct", "sum", "avg", "var_pop", "stddev_pop",
     "quantile", "min", "max",
 ]
 
@@ -44,6 +45,9 @@ FUNCTION_PRIMITIVES: Mapping[str, tuple[PrimitiveKind, ...]] = {
     "count": ("count",),
     "count_column": ("count_column",),
     "count_distinct_unit": ("count_distinct_unit",),
+    # COUNT(DISTINCT col) of a non-unit column: each unit keeps at most m distinct values per
+    # group (issue 11; dpgate.sql.bound, dpgate.sensitivity)
+    "count_distinct": ("count_distinct",),
     "sum": ("sum",),
     "avg": ("sum", "count_column"),
     "var_pop": ("sum_squares", "sum", "count_column"),
