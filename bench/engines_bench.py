@@ -17,9 +17,9 @@ also runs the raw aggregation (``GROUP BY key``) and the plain per-unit aggregat
 (``GROUP BY unit, key``) directly, the baselines of the bounded query.
 
 ``--fast-path`` measures the skip of the per-unit aggregation when the unit is unique
-(PUMS: one row per person): the bounded SQL against the same plan rendered as for
-record-level data (what the planner's render emits when ``unit_is_unique``), interleaved
-on one DuckDB engine, exact values compared.
+(PUMS: one row per person): the bounded SQL in its general form against the same plan
+rendered with ``unit_unique=True`` (what the gateway runs when the load found the unit
+unique), interleaved on one DuckDB engine, exact values compared.
 
 Results: one JSON line per engine on stdout (``--json FILE`` writes them all).
 """
@@ -27,7 +27,6 @@ Results: one JSON line per engine on stdout (``--json FILE`` writes them all).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import statistics
@@ -199,7 +198,7 @@ def pg_copy(data: Path) -> tuple[str, float]:
 
 
 def fast_path(data: Path, runs: int) -> dict:
-    """Bounded SQL vs the record-level rendering of the same plan (unit unique) on DuckDB in memory."""
+    """Bounded SQL, general form vs unit-unique fast path of the same plan, on DuckDB in memory."""
     from dpgate.engines import EngineSet
     from dpgate.policy import parse_policy
     from dpgate.sql.bound import bounded_sql
@@ -215,15 +214,10 @@ def fast_path(data: Path, runs: int) -> dict:
     engines.load({policy.name: policy})
     record: dict = {"engine": "duckdb_memory", "data": str(data), "load_s": round(time.perf_counter() - t0, 3),
                     "unit_is_unique": engines.unit_is_unique(policy.name, "pums"), "queries": {}}
-    table = policy.table("pums")
-    # What the planner's render does when the unit is unique: the record-level path (no
-    # per-unit partials) keeping the NULL-unit filter; sensitivities stay those of the policy.
-    fast_table = dataclasses.replace(table, privacy_unit=None, max_groups_per_unit=1, max_rows_per_unit=1)
-    fast_policy = dataclasses.replace(policy, tables={**policy.tables, "pums": fast_table})
     for name, sql in PUMS_QUERIES.items():
         plan = parse_query(sql, policy)
         slow_sql = bounded_sql(plan, policy, salt=7)
-        fast_sql = bounded_sql(parse_query(sql, fast_policy), fast_policy, salt=7)
+        fast_sql = bounded_sql(plan, policy, salt=7, unit_unique=True)  # what the gateway runs here
         slow_t, fast_t = [], []
         a = engines.execute(slow_sql)
         b = engines.execute(fast_sql)

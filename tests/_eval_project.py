@@ -41,28 +41,31 @@ max_rows_per_unit = 1
 
 [tables.eval.columns]
 user_id = {{ type = "int" }}
-candidate = {{ type = "text", public_keys = ["a", "b", "c", "d", "e"] }}
+candidate = {{ type = "text", public_keys = {keys} }}
 correct = {{ type = "int", lower = 0, upper = 1 }}
 split = {{ type = "text" }}
 score = {{ type = "float", lower = -1, upper = 1, resolution = 0.5 }}
 """
 
 
-def write_eval_project(root: Path, *, epsilon: float = 1e4, drop_user: int | None = None) -> Path:
+def write_eval_project(root: Path, *, epsilon: float = 1e4, drop_user: int | None = None,
+                       candidates: tuple[str, ...] = tuple(CANDIDATES)) -> Path:
     """Write ``root/policies/evals.toml`` and ``root/eval.csv``; return the policies folder.
-    ``drop_user``: leave that user's rows out (a neighbouring dataset)."""
+    ``drop_user``: leave that user's rows out (a neighbouring dataset); ``candidates``: a subset
+    of :data:`CANDIDATES` (the table's rows and public keys)."""
     root.mkdir(parents=True, exist_ok=True)
     lines = ["user_id,candidate,correct,split,score"]
     for u in range(USERS):
         if u == drop_user:
             continue
-        for c in CANDIDATES:
+        for c in candidates:
             lines.append(f"{u},{c},{int(u < CORRECT[c])},s{u % 3},{((u % 5) - 2) / 2}")
     csv = root / "eval.csv"
     csv.write_text("\n".join(lines) + "\n")
     policies = root / "policies"
     policies.mkdir(exist_ok=True)
-    (policies / "evals.toml").write_text(POLICY.format(epsilon=epsilon, source=csv.as_posix()))
+    keys = "[" + ", ".join(f'"{c}"' for c in candidates) + "]"
+    (policies / "evals.toml").write_text(POLICY.format(epsilon=epsilon, source=csv.as_posix(), keys=keys))
     return policies
 
 

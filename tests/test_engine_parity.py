@@ -8,6 +8,13 @@ is planned once, its bounded SQL rendered with fixed salts, and every engine's c
 equal DuckDB's exactly — or, for the few WHERE constructs an engine cannot run with DuckDB's
 TRY semantics, the engine refuses the query in ``check()`` (before any charge).
 
+The analyst-query corpus (``tests/corpus/queries.toml``, every answered query that is not
+pending, whatever its dialect) runs the same way: each table typed once
+to Parquet (DuckDB, Spark) and PostgreSQL, its bounded SQL with one salt in the general form
+and, where the load found the unit unique, in the fast path; every engine's exact columns
+equal DuckDB's. Float group keys with k below the key count check that the group-choosing
+hash reads the key's ordinal (the text of a double differs between engines).
+
 Also per engine: the k-groups and m-rows limits hold on neighbouring data (one unit with
 many rows in many groups added), and the PUMS table (``../shared/data``) gives the same
 pre-noise values through the gateway on PostgreSQL as on DuckDB over the CSV.
@@ -247,6 +254,72 @@ def test_spark_equals_duckdb(reference, spark, policy, monkeypatch):
     _check_engine(spark, "spark", reference, policy, SALTS[1:2])
 
 
+#: Float group keys with k = 1 < 6 keys: the group-choosing hash must read the key's
+#: ordinal, not its text (``1.0`` on DuckDB and Spark, ``1`` on PostgreSQL), or the engines
+#: keep different groups of a unit with rows under several keys.
+FLOAT_KEYS = """
+[tables.f]
+source = "{source}"
+privacy_unit = "uid"
+max_groups_per_unit = 1
+max_rows_per_unit = 3
+
+[tables.f.columns]
+uid = {{ type = "int" }}
+f = {{ type = "float", public_keys = [1.0, 2.0, 3.0, 4.0, 0.5, -7.0] }}
+v = {{ type = "int", lower = 0, upper = 10 }}
+"""
+
+
+def float_key_rows(units: int = 300, per_unit: int = 8) -> pa.Table:
+    """Each unit has rows under several float keys (a fixture: not noise)."""
+    rng = np.random.default_rng(5)
+    keys = np.array([1.0, 2.0, 3.0, 4.0, 0.5, -7.0])
+    return pa.table({"uid": np.repeat(np.arange(units, dtype=np.int64), per_unit),
+                     "f": keys[rng.integers(0, 6, units * per_unit)],
+                     "v": rng.integers(0, 12, units * per_unit).astype(np.int64)})
+
+
+def _float_key_check(tmp: Path, lines: str, source: str, options: EngineOptions | None = None) -> None:
+    pq.write_table(float_key_rows(), tmp / "fk.parquet")
+    ref = EngineSet()
+    ref.load(load_policies(write_policy(tmp / "fk_ref", "fk", "", FLOAT_KEYS.format(source=tmp / "fk.parquet"))))
+    other = EngineSet(options=options or EngineOptions(timeout_s=300))
+    other.load(load_policies(write_policy(tmp / "fk_other", "fk", lines, FLOAT_KEYS.format(source=source))))
+    policy = load_policies(write_policy(tmp / "fk_plan", "fk", "", FLOAT_KEYS.format(source=tmp / "fk.parquet")))["fk"]
+    try:
+        for salt in SALTS:
+            bounded = _bounded(policy, "SELECT f, COUNT(DISTINCT uid), COUNT(*), SUM(v) FROM f GROUP BY f", salt)
+            assert "hash(" in bounded
+            want = ref.execute(bounded)
+            assert sum(want["p0"].tolist()) == 300  # k = 1: each unit counted in one group
+            _same(want, other.execute(bounded))
+    finally:
+        ref.close()
+        other.close()
+
+
+@pytest.mark.postgres
+def test_float_group_keys_postgres_equals_duckdb(tmp_path):
+    reason = pg_unavailable()
+    if reason:
+        pytest.skip(reason)
+    with pg_schema() as schema:
+        pg_load(schema, "f", float_key_rows())
+        _float_key_check(tmp_path, f'engine = "postgres"\nconnection = "{PG_URL}"\n', f"{schema}.f")
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_float_group_keys_spark_equals_duckdb(tmp_path):
+    reason = spark_unavailable()
+    if reason:
+        pytest.skip(reason)
+    pq.write_table(float_key_rows(), tmp_path / "fk_spark.parquet")
+    _float_key_check(tmp_path, 'engine = "spark"\n', str(tmp_path / "fk_spark.parquet"),
+                     EngineOptions(timeout_s=300, spark_master="local[2]"))
+
+
 # --- neighbouring data: k and m hold on each engine -----------------------------------------------
 
 
@@ -437,3 +510,183 @@ def test_spark_schema_checks_catalog_tables_and_timeout(spark, data_dir):
                          '"par"."prompts" AS c WHERE a.age + b.age + c.age > -1')
     finally:
         slow.timeout_s = 300.0
+
+
+# --- the analyst-query corpus on every engine ---------------------------------------------------------
+#
+# Every answered query of tests/corpus/queries.toml (not pending) is planned once against its
+# fixture policy; its bounded SQL, rendered with one salt (and in the unit-unique fast path
+# where the load found the unit unique), must give the same exact columns on PostgreSQL and
+# Spark local[2] as on DuckDB. Each table is first written once, typed as the policy declares,
+# to Parquet (read by DuckDB and Spark) and to a PostgreSQL schema (with a UNIQUE constraint
+# on the unit where DuckDB's load found it unique), so the engines read the same values.
+
+CORPUS_DATASETS = ("pums", "pums_dup", "pums_null", "d1", "reddit", "usage")
+_ARROW_OF = {"int": "BIGINT", "float": "DOUBLE", "text": "VARCHAR", "bool": "BOOLEAN"}
+CORPUS_SALT = 2**61 + 12345
+
+
+def _answered_corpus():
+    from tests.corpus.harness import load_corpus
+
+    return [q for q in load_corpus() if q.label == "answer" and not q.pending and q.dataset in CORPUS_DATASETS]
+
+
+class CorpusData:
+    """The corpus datasets typed once, as Parquet files plus policies per engine."""
+
+    def __init__(self, root: Path, smartnoise: Path) -> None:
+        import tomllib
+
+        from dpgate.sample_data import usage_tables, write_parquet
+        from tests.corpus.harness import POLICY_DIR
+
+        self.root = root
+        usage = root / "usage"
+        usage.mkdir(parents=True, exist_ok=True)
+        for name, table in usage_tables(users=2000).items():
+            write_parquet(table, usage / f"{name}.parquet")
+        self.texts: dict[str, str] = {}
+        self.tables: dict[str, dict[str, pa.Table]] = {}
+        for name in CORPUS_DATASETS:
+            text = (POLICY_DIR / f"{name}.toml").read_text()
+            text = text.replace("{smartnoise}", str(smartnoise)).replace("{usage}", str(usage))
+            spec = tomllib.loads(text)
+            self.tables[name] = {}
+            for tname, t in spec["tables"].items():
+                src = t["source"]
+                reader = f"read_parquet('{src}')" if src.endswith(".parquet") else f"read_csv('{src}', header = true)"
+                cols = [f'TRY_CAST("{c}" AS {_ARROW_OF[col["type"]]}) AS "{c}"' for c, col in t.get("columns", {}).items()]
+                unit = t.get("privacy_unit")
+                if unit and unit not in t.get("columns", {}):
+                    cols.append(f'"{unit}"')
+                data = duckdb.sql(f"SELECT {', '.join(cols)} FROM {reader}").to_arrow_table()
+                path = root / "parquet" / name / f"{tname}.parquet"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                pq.write_table(data, path)
+                self.tables[name][tname] = data
+                text = text.replace(f'source = "{src}"', f'source = "{{{tname}}}"')
+            self.texts[name] = text
+
+    def policy_dir(self, engine: str, sources: dict[str, dict[str, str]], extra: str = "") -> Path:
+        """Policies of every corpus dataset for one engine (``sources``: dataset → table → source)."""
+        folder = self.root / "policies" / engine
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, text in self.texts.items():
+            for tname, src in sources[name].items():
+                text = text.replace(f'source = "{{{tname}}}"', f'source = "{src}"')
+            text = text.replace("[budget]", extra + "\n[budget]", 1) if extra else text
+            (folder / f"{name}.toml").write_text(text)
+        return folder
+
+    def parquet_sources(self) -> dict[str, dict[str, str]]:
+        return {n: {t: str(self.root / "parquet" / n / f"{t}.parquet") for t in ts} for n, ts in self.tables.items()}
+
+
+@pytest.fixture(scope="module")
+def corpus_data(tmp_path_factory):
+    data = shared_data()
+    if data is None:
+        pytest.skip("../shared/data/smartnoise not present (the corpus reads PUMS, d1 and reddit)")
+    return CorpusData(tmp_path_factory.mktemp("corpus_parity"), data)
+
+
+@pytest.fixture(scope="module")
+def corpus_duckdb(corpus_data):
+    e = EngineSet(options=EngineOptions(timeout_s=300))
+    e.load(load_policies(corpus_data.policy_dir("duckdb", corpus_data.parquet_sources(), 'load = "memory"\n')))
+    yield e
+    e.close()
+
+
+@pytest.fixture(scope="module")
+def corpus_policies(corpus_data):
+    return load_policies(corpus_data.policy_dir("plan", corpus_data.parquet_sources()))
+
+
+def _corpus_bounded(policies, engines_ref: EngineSet, q) -> list[tuple[str, str]]:
+    """(label, bounded SQL) of one corpus query: the general form, and the fast path where
+    the reference load found the unit unique."""
+    from dpgate.quantile_release import has_quantiles, without_quantiles
+    from dpgate.sql.quantile import histogram_sql
+
+    policy = policies[q.dataset]
+    plan = parse_query(q.sql, policy, dialect=None if q.dialect == "duckdb" else q.dialect)
+    if has_quantiles(plan):  # what the service runs: counts/sums, then one histogram per column
+        base = without_quantiles(plan)
+        out = [("general", bounded_sql(base, policy, salt=CORPUS_SALT))] if base.primitives else []
+        columns = dict.fromkeys(p.column for p in plan.primitives if p.kind == "quantile")
+        return out + [(f"quantile histogram of {c}", histogram_sql(plan, policy, c, salt=CORPUS_SALT))
+                      for c in columns]
+    out = [("general", bounded_sql(plan, policy, salt=CORPUS_SALT))]
+    if engines_ref.unit_is_unique(q.dataset, plan.table):
+        out.append(("fast path", bounded_sql(plan, policy, salt=CORPUS_SALT, unit_unique=True)))
+    return out
+
+
+def _corpus_parity(engines: EngineSet, kind: str, reference: EngineSet, policies, queries) -> int:
+    n = 0
+    problems = []
+    for q in queries:
+        for label, bounded in _corpus_bounded(policies, reference, q):
+            try:
+                engines.check(bounded)
+                _same(reference.execute(bounded), engines.execute(bounded))
+                n += 1
+            except Exception as e:  # noqa: BLE001 - collected, reported together
+                problems.append(f"{q.id} ({label}): {type(e).__name__}: {str(e)[:300]}")
+    assert not problems, f"{kind} differs from DuckDB on {len(problems)} corpus queries:\n" + "\n".join(problems)
+    return n
+
+
+def test_corpus_parity_covers_the_answered_queries(corpus_duckdb, corpus_policies):
+    queries = _answered_corpus()
+    assert len(queries) >= 85
+    forms = [label for q in queries for label, _ in _corpus_bounded(corpus_policies, corpus_duckdb, q)]
+    assert forms.count("fast path") >= 50  # PUMS (one row per person) takes the fast path
+
+
+@pytest.mark.postgres
+@pytest.mark.shared_data
+def test_corpus_postgres_equals_duckdb(corpus_data, corpus_duckdb, corpus_policies):
+    import psycopg
+
+    reason = pg_unavailable()
+    if reason:
+        pytest.skip(reason)
+    with pg_schema() as schema:
+        sources: dict[str, dict[str, str]] = {}
+        with psycopg.connect(PG_URL, autocommit=True) as conn:
+            for name, tables in corpus_data.tables.items():
+                sources[name] = {}
+                for tname, data in tables.items():
+                    pg_name = f"{name}__{tname}"
+                    pg_load(schema, pg_name, data)
+                    unit = corpus_policies[name].table(tname).privacy_unit
+                    if unit and corpus_duckdb.unit_is_unique(name, tname):
+                        conn.execute(f'ALTER TABLE "{schema}"."{pg_name}" ADD UNIQUE ("{unit}")')
+                    sources[name][tname] = f"{schema}.{pg_name}"
+        folder = corpus_data.policy_dir("postgres", sources, f'engine = "postgres"\nconnection = "{PG_URL}"\n')
+        pg = EngineSet(options=EngineOptions(timeout_s=300))
+        pg.load(load_policies(folder))
+        try:
+            assert pg.unit_is_unique("pums", "pums") is True
+            assert _corpus_parity(pg, "postgres", corpus_duckdb, corpus_policies, _answered_corpus()) >= 120
+        finally:
+            pg.close()
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+@pytest.mark.shared_data
+def test_corpus_spark_equals_duckdb(corpus_data, corpus_duckdb, corpus_policies):
+    reason = spark_unavailable()
+    if reason:
+        pytest.skip(reason)
+    folder = corpus_data.policy_dir("spark", corpus_data.parquet_sources(), 'engine = "spark"\n')
+    sp = EngineSet(options=EngineOptions(timeout_s=600, spark_master="local[2]"))
+    sp.load(load_policies(folder))
+    try:
+        assert _corpus_parity(sp, "spark", corpus_duckdb, corpus_policies, _answered_corpus()) >= 120
+    finally:
+        sp.close()

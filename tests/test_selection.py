@@ -212,3 +212,50 @@ def test_keys_ordered_by_an_aggregate_without_limit_stay_an_ordinary_release(gw)
 
 def test_population_size_is_what_the_fixture_says():
     assert USERS == 200 and max(CORRECT.values()) <= USERS
+
+
+# --- property: Δu and monotonicity on neighbouring datasets (hypothesis) ----------------------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from tests.test_sensitivity import PROP_POLICY, extra_unit_rows, rows_strategy, run_primitives  # noqa: E402
+
+SELECTIONS = [
+    "SELECT g FROM t GROUP BY g ORDER BY COUNT(*) DESC LIMIT 1",
+    "SELECT g, h FROM t GROUP BY g, h ORDER BY SUM(y) DESC LIMIT 2",
+    "SELECT h FROM t WHERE x > 0 GROUP BY h ORDER BY COUNT(DISTINCT u) ASC LIMIT 1",
+    "SELECT g FROM t GROUP BY g ORDER BY SUM(x) DESC LIMIT 2",
+]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rows=rows_strategy(st.integers(0, 5) | st.none()), extra=extra_unit_rows(),
+       sql=st.sampled_from(SELECTIONS), salt=st.integers(0, 2**63 - 1))
+def test_adding_one_unit_moves_each_candidate_score_by_at_most_delta_u(rows, extra, sql, salt):
+    """Adding one unit (up to 14 rows over any candidates; k = 2, m = 3) moves every candidate's
+    bounded score by at most Δu, and for a utility declared monotone, never downwards."""
+    plan, before = run_primitives("t", rows, sql, salt)
+    _, after = run_primitives("t", rows + extra, sql, salt)
+    sel = recognize(plan, PROP_POLICY)
+    cal = calibrate_selection(sel, PROP_POLICY, {"epsilon": 1.0})
+    diff = [int(b) - int(a) for a, b in zip(before[sel.utility.id], after[sel.utility.id])]
+    assert max((abs(d) for d in diff), default=0) <= cal.delta_u, (diff, cal.delta_u)
+    if cal.monotonic:
+        assert all(d >= 0 for d in diff), diff
+
+
+def test_delta_u_is_attained_so_the_property_can_fail():
+    # one unit with m = 3 rows at y = 7 in candidate a: SUM(y) moves by exactly Δu = 3·7 = 21
+    sql = "SELECT g FROM t GROUP BY g ORDER BY SUM(y) DESC LIMIT 1"
+    plan, before = run_primitives("t", [], sql, 3)
+    _, after = run_primitives("t", [{"u": 99, "g": "a", "h": 0, "x": 1.0, "y": 7}] * 4, sql, 3)
+    sel = recognize(plan, PROP_POLICY)
+    cal = calibrate_selection(sel, PROP_POLICY, {"epsilon": 1.0})
+    assert cal.delta_u == 21 and cal.monotonic
+    assert max(int(b) - int(a) for a, b in zip(before[sel.utility.id], after[sel.utility.id])) == 21
+    # SUM(x) over [-5, 10] is not monotone: the scale doubles (ε = 2Δu/scale)
+    sel_x = recognize(parse_query("SELECT g FROM t GROUP BY g ORDER BY SUM(x) DESC LIMIT 1", PROP_POLICY),
+                      PROP_POLICY)
+    cal_x = calibrate_selection(sel_x, PROP_POLICY, {"epsilon": 1.0})
+    assert not cal_x.monotonic and cal_x.delta_u == 3 * 20 and cal_x.scale == pytest.approx(2 * 60 / 1.0)

@@ -191,6 +191,13 @@ class TablePolicy:
         max_rows_per_unit: m, the most rows one unit may add to one group.
         columns: declared columns by name (read-only mapping, declaration order).
         path: the policy file (for error messages).
+        public: True for a public table (``public = true``: no privacy unit, nothing to
+            protect): its values and keys may be read as they are (grouped by any
+            column, joined, answered exactly and for free when a query reads public
+            tables only). A public table is *data*, read from the policy's data
+            source like any other; declaring it public is the data owner's statement
+            that releasing it exactly harms no one (a catalogue, a calendar, a list of
+            regions) — the gateway never makes that judgement from the data.
     """
 
     name: str
@@ -201,10 +208,11 @@ class TablePolicy:
     max_rows_per_unit: int
     columns: Mapping[str, ColumnPolicy]
     path: Path | None = field(default=None, compare=False)
+    public: bool = False
 
     @property
     def record_level(self) -> bool:
-        """True when every row is its own privacy unit (no ``privacy_unit`` column)."""
+        """True when every row is its own privacy unit (no ``privacy_unit`` column, not public)."""
         return self.privacy_unit is None
 
     @property
@@ -280,6 +288,7 @@ class TablePolicy:
             "max_groups_per_unit": self.max_groups_per_unit,
             "max_rows_per_unit": self.max_rows_per_unit,
             "columns": {n: c.to_dict() for n, c in self.columns.items()},
+            **({"public": True} if self.public else {}),
         }
 
 
@@ -755,7 +764,7 @@ def _parse_column(name: str, raw: Any, path: Path, table: str) -> ColumnPolicy:
     )
 
 
-_TABLE_KEYS = {"source", "privacy_unit", "max_groups_per_unit", "max_rows_per_unit", "columns"}
+_TABLE_KEYS = {"source", "privacy_unit", "max_groups_per_unit", "max_rows_per_unit", "columns", "public"}
 
 
 def _bound_int(raw: Mapping, key: str, path: Path, table: str) -> int | None:
@@ -810,6 +819,15 @@ def _parse_table(name: str, raw: Any, path: Path, dataset: str, engine: str = "d
     unit = raw.get("privacy_unit")
     k = _bound_int(raw, "max_groups_per_unit", path, name)
     m = _bound_int(raw, "max_rows_per_unit", path, name)
+    public = raw.get("public", False)
+    if not isinstance(public, bool):
+        raise _policy_error(path, f"public must be true or false (got {public!r})", name)
+    if public:
+        for key in ("privacy_unit", "max_groups_per_unit", "max_rows_per_unit"):
+            if raw.get(key) is not None:
+                raise _policy_error(
+                    path, f"a public table has no {key}: public = true declares that the table "
+                    "holds nothing to protect (drop one of the two)", name)
     if unit is None:
         for key, v in (("max_groups_per_unit", k), ("max_rows_per_unit", m)):
             if v not in (None, 1):
@@ -872,6 +890,7 @@ def _parse_table(name: str, raw: Any, path: Path, dataset: str, engine: str = "d
         max_rows_per_unit=m,
         columns=MappingProxyType(columns),
         path=path,
+        public=public,
     )
 
 

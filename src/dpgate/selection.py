@@ -143,10 +143,13 @@ def resolve_selection_budget(policy: DatasetPolicy, budget: Any) -> dict[str, fl
 
 
 def _monotonic(sel: SelectionQuery, policy: DatasetPolicy) -> bool:
-    if sel.utility.kind != "sum":
+    if sel.utility.kind in ("count", "count_column", "count_distinct_unit"):
         return True  # counts and distinct-unit counts only grow when a unit is added
-    col = policy.table(sel.plan.table).column(sel.utility.column)
-    return float(col.lower) >= 0 or float(col.upper) <= 0
+    try:
+        col = policy.table(sel.plan.table).column(sel.utility.column)
+        return float(col.lower) >= 0 or float(col.upper) <= 0
+    except Exception:  # noqa: BLE001 - not a declared bounded column (e.g. an expression): assume not monotone
+        return False
 
 
 def calibrate_selection(sel: SelectionQuery, policy: DatasetPolicy,
@@ -195,7 +198,10 @@ def calibrate_selection(sel: SelectionQuery, policy: DatasetPolicy,
                              {"opendp": rho, "dpgate": formula})
     unit = 1.0
     if sel.utility.kind == "sum":
-        unit = float(table.column(sel.utility.column).resolution or 1.0)
+        try:
+            unit = float(table.column(sel.utility.column).resolution or 1.0)
+        except Exception:  # noqa: BLE001 - not a declared column: report Δu in integer units
+            unit = 1.0
     return SelectionCalibration(k=k, candidates=table.key_combinations(plan.group_by), delta_u=delta_u,
                                 delta_u_output=delta_u * unit, monotonic=mono, epsilon_per_selection=eps1,
                                 epsilon=eps_total, scale=scale, rho=rho)

@@ -38,6 +38,7 @@ import numpy as np
 from dpgate import accounting, limits, partition_selection
 from dpgate.engines import EngineOptions, EngineSet
 from dpgate.errors import (
+    Conflict,
     DpgateError,
     ExecutionError,
     InvalidBudget,
@@ -71,6 +72,13 @@ from dpgate.sql.plan import AggregateOutput, QueryPlan
 from dpgate import quantile_release
 from dpgate.quantile_release import PlanCalibration, has_quantiles, without_quantiles
 from dpgate.sql.quantile import histogram_sql, histogram_sql_template
+from dpgate.sql.public import exact_sql, reads_public_only
+from dpgate.sql.joins import JoinedTable, policy_for
+from dpgate.policy import quote_identifier
+from types import MappingProxyType
+
+#: Most distinct values of a public table's column used as its keys.
+MAX_PUBLIC_TABLE_KEYS = 100_000
 
 #: Margin (seconds) added to the engine's query timeout to make the release lease: how long
 #: after a charge its release must be stored before another process declares it lost.
@@ -415,7 +423,44 @@ class Gateway:
 
             raise InvalidSql("the SQL text is empty")
         check_candidates(parse_statement(sql, dialect), policy)  # selection hook (issue 15): public candidates only
-        return policy, parse_query(sql, policy, dialect=dialect)
+        policy = self._with_public_table_keys(policy)  # public tables hook: their keys are their values
+        plan = parse_query(sql, policy, dialect=dialect)
+        return policy_for(plan.table, policy), plan  # joins hook: the plan's joined table
+
+    def _with_public_table_keys(self, policy: DatasetPolicy) -> DatasetPolicy:
+        """The policy with each public table's key-less text/int/bool columns keyed by their values.
+
+        A public table holds nothing to protect, so its distinct values (read from the
+        policy's data source, NULLs left out, at most :data:`MAX_PUBLIC_TABLE_KEYS`) are
+        public keys: grouping a protected aggregate by a joined public table's column
+        releases every one of them (empty groups as noisy zeros). Cached per data version.
+        """
+        targets = [t for t in policy.tables.values() if t.public and any(
+            c.public_keys is None and c.type in ("text", "int", "bool") for c in t.columns.values())]
+        if not targets:
+            return policy
+        version = self.data_versions.get(policy.name)
+        cache = self.__dict__.setdefault("_public_keys_cache", {})
+        if version is not None and (policy.name, version) in cache:
+            return cache[(policy.name, version)]
+        tables = dict(policy.tables)
+        for t in targets:
+            cols = {}
+            for name, col in t.columns.items():
+                if col.public_keys is None and col.type in ("text", "int", "bool"):
+                    ref = quote_identifier(name)
+                    values = self.engine.execute(
+                        f"SELECT DISTINCT {ref} AS v FROM {t.relation} WHERE {ref} IS NOT NULL ORDER BY v "
+                        f"LIMIT {MAX_PUBLIC_TABLE_KEYS + 1}")["v"]
+                    keys = tuple(_plain(v) for v in np.asarray(values).tolist())
+                    if 0 < len(keys) <= MAX_PUBLIC_TABLE_KEYS:
+                        col = dataclasses.replace(col, public_keys=keys)
+                cols[name] = col
+            tables[t.name] = dataclasses.replace(t, columns=MappingProxyType(cols))
+        out = dataclasses.replace(policy, tables=MappingProxyType(tables))
+        if version is not None:
+            cache[(policy.name, version)] = out
+        return out
 
     def _mechanism(self, policy: DatasetPolicy, mechanism: str | None) -> str:
         mech = mechanism or policy.budget.mechanism
@@ -516,6 +561,12 @@ class Gateway:
         ``dialect`` is as for :meth:`query`.
         """
         policy, plan = self._plan(dataset, sql, dialect)
+        if reads_public_only(plan, policy):  # public tables hook: exact and free
+            return {"dataset": dataset, "canonical_sql": plan.canonical_sql, "plan_hash": plan.plan_hash,
+                    "plan": plan.canonical_dict(), "public": True, "exact_sql": exact_sql(plan, policy),
+                    "bounded_sql": None, "sensitivity": {}, "mechanism": None, "noise_scales": {},
+                    "budget": None, "cost": {"rho": 0.0, "epsilon": 0.0, "epsilon_at_delta": 0.0, "fits": True,
+                                             "message": "reads public tables only: answered exactly, no charge"}}
         selection = recognize_selection(plan, policy)
         if selection is not None:  # selection hook (issue 15): keys only, exponential mechanism
             from dpgate.selection import explain_selection
@@ -531,6 +582,14 @@ class Gateway:
         if "ci95" in resolved:
             extra["accuracy_target"] = self._ci95_scales(policy, plan, mech, resolved, sens).describe(
                 resolved["ci95"], resolved.get("expected_count"))
+        joined = policy.table(plan.table)
+        if isinstance(joined, JoinedTable):  # joins hook: the join and where bounding happens
+            extra["join"] = {
+                "tables": list(joined.sources), "join_sql": joined.join_sql,
+                "privacy_unit": joined.privacy_unit,
+                "bounding": (f"after the join, on the joined rows: at most k = {joined.max_groups_per_unit} "
+                             f"groups and m = {joined.max_rows_per_unit} rows per unit and group, values clamped"),
+            }
         if isinstance(cal, PlanCalibration):  # quantiles hook: grid, scale, rank error, cost
             extra["quantiles"] = {pid: {**q.describe(), "histogram_sql": histogram_sql_template(plan, policy, q.column)}
                                   for pid, q in cal.quantiles.items()}
@@ -601,6 +660,8 @@ class Gateway:
             QueryTimeout, ExecutionError, MechanismError: after the charge, which stays.
         """
         policy, plan = self._plan(dataset, sql, dialect)
+        if reads_public_only(plan, policy) and search_id is None:  # public tables hook: exact and free
+            return self._public_release(policy, plan)
         selection = recognize_selection(plan, policy)
         if selection is not None or search_id is not None:  # selection hook (issue 15)
             return self._selection_query(dataset, policy, plan, selection, consumer=consumer, budget=budget,
@@ -625,8 +686,11 @@ class Gateway:
             # Calibrate and bind the rewrite before charging (reads no data): a query
             # DuckDB refuses whatever the data costs nothing.
             cal, _ = self._calibrate(policy, plan, mech, resolved)
-            for statement in _engine_statements(plan, policy):
-                self.engine.check(statement)
+            if has_quantiles(plan):
+                for statement in _engine_statements(plan, policy):
+                    self.engine.check(statement)
+            else:
+                self._run_bounded(self.engine.check, plan, policy, salt=0)
 
             def charge(release_key: str):
                 """Charge this query's cost under the attempt's single-flight key.
@@ -718,6 +782,23 @@ class Gateway:
         stored = self.release_store.put(derived)
         return _rename(stored.to_dict(cached=True), display)
 
+    def _run_bounded(self, run, plan: QueryPlan, policy: DatasetPolicy, *, salt: int):
+        """``run`` (the engine's check or execute) on the plan's bounded query.
+
+        Where the engine's load found one row per privacy unit in the table, the query
+        skips the per-unit aggregation (same bounded values, less work; see
+        :mod:`dpgate.sql.bound`). The engine refuses such a query with ``Conflict`` if a
+        reload swapped in data without that property meanwhile; it then runs once more
+        in the general form, so a reload never fails a charged query.
+        """
+        unique = self.engine.unit_is_unique(policy.name, plan.table)
+        if not unique:
+            return run(bounded_sql(plan, policy, salt=salt))
+        try:
+            return run(bounded_sql(plan, policy, salt=salt, unit_unique=True))
+        except Conflict:
+            return run(bounded_sql(plan, policy, salt=salt))
+
     def _compute(self, policy: DatasetPolicy, plan: QueryPlan, cal, resolved: Mapping[str, Any],
                  receipt, key: str, version: str) -> Release:
         salt = self._salt_source()
@@ -725,7 +806,7 @@ class Gateway:
             if isinstance(cal, PlanCalibration):  # quantiles hook
                 keys, noisy, halfwidths = self._compute_quantiles(policy, plan, cal, salt)
             else:
-                values = self.engine.execute(bounded_sql(plan, policy, salt=salt))
+                values = self._run_bounded(self.engine.execute, plan, policy, salt=salt)
         except DpgateError:
             raise
         except Exception as exc:  # noqa: BLE001 - no data in the message
@@ -806,12 +887,57 @@ class Gateway:
         keys: dict[str, Any] = {}
         noisy: dict[str, Any] = {}
         if base.primitives:
-            values = self.engine.execute(bounded_sql(base, policy, salt=salt))
+            values = self._run_bounded(self.engine.execute, base, policy, salt=salt)
             keys = {k: values[k] for k in plan.group_by}
             noisy = dict(sample(cal.base, {p.id: values[p.id] for p in base.primitives}))
         qkeys, qnoisy = quantile_release.run(plan, policy, cal, self.engine.execute, salt)
         noisy.update(qnoisy)
         return keys or qkeys, noisy, cal.halfwidths()
+
+    def _public_release(self, policy: DatasetPolicy, plan: QueryPlan) -> dict[str, Any]:
+        """The exact answer of a query that reads public tables only (no charge, no noise).
+
+        Public tables hold nothing to protect (``public = true`` in the policy), so the
+        release is the exact result of SQL generated from the plan
+        (:func:`dpgate.sql.public.exact_sql`), marked ``exact`` and ``public`` and stored
+        like any release; it is not charged and carries no accuracy entries.
+        """
+        version = self._data_version(policy.name)
+        try:
+            values = self.engine.execute(exact_sql(plan, policy))
+        except DpgateError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - public data, but keep one error shape
+            raise ExecutionError("executing the exact query on public tables failed") from exc
+        names = [o.name for o in plan.visible_outputs]
+        columns = [[_plain(v) for v in np.asarray(values[n]).tolist()] for n in names]
+        rows = [list(r) for r in zip(*columns)] if columns else []
+        release_id, created = new_release_id(), now()
+        document = {
+            "release_id": release_id,
+            "dataset": policy.name,
+            "table": plan.table,
+            "columns": [o.label or o.name for o in plan.visible_outputs],
+            "rows": rows,
+            "accuracy": {},
+            "charge": None,
+            "cached": False,
+            "exact": True,
+            "public": True,
+            "note": "this query reads public tables only (public = true in the policy): answered "
+                    "exactly and at no privacy cost",
+            "data_version": version,
+            "created_at": created,
+            "plan_hash": plan.plan_hash,
+            "canonical_sql": plan.canonical_sql,
+            "mechanism": None,
+            "noise_scales": {},
+            "budget": None,
+            "guarantee": {"population": policy.population, "public_data": True},
+        }
+        key = f"public:{plan.plan_hash}:{version}:{release_id}"
+        stored = self.release_store.put(Release(release_id, key, policy.name, plan.plan_hash, created, document, None))
+        return stored.to_dict(cached=False)
 
     # ----------------------------------------------------------------- releases
 
@@ -1141,6 +1267,15 @@ def _noise_signature(plan: QueryPlan, *, cell_targets: bool = False) -> str:
         body["cells"] = sorted(f"{o.function}:{o.column or ''}" for o in plan.outputs if isinstance(o, AggregateOutput))
     payload = json.dumps(body, sort_keys=True, separators=(",", ":"))
     return "noise:" + hashlib.sha256(payload.encode()).hexdigest()
+
+
+def _plain(v: Any) -> Any:
+    """A JSON-ready cell of an exact public answer (NaN/±inf → None; dates as ISO text)."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, (int, float, str, bool)) or v is None:
+        return v
+    return v.isoformat() if hasattr(v, "isoformat") else str(v)
 
 
 def _array(values: list) -> np.ndarray:

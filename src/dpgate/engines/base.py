@@ -71,6 +71,8 @@ __all__ = [
     "NULL_LIKE_UNITS",
     "Query",
     "TableInfo",
+    "assumes_unique_units",
+    "check_unique_units",
     "parse_bounded",
     "portable_group_hash",
     "resolve_columns",
@@ -136,9 +138,11 @@ class TableInfo:
             value occurs in at most one row (census microdata), so the per-unit
             aggregation of the bounding rewrite changes nothing and may be skipped
             (same bounded values, less work). Established by a scan of the loaded
-            data (DuckDB) or by a UNIQUE/PRIMARY KEY constraint on the unit column
-            (PostgreSQL); False when unknown. A fact about the data: it must not
-            be published (it only picks an equivalent plan).
+            data (DuckDB; Spark over pinned Parquet files) or by a valid UNIQUE/PRIMARY
+            KEY index on exactly the unit column (PostgreSQL, re-checked in each
+            fast-path query's transaction); False when unknown. Fixed for the life of
+            the engine: a reload builds a new engine and establishes it again. A fact
+            about the data: it must not be published (it only picks an equivalent plan).
         unit_integer: the unit column is stored (or loaded) as an integer type, so the
             group-choosing hash may use integer arithmetic (:func:`arithmetic_group_hash`).
     """
@@ -479,6 +483,41 @@ def replace_relations(tree: exp.Expression, mapping: Mapping[tuple[str, str], Ca
     return tree.transform(swap, copy=False)
 
 
+#: The step-1 CTE of a bounded query rendered without the per-unit aggregation
+#: (``dpgate.sql.bound.UNIQUE_ROWS_CTE``; the planner's name, repeated here so that
+#: imports flow from the planner to the engines only through the query).
+UNIQUE_ROWS_CTE = "__dpg_unique_rows"
+
+
+def assumes_unique_units(tree: exp.Expression) -> bool:
+    """True when the bounded query skips the per-unit aggregation (it names a CTE
+    ``__dpg_unique_rows``): it is correct only where each unit has one row at most."""
+    return any(cte.alias == UNIQUE_ROWS_CTE for cte in tree.find_all(exp.CTE))
+
+
+def check_unique_units(tree: exp.Expression, dataset: str, unit_is_unique: Callable[[str], bool]) -> None:
+    """Refuse a query that skips the per-unit aggregation on a table whose load did not
+    establish one row per unit (a query rendered for another load of the data).
+
+    Without this check such a query would let a unit with several rows add more than
+    the m rows and k groups the sensitivity assumes.
+
+    Raises:
+        Conflict: a table read is not known to have unique units (render the query again).
+    """
+    if not assumes_unique_units(tree):
+        return
+    from dpgate.errors import Conflict
+
+    for ds, name in relations(tree):
+        if ds == dataset and not unit_is_unique(name):
+            raise Conflict(
+                f"the bounded query for {dataset}.{name} was rendered for data with one row per "
+                "privacy unit, which this load of the dataset does not have; run the query again",
+                {"dataset": dataset, "table": name},
+            )
+
+
 def _is_hash_call(node: exp.Expression) -> bool:
     return isinstance(node, exp.Anonymous) and str(node.this).lower() == "hash"
 
@@ -489,8 +528,8 @@ def portable_group_hash(tree: exp.Expression, *, collate_c: bool = False) -> exp
     The group-choosing order (which k groups a unit keeps) then has the same
     semantics on every engine: md5 is standard and the text of an integer or a
     string is the same everywhere, so exact answers agree for any k. (The text of
-    a *float* group key is not: ``1.0`` vs ``1``; the planner's render should hash
-    the public-key ordinal instead.) ``collate_c`` orders the hex digests bytewise
+    a *float* group key is not: ``1.0`` vs ``1``; so the planner's render hashes a
+    float key's public-key ordinal instead, ``dpgate.sql.bound._hash_key``.) ``collate_c`` orders the hex digests bytewise
     where the database collation might not (PostgreSQL).
     """
 

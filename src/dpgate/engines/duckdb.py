@@ -67,6 +67,7 @@ from dpgate.engines.base import (
     Query,
     TableInfo,
     check_unit_declaration,
+    check_unique_units,
     file_signature,
     has_group_hash,
     lossy_unit_error,
@@ -413,10 +414,12 @@ class DuckDBEngine:
                 tree = parse_bounded(query)
             except ExecutionError:
                 return query
+            check_unique_units(tree, self.policy.name, self.unit_is_unique)
             if not has_group_hash(tree):
                 return query
         else:
             tree = parse_bounded(query)
+            check_unique_units(tree, self.policy.name, self.unit_is_unique)
         return group_hash(tree, self.policy, self._tables, "duckdb").sql(dialect="duckdb")
 
     def _cursor(self) -> "duckdb.DuckDBPyConnection":

@@ -44,6 +44,8 @@ from sqlglot import exp
 from sqlglot.errors import SqlglotError
 
 from dpgate.engines.base import (
+    assumes_unique_units,
+    check_unique_units,
     DBL_MAX,
     EngineOptions,
     LoadReport,
@@ -66,7 +68,7 @@ from dpgate.engines.base import (
     table_error,
     version_of_result,
 )
-from dpgate.errors import ExecutionError, InvalidSql, PolicyError, QueryTimeout
+from dpgate.errors import Conflict, ExecutionError, InvalidSql, PolicyError, QueryTimeout
 from dpgate.policy import DatasetPolicy, TablePolicy
 
 __all__ = ["PostgresEngine", "COMPATIBLE", "connection_for"]
@@ -102,6 +104,16 @@ def connection_for(policy: DatasetPolicy, environ: dict[str, str] | Any) -> str:
         f"[dataset] connection in its policy or the environment variable {var}",
         {"dataset": policy.name, "variable": var},
     )
+
+
+#: A valid, immediate UNIQUE index (or PRIMARY KEY) on exactly the unit column, without a
+#: predicate or expression: every committed row has a distinct unit (NULLs aside). Args:
+#: the relation's oid, the unit column's stored name.
+_UNIQUE_UNIT_SQL = (
+    "SELECT EXISTS (SELECT 1 FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid "
+    "AND a.attnum = i.indkey[0] WHERE i.indrelid = %s AND i.indisunique AND i.indisvalid "
+    "AND i.indnkeyatts = 1 AND i.indpred IS NULL AND i.indexprs IS NULL AND a.attname = %s)"
+)
 
 
 def _source_parts(source: str) -> list[str]:
@@ -230,6 +242,9 @@ class PostgresEngine:
         self._pool: ConnectionPool | None = None
         self._tables: dict[str, TableInfo] = {}
         self._projections: dict[tuple[str, str], exp.Expression] = {}
+        #: table name → (quoted source relation, stored unit column) for tables whose
+        #: unit column had a unique index at load (re-checked by every fast-path query).
+        self._unique_sources: dict[str, tuple[str, str]] = {}
         self._version: str | None = None
         self._versioned_by: str | None = None
         self._lock = threading.Lock()
@@ -275,9 +290,10 @@ class PostgresEngine:
         Returns:
             A :class:`LoadReport`: ``data_version`` is the declared one, or None
             (``versioned_by = "version_sql"``: evaluated per query; or None: release
-            cache off). A table's ``unit_unique`` comes from a UNIQUE or PRIMARY KEY
-            constraint on exactly the unit column (a schema fact that holds whatever
-            the data becomes).
+            cache off). A table's ``unit_unique`` comes from a valid UNIQUE or PRIMARY
+            KEY index on exactly the unit column of a table (not a view or materialized
+            view): a schema fact that holds whatever the data becomes, re-checked under
+            a lock in every query that relies on it.
 
         Raises:
             PolicyError: unreachable server, missing table/column, ambiguous column
@@ -333,7 +349,6 @@ class PostgresEngine:
             (oid,),
         ).fetchall()
         stored = {str(n): str(t) for n, t, _ in cols}
-        attnum = {str(n): int(k) for n, _, k in cols}
         try:
             conn.execute(pgsql.SQL("SELECT * FROM {} LIMIT 0").format(ident))
         except psycopg.Error as e:
@@ -367,12 +382,14 @@ class PostgresEngine:
         )
         self._projections[(self.policy.name, table.name)] = exp.select(*select).from_(source_table)
         unique = False
-        if unit is not None and relkind in ("r", "p", "m"):
+        if unit is not None and relkind in ("r", "p"):  # tables: LOCK TABLE works (not on a matview)
             unique = conn.execute(
-                "SELECT EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = %s AND i.indisunique "
-                "AND i.indnkeyatts = 1 AND i.indpred IS NULL AND i.indexprs IS NULL AND i.indkey[0] = %s)",
-                (oid, attnum[names[next(n for n in names if n.casefold() == unit.casefold())]]),
+                _UNIQUE_UNIT_SQL,
+                (oid, names[next(n for n in names if n.casefold() == unit.casefold())]),
             ).fetchone()[0]
+            if unique:
+                self._unique_sources[table.name] = (ident.as_string(conn), names[
+                    next(n for n in names if n.casefold() == unit.casefold())])
         integer = unit is not None and self._unit_integer_type(stored[names[next(n for n in names if n.casefold() == unit.casefold())]])
         self._tables[table.name] = TableInfo(table.name, "live", bool(unique), integer)
 
@@ -455,6 +472,7 @@ class PostgresEngine:
             UnsupportedQuery: a WHERE construct this engine cannot run with TRY semantics.
         """
         tree = parse_bounded(query)
+        check_unique_units(tree, self.policy.name, self.unit_is_unique)
         foreign = {r for r in relations(tree) if r not in self._projections}
         if foreign:
             raise ExecutionError("the query reads a table this engine does not hold")
@@ -507,11 +525,16 @@ class PostgresEngine:
                 error (class name only, no data).
         """
         text = self.render(query)
+        tree = parse_bounded(query)
+        unique_tables = sorted(name for ds, name in relations(tree) if ds == self.policy.name) \
+            if assumes_unique_units(tree) else []
         try:
             with self._conn() as conn:
                 with conn.transaction():
                     conn.execute(pgsql.SQL("SET LOCAL statement_timeout = {}").format(
                         pgsql.Literal(int(self.timeout_s * 1000))))
+                    for name in unique_tables:
+                        self._recheck_unique(conn, name)
                     with conn.cursor(name=f"dpgate_{uuid.uuid4().hex[:12]}") as cur:
                         cur.itersize = _FETCH_ROWS
                         cur.execute(text)
@@ -533,6 +556,29 @@ class PostgresEngine:
         if len(set(names)) != len(names):
             raise ExecutionError("the bounded query returned duplicate column names")
         return {n: _column(v) for n, v in zip(names, columns)}
+
+    def _recheck_unique(self, conn: psycopg.Connection, table: str) -> None:
+        """Inside the query's transaction: lock the source (ACCESS SHARE, which a DROP INDEX
+        waits for) and check that its unit column still has the unique index found at load.
+
+        A query rendered without the per-unit aggregation is correct only while each unit
+        has one row; a dropped constraint followed by duplicate rows must not reach it.
+
+        Raises:
+            Conflict: the index is gone (an admin must reload the dataset).
+        """
+        info = self._unique_sources.get(table) or next(
+            (v for n, v in self._unique_sources.items() if n.casefold() == table.casefold()), None)
+        ok = False
+        if info is not None:
+            relation, unit = info
+            conn.execute(f"LOCK TABLE {relation} IN ACCESS SHARE MODE")
+            ok = bool(conn.execute(_UNIQUE_UNIT_SQL.replace("i.indrelid = %s", "i.indrelid = to_regclass(%s)"),
+                                   (relation, unit)).fetchone()[0])
+        if not ok:
+            raise Conflict(
+                f"the unique index on the privacy unit of {self.policy.name}.{table} found at load is "
+                "gone; an admin must reload the dataset", {"dataset": self.policy.name, "table": table})
 
     def close(self) -> None:
         """Close the connection pool (idempotent)."""

@@ -36,6 +36,7 @@ from pyspark.sql import SparkSession
 from sqlglot import exp
 
 from dpgate.engines.base import (
+    check_unique_units,
     EngineOptions,
     LoadReport,
     PredicateRewriter,
@@ -322,6 +323,7 @@ class SparkEngine:
         * ``"<dataset>"."<table>"`` → the table's typed temporary view.
         """
         tree = parse_bounded(query)
+        check_unique_units(tree, self.policy.name, self.unit_is_unique)
         foreign = {r for r in relations(tree) if r not in self._views}
         if foreign:
             raise ExecutionError("the query reads a table this engine does not hold")

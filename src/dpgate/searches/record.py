@@ -16,13 +16,14 @@ candidates and the selection — with the accountant's state after each one:
   the same budget.
 
 **Accountant state.** After each charged step the record stores (i) the search's own
-composed cost — the sum of its charges as a ledger :class:`~dpgate.accounting.Cost`, as ρ and
-as ε at the cap's δ (:func:`dpgate.accounting.cost_epsilon`: the tightest conversion valid for
-the composed kind) — and (ii) the population's spend *as of that ledger entry*: the ledger's own
-replay (:class:`dpgate.ledger.replay.Replay`) of the hash chain up to the charge's ``seq`` and
-its spend report. Both are pure functions of immutable ledger entries, so :meth:`Searches.get`
-replays every step and reports any difference (``replay.ok``); it also lists ledger charges
-naming the search that the record lacks.
+composed cost — the exact totals of its charges (:class:`~dpgate.ledger.filter.Totals`), as the
+ρ-equivalent at the orders the cap checks and as ε at the cap's δ by the tightest conversion
+valid for what was composed — and (ii) the population's spend *as of that ledger entry*: the
+ledger's spend report (:func:`~dpgate.ledger.reports.build_spend_report`) over its charges up to
+the entry's ``seq``, under the cap and allocations in force then. Both are pure functions of
+immutable ledger entries, so :meth:`Searches.get` recomputes every step and reports any
+difference (``replay.ok``); it also lists ledger charges naming the search that the record lacks.
+(The ledger's hash chain itself is checked by ``dpgate ledger verify``.)
 
 **Guard rails.** Data-dependent stopping (early stopping on private metrics) is refused unless
 the search states its stopping decisions are privatised (each is then a charged step of the
@@ -47,7 +48,6 @@ from dpgate import accounting
 from dpgate.errors import Conflict, InvalidRequest, NotFound, UnknownPopulation
 from dpgate.jsonsafe import json_safe
 from dpgate.ledger.entries import canonical_json, utc_now
-from dpgate.ledger.replay import Replay
 from dpgate.ledger.reports import build_spend_report
 from dpgate.searches.store import SearchStore
 
@@ -324,32 +324,31 @@ class Searches:
         self._append_free(search_id, "close", info)
         return self.get(search_id)
 
-    def _search_state(self, rec: Mapping[str, Any], extra_ids: list[str], seq: int | None) -> dict[str, Any]:
-        """The search's composed cost over its charged steps plus ``extra_ids``, per population, as of
-        ledger entry ``seq``."""
-        ids = [s["body"]["charge_id"] for s in rec["steps"] if s["body"].get("charge_id")] + extra_ids
-        return _composed(self.ledger, ids, seq)
+    @staticmethod
+    def _charge_ids(rec: Mapping[str, Any]) -> list[str]:
+        return [s["body"]["charge_id"] for s in rec["steps"] if s["body"].get("charge_id")]
 
     def _append_charged(self, search_id: str, kind: str, charge_id: str, population: str,
                         extra: dict[str, Any]) -> dict[str, Any]:
-        entry = _entry(self.ledger, charge_id)
-
         def build(number: int, previous: dict[str, Any] | None) -> dict[str, Any]:
-            rec = self.store.get(search_id)
+            view = _LedgerView(self.ledger)
+            entry = view.entry(charge_id)
+            ids = self._charge_ids(self.store.get(search_id)) + [charge_id]
             body = {**extra, "charge_id": charge_id, "population": population, "seq": entry["seq"],
                     "cost": _plain(entry["cost"]), "rho": _plain(entry["rho"]),
                     "epsilon_at_delta": _plain(entry["epsilon_at_delta"]),
-                    "accountant": {"search": self._search_state(rec, [charge_id], entry["seq"]),
-                                   "population": population_state(self.ledger, population, entry["seq"])}}
+                    "accountant": {"search": view.composed(ids, entry["seq"]),
+                                   "population": view.population_states(population, [entry["seq"]])[entry["seq"]]}}
             return _chain(body, previous)
 
         return self.store.append(search_id, kind, utc_now(), build)
 
     def _append_free(self, search_id: str, kind: str, extra: dict[str, Any]) -> dict[str, Any]:
         def build(number: int, previous: dict[str, Any] | None) -> dict[str, Any]:
-            rec = self.store.get(search_id)
-            last = max((e["seq"] for e in self.ledger.chain()), default=0)
-            body = {**extra, "cost": {"rho": 0.0}, "accountant": {"search": self._search_state(rec, [], last),
+            view = _LedgerView(self.ledger)
+            last = view.last_seq()
+            ids = self._charge_ids(self.store.get(search_id))
+            body = {**extra, "cost": {"rho": 0.0}, "accountant": {"search": view.composed(ids, last),
                                                                   "as_of_seq": last}}
             return _chain(body, previous)
 
@@ -366,15 +365,16 @@ class Searches:
                  for s in rec["steps"]]
         closed = bool(steps) and steps[-1]["kind"] == "close"
         ids = [s["charge_id"] for s in steps if s.get("charge_id")]
+        view = _LedgerView(self.ledger)
         return {
             "search_id": rec["search_id"], "created_at": rec["created_at"], "status": "closed" if closed else "open",
             **body,
             "steps": steps,
             "totals": {"charges": len(ids), "retries": sum(1 for s in steps if s.get("step_kind") == "retry"),
                        "failed": sum(1 for s in steps if s.get("outcome") in ("failed", "target_missed")),
-                       **_composed(self.ledger, ids)},
+                       **view.composed(ids)},
             "result": steps[-1] if closed else None,
-            "replay": self.replay(rec),
+            "replay": self.replay(rec, view),
         }
 
     def list(self, population: str | None = None, *, limit: int = 100) -> list[dict[str, Any]]:
@@ -385,11 +385,13 @@ class Searches:
                  "purpose": r["body"]["purpose"], "consumer": r["body"]["consumer"]}
                 for r in self.store.list(population, limit=limit)]
 
-    def replay(self, rec: Mapping[str, Any]) -> dict[str, Any]:
-        """Recompute every step from the ledger and the step chain; ``{ok, problems, ledger_charges}``."""
+    def replay(self, rec: Mapping[str, Any], view: "_LedgerView | None" = None) -> dict[str, Any]:
+        """Recompute every step from the ledger and check the step chain; ``{ok, problems, ledger_charges}``."""
+        view = view or _LedgerView(self.ledger)
         problems: list[str] = []
         previous: Mapping[str, Any] | None = None
         ids: list[str] = []
+        pending: list[tuple[str, Mapping[str, Any], int]] = []  # population states to check
         for s in rec["steps"]:
             b = s["body"]
             where = f"step {s['step']}"
@@ -397,84 +399,128 @@ class Searches:
                     _step_hash(b) != b.get("hash"):
                 problems.append(f"{where}: the step chain does not verify (a step was edited or removed)")
             previous = b
-            if not b.get("charge_id") and "as_of_seq" in b.get("accountant", {}):
-                if _composed(self.ledger, ids, b["accountant"]["as_of_seq"]) != b["accountant"]["search"]:
+            if not b.get("charge_id"):
+                if "as_of_seq" in b.get("accountant", {}) and \
+                        view.composed(ids, b["accountant"]["as_of_seq"]) != b["accountant"]["search"]:
                     problems.append(f"{where}: the search's composed cost does not replay")
-            if b.get("charge_id"):
-                ids.append(b["charge_id"])
-                try:
-                    entry = _entry(self.ledger, b["charge_id"])
-                except NotFound:
-                    problems.append(f"{where}: charge {b['charge_id']} is not in the ledger")
-                    continue
-                if entry["seq"] != b.get("seq") or _plain(entry["cost"]) != b.get("cost"):
-                    problems.append(f"{where}: the ledger's charge differs from the recorded one")
-                if _composed(self.ledger, ids, entry["seq"]) != b["accountant"]["search"]:
-                    problems.append(f"{where}: the search's composed cost does not replay")
-                if population_state(self.ledger, b["population"], entry["seq"]) != b["accountant"]["population"]:
+                continue
+            ids.append(b["charge_id"])
+            entry = view.by_id.get(b["charge_id"])
+            if entry is None:
+                problems.append(f"{where}: charge {b['charge_id']} is not in the ledger")
+                continue
+            if entry["seq"] != b.get("seq") or _plain(entry["cost"]) != b.get("cost"):
+                problems.append(f"{where}: the ledger's charge differs from the recorded one")
+            if view.composed(ids, entry["seq"]) != b["accountant"]["search"]:
+                problems.append(f"{where}: the search's composed cost does not replay")
+            pending.append((where, b, entry["seq"]))
+        for pop in {b["population"] for _, b, _ in pending}:
+            mine = [(w, b, q) for w, b, q in pending if b["population"] == pop]
+            states = view.population_states(pop, [q for _, _, q in mine])
+            for where, b, q in mine:
+                if states[q] != b["accountant"]["population"]:
                     problems.append(f"{where}: the population's state does not replay")
-        tagged = sorted(e["charge_id"] for pop in rec["body"]["populations"] for e in self.ledger.entries(pop)
-                        if (e.get("metadata") or {}).get("search_id") == rec["search_id"])
+        pops = set(rec["body"]["populations"])
+        tagged = sorted(e["charge_id"] for e in view.charges if e["population"] in pops
+                        and (e.get("metadata") or {}).get("search_id") == rec["search_id"])
         missing = sorted(set(tagged) - set(ids))
         if missing:
             problems.append(f"ledger charges naming this search are missing from the record: {missing}")
         return {"ok": not problems, "problems": problems, "ledger_charges": tagged}
 
 
-def _entry(ledger: Any, charge_id: str) -> dict[str, Any]:
-    for e in ledger.entries(None):
-        if e.get("charge_id") == charge_id:
-            return e
-    raise NotFound("no ledger charge with that id", {"charge_id": charge_id})
+class _LedgerView:
+    """One read of the ledger (charges ascending by ``seq``, governance events), from which every
+    recorded number is recomputed: the same exact totals (:class:`~dpgate.ledger.filter.Totals`)
+    and spend report (:func:`~dpgate.ledger.reports.build_spend_report`) as the ledger's own, under
+    the cap and allocations in force at a given entry. One pass per question, no hash checks
+    (``dpgate ledger verify`` checks the chain)."""
 
+    def __init__(self, ledger: Any) -> None:
+        self.ledger = ledger
+        self.charges = ledger.entries(None)
+        self.by_id = {e["charge_id"]: e for e in self.charges}
+        self.events = ledger.events(None)
 
-def _replay_to(ledger: Any, seq: int | None) -> Replay:
-    """The ledger's own replay of its hash chain up to entry ``seq`` (None: all of it)."""
-    replay = Replay()
-    for entry in ledger.chain():
-        if seq is not None and entry["seq"] > seq:
-            break
-        replay.feed(entry)
-    return replay
+    def entry(self, charge_id: str) -> dict[str, Any]:
+        try:
+            return self.by_id[charge_id]
+        except KeyError:
+            raise NotFound("no ledger charge with that id", {"charge_id": charge_id}) from None
 
+    def config_at(self, population: str, seq: int | None) -> tuple[Any, dict[str, float]]:
+        """(cap, allocations) of ``population`` in force at ledger entry ``seq`` (None: now)."""
+        from dpgate.ledger.caps import CapSpec
 
-def _composed(ledger: Any, charge_ids: list[str], seq: int | None = None) -> dict[str, Any]:
-    """The composed cost of these charges per population, as the ledger accounts a spend: exact
-    totals (:class:`~dpgate.ledger.filter.Totals`), ρ-equivalent at the orders the cap checks and
-    ε at the cap's δ by the tightest valid conversion — under the cap in force at ledger entry
-    ``seq`` (None: now), so a recorded state replays even after a later cap change."""
-    from dpgate.ledger.filter import BudgetCurve, Totals
+        cap, allocations = None, {}
+        for ev in self.events:
+            if ev["population"] != population or (seq is not None and ev["seq"] > seq):
+                continue
+            new = ev["new"]
+            if ev["kind"] == "population_created":
+                cap, allocations = CapSpec.from_dict(new["cap"]), dict(new["allocations"])
+            elif ev["kind"] == "cap_changed":
+                cap = CapSpec.from_dict(new)
+            elif ev["kind"] == "allocations_changed":
+                allocations = dict(new["allocations"])
+        if cap is None:
+            raise UnknownPopulation(f"unknown population {population!r}", {"population": population})
+        return cap, allocations
 
-    wanted = set(charge_ids)
-    totals: dict[str, Totals] = {}
-    for e in ledger.entries(None):
-        if e.get("charge_id") in wanted and (seq is None or e["seq"] <= seq):
+    def population_states(self, population: str, seqs: list[int]) -> dict[int, dict[str, Any]]:
+        """The population's spend as of each ledger entry in ``seqs`` (one sweep)."""
+        from dpgate.ledger.filter import Totals
+
+        wanted = sorted(set(seqs))
+        out: dict[int, dict[str, Any]] = {}
+        total, consumers = Totals(), {}
+        i = 0
+        charges = [e for e in self.charges if e["population"] == population]
+        for seq in wanted:
+            while i < len(charges) and charges[i]["seq"] <= seq:
+                e = charges[i]
+                cost = accounting.Cost.from_dict(e["cost"])
+                sel = float(e.get("selection_delta") or 0.0)
+                total = total.add(cost, sel)
+                consumers[e["consumer"]] = consumers.get(e["consumer"], Totals()).add(cost, sel)
+                i += 1
+            cap, allocations = self.config_at(population, seq)
+            report = build_spend_report(population, cap, allocations, total, dict(consumers)).to_dict()
+            out[seq] = _plain({"as_of_seq": seq, "spent": report["spent"], "remaining": report["remaining"],
+                               "cap": report["cap"], "conversion": report.get("conversion")})
+        return out
+
+    def composed(self, charge_ids: list[str], seq: int | None = None) -> dict[str, Any]:
+        """The composed cost of these charges per population, as the ledger accounts a spend: exact
+        totals, ρ-equivalent at the orders the cap checks and ε at the cap's δ by the tightest valid
+        conversion — under the cap in force at ledger entry ``seq`` (None: now), so a recorded
+        state replays even after a later cap change."""
+        from dpgate.ledger.filter import BudgetCurve, Totals
+
+        totals: dict[str, Totals] = {}
+        for cid in charge_ids:
+            e = self.by_id.get(cid)
+            if e is None or (seq is not None and e["seq"] > seq):
+                continue
             totals[e["population"]] = totals.get(e["population"], Totals()).add(
                 accounting.Cost.from_dict(e["cost"]), float(e.get("selection_delta") or 0.0))
-    caps = _replay_to(ledger, seq).populations
-    out: dict[str, Any] = {}
-    for pop, t in sorted(totals.items()):
-        cap = caps[pop]["cap"]
-        budget = BudgetCurve.of(cap)
-        eps, conversion = t.spent_epsilon(budget, cap.rho_delta)
-        out[pop] = {"charges": t.charges, "rho": t.rho_equivalent(budget), "epsilon_at_delta": eps,
-                    "delta": cap.rho_delta, "conversion": conversion,
-                    "cap": {"epsilon": cap.epsilon, "delta": cap.delta}}
-    return _plain({"by_population": out})
+        out: dict[str, Any] = {}
+        for pop, t in sorted(totals.items()):
+            cap, _ = self.config_at(pop, seq)
+            budget = BudgetCurve.of(cap)
+            eps, conversion = t.spent_epsilon(budget, cap.rho_delta)
+            out[pop] = {"charges": t.charges, "rho": t.rho_equivalent(budget), "epsilon_at_delta": eps,
+                        "delta": cap.rho_delta, "conversion": conversion,
+                        "cap": {"epsilon": cap.epsilon, "delta": cap.delta}}
+        return _plain({"by_population": out})
+
+    def last_seq(self) -> int:
+        """The newest entry's ``seq`` (charges and events)."""
+        return max([e["seq"] for e in self.charges[-1:]] + [e["seq"] for e in self.events[-1:]] + [0])
 
 
 def population_state(ledger: Any, population: str, seq: int) -> dict[str, Any]:
-    """The population's spend as of ledger entry ``seq``: the ledger's own replay of its hash chain
-    up to that entry (:class:`~dpgate.ledger.replay.Replay`) and its spend report (ρ spent and
-    remaining, ε at the cap's δ). A pure function of immutable entries, so it replays."""
-    from dpgate.ledger.filter import Totals
-
-    replay = _replay_to(ledger, seq)
-    pops = replay.populations
-    if population not in pops:
-        raise UnknownPopulation(f"unknown population {population!r}", {"population": population})
-    consumers = {c: t for (p, c), t in replay.totals.items() if p == population and c}
-    report = build_spend_report(population, pops[population]["cap"], pops[population]["allocations"],
-                                replay.totals.get((population, ""), Totals()), consumers).to_dict()
-    return _plain({"as_of_seq": seq, "spent": report["spent"], "remaining": report["remaining"],
-                   "cap": report["cap"], "conversion": report.get("conversion")})
+    """The population's spend as of ledger entry ``seq``: ρ spent and remaining, ε at the cap's δ,
+    under the cap and allocations in force then (:class:`_LedgerView`). A pure function of
+    immutable entries, so it replays."""
+    return _LedgerView(ledger).population_states(population, [seq])[seq]

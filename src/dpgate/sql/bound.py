@@ -30,6 +30,19 @@ bounded user contribution", PoPETs 2020(2), §3–4, the ZetaSQL/BigQuery design
 Record-level tables (no privacy unit; every row is a unit, k = m = 1) skip step 2:
 one row contributes at most one to a count and one clamped value to a sum.
 
+**Fast path: unique units.** When the engine's load established that the unit
+column is unique in the table (one row per unit, as in census microdata; see
+``TableInfo.unit_unique``), step 2 is skipped too (:func:`aggregates_per_unit`):
+each unit then has at most one row after the filter, so its partial would be that
+row alone — a count of 1 ≤ m, a value already clamped to ``[lo, hi]`` ⊆
+``[m·min(lo, 0), m·max(hi, 0)]``, one group ≤ k — and every clip, the ``m rows'
+worth`` scaling and the k-group choice are the identity. The groups' sums are the
+same exact integers; only the work changes. Rows with a NULL unit are still
+dropped. The step-1 CTE is then named ``__dpg_unique_rows``, so an engine can
+refuse to run such a query on data it does not know to be unique
+(:func:`dpgate.engines.base.check_unique_units`). Explain always shows the general
+form (whether units are unique is a fact about the data).
+
 Every generated name starts with ``__dpg_`` and every data column is referenced only
 as ``"__dpg_src"."<column>"`` inside step 1, whose output has generated names only, so
 no data column name can collide with a generated one. The analyst's SQL text never
@@ -48,6 +61,8 @@ from dpgate.sql.plan import QueryPlan
 SALT_PLACEHOLDER = "<salt>"
 _PREFIX = "__dpg_"
 _SRC = _PREFIX + "src"
+#: Name of the step-1 CTE when the per-unit aggregation is skipped (unique units).
+UNIQUE_ROWS_CTE = _PREFIX + "unique_rows"
 
 
 
@@ -55,7 +70,7 @@ def _m_rows_worth(total: str, count: str, m: int) -> str:
     """SQL of a per-unit partial scaled to at most ``m`` rows' worth: ``total·m // count`` if count > m."""
     return f"CASE WHEN {count} > {m} THEN ({total} * {m}) // {count} ELSE {total} END"
 
-def bounded_sql(plan: QueryPlan, policy: DatasetPolicy, *, salt: int) -> str:
+def bounded_sql(plan: QueryPlan, policy: DatasetPolicy, *, salt: int, unit_unique: bool = False) -> str:
     """DuckDB SQL computing the plan's primitives with bounded contributions.
 
     The result has one row per public-key combination (exactly one row when
@@ -70,6 +85,10 @@ def bounded_sql(plan: QueryPlan, policy: DatasetPolicy, *, salt: int) -> str:
         policy: the dataset policy (bounds, keys, unit).
         salt: secret integer in [0, 2**63) that picks each unit's k groups; it is
             embedded in the SQL text, which therefore must never be logged or returned.
+        unit_unique: the engine's load found at most one row per privacy unit in
+            ``plan.table`` (``Engine.unit_is_unique``): skip the per-unit aggregation
+            (same values, less work; see the module docstring). Every engine refuses
+            (``Conflict``) such SQL on a table its load did not find unique.
 
     Raises:
         ValueError: ``salt`` is not an integer in [0, 2**63).
@@ -77,7 +96,17 @@ def bounded_sql(plan: QueryPlan, policy: DatasetPolicy, *, salt: int) -> str:
     """
     if isinstance(salt, bool) or not isinstance(salt, int) or not 0 <= salt < 2**63:
         raise ValueError("salt must be an integer in [0, 2**63)")
-    return _render(plan, policy, str(salt))
+    return _render(plan, policy, str(salt), unit_unique=unit_unique)
+
+
+def aggregates_per_unit(table: TablePolicy, *, unit_unique: bool) -> bool:
+    """Whether the bounded query needs step 2 (one partial per unit and group).
+
+    False for record-level tables (each row is its own unit) and when the load found
+    the unit column unique (each unit has at most one row, so each partial would be
+    one row and every per-unit bound holds trivially: m ≥ 1 rows, k ≥ 1 groups).
+    """
+    return not table.record_level and not unit_unique
 
 
 def bounded_sql_template(plan: QueryPlan, policy: DatasetPolicy) -> str:
@@ -154,6 +183,16 @@ def _key_relation(col: ColumnPolicy, i: int) -> str:
     return f"(VALUES {values}) AS {q(f'{_PREFIX}k{i}')}({o}, {g})"
 
 
+def _hash_key(col: ColumnPolicy, ref: str) -> str:
+    """What the group-choosing hash reads of one key: the key itself, or for a float key
+    its ordinal among the public keys (the text of a double differs between engines,
+    ``1.0`` vs ``1``; an ordinal's does not, so every engine keeps the same k groups)."""
+    if col.type != "float":
+        return ref
+    whens = " ".join(f"WHEN {_literal(v, 'float')} THEN {j}" for j, v in enumerate(col.public_keys))
+    return f"(CASE {ref} {whens} END)"
+
+
 def _where(plan: QueryPlan) -> str | None:
     if plan.where is None:
         return None
@@ -172,7 +211,7 @@ def _where(plan: QueryPlan) -> str | None:
 
 
 def _distinct_ctes(prims, distinct_of: dict[str, str], g: list[str], m: int, salt: str,
-                   record_level: bool) -> list[str]:
+                   per_unit: bool, rows_name: str) -> list[str]:
     """CTEs computing each ``count_distinct`` primitive per group (issue 11).
 
     Per (unit, kept group) the unit's distinct non-NULL values of the column; when it has more
@@ -181,17 +220,17 @@ def _distinct_ctes(prims, distinct_of: dict[str, str], g: list[str], m: int, sal
     pairs kept by the k-bounding (``__dpg_partials``) count. Per group: the number of distinct
     kept values. One unit therefore adds at most m values to a group's set: removing it lowers
     the group's distinct count by at most m (:mod:`dpgate.sensitivity`). Record-level tables:
-    every row is a unit with one value.
+    every row is a unit with one value (so are tables whose unit is unique: ``per_unit`` False).
     """
     out = []
     u = q(_PREFIX + "u")
-    rows, parts = q(_PREFIX + "rows"), q(_PREFIX + "partials")
+    rows, parts = q(rows_name), q(_PREFIX + "partials")
     for j, p in enumerate(prims):
         d = distinct_of[p.column]
         dv, dc, x, pid = (q(f"{_PREFIX}dv{j}"), q(f"{_PREFIX}dc{j}"), q(_PREFIX + "x"),
                           q(_PREFIX + p.id))
         group = f"\n  GROUP BY {', '.join(g)}" if g else ""
-        if record_level:
+        if not per_unit:
             out.append(f"{dc} AS (\n  SELECT {', '.join(g + [f'COUNT(DISTINCT {d}) AS {pid}'])}\n"
                        f"  FROM {rows}{group}\n)")
             continue
@@ -222,7 +261,7 @@ def _join_distinct(prims, g: list[str]) -> str:
     return f"{q(_PREFIX + 'groups')} AS (\n  SELECT {', '.join(cols)}\n  FROM {g0} {' '.join(joins)}\n)"
 
 
-def _render(plan: QueryPlan, policy: DatasetPolicy, salt: str) -> str:
+def _render(plan: QueryPlan, policy: DatasetPolicy, salt: str, *, unit_unique: bool = False) -> str:
     table: TablePolicy = policy.table(plan.table)
     src = lambda c: f"{q(_SRC)}.{q(c)}"  # noqa: E731
     keys = [table.column(c) for c in plan.group_by]
@@ -230,6 +269,7 @@ def _render(plan: QueryPlan, policy: DatasetPolicy, salt: str) -> str:
     m = table.max_rows_per_unit
     k = table.max_groups_per_unit
     record_level = table.record_level
+    per_unit = aggregates_per_unit(table, unit_unique=unit_unique)
 
     # Value columns: one per aggregated column (fixed-point value or presence flag).
     value_of: dict[str, str] = {}
@@ -299,23 +339,25 @@ def _render(plan: QueryPlan, policy: DatasetPolicy, salt: str) -> str:
             row = f"SUM({v} * {v})"
             clip = (f"LEAST(COALESCE({_m_rows_worth(f'SUM({v} * {v})', f'COUNT({v})', m)}, 0), "
                     f"{m * max(lo * lo, hi * hi)})")
-        if record_level:
+        if not per_unit:
             group_cols.append(f"{row} AS {pid}")
         else:
             part_cols.append(f"{clip} AS {pid}")
             group_cols.append(f"SUM({pid}) AS {pid}")
 
     group_list = ", ".join(g)
-    ctes = [f"{q(_PREFIX + 'rows')} AS (\n  {rows_sql}\n)"]
-    source = q(_PREFIX + "rows")
-    if not record_level:
+    rows_name = _PREFIX + "rows" if per_unit or record_level else UNIQUE_ROWS_CTE
+    ctes = [f"{q(rows_name)} AS (\n  {rows_sql}\n)"]
+    source = q(rows_name)
+    if per_unit:
         u = q(_PREFIX + "u")
         part_sql = (
             f"SELECT {', '.join([u] + g + part_cols)}\n  FROM {source}\n"
             f"  GROUP BY {', '.join([u] + g)}"
         )
         if keys and (plan.selected_keys or k < table.key_combinations(plan.group_by)):
-            order = ", ".join([f"hash({', '.join([u] + g + [salt])})"] + g)
+            hashed = [_hash_key(c, g[i]) for i, c in enumerate(keys)]
+            order = ", ".join([f"hash({', '.join([u] + hashed + [salt])})"] + g)
             part_sql += (
                 f"\n  QUALIFY row_number() OVER (PARTITION BY {u} ORDER BY {order}) <= {k}"
             )
@@ -329,7 +371,7 @@ def _render(plan: QueryPlan, policy: DatasetPolicy, salt: str) -> str:
     distinct = [p for p in plan.primitives if p.kind == "count_distinct"]
     if distinct:  # issue 11: COUNT(DISTINCT col), at most m distinct values per unit and group
         ctes.append(f"{q(_PREFIX + 'groups0')} AS (\n  {groups_sql}\n)")
-        ctes += _distinct_ctes(distinct, distinct_of, g, m, salt, record_level)
+        ctes += _distinct_ctes(distinct, distinct_of, g, m, salt, per_unit, rows_name)
         ctes.append(_join_distinct(distinct, g))
     else:
         ctes.append(f"{q(_PREFIX + 'groups')} AS (\n  {groups_sql}\n)")

@@ -75,6 +75,7 @@ from dpgate.policy import (
     quote_identifier,
 )
 from dpgate.sql import partition_selection as selection
+from dpgate.sql.joins import JOIN_MARK, rewrite_joins
 from dpgate.sql.quantile import QUANTILE_FUNCTIONS, is_quantile_call, quantile_call, quantile_name, quantile_sql
 from dpgate.sql.rules import apply_statement_rules
 from dpgate.sql.plan import (
@@ -783,7 +784,7 @@ def _quantile_aggregate(node: exp.Expression, scope: _Scope) -> _Agg:
     col = scope.table.column(name)
     if col.type not in _NUMERIC:
         raise _unsupported(f"{_snippet(node)}: column {name!r} is {col.type}, not numeric", node)
-    if not col.bounded:
+    if not col.bounded and not scope.table.public:
         raise _unsupported(
             f"{_snippet(node)}: column {name!r} has no bounds in the policy (a DP quantile, "
             "minimum or maximum picks from candidates spanning [lower, upper]: declare them)", node)
@@ -866,6 +867,8 @@ def _aggregate(node: exp.Expression, scope: _Scope) -> _Agg:
     col = table.column(name)
     if col.type not in _NUMERIC:
         raise _unsupported(f"{_snippet(node)}: column {name!r} is {col.type}, not numeric", node)
+    if table.public:  # public tables hook: answered exactly, nothing to bound
+        return _Agg(function, name)
     if not col.bounded:
         raise _unsupported(
             f"{_snippet(node)}: column {name!r} has no bounds in the policy "
@@ -1132,7 +1135,8 @@ def _group_by(stmt: exp.Select, scope: _Scope) -> list[str]:
                 item,
             )
         scope.table.column(name)  # declared (UnknownColumn otherwise)
-        # issue 11 hook: a key without public keys is selected privately (sql/partition_selection.py)
+        # issue 11 hook: a key without public keys is selected privately (sql/partition_selection.py);
+        # a public table's key-less columns are keyed by their values (no selection)
         if name not in cols:
             cols.append(name)
     order = list(scope.table.columns)
@@ -1146,6 +1150,8 @@ def _policy_digest(table: TablePolicy, columns: set[str]) -> str:
         "max_rows_per_unit": table.max_rows_per_unit,
         "columns": {n: table.columns[n].to_dict() for n in sorted(columns)},
     }
+    if table.public:
+        payload["public"] = True
     text = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -1172,6 +1178,7 @@ def parse_query(sql: str, policy: DatasetPolicy, *, dialect: str | None = None) 
     stmt = parse_statement(sql, dialect)
     try:
         stmt = apply_statement_rules(stmt)
+        stmt, policy = rewrite_joins(stmt, policy)  # joins hook (dpgate.sql.joins): one joined table
         return _plan(stmt, policy)
     except RecursionError:
         raise InvalidSql("the SQL is nested too deeply") from None
@@ -1247,7 +1254,7 @@ def _plan(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
         outputs.add_agg(agg, _agg_label(agg, scope), hidden=True)
 
     selected_keys = selection.selected_columns(table, group_by)  # issue 11 hook
-    n_groups = table.key_combinations([c for c in group_by if c not in selected_keys])
+    n_groups = 1 if table.public else table.key_combinations([c for c in group_by if c not in selected_keys])
     if n_groups > MAX_GROUPS:
         raise UnsupportedQuery(
             f"the GROUP BY releases {n_groups} key combinations, more than {MAX_GROUPS}",
@@ -1348,7 +1355,9 @@ def _with_canonical_sql(plan: QueryPlan, scope: _Scope) -> QueryPlan:
         if not (isinstance(out, KeyOutput) and out.name == out.column):
             text += f" AS {quote_identifier(out.name)}"
         items.append(text)
-    sql = f"SELECT {', '.join(items)} FROM {quote_identifier(plan.table)}"
+    source = (plan.table[len(JOIN_MARK):] if plan.table.startswith(JOIN_MARK)  # joins hook
+              else quote_identifier(plan.table))
+    sql = f"SELECT {', '.join(items)} FROM {source}"
     if plan.where:
         sql += f" WHERE {plan.where}"
     if plan.group_by:

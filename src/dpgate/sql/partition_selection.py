@@ -47,7 +47,10 @@ _PREFIX = "__dpg_"
 
 
 def selected_columns(table: TablePolicy, group_by: Iterable[str]) -> tuple[str, ...]:
-    """The group-by columns without public keys (selected privately), in ``group_by`` order."""
+    """The group-by columns without public keys (selected privately), in ``group_by`` order;
+    none for a public table (its key-less columns are keyed by their values)."""
+    if getattr(table, "public", False):
+        return ()
     return tuple(c for c in group_by if table.column(c).public_keys is None)
 
 

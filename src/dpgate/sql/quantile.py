@@ -21,11 +21,12 @@ WHERE, the analyst's text never reaches the engine). Its steps:
 1. ``rows``: filtered rows (NULL unit dropped, group keys restricted to their
    public keys), the value as a clamped fixed-point integer (NULL for NULL, NaN,
    ±inf; those rows are left out) rounded to its nearest grid candidate ``b``;
-2. ``kept``: per (unit, group), at most m values — those with the smallest
-   ``hash(unit, b, row order, salt)`` — and, when the unit has values in more
-   than k groups, only the k groups with the smallest ``hash(unit, keys, salt)``
-   (the rule of :mod:`dpgate.sql.bound`; it depends only on the unit's own rows
-   and the secret salt);
+2. ``unit_groups``/``kept``: when the unit has values in more than k groups, only
+   the k groups with the smallest ``hash(unit, keys, salt)`` (the rule of
+   :mod:`dpgate.sql.bound`); in each kept (unit, group), at most m values — all of
+   them when there are at most m, else the m with the smallest
+   ``hash(unit, b, salt)`` (ties between equal candidates are interchangeable).
+   The choice depends only on the unit's own rows and the secret salt;
 3. per (group, candidate): the number of kept values;
 4. the public keys LEFT JOINed: one row per (group, non-empty candidate), or one row
    with ``b = -1`` for an empty group, in public-key order.
@@ -177,20 +178,24 @@ def histogram_sql(plan: QueryPlan, policy: DatasetPolicy, column: str, *, salt: 
             f"{q(_SRC)}\n  WHERE {' AND '.join(conditions)}\n)"]
     source = q(_PREFIX + "rows")
     if not table.record_level:
-        part = ", ".join([u] + g)
-        kept = (f"SELECT {', '.join([u] + g + [b])} FROM {source}\n  QUALIFY row_number() OVER "
-                f"(PARTITION BY {part} ORDER BY hash({u}, {b}, {salt_sql}), {b}) <= {m}")
-        ctes.append(f"{q(_PREFIX + 'kept')} AS (\n  {kept}\n)")
-        source = q(_PREFIX + "kept")
+        # per (unit, group): the row count c, and at most k groups per unit (salted hash);
+        # then the rows of pairs with c <= m pass as they are, and only pairs with c > m
+        # rank their rows (the expensive window runs on those alone)
+        ug, j, c = q(_PREFIX + "unit_groups"), q(_PREFIX + "joined"), q(_PREFIX + "c")
+        ugs = f"SELECT {', '.join([u] + g)}, COUNT(*) AS {c} FROM {source} GROUP BY {', '.join([u] + g)}"
         if keys and k < table.key_combinations(plan.group_by):
             order = ", ".join([f"hash({', '.join([u] + g + [salt_sql])})"] + g)
-            ug = (f"SELECT {', '.join([u] + g)} FROM {source} GROUP BY {', '.join([u] + g)}\n"
-                  f"  QUALIFY row_number() OVER (PARTITION BY {u} ORDER BY {order}) <= {k}")
-            ctes.append(f"{q(_PREFIX + 'unit_groups')} AS (\n  {ug}\n)")
-            on = " AND ".join(f"{source}.{x} = {q(_PREFIX + 'unit_groups')}.{x}" for x in [u] + g)
-            ctes.append(f"{q(_PREFIX + 'kept_groups')} AS (\n  SELECT {', '.join(f'{source}.{x}' for x in g + [b])} "
-                        f"FROM {source} JOIN {q(_PREFIX + 'unit_groups')} ON {on}\n)")
-            source = q(_PREFIX + "kept_groups")
+            ugs += f"\n  QUALIFY row_number() OVER (PARTITION BY {u} ORDER BY {order}) <= {k}"
+        ctes.append(f"{ug} AS (\n  {ugs}\n)")
+        on = " AND ".join(f"{source}.{x} = {ug}.{x}" for x in [u] + g)
+        ctes.append(f"{j} AS (\n  SELECT {', '.join(f'{source}.{x}' for x in [u] + g + [b])}, {ug}.{c} "
+                    f"FROM {source} JOIN {ug} ON {on}\n)")
+        part = ", ".join([u] + g)
+        kept = (f"SELECT {', '.join(g + [b])} FROM {j} WHERE {c} <= {m}\n  UNION ALL\n  "
+                f"SELECT {', '.join(g + [b])} FROM (SELECT * FROM {j} WHERE {c} > {m}\n    QUALIFY "
+                f"row_number() OVER (PARTITION BY {part} ORDER BY hash({u}, {b}, {salt_sql}), {b}) <= {m})")
+        ctes.append(f"{q(_PREFIX + 'kept')} AS (\n  {kept}\n)")
+        source = q(_PREFIX + "kept")
     counts = f"SELECT {', '.join(g + [b])}, COUNT(*) AS {q(_PREFIX + 'n')} FROM {source} GROUP BY {', '.join(g + [b])}"
     ctes.append(f"{q(_PREFIX + 'counts')} AS (\n  {counts}\n)")
     cnt = q(_PREFIX + "counts")

@@ -98,7 +98,7 @@ def recognize(plan: QueryPlan, policy: DatasetPolicy) -> SelectionQuery | None:
         raise UnsupportedQuery(
             f"a selection's utility must be COUNT, COUNT(DISTINCT <privacy unit>) or SUM of a bounded "
             f"column, not {out.function.upper()}: its sensitivity is not bounded by the contribution "
-            "bounds (order by SUM instead of AVG when the groups have equal sizes)",
+            "bounds (to rank averages over groups of equal size, order by SUM)",
             {"reason": "selection_utility", "function": out.function})
     candidates = policy.table(plan.table).key_combinations(plan.group_by)
     k = int(plan.limit)  # type: ignore[arg-type]

@@ -1,0 +1,328 @@
+"""Joins: protected tables of one population joined on the privacy unit, and public tables
+joined on declared columns (issue 12 item 2), planned as one *joined table*.
+
+A query whose FROM joins declared tables is rewritten, before the planner sees it, into a
+query over a single virtual :class:`JoinedTable` whose rows are the join's rows:
+
+* its columns are the joined tables' declared columns, named ``<column>`` when that name
+  is unique among the joined tables and ``<table>_<column>`` otherwise (``<table>_2_…``
+  for the second occurrence of a table in a self-join); every privacy-unit column of a
+  protected table is the one unit column of the joined table (they are equal on every
+  joined row: the tables are joined on it);
+* its privacy unit is that column (None when every table is public: the joined table is
+  then public, and the query is answered exactly for free);
+* k and m are the largest of the protected tables' (a join never truncates more than a
+  query on its largest table alone; privacy does not depend on the choice, because the
+  caps are enforced on the joined rows and the sensitivity derived from them).
+
+The bounding rewrite (:mod:`dpgate.sql.bound`, :mod:`dpgate.sql.quantile`) then runs on the
+joined rows exactly as on one table, so the caps apply **after** the join: however one
+unit's rows multiply through the join (a unit with 3 checkouts and 2 member rows has 6
+joined rows; a public row matching many protected rows), the unit still adds at most m rows
+to at most k groups, and the sensitivity is the one of a single table (Wilson et al. 2020
+§3; the same argument as Tumult Analytics' truncation after a private join). Every joined
+row carries the unit of its protected rows, which is what makes "one unit's rows" well
+defined after the join.
+
+Refused, with the reason: joins of protected tables on anything but the unit (one row would
+then mix two units), self-joins on non-unit columns, cross joins or joins without ON/USING
+involving a protected table, non-equality conditions, RIGHT/FULL joins, a protected table
+connected to the others only through a public table, record-level tables joined to others.
+Tables of other datasets (hence other populations) are unknown to the query's dataset and
+refused as such.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from sqlglot import exp
+
+from dpgate.errors import UnknownColumn, UnknownTable, UnsupportedQuery
+from dpgate.policy import ColumnPolicy, DatasetPolicy, TablePolicy, quote_identifier as q
+
+#: Marks a joined table's name (never a declared table name: it contains spaces).
+JOIN_MARK = "JOIN "
+
+
+@dataclass(frozen=True)
+class JoinedTable(TablePolicy):
+    """A :class:`TablePolicy` whose rows are a join of declared tables (module docstring).
+
+    Attributes (besides :class:`TablePolicy`'s):
+        join_sql: the DuckDB subquery producing the joined rows, columns named as declared here.
+        sources: the declared tables joined, in FROM order.
+    """
+
+    join_sql: str = ""
+    sources: tuple[str, ...] = ()
+
+    @property
+    def relation(self) -> str:
+        """The joined rows as a parenthesised subquery (used where a table name would be)."""
+        return f"({self.join_sql})"
+
+
+def _refuse(message: str, node: exp.Expression | None = None) -> UnsupportedQuery:
+    details = {"construct": node.sql(dialect="duckdb")[:200]} if node is not None else {}
+    return UnsupportedQuery(message, details)
+
+
+@dataclass
+class _Source:
+    table: TablePolicy
+    alias: str  # canonical alias: the table name, then name_2, name_3 …
+    names: set[str]  # how the query refers to it (alias or table name), casefolded
+    side: str  # "" for the FROM table and inner joins, "LEFT"
+
+
+def _sources(stmt: exp.Select, policy: DatasetPolicy) -> list[tuple[_Source, exp.Join | None]]:
+    frm = stmt.args.get("from_") or stmt.args.get("from")
+    items = [(frm.this, None)] + [(j.this, j) for j in stmt.args.get("joins") or []]
+    out: list[tuple[_Source, exp.Join | None]] = []
+    seen: dict[str, int] = {}
+    for node, join in items:
+        if not isinstance(node, exp.Table) or not isinstance(node.this, exp.Identifier):
+            raise _refuse("only declared tables can be joined (no subqueries or table functions in a JOIN)", node)
+        if set(k for k, v in node.args.items() if v) - {"this", "db", "alias"}:
+            raise _refuse(f"table modifiers are not supported in {node.sql()}", node)
+        db = node.args.get("db")
+        if db is not None and db.name.casefold() != policy.name.casefold():
+            raise UnknownTable(f"unknown dataset {db.name!r}: tables of another dataset (another population) "
+                               f"cannot be joined; this query runs on dataset {policy.name!r}",
+                               {"dataset": db.name})
+        table = policy.table(node.name)
+        seen[table.name] = seen.get(table.name, 0) + 1
+        alias = table.name if seen[table.name] == 1 else f"{table.name}_{seen[table.name]}"
+        names = {node.alias.casefold()} if node.alias else {table.name.casefold()}
+        side = ""
+        if join is not None:
+            side = (join.args.get("side") or "").upper()
+            kind = (join.args.get("kind") or "").upper()
+            if side in ("RIGHT", "FULL"):
+                raise _refuse(f"{side} JOIN is not supported: write it as a LEFT JOIN with the tables swapped", join)
+            if kind == "CROSS" or not (join.args.get("on") or join.args.get("using")):
+                raise _refuse("cross joins are not supported: every join needs ON or USING "
+                              "(a cross join of protected tables would pair different units' rows)", join)
+            if join.args.get("method") or kind not in ("", "INNER", "OUTER"):
+                raise _refuse(f"{join.sql()[:60]}: only INNER and LEFT joins are supported", join)
+        out.append((_Source(table, alias, names, side), join))
+    return out
+
+
+def _column_names(sources: list[_Source]) -> dict[tuple[str, str], str]:
+    """(canonical alias, declared column) → the joined table's column name."""
+    counts: dict[str, int] = {}
+    for s in sources:
+        for c in s.table.columns:
+            if s.table.privacy_unit is not None and c.casefold() == s.table.privacy_unit.casefold():
+                continue
+            counts[c.casefold()] = counts.get(c.casefold(), 0) + 1
+    out = {}
+    for s in sources:
+        for c in s.table.columns:
+            out[(s.alias, c)] = c if counts.get(c.casefold(), 0) == 1 else f"{s.alias}_{c}"
+    return out
+
+
+def rewrite_joins(stmt: exp.Select, policy: DatasetPolicy) -> tuple[exp.Select, DatasetPolicy]:
+    """Rewrite a SELECT over a join into one over a :class:`JoinedTable` (module docstring).
+
+    Returns ``(stmt, policy)`` unchanged when there is no join; else the rewritten
+    statement (FROM the joined table, columns unqualified and renamed) and the policy
+    with the joined table added.
+
+    Raises:
+        UnsupportedQuery: a join outside the supported subset (the message says why).
+        UnknownTable, UnknownColumn: undeclared tables, aliases or columns.
+    """
+    if not stmt.args.get("joins"):
+        return stmt, policy
+    stmt = stmt.copy()
+    pairs = _sources(stmt, policy)
+    sources = [s for s, _ in pairs]
+    protected = [s for s in sources if not s.table.public]
+    if any(s.table.record_level for s in protected) and len(sources) > 1:
+        raise _refuse("a record-level table (no privacy unit) cannot be joined: its rows have no unit to join on")
+    names = _column_names(sources)
+    by_name: dict[str, _Source] = {}
+    for s in sources:
+        for n in s.names:
+            if n in by_name:
+                raise _refuse(f"the table name or alias {n!r} is used twice: give each joined table its own alias")
+            by_name[n] = s
+    unit_name = None
+    if protected:
+        first = protected[0].table
+        unit_name = first.privacy_unit
+        taken = {v.casefold() for v in names.values()}
+        while unit_name.casefold() in taken:
+            unit_name = "_" + unit_name
+
+    def is_unit(s: _Source, column: str) -> bool:
+        return s.table.privacy_unit is not None and column.casefold() == s.table.privacy_unit.casefold()
+
+    def resolve(col: exp.Column) -> tuple[_Source, str]:
+        """The source and declared column a (possibly qualified) column reference names."""
+        qual = col.args.get("table")
+        if col.args.get("catalog") is not None:
+            raise UnknownTable(f"unknown table reference in {col.sql()!r}", {"column": col.sql()})
+        if qual is not None:
+            s = by_name.get(qual.name.casefold())
+            if s is None:
+                raise UnknownTable(f"unknown table or alias {qual.name!r} in {col.sql()!r}", {"table": qual.name})
+            found = _find(s, col.name)
+            if found is None:
+                raise UnknownColumn(f"table {s.table.name!r} declares no column {col.name!r}",
+                                    {"table": s.table.name, "column": col.name})
+            return s, found
+        hits = [(s, f) for s in sources if (f := _find(s, col.name)) is not None]
+        if not hits:
+            raise UnknownColumn(f"no joined table declares a column {col.name!r}", {"column": col.name})
+        if len(hits) > 1 and not all(is_unit(s, f) for s, f in hits):
+            raise _refuse(f"column {col.name!r} is ambiguous in this join: qualify it with its table or alias", col)
+        return hits[0]
+
+    # join conditions
+    connected = {protected[0].alias} if protected else set()
+    conditions: list[tuple[_Source, str, _Source, str]] = []
+    for s, join in pairs[1:]:
+        eqs: list[tuple[tuple[_Source, str], tuple[_Source, str]]] = []
+        if join.args.get("using"):
+            for ident in join.args["using"]:
+                right = (s, _find(s, ident.name) or "")
+                lefts = [(o, f) for o in sources[: sources.index(s)] if (f := _find(o, ident.name)) is not None]
+                if not right[1] or len(lefts) != 1:
+                    raise _refuse(f"USING ({ident.name}) must name a column of the joined table and of exactly "
+                                  "one table before it", join)
+                eqs.append((lefts[0], right))
+        else:
+            for cond in _conjuncts(join.args["on"]):
+                if not (isinstance(cond, exp.EQ) and isinstance(cond.this, exp.Column)
+                        and isinstance(cond.expression, exp.Column)):
+                    involved = {r[0].alias for c in cond.find_all(exp.Column) for r in [resolve(c)]}
+                    if any(not by_alias(sources, a).table.public for a in involved):
+                        raise _refuse(f"non-equi join conditions on protected tables are not supported "
+                                      f"({cond.sql()}): join on the privacy unit with =", cond)
+                    raise _refuse(f"join conditions must be equalities of columns ({cond.sql()}); put row "
+                                  "filters in WHERE", cond)
+                eqs.append((resolve(cond.this), resolve(cond.expression)))
+        for (a, ca), (b, cb) in eqs:
+            if a.alias == b.alias:
+                raise _refuse(f"a join condition must compare two different tables ({a.alias}.{ca} = {b.alias}.{cb})")
+            if not a.table.public and not b.table.public:
+                if not (is_unit(a, ca) and is_unit(b, cb)):
+                    what = ("a self-join" if a.table.name == b.table.name else "a join of protected tables")
+                    raise _refuse(
+                        f"{what} must be on the privacy unit ({a.table.name}.{a.table.privacy_unit} = "
+                        f"{b.table.name}.{b.table.privacy_unit}), not {a.alias}.{ca} = {b.alias}.{cb}: a joined "
+                        "row would combine rows of two different units", join)
+                connected.update({a.alias, b.alias})
+            if sources.index(a) > sources.index(b):  # canonical: the earlier table first
+                a, ca, b, cb = b, cb, a, ca
+            if (a, ca, b, cb) not in conditions:
+                conditions.append((a, ca, b, cb))
+    for s in protected:
+        if s.alias not in connected:
+            raise _refuse(f"protected table {s.table.name!r} must be joined to the other protected tables on the "
+                          "privacy unit (joined only through a public table, its rows would meet other units' rows)")
+
+    # the joined table
+    columns: dict[str, ColumnPolicy] = {}
+    select = []
+    for s in sources:
+        for c, col in s.table.columns.items():
+            if is_unit(s, c):
+                continue
+            v = names[(s.alias, c)]
+            columns[v] = dataclasses.replace(col, name=v)
+            select.append(f"{q(s.alias)}.{q(c)} AS {q(v)}")
+    if protected:
+        first = protected[0]
+        select.insert(0, f"{q(first.alias)}.{q(first.table.privacy_unit)} AS {q(unit_name)}")
+    from_sql = f"{pairs[0][0].table.relation} AS {q(pairs[0][0].alias)}"
+    for s, _join in pairs[1:]:
+        on = [f"{q(a.alias)}.{q(ca)} = {q(b.alias)}.{q(cb)}" for a, ca, b, cb in conditions if s in (a, b)
+              and (sources.index(a) <= sources.index(s) and sources.index(b) <= sources.index(s))]
+        from_sql += (f" {'LEFT ' if s.side == 'LEFT' else ''}JOIN {s.table.relation} AS {q(s.alias)} "
+                     f"ON {' AND '.join(on)}")
+    join_sql = f"SELECT {', '.join(select)} FROM {from_sql}"
+    canonical = JOIN_MARK + " ".join(
+        [pairs[0][0].table.name + (f" AS {pairs[0][0].alias}" if pairs[0][0].alias != pairs[0][0].table.name else "")]
+        + [f"{'LEFT ' if s.side == 'LEFT' else ''}JOIN {s.table.name}"
+           + (f" AS {s.alias}" if s.alias != s.table.name else "")
+           + " ON " + " AND ".join(f"{a.alias}.{ca} = {b.alias}.{cb}" for a, ca, b, cb in conditions if s in (a, b)
+                                   and sources.index(a) <= sources.index(s) and sources.index(b) <= sources.index(s))
+           for s, _ in pairs[1:]])
+    k = max((s.table.max_groups_per_unit for s in protected), default=1)
+    m = max((s.table.max_rows_per_unit for s in protected), default=1)
+    joined = JoinedTable(
+        name=canonical, dataset=policy.name, source="", privacy_unit=unit_name,
+        max_groups_per_unit=k, max_rows_per_unit=m, columns=MappingProxyType(columns),
+        path=pairs[0][0].table.path, public=not protected, join_sql=join_sql,
+        sources=tuple(s.table.name for s in sources))
+
+    # the statement over the joined table
+    def rename(node: exp.Expression) -> exp.Expression:
+        if isinstance(node, exp.Column) and not isinstance(node.this, exp.Star):
+            s, c = resolve(node)
+            return exp.column(unit_name if is_unit(s, c) else names[(s.alias, c)], quoted=True)
+        return node
+
+    # keep each select item's title as written (labels are not part of the plan hash)
+    stmt.set("expressions", [e if isinstance(e, exp.Alias) or isinstance(e, exp.Star)
+                             else exp.alias_(e, e.name if isinstance(e, exp.Column) else e.sql(dialect="duckdb")[:200],
+                                             quoted=True)
+                             for e in stmt.expressions])
+    for key in list(stmt.args):
+        if key in ("from", "from_", "joins"):
+            continue
+        value = stmt.args[key]
+        if isinstance(value, exp.Expression):
+            stmt.set(key, value.transform(rename))
+        elif isinstance(value, list):
+            stmt.set(key, [v.transform(rename) if isinstance(v, exp.Expression) else v for v in value])
+    stmt.set("joins", None)
+    stmt.set("from_" if "from_" in stmt.args else "from",
+             exp.From(this=exp.Table(this=exp.Identifier(this=canonical, quoted=True))))
+    tables = dict(policy.tables)
+    tables[canonical] = joined
+    return stmt, dataclasses.replace(policy, tables=MappingProxyType(tables))
+
+
+def by_alias(sources: list[_Source], alias: str) -> _Source:
+    """The source with that canonical alias."""
+    return next(s for s in sources if s.alias == alias)
+
+
+def _find(s: _Source, name: str) -> str | None:
+    col = s.table.find_column(name)
+    if col is not None:
+        return col.name
+    if s.table.privacy_unit is not None and name.casefold() == s.table.privacy_unit.casefold():
+        return s.table.privacy_unit
+    return None
+
+
+def _conjuncts(node: exp.Expression) -> list[exp.Expression]:
+    if isinstance(node, exp.Paren):
+        return _conjuncts(node.this)
+    if isinstance(node, exp.And):
+        return _conjuncts(node.this) + _conjuncts(node.expression)
+    return [node]
+
+
+def policy_for(table: str, policy: DatasetPolicy) -> DatasetPolicy:
+    """The policy with the joined table ``table`` (a plan's ``table``) added, rebuilt from its name.
+
+    Plans store the joined table's canonical name; the service rebuilds the joined table
+    from it (the same rewrite as at planning). A declared table's name returns ``policy``.
+    """
+    if not table.startswith(JOIN_MARK) or table in policy.tables:
+        return policy
+    import sqlglot
+
+    stmt = sqlglot.parse_one(f"SELECT COUNT(*) FROM {table[len(JOIN_MARK):]}", read="duckdb")
+    return rewrite_joins(stmt, policy)[1]

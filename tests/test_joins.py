@@ -1,0 +1,259 @@
+"""Joins (issue 12 item 2): protected tables joined on the privacy unit, public tables joined on
+declared columns, bounding after the join (neighbouring-data property with fan-out), refusals."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from dpgate.errors import UnsupportedQuery
+from dpgate.policy import load_policy
+from dpgate.service import Gateway, QueryBudget
+from dpgate.settings import Settings
+from dpgate.sql.bound import bounded_sql
+from dpgate.sql.joins import JoinedTable, policy_for
+from dpgate.sql.parse import parse_query
+
+POLICY = """
+[dataset]
+name = "lib"
+population = "members"
+data_version = "v1"
+
+[budget]
+epsilon = 100000.0
+delta = 1e-6
+default_query_rho = 0.01
+
+[allocations]
+analysts = 1.0
+
+[tables.checkouts]
+source = "checkouts.csv"
+privacy_unit = "member_id"
+max_groups_per_unit = 2
+max_rows_per_unit = 3
+
+[tables.checkouts.columns]
+member_id = { type = "int" }
+genre = { type = "text", public_keys = ["fantasy", "mystery", "history", "poetry"] }
+pages = { type = "int", lower = 0, upper = 1000 }
+
+[tables.members]
+source = "members.csv"
+privacy_unit = "id"
+max_groups_per_unit = 1
+max_rows_per_unit = 1
+
+[tables.members.columns]
+edu = { type = "text", public_keys = ["hs", "ba", "ma"] }
+age = { type = "int", lower = 0, upper = 120 }
+
+[tables.genres]
+source = "genres.csv"
+public = true
+
+[tables.genres.columns]
+genre = { type = "text", public_keys = ["fantasy", "mystery", "history", "poetry"] }
+category = { type = "text", public_keys = ["fiction", "nonfiction"] }
+"""
+
+GENRES = [("fantasy", "fiction"), ("mystery", "fiction"), ("history", "nonfiction"), ("poetry", "fiction")]
+
+
+def checkouts_rows(n=300):
+    return [(i % 50, ["fantasy", "mystery", "history"][i % 3], 100 + i) for i in range(n)]
+
+
+def members_rows():
+    return [(i, ["hs", "ba", "ma"][i % 3], 20 + i) for i in range(50)]
+
+
+def write(root: Path) -> Path:
+    (root / "policies").mkdir(parents=True, exist_ok=True)
+    (root / "checkouts.csv").write_text("member_id,genre,pages\n" + "\n".join(",".join(map(str, r)) for r in checkouts_rows()) + "\n")
+    (root / "members.csv").write_text("id,edu,age\n" + "\n".join(",".join(map(str, r)) for r in members_rows()) + "\n")
+    (root / "genres.csv").write_text("genre,category\n" + "\n".join(",".join(r) for r in GENRES) + "\n")
+    (root / "policies" / "lib.toml").write_text(POLICY)
+    return root / "policies"
+
+
+@pytest.fixture
+def gw(tmp_path):
+    g = Gateway.open(Settings(policies=write(tmp_path / "p"), home=tmp_path / "home"))
+    yield g
+    g.close()
+
+
+def policy(tmp_path: Path):
+    return load_policy(write(tmp_path) / "lib.toml")
+
+
+# --- planning ------------------------------------------------------------------------------------
+
+
+def test_spellings_of_one_unit_join_share_a_plan(tmp_path):
+    pol = policy(tmp_path / "a")
+    a = parse_query("SELECT m.edu, COUNT(*) FROM checkouts c JOIN members m ON c.member_id = m.id GROUP BY m.edu", pol)
+    b = parse_query("SELECT edu, COUNT(*) n FROM checkouts INNER JOIN members ON members.id = checkouts.member_id "
+                    "GROUP BY edu", pol)
+    assert a.plan_hash == b.plan_hash
+    joined = policy_for(a.table, pol).table(a.table)
+    assert isinstance(joined, JoinedTable) and joined.privacy_unit == "member_id"
+    assert (joined.max_groups_per_unit, joined.max_rows_per_unit) == (2, 3)  # the largest of the tables'
+    assert a.canonical_sql.endswith('FROM checkouts JOIN members ON checkouts.member_id = members.id GROUP BY "edu"')
+
+
+@pytest.mark.parametrize("sql, words", [
+    ("SELECT COUNT(*) FROM checkouts c JOIN members m ON c.pages = m.age", "must be on the privacy unit"),
+    ("SELECT COUNT(*) FROM checkouts c JOIN checkouts d ON c.genre = d.genre", "self-join must be on the privacy unit"),
+    ("SELECT COUNT(*) FROM checkouts c CROSS JOIN members m", "cross joins"),
+    ("SELECT COUNT(*) FROM checkouts c, members m", "cross joins"),
+    ("SELECT COUNT(*) FROM checkouts c JOIN members m ON c.member_id < m.id", "non-equi"),
+    ("SELECT COUNT(*) FROM checkouts c JOIN members m ON c.member_id = m.id AND m.age > 3", "non-equi"),
+    ("SELECT COUNT(*) FROM checkouts c RIGHT JOIN members m ON c.member_id = m.id", "RIGHT JOIN"),
+    ("SELECT COUNT(*) FROM checkouts c FULL JOIN members m ON c.member_id = m.id", "FULL JOIN"),
+    ("SELECT COUNT(*) FROM checkouts c JOIN genres g ON c.genre = g.genre JOIN members m ON m.edu = g.category",
+     "must be joined to the other protected tables on the privacy unit"),
+    ("SELECT COUNT(*) FROM checkouts c JOIN (SELECT * FROM members) m ON c.member_id = m.id", "only declared tables"),
+    ("SELECT genre, COUNT(*) FROM checkouts c JOIN genres g ON c.genre = g.genre GROUP BY genre", "ambiguous"),
+    ("SELECT m.id, COUNT(*) FROM checkouts c JOIN members m ON c.member_id = m.id GROUP BY m.id", "privacy unit"),
+])
+def test_refusals_charge_nothing(gw, sql, words):
+    before = gw.ledger.spend("members").charges
+    with pytest.raises(UnsupportedQuery) as e:
+        gw.query("lib", sql, consumer="analysts")
+    assert words in str(e.value)
+    assert gw.ledger.spend("members").charges == before
+
+
+# --- answers --------------------------------------------------------------------------------------
+
+
+def _exact(tmp_path: Path, sql: str) -> list[tuple]:
+    con = duckdb.connect()
+    for t in ("checkouts", "members", "genres"):
+        con.execute(f"CREATE TABLE {t} AS SELECT * FROM read_csv('{tmp_path / 'p' / (t + '.csv')}')")
+    return con.execute(sql).fetchall()
+
+
+def test_unit_join_and_public_join_answers(gw, tmp_path):
+    # members has one row per unit, so the join does not multiply; with m = 3 per group and
+    # k = 2 the bounded count by edu is the exact join count capped per member
+    r = gw.query("lib", "SELECT m.edu, COUNT(*) AS n FROM checkouts c JOIN members m "
+                        "ON c.member_id = m.id GROUP BY m.edu", consumer="analysts", budget=QueryBudget(rho=1000.0))
+    exact = dict(_exact(tmp_path, "SELECT edu, SUM(LEAST(n, 3)) FROM (SELECT m.id, m.edu, COUNT(*) n FROM checkouts c "
+                                  "JOIN members m ON c.member_id = m.id GROUP BY m.id, m.edu) GROUP BY edu"))
+    for edu, n in r["rows"]:
+        assert abs(n - exact[edu]) <= 5 * r["accuracy"]["n"]["sigma"] + 1
+    # a public table on a declared column, three tables, a quantile after the join
+    r = gw.query("lib", "SELECT g.category, COUNT(*), MEDIAN(m.age) FROM checkouts c JOIN members m ON c.member_id = m.id "
+                 "JOIN genres g ON g.genre = c.genre GROUP BY g.category", consumer="analysts",
+                 budget=QueryBudget(rho=1000.0))
+    assert [row[0] for row in r["rows"]] == ["fiction", "nonfiction"]
+    assert all(0 <= row[2] <= 120 for row in r["rows"])
+    ex = gw.explain("lib", "SELECT g.category, COUNT(*) FROM checkouts c JOIN genres g ON g.genre = c.genre "
+                    "GROUP BY g.category")
+    assert ex["join"]["tables"] == ["checkouts", "genres"] and "after the join" in ex["join"]["bounding"]
+    assert "JOIN" in ex["bounded_sql"]
+
+
+def test_public_table_as_key_source_releases_every_key(gw):
+    r = gw.query("lib", "SELECT g.genre, COUNT(c.pages) AS n FROM genres g LEFT JOIN checkouts c ON c.genre = g.genre "
+                 "GROUP BY g.genre", consumer="analysts", budget=QueryBudget(rho=1000.0))
+    assert [row[0] for row in r["rows"]] == ["fantasy", "mystery", "history", "poetry"]
+    assert abs(r["rows"][3][1]) <= 5 * r["accuracy"]["n"]["sigma"] + 1  # poetry: no checkouts, a noisy zero
+    assert r["charge"] is not None
+
+
+def test_public_only_join_is_exact_and_free(gw, tmp_path):
+    r = gw.query("lib", "SELECT a.category, COUNT(*) FROM genres a JOIN genres b ON a.genre = b.genre "
+                 "GROUP BY a.category", consumer="analysts")
+    assert r["charge"] is None and r["public"] is True
+    assert [tuple(x) for x in r["rows"]] == [("fiction", 3), ("nonfiction", 1)]
+
+
+# --- bounding after the join: one unit's rows multiplying through the join ----------------------
+
+
+def _load(con, checkouts, members, genres):
+    con.execute("CREATE SCHEMA IF NOT EXISTS lib")
+    con.execute("CREATE OR REPLACE TABLE lib.checkouts (member_id BIGINT, genre VARCHAR, pages BIGINT)")
+    con.execute("CREATE OR REPLACE TABLE lib.members (id BIGINT, edu VARCHAR, age BIGINT)")
+    con.execute("CREATE OR REPLACE TABLE lib.genres (genre VARCHAR, category VARCHAR)")
+    for name, rows in (("checkouts", checkouts), ("members", members), ("genres", genres)):
+        if rows:
+            con.executemany(f"INSERT INTO lib.{name} VALUES ({', '.join('?' * len(rows[0]))})", rows)
+
+
+@settings(max_examples=25, deadline=None)
+@given(n_checkouts=st.integers(1, 30), n_member_rows=st.integers(1, 4), dup_genres=st.integers(0, 3),
+       genres=st.lists(st.sampled_from(["fantasy", "mystery", "history", "poetry"]), min_size=1, max_size=30),
+       pages=st.integers(-500, 5000),
+       query=st.sampled_from([
+           "SELECT m.edu, COUNT(*), SUM(c.pages) FROM checkouts c JOIN members m ON c.member_id = m.id GROUP BY m.edu",
+           "SELECT g.category, COUNT(*), SUM(c.pages) FROM checkouts c JOIN genres g ON c.genre = g.genre "
+           "GROUP BY g.category",
+           "SELECT c.genre, COUNT(*), SUM(m.age) FROM checkouts c JOIN members m ON c.member_id = m.id "
+           "JOIN genres g ON g.genre = c.genre GROUP BY c.genre",
+           "SELECT g.genre, COUNT(c.pages), SUM(c.pages) FROM genres g LEFT JOIN checkouts c ON c.genre = g.genre "
+           "GROUP BY g.genre",
+       ]))
+def test_one_unit_moves_bounded_aggregates_by_at_most_the_sensitivity(tmp_path_factory, n_checkouts, n_member_rows,
+                                                                     dup_genres, genres, pages, query):
+    """Adding one unit with many checkouts AND several member rows (its rows multiply: n × r joined
+    rows) and duplicated public genre rows (fan-out on a non-unique public key) moves each bounded
+    count by ≤ m and each bounded sum by ≤ m·max|bound|, in at most k groups."""
+    pol = policy(tmp_path_factory.mktemp("j"))
+    plan = parse_query(query, pol)
+    full = policy_for(plan.table, pol)
+    joined = full.table(plan.table)
+    k, m = joined.max_groups_per_unit, joined.max_rows_per_unit
+    genre_rows = GENRES + [g for g in GENRES for _ in range(dup_genres)]
+    con = duckdb.connect()
+    _load(con, checkouts_rows(60), members_rows(), genre_rows)
+    sql = bounded_sql(plan, full, salt=7)
+    before = con.execute(sql).fetchall()
+    unit = 999
+    con.executemany("INSERT INTO lib.checkouts VALUES (?, ?, ?)",
+                    [(unit, genres[i % len(genres)], pages) for i in range(n_checkouts)])
+    con.executemany("INSERT INTO lib.members VALUES (?, ?, ?)", [(unit, "ba", 200) for _ in range(n_member_rows)])
+    after = con.execute(sql).fetchall()
+    assert len(before) == len(after)
+    sum_column = next(p for p in plan.primitives if p.kind == "sum").column
+    bound = max(abs(joined.column(sum_column).lower), abs(joined.column(sum_column).upper))
+    changed = 0
+    for b, a in zip(before, after):
+        assert b[0] == a[0]
+        d_count, d_sum = abs(a[1] - b[1]), abs(a[2] - b[2])
+        assert d_count <= m and d_sum <= m * bound
+        changed += (d_count, d_sum) != (0, 0)
+    assert 1 <= changed <= k  # the unit's joined rows do reach the release (the test is not vacuous)
+
+
+def test_public_key_source_without_declared_keys(tmp_path):
+    """genres.genre declares no public_keys: its values (public data) are the keys."""
+    root = tmp_path / "p"
+    write(root)
+    text = (root / "policies" / "lib.toml").read_text().replace(
+        'genre = { type = "text", public_keys = ["fantasy", "mystery", "history", "poetry"] }\ncategory',
+        'genre = { type = "text" }\ncategory')
+    (root / "policies" / "lib.toml").write_text(text)
+    g = Gateway.open(Settings(policies=root / "policies", home=tmp_path / "home"))
+    try:
+        sql = ("SELECT g.genre, COUNT(c.pages) AS n FROM genres g LEFT JOIN checkouts c ON c.genre = g.genre "
+               "GROUP BY g.genre")
+        r = g.query("lib", sql, consumer="analysts", budget=QueryBudget(rho=1000.0))
+        assert [row[0] for row in r["rows"]] == ["fantasy", "history", "mystery", "poetry"]  # the table's values
+        assert abs(dict(r["rows"])["poetry"]) <= 5 * r["accuracy"]["n"]["sigma"] + 1
+        # a protected table's key-less column stays refused
+        with pytest.raises(UnsupportedQuery, match="public keys"):
+            g.query("lib", "SELECT g.category, COUNT(*) FROM checkouts c JOIN genres g ON c.genre = g.genre "
+                    "GROUP BY g.category, c.pages", consumer="analysts")
+    finally:
+        g.close()

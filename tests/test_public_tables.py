@@ -1,0 +1,127 @@
+"""Public tables (``public = true``, issue 12 item 1): the policy format, and queries that read
+public tables only — answered exactly (checked against DuckDB on the raw file), charged nothing,
+marked ``exact``/``public`` in the release."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from dpgate.errors import PolicyError, UnsupportedQuery
+from dpgate.policy import load_policy
+from dpgate.service import Gateway
+from dpgate.settings import Settings
+
+POLICY = """
+[dataset]
+name = "lib"
+population = "members"
+data_version = "v1"
+
+[budget]
+epsilon = 4.0
+delta = 1e-6
+default_query_rho = 0.01
+
+[allocations]
+analysts = 1.0
+
+[tables.checkouts]
+source = "checkouts.csv"
+privacy_unit = "member_id"
+max_groups_per_unit = 2
+max_rows_per_unit = 5
+
+[tables.checkouts.columns]
+member_id = {{ type = "int" }}
+genre = {{ type = "text" }}
+pages = {{ type = "int", lower = 0, upper = 1000 }}
+
+[tables.genres]
+source = "genres.csv"
+{public}
+
+[tables.genres.columns]
+genre = {{ type = "text" }}
+category = {{ type = "text" }}
+shelves = {{ type = "int" }}
+"""
+
+GENRES = ("genre,category,shelves\nfantasy,fiction,12\nmystery,fiction,8\nhistory,nonfiction,5\n"
+          "science,nonfiction,\npoetry,fiction,2\nromance,fiction,7\n")
+
+
+def write(root: Path, public: str = "public = true") -> Path:
+    (root / "policies").mkdir(parents=True, exist_ok=True)
+    (root / "genres.csv").write_text(GENRES)
+    (root / "checkouts.csv").write_text(
+        "member_id,genre,pages\n" + "\n".join(f"{i % 50},{['fantasy', 'mystery', 'history'][i % 3]},{100 + i}"
+                                              for i in range(300)) + "\n")
+    (root / "policies" / "lib.toml").write_text(POLICY.format(public=public))
+    return root / "policies"
+
+
+@pytest.fixture
+def gw(tmp_path):
+    g = Gateway.open(Settings(policies=write(tmp_path / "p"), home=tmp_path / "home"))
+    yield g
+    g.close()
+
+
+def exact(tmp_path: Path, sql: str) -> list[tuple]:
+    con = duckdb.connect()
+    con.execute(f"CREATE TABLE genres AS SELECT * FROM read_csv('{tmp_path / 'p' / 'genres.csv'}')")
+    return con.execute(sql).fetchall()
+
+
+def test_policy_format(tmp_path):
+    table = load_policy(write(tmp_path / "a") / "lib.toml").table("genres")
+    assert table.public and table.privacy_unit is None and table.to_dict()["public"] is True
+    assert not load_policy(tmp_path / "a" / "policies" / "lib.toml").table("checkouts").public
+    with pytest.raises(PolicyError, match="public table has no privacy_unit"):
+        load_policy(write(tmp_path / "b", 'public = true\nprivacy_unit = "genre"') / "lib.toml")
+    with pytest.raises(PolicyError, match="public table has no max_rows_per_unit"):
+        load_policy(write(tmp_path / "c", "public = true\nmax_rows_per_unit = 3") / "lib.toml")
+    with pytest.raises(PolicyError, match="true or false"):
+        load_policy(write(tmp_path / "d", 'public = "yes"') / "lib.toml")
+
+
+@pytest.mark.parametrize("sql, exact_sql", [
+    ("SELECT category, COUNT(*) AS n, SUM(shelves) AS s, AVG(shelves) AS a, MAX(shelves) AS mx "
+     "FROM genres GROUP BY category",
+     "SELECT category, COUNT(*), SUM(shelves), AVG(shelves), MAX(shelves) FROM genres GROUP BY category "
+     "ORDER BY category"),
+    ("SELECT COUNT(*) FROM genres WHERE shelves > 4", "SELECT COUNT(*) FROM genres WHERE shelves > 4"),
+    ("SELECT category, MEDIAN(shelves) FROM genres GROUP BY category ORDER BY 2 DESC LIMIT 1",
+     "SELECT category, MEDIAN(shelves) FROM genres GROUP BY category ORDER BY 2 DESC LIMIT 1"),
+    ("SELECT genre, COUNT(shelves) FROM genres GROUP BY genre HAVING COUNT(shelves) = 0",
+     "SELECT genre, COUNT(shelves) FROM genres GROUP BY genre HAVING COUNT(shelves) = 0"),
+])
+def test_public_only_queries_are_exact_and_free(gw, tmp_path, sql, exact_sql):
+    before = gw.ledger.spend("members").charges
+    r = gw.query("lib", sql, consumer="analysts")
+    assert [tuple(row) for row in r["rows"]] == exact(tmp_path, exact_sql)
+    assert r["charge"] is None and r["exact"] is True and r["public"] is True and r["accuracy"] == {}
+    assert gw.ledger.spend("members").charges == before
+    assert gw.release(r["release_id"])["rows"] == r["rows"]
+    ex = gw.explain("lib", sql)
+    assert ex["public"] is True and ex["cost"]["rho"] == 0.0 and "genres" in ex["exact_sql"]
+
+
+def test_group_by_without_public_keys_only_on_public_tables(gw):
+    gw.query("lib", "SELECT genre, COUNT(*) FROM genres GROUP BY genre", consumer="analysts")
+    with pytest.raises(UnsupportedQuery, match="needs public keys"):
+        gw.query("lib", "SELECT genre, COUNT(*) FROM checkouts GROUP BY genre", consumer="analysts")
+
+
+def test_a_table_not_declared_public_is_protected(tmp_path):
+    g = Gateway.open(Settings(policies=write(tmp_path / "p", ""), home=tmp_path / "home"))
+    try:
+        with pytest.raises(UnsupportedQuery):
+            g.query("lib", "SELECT genre, COUNT(*) FROM genres GROUP BY genre", consumer="analysts")
+        r = g.query("lib", "SELECT COUNT(*) FROM genres", consumer="analysts")
+        assert r["charge"] is not None and not r.get("public")
+    finally:
+        g.close()
