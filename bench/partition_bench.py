@@ -80,7 +80,8 @@ def run(args: argparse.Namespace) -> dict:
         folder = root / f"policies_{name}"
         folder.mkdir(exist_ok=True)
         (folder / "bench.toml").write_text(POLICY.format(name=name, source=data, k=args.k, m=args.m, keys=keys))
-        with Gateway.open(Settings(policies=folder, home=root / f"home_{name}_{time.time_ns()}")) as gw:
+        settings = Settings(policies=folder, home=root / f"home_{name}_{time.time_ns()}", query_timeout_s=args.timeout)
+        with Gateway.open(settings) as gw:
             times, released = [], None
             for i in range(args.runs):
                 t0 = time.perf_counter()
@@ -103,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--k", type=int, default=3, help="max_groups_per_unit")
     p.add_argument("--m", type=int, default=5, help="max_rows_per_unit")
     p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--timeout", type=float, default=600.0, help="engine timeout per query, seconds")
     p.add_argument("--dir", help="where the data and ledgers go (default: a temporary folder)")
     args = p.parse_args(argv)
     print(json.dumps(run(args)))
