@@ -613,10 +613,13 @@ def _corpus_bounded(policies, engines_ref: EngineSet, q) -> list[tuple[str, str]
     policy = policies[q.dataset]
     plan = parse_query(q.sql, policy, dialect=None if q.dialect == "duckdb" else q.dialect)
     if has_quantiles(plan):  # what the service runs: counts/sums, then one histogram per column
+        from dpgate.sql.joins import policy_for
+
         base = without_quantiles(plan)
         out = [("general", bounded_sql(base, policy, salt=CORPUS_SALT))] if base.primitives else []
         columns = dict.fromkeys(p.column for p in plan.primitives if p.kind == "quantile")
-        return out + [(f"quantile histogram of {c}", histogram_sql(plan, policy, c, salt=CORPUS_SALT))
+        hist_policy = policy_for(plan.table, policy)
+        return out + [(f"quantile histogram of {c}", histogram_sql(plan, hist_policy, c, salt=CORPUS_SALT))
                       for c in columns]
     out = [("general", bounded_sql(plan, policy, salt=CORPUS_SALT))]
     if engines_ref.unit_is_unique(q.dataset, plan.table):

@@ -448,3 +448,49 @@ def test_postgres_views_and_materialized_views_never_take_the_fast_path(tmp_path
                 assert e.unit_is_unique("par", "prompts") is unique, rel
             finally:
                 e.close()
+
+
+def test_a_join_never_takes_the_fast_path(tmp_path):
+    """people has one row per unit, events many: their join on the unit gives a unit several
+    rows, so the gateway runs the general form (the caps apply after the join)."""
+    from dpgate.service import Gateway, QueryBudget
+    from dpgate.settings import Settings
+
+    n = 200
+    pq.write_table(pa.table({"uid": np.arange(n, dtype=np.int64),
+                             "region": np.array(["eu", "us"] * (n // 2), dtype=object)}), tmp_path / "people.parquet")
+    pq.write_table(pa.table({"uid": np.repeat(np.arange(n, dtype=np.int64), 5),
+                             "x": np.arange(5 * n, dtype=np.int64) % 7}), tmp_path / "events.parquet")
+    pol = write_policy(tmp_path / "gw", "jn", 'load = "memory"\n', f"""
+[tables.people]
+source = "{tmp_path / 'people.parquet'}"
+privacy_unit = "uid"
+max_groups_per_unit = 1
+max_rows_per_unit = 1
+[tables.people.columns]
+uid = {{ type = "int" }}
+region = {{ type = "text", public_keys = ["eu", "us"] }}
+
+[tables.events]
+source = "{tmp_path / 'events.parquet'}"
+privacy_unit = "uid"
+max_groups_per_unit = 1
+max_rows_per_unit = 5
+[tables.events.columns]
+uid = {{ type = "int" }}
+x = {{ type = "int", lower = 0, upper = 10 }}
+""")
+    gw = Gateway.open(Settings(policies=pol, home=tmp_path / "gw" / "home"), salt_source=lambda: 5)
+    try:
+        assert gw.engine.unit_is_unique("jn", "people") is True
+        seen = _spy(gw)
+        gw.query("jn", "SELECT p.region, COUNT(*) FROM people p JOIN events e ON p.uid = e.uid GROUP BY p.region",
+                 consumer="analysts", budget=QueryBudget(rho=0.01))
+        assert seen and UNIQUE_ROWS_CTE not in seen[-1] and "__dpg_partials" in seen[-1]
+        out = gw.engine.execute(seen[-1])
+        assert sorted(out["p0"].tolist()) == [500, 500]  # 5 joined rows per unit, m = 5
+        gw.query("jn", "SELECT region, COUNT(*) FROM people GROUP BY region",
+                 consumer="analysts", budget=QueryBudget(rho=0.01))
+        assert UNIQUE_ROWS_CTE in seen[-1]  # the table alone does
+    finally:
+        gw.close()

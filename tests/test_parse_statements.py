@@ -174,3 +174,63 @@ def test_every_plan_shape_renders_valid_sql(policy, loaded, q):
 def test_record_level_count_star_executes(policy, loaded):
     plan = parse_query("SELECT COUNT(*) FROM pums", policy)
     assert loaded.execute(bounded_sql(plan, policy, salt=1)).fetchall() == [(2,)]
+
+
+# --- messages (issue 10 item 7, from a trial) -------------------------------------------------
+
+
+def test_group_by_position_quotes_the_expression_not_the_number(policy):
+    with pytest.raises(UnsupportedQuery) as e:
+        parse_query("SELECT CASE WHEN tokens > 10 THEN tokens END, COUNT(*) FROM prompts "
+                    "GROUP BY 1", policy)
+    assert "CASE WHEN tokens > 10" in str(e.value)
+    assert "GROUP BY 1:" not in str(e.value)
+
+
+def test_messages_quote_the_analysts_text(policy):
+    with pytest.raises(UnsupportedQuery) as e:
+        parse_query("SELECT COUNT(DISTINCT region, model) FROM prompts", policy)
+    assert "COUNT(DISTINCT region, model)" in str(e.value)
+    assert "CASE WHEN" not in str(e.value)
+    with pytest.raises(UnsupportedQuery) as e:
+        parse_query("SELECT COUNT(*) FROM prompts WHERE random() < 0.5", policy)
+    assert "random()" in str(e.value)
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT SUM(model) FROM prompts",
+    "SELECT COUNT(*) FROM nowhere",
+    "SELECT nope, COUNT(*) FROM prompts GROUP BY nope",
+    "SELEC COUNT(*) FROM prompts",
+    "SELECT COUNT(NULL) FROM prompts",
+])
+def test_planner_refusals_say_nothing_was_charged(policy, sql):
+    from dpgate.errors import DpgateError
+
+    with pytest.raises(DpgateError) as e:
+        parse_query(sql, policy)
+    assert str(e.value).endswith("(nothing was charged)")
+    assert e.value.details["charged"] is False
+
+
+def test_constant_queries_are_refused_alike_and_charge_nothing(tmp_path):
+    """COUNT(NULL) and a WHERE that is always false both have the same answer on any data: both
+    are refused before the charge (the trial found the first refused, the second charged)."""
+    from tests.test_service import DATA, make_gateway
+
+    if not (DATA / "PUMS_dup.csv").exists():
+        pytest.skip("../shared/data not present")
+    gw = make_gateway(tmp_path)
+    try:
+        before = len(gw.ledger_entries())
+        for sql in ["SELECT COUNT(NULL) FROM persons", "SELECT COUNT(*) FROM persons WHERE FALSE",
+                    "SELECT sex, SUM(income) FROM persons WHERE 1 = 0 GROUP BY sex",
+                    "SELECT COUNT(*) FROM persons WHERE NULL"]:
+            with pytest.raises(UnsupportedQuery) as e:
+                gw.query("pums", sql, consumer="analysts")
+            assert "nothing was charged" in str(e.value)
+            with pytest.raises(UnsupportedQuery):
+                gw.explain("pums", sql)
+        assert len(gw.ledger_entries()) == before
+    finally:
+        gw.close()

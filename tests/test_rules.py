@@ -38,6 +38,14 @@ CASES = {
                          "SELECT COUNT(*) FROM prompts",
         "none": "SELECT COUNT(*) FROM prompts",
     },
+    "or_equalities_to_in": {
+        "same_column": "SELECT COUNT(*) FROM prompts WHERE age = 1 OR age = 2 OR 3 = age",
+        "with_in": "SELECT COUNT(*) FROM prompts WHERE region = 'eu' OR region IN ('us', 'apac')",
+        "nested_in_and": "SELECT COUNT(*) FROM prompts WHERE flagged AND (week = 1 OR week = 2)",
+        "mixed_columns": "SELECT COUNT(*) FROM prompts WHERE age = 1 OR week = 2",
+        "not_equalities": "SELECT COUNT(*) FROM prompts WHERE age = 1 OR age > 90",
+        "parenthesised": "SELECT COUNT(*) FROM prompts WHERE (age = 1 OR age = 2) OR (age = 3)",
+    },
     "merge_derived_tables": {
         "star": "SELECT COUNT(*) FROM (SELECT * FROM prompts) AS s",
         "star_unaliased": "SELECT COUNT(*) FROM (SELECT * FROM prompts)",
@@ -168,3 +176,21 @@ def test_a_column_the_subquery_does_not_project_is_unknown(policy):
     with pytest.raises(UnknownColumn) as e:
         parse_query("SELECT SUM(tokens) FROM (SELECT age FROM prompts) s", policy)
     assert "has no column 'tokens'" in str(e.value)
+
+
+def test_a_long_or_of_values_plans_like_the_in_list(policy):
+    """A 1,000-value OR (nested 1,000 levels in the syntax tree) plans like the IN it means."""
+    ors = parse_query("SELECT COUNT(*) FROM prompts WHERE "
+                      + " OR ".join(f"age = {i}" for i in range(1000)), policy)
+    ins = parse_query("SELECT COUNT(*) FROM prompts WHERE age IN ("
+                      + ", ".join(str(i) for i in range(1000)) + ")", policy)
+    assert ors.plan_hash == ins.plan_hash
+
+
+def test_a_long_chain_of_other_conditions_gets_a_clear_limit(policy):
+    sql = "SELECT COUNT(*) FROM prompts WHERE " + " OR ".join(
+        f"(age = {i} AND region = 'eu')" for i in range(350))
+    with pytest.raises(UnsupportedQuery) as e:
+        parse_query(sql, policy)
+    msg = str(e.value)
+    assert "nests" in msg and "200" in msg and "IN (" in msg and "nothing was charged" in msg

@@ -259,3 +259,26 @@ def test_delta_u_is_attained_so_the_property_can_fail():
                       PROP_POLICY)
     cal_x = calibrate_selection(sel_x, PROP_POLICY, {"epsilon": 1.0})
     assert not cal_x.monotonic and cal_x.delta_u == 3 * 20 and cal_x.scale == pytest.approx(2 * 60 / 1.0)
+
+
+def test_a_joined_public_tables_keys_are_a_public_candidate_set(tmp_path):
+    """Candidates from a public table joined on a protected one (its values are public keys)."""
+    from dpgate.service import Gateway
+    from dpgate.settings import Settings
+    from tests.test_public_tables import write
+
+    g = Gateway.open(Settings(policies=write(tmp_path / "p"), home=tmp_path / "home"))
+    try:
+        r = g.query("lib", "SELECT g.category FROM checkouts c JOIN genres g ON c.genre = g.genre "
+                           "GROUP BY g.category ORDER BY COUNT(*) DESC LIMIT 1",
+                    consumer="analysts", budget=QueryBudget(epsilon=1.0))
+        assert r["kind"] == "selection" and r["selection"]["candidates"] == 2
+        assert r["rows"][0][0] in ("fiction", "nonfiction") and r["charge"]["rho"] == pytest.approx(1 / 8)
+        # the protected table's own genre column has no public keys: refused, nothing charged
+        with pytest.raises(UnsupportedQuery) as info:
+            g.query("lib", "SELECT genre FROM checkouts GROUP BY genre ORDER BY COUNT(*) DESC LIMIT 1",
+                    consumer="analysts")
+        assert info.value.details["reason"] == "no_public_candidates"
+        assert len(g.ledger_entries()) == 1
+    finally:
+        g.close()

@@ -127,7 +127,7 @@ def max_groups_changed(plan: QueryPlan, policy: DatasetPolicy) -> int:
     t = policy.table(plan.table)
     if plan.selected_keys:
         return t.max_groups_per_unit
-    return min(t.max_groups_per_unit, t.key_combinations(plan.group_by))
+    return min(t.max_groups_per_unit, plan.key_combinations(t))
 
 
 def sensitivities(plan: QueryPlan, policy: DatasetPolicy) -> dict[str, Sensitivity]:

@@ -66,7 +66,7 @@ from dpgate.releases import (
 from dpgate.sensitivity import primitive_linf, sensitivities
 from dpgate.settings import Settings
 from dpgate.sql.bound import bounded_sql, bounded_sql_template
-from dpgate.sql.parse import parse_query, parse_statement
+from dpgate.sql.parse import parse_query, parse_statement, refuse_constant_plan
 from dpgate.sql.selection_query import check_candidates, recognize as recognize_selection
 from dpgate.sql.plan import AggregateOutput, QueryPlan
 from dpgate import quantile_release
@@ -422,9 +422,10 @@ class Gateway:
             from dpgate.errors import InvalidSql
 
             raise InvalidSql("the SQL text is empty")
-        check_candidates(parse_statement(sql, dialect), policy)  # selection hook (issue 15): public candidates only
         policy = self._with_public_table_keys(policy)  # public tables hook: their keys are their values
+        check_candidates(parse_statement(sql, dialect), policy)  # selection hook (issue 15): public candidates only
         plan = parse_query(sql, policy, dialect=dialect)
+        refuse_constant_plan(plan)
         return policy_for(plan.table, policy), plan  # joins hook: the plan's joined table
 
     def _with_public_table_keys(self, policy: DatasetPolicy) -> DatasetPolicy:
@@ -599,6 +600,11 @@ class Gateway:
             "plan_hash": plan.plan_hash,
             "plan": plan.canonical_dict(),
             "bounded_sql": _bounded_template(plan, policy),
+            "computed_keys": [
+                {"name": k.name, "expression": k.expression, "rule": k.rule, "type": k.type,
+                 "domain_size": len(k.domain)}
+                for k in plan.computed_keys
+            ],
             "sensitivity": {pid: {"l1": s.l1, "l2": s.l2, "linf": s.linf} for pid, s in sens.items()},
             "mechanism": cal.mechanism,
             "noise_scales": dict(cal.scales),
@@ -729,6 +735,10 @@ class Gateway:
         """
         from dpgate.selection import run_selection
 
+        if reads_public_only(plan, policy):
+            raise UnsupportedQuery("this query reads public tables only: it is answered exactly and free, without "
+                                   "search_id; a search records public-data selection when it is closed",
+                                   {"reason": "search_public_query"})
         if selection is None:
             raise UnsupportedQuery("search_id goes with a selection query (keys only, ORDER BY an aggregate, "
                                    "LIMIT k); charge other steps of a search through /v1/ledger/charges",
@@ -791,7 +801,10 @@ class Gateway:
         reload swapped in data without that property meanwhile; it then runs once more
         in the general form, so a reload never fails a charged query.
         """
-        unique = self.engine.unit_is_unique(policy.name, plan.table)
+        # A joined table (joins hook) never takes the fast path: a join can give one unit
+        # several rows even where each table read has one row per unit.
+        unique = not isinstance(policy.table(plan.table), JoinedTable) and \
+            self.engine.unit_is_unique(policy.name, plan.table)
         if not unique:
             return run(bounded_sql(plan, policy, salt=salt))
         try:
@@ -1263,6 +1276,8 @@ def _noise_signature(plan: QueryPlan, *, cell_targets: bool = False) -> str:
         "group_by": list(plan.group_by), "policy": getattr(plan, "policy_digest", ""),
         "primitives": sorted(_primitive_sig(p) for p in plan.primitives),
     }
+    if getattr(plan, "computed_keys", ()):  # what a computed key means is part of what is noised
+        body["computed_keys"] = [dataclasses.asdict(k) for k in plan.computed_keys]
     if cell_targets:
         body["cells"] = sorted(f"{o.function}:{o.column or ''}" for o in plan.outputs if isinstance(o, AggregateOutput))
     payload = json.dumps(body, sort_keys=True, separators=(",", ":"))

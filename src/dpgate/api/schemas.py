@@ -362,6 +362,10 @@ class Explanation(ResponseModel):
     bounded_sql: str = Field(description="the bounded DuckDB SQL, with the secret salt shown as <salt>")
     sensitivity: dict[str, dict[str, Number]] = Field(description="per primitive: l1, l2, linf")
     cost: dict[str, Any] = Field(description="rho, epsilon (Laplace), epsilon_at_delta, delta of this release")
+    computed_keys: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="each computed GROUP BY key: name, canonical expression, rule (case_literals, "
+        "predicate, enumerated), type and domain_size (the keys it releases)")
 
 
 class Cap(ResponseModel):

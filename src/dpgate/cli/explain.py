@@ -58,6 +58,9 @@ def run(args: argparse.Namespace, settings) -> int:
     print(f"canonical SQL {result['canonical_sql']}")
     print(f"plan hash     {result['plan_hash']}")
     print(f"columns       {', '.join(result['columns'])}")
+    for key in result.get("computed_keys", []):
+        print(f"computed key  {key['name']} = {key['expression']} ({key['rule']}, "
+              f"{key['domain_size']} key(s))")
     print(f"privacy unit  {unit}")
     print(f"bounds        k = {c['max_groups_per_unit']} groups per unit, "
           f"m = {c['max_rows_per_unit']} rows per unit and group; {c['groups']} group(s) released")

@@ -25,8 +25,9 @@ def explain_query(sql: str, policy: DatasetPolicy, *, dialect: str | None = None
         ``plan`` (:meth:`~dpgate.sql.plan.QueryPlan.to_dict`), ``bounded_sql`` (the
         template with the secret salt shown as ``<salt>``), ``sensitivities`` (primitive
         id → {l1, l2, linf, groups}, integer units of the primitive), ``contribution``
-        (privacy unit or None for record-level, k, m, groups released) and ``columns``
-        (released column labels).
+        (privacy unit or None for record-level, k, m, groups released), ``columns``
+        (released column labels) and ``computed_keys`` (each computed group key's name,
+        canonical expression, domain rule, type and domain size; empty when none).
 
     Raises:
         InvalidSql, UnsupportedQuery, UnknownTable, UnknownColumn: as
@@ -45,8 +46,13 @@ def explain_query(sql: str, policy: DatasetPolicy, *, dialect: str | None = None
             "record_level": table.record_level,
             "max_groups_per_unit": table.max_groups_per_unit,
             "max_rows_per_unit": table.max_rows_per_unit,
-            "groups": table.key_combinations(plan.group_by),
+            "groups": plan.key_combinations(table),
         },
+        "computed_keys": [
+            {"name": k.name, "expression": k.expression, "rule": k.rule, "type": k.type,
+             "domain_size": len(k.domain)}
+            for k in plan.computed_keys
+        ],
         "plan": plan.to_dict(),
         "bounded_sql": bounded_sql_template(plan, policy),
         "sensitivities": {k: v.to_dict() for k, v in sensitivities(plan, policy).items()},

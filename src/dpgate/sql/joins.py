@@ -249,11 +249,16 @@ def rewrite_joins(stmt: exp.Select, policy: DatasetPolicy) -> tuple[exp.Select, 
         from_sql += (f" {'LEFT ' if s.side == 'LEFT' else ''}JOIN {s.table.relation} AS {q(s.alias)} "
                      f"ON {' AND '.join(on)}")
     join_sql = f"SELECT {', '.join(select)} FROM {from_sql}"
+    def ident(name: str) -> str:  # bare when it is a plain lower-case identifier, else quoted
+        return name if name.isidentifier() and name == name.lower() else q(name)
+
     canonical = JOIN_MARK + " ".join(
-        [pairs[0][0].table.name + (f" AS {pairs[0][0].alias}" if pairs[0][0].alias != pairs[0][0].table.name else "")]
-        + [f"{'LEFT ' if s.side == 'LEFT' else ''}JOIN {s.table.name}"
-           + (f" AS {s.alias}" if s.alias != s.table.name else "")
-           + " ON " + " AND ".join(f"{a.alias}.{ca} = {b.alias}.{cb}" for a, ca, b, cb in conditions if s in (a, b)
+        [ident(pairs[0][0].table.name)
+         + (f" AS {ident(pairs[0][0].alias)}" if pairs[0][0].alias != pairs[0][0].table.name else "")]
+        + [f"{'LEFT ' if s.side == 'LEFT' else ''}JOIN {ident(s.table.name)}"
+           + (f" AS {ident(s.alias)}" if s.alias != s.table.name else "")
+           + " ON " + " AND ".join(f"{ident(a.alias)}.{ident(ca)} = {ident(b.alias)}.{ident(cb)}"
+                                   for a, ca, b, cb in conditions if s in (a, b)
                                    and sources.index(a) <= sources.index(s) and sources.index(b) <= sources.index(s))
            for s, _ in pairs[1:]])
     k = max((s.table.max_groups_per_unit for s in protected), default=1)

@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from contextvars import ContextVar
 import math
 import re
 from dataclasses import dataclass, replace
@@ -66,7 +67,7 @@ from sqlglot import exp
 from sqlglot.errors import ParseError, SqlglotError, TokenError
 from sqlglot.optimizer.simplify import simplify
 
-from dpgate.errors import InvalidRequest, InvalidSql, UnknownColumn, UnknownTable, UnsupportedQuery
+from dpgate.errors import DpgateError, InvalidRequest, InvalidSql, UnknownColumn, UnknownTable, UnsupportedQuery
 from dpgate.policy import (
     MAX_SQUARED_STEPS,
     ColumnPolicy,
@@ -75,12 +76,14 @@ from dpgate.policy import (
     quote_identifier,
 )
 from dpgate.sql import partition_selection as selection
+from dpgate.sql.keys import KeyDomain, derive_key_domain, width_bucket_to_case
 from dpgate.sql.joins import JOIN_MARK, rewrite_joins
 from dpgate.sql.quantile import QUANTILE_FUNCTIONS, is_quantile_call, quantile_call, quantile_name, quantile_sql
-from dpgate.sql.rules import apply_statement_rules
+from dpgate.sql.rules import MAX_NESTING, apply_statement_rules
 from dpgate.sql.plan import (
     FUNCTION_PRIMITIVES,
     AggregateOutput,
+    ComputedKey,
     KeyOutput,
     OrderItem,
     Output,
@@ -194,14 +197,58 @@ _COMPARISONS = (
 )
 
 
-def _snippet(node: exp.Expression, limit: int = 80) -> str:
-    """The construct as SQL text (the analyst's own construct; never data)."""
+#: The SQL text being planned (so that messages can quote a function call as written).
+_SOURCE: ContextVar[str | None] = ContextVar("dpgate_sql_source", default=None)
+
+
+def _as_written(node: exp.Expression) -> str | None:
+    """A function call exactly as the analyst wrote it, from the source text, or None.
+
+    sqlglot records where a function's name starts; the call runs to the matching closing
+    parenthesis (quotes respected). Other nodes carry no position and are rendered.
+    """
+    source = _SOURCE.get()
+    start = node.meta.get("start") if isinstance(node, exp.Func) else None
+    if source is None or not isinstance(start, int) or not 0 <= start < len(source):
+        return None
+    depth, quote, i = 0, None, start
+    while i < len(source):
+        ch = source[i]
+        if quote:
+            if ch == quote:
+                quote = None
+        elif ch in "'\"`":
+            quote = ch
+        elif ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+            if depth == 0:
+                return source[start:i + 1]
+        elif depth == 0 and not (ch.isalnum() or ch in "_. "):
+            return None
+        i += 1
+    return None
+
+
+def _snippet(node: exp.Expression, limit: int = 80, dialect: str = DIALECT) -> str:
+    """The construct as SQL text (the analyst's own construct; never data).
+
+    A function call is quoted as written (``COUNT(DISTINCT a, b)``, not DuckDB's rewrite of
+    it); anything else is rendered by sqlglot in ``dialect``.
+    """
     try:
-        text = node.sql(dialect=DIALECT, comments=False)
+        text = _as_written(node) or node.sql(dialect=dialect, comments=False)
     except Exception:  # pragma: no cover - sqlglot cannot render some fragments
         text = type(node).__name__
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _label(node: exp.Expression) -> str:
+    """A released column's default title: the item in DuckDB's spelling (as before)."""
+    text = " ".join(node.sql(dialect=DIALECT, comments=False).split())
+    return text if len(text) <= 200 else text[:199] + "…"
 
 
 def _unsupported(message: str, node: exp.Expression | None = None) -> UnsupportedQuery:
@@ -283,7 +330,11 @@ def parse_statement(sql: str, dialect: str | None = None) -> exp.Select:
     except (TokenError, SqlglotError) as exc:
         raise InvalidSql(f"the SQL does not parse: {str(exc).splitlines()[0][:200]}") from None
     except RecursionError:
-        raise InvalidSql("the SQL is nested too deeply") from None
+        raise InvalidSql(
+            "the SQL nests too deeply to parse (thousands of operators, NOTs or parentheses "
+            f"inside one another); the planner accepts at most {MAX_NESTING} levels: write a "
+            "list of values as IN (…)"
+        ) from None
     if not statements:
         raise InvalidSql("no SQL statement was given")
     if len(statements) > 1:
@@ -816,7 +867,8 @@ def _aggregate(node: exp.Expression, scope: _Scope) -> _Agg:
         if isinstance(arg, exp.Literal) or (isinstance(arg, exp.Neg) and _is_constant(arg)):
             return _Agg("count", None)
         if isinstance(arg, (exp.Null,)):
-            raise _unsupported("COUNT(NULL) is always 0 and is not supported", node)
+            raise _unsupported("COUNT(NULL) is 0 on any data: there is nothing to release "
+                               "(nothing was charged)", node)
         if isinstance(arg, exp.Column):
             name = scope.resolve(arg)
             if scope.is_unit(name):
@@ -901,10 +953,15 @@ class _Out:
 class _Outputs:
     """Outputs in SELECT order, then hidden ones; resolves references from HAVING/ORDER BY."""
 
-    def __init__(self, scope: _Scope, group_by: list[str]) -> None:
+    def __init__(self, scope: _Scope, group_by: list[str], keys: "_Keys | None" = None) -> None:
         self.scope = scope
         self.group_by = group_by
+        self.keys = keys if keys is not None else _Keys(list(group_by), [])
         self.items: list[_Out] = []
+
+    def key_type(self, name: str) -> str:
+        """The type of group key ``name`` (a declared column or a computed key)."""
+        return self.keys.column(name, self.scope.table).type
 
     def add_key(self, column: str, label: str, hidden: bool = False) -> _Out:
         """Append a group-key output."""
@@ -965,6 +1022,9 @@ class _Outputs:
                 "a raw column",
                 node,
             )
+        key = self.keys.match(node, self.scope)
+        if key is not None:
+            return self.find_key(key.name)
         raise _unsupported(f"{_snippet(node)} is not supported in {clause}", node)
 
     def check_labels(self) -> None:
@@ -1046,7 +1106,7 @@ def _plan_having(
     def reference_type(n: exp.Expression) -> str:
         out = outputs.reference(n, "HAVING")
         if out.kind == "key":
-            return outputs.scope.table.column(out.column).type
+            return outputs.key_type(out.column)
         return "float"
 
     _Typer(reference_type, "HAVING").check_predicate(node)
@@ -1092,10 +1152,89 @@ def _primitive_prefix(table: TablePolicy) -> str:
     return prefix
 
 
-def _group_by(stmt: exp.Select, scope: _Scope) -> list[str]:
+@dataclass
+class _Keys:
+    """The GROUP BY keys: declared columns (policy order), then computed keys (canonical order)."""
+
+    columns: list[str]
+    computed: list[ComputedKey]
+
+    @property
+    def names(self) -> list[str]:
+        """Every group key's name, in release order."""
+        return self.columns + [k.name for k in self.computed]
+
+    def match(self, node: exp.Expression, scope: _Scope) -> ComputedKey | None:
+        """The computed key whose expression ``node`` spells, or None."""
+        if not self.computed or _is_aggregate(node) or node.find(*_AGGREGATES):
+            return None
+        try:
+            text = _key_tree(node, scope).sql(dialect=DIALECT, comments=False)
+        except (UnsupportedQuery, UnknownColumn, UnknownTable):
+            return None
+        return next((k for k in self.computed if k.expression == text), None)
+
+    def column(self, name: str, table: TablePolicy) -> ColumnPolicy:
+        """The group key ``name`` as a column (a computed key's domain as its public keys)."""
+        for k in self.computed:
+            if k.name == name:
+                return k.as_column()
+        return table.column(name)
+
+
+def refuse_key_without_public_keys(name: str, item: exp.Expression) -> None:
+    """The refusal of a GROUP BY on a declared column without public keys.
+
+    The one place where keys that the policy does not list are refused; private partition
+    selection (issue 11) replaces it.
+
+    Raises:
+        UnsupportedQuery: always.
+    """
+    raise _unsupported(
+        f"GROUP BY {name} needs public keys in the policy (private partition selection "
+        "is not supported yet)",
+        item,
+    )
+
+
+def _key_tree(node: exp.Expression, scope: _Scope) -> exp.Expression:
+    """A computed key's canonical tree: declared names, canonical literals, simplified.
+
+    Raises:
+        UnsupportedQuery: the expression reads the privacy unit.
+        UnknownColumn, UnknownTable: an undeclared name.
+    """
+    for col in node.find_all(exp.Column):
+        if isinstance(col.this, exp.Star):
+            raise _unsupported(f"{_snippet(node)} is not a group key", node)
+        if scope.is_unit(scope.resolve(col)):
+            raise _unsupported(
+                f"GROUP BY {_snippet(node)}: the privacy unit ({scope.resolve(col)}) may not "
+                "appear in a group key",
+                node,
+            )
+    tree = _canonical_columns(width_bucket_to_case(_unparen(node)), scope.resolve)
+    tree = _canonicalize_literals(tree)
+    tree = _simplify(tree)
+    tree = _canonicalize_literals(tree)
+    return _unparen(tree)
+
+
+def _key_prefix(table: TablePolicy) -> str:
+    names = {c.casefold() for c in table.columns}
+    if table.privacy_unit:
+        names.add(table.privacy_unit.casefold())
+    prefix = "g"
+    while any(re.fullmatch(re.escape(prefix) + r"\d+", n) for n in names):
+        prefix = "_" + prefix
+    return prefix
+
+
+def _group_by(stmt: exp.Select, scope: _Scope) -> _Keys:
     group = stmt.args.get("group")
     if group is None:
-        return []
+        return _Keys([], [])
     extra = _real_args(group) - {"expressions"}
     if extra:
         what = {"all": "GROUP BY ALL", "rollup": "ROLLUP", "cube": "CUBE",
@@ -1106,41 +1245,72 @@ def _group_by(stmt: exp.Select, scope: _Scope) -> list[str]:
         raise InvalidSql("the SQL does not parse: GROUP BY needs at least one group key")
     selects = stmt.expressions
     cols: list[str] = []
+    computed: dict[str, tuple[KeyDomain, exp.Expression]] = {}
     for item in group.expressions:
-        target = item
-        if isinstance(item, exp.Literal) and not item.is_string:
-            pos = _number(item)
-            if not isinstance(pos, int) or not 1 <= pos <= len(selects):
-                raise _unsupported(f"GROUP BY position {item.this} is not in the SELECT list", item)
-            target = selects[pos - 1].unalias()
-        elif isinstance(item, exp.Column) and item.args.get("table") is None:
-            if scope.table.find_column(item.name) is None and not scope.is_unit(item.name):
-                for s in selects:
-                    if isinstance(s, exp.Alias) and s.alias.casefold() == item.name.casefold():
-                        target = s.this
-                        break
         if isinstance(item, (exp.Rollup, exp.Cube, exp.GroupingSets)):
             raise _unsupported(f"{item.key.upper()} is not supported: list the group keys", item)
-        if not isinstance(target, exp.Column):
-            raise _unsupported(
-                f"GROUP BY expressions are not supported: {_snippet(item)} (group by a declared "
-                "column with public keys)",
-                item,
-            )
-        name = scope.resolve(target)
-        if scope.is_unit(name):
-            raise _unsupported(
-                f"GROUP BY the privacy unit ({name}) is never allowed: it would release "
-                "per-unit values",
-                item,
-            )
-        scope.table.column(name)  # declared (UnknownColumn otherwise)
-        # issue 11 hook: a key without public keys is selected privately (sql/partition_selection.py);
-        # a public table's key-less columns are keyed by their values (no selection)
-        if name not in cols:
-            cols.append(name)
+        target = _unparen(item)
+        if isinstance(target, exp.Literal) and not target.is_string:
+            pos = _number(target)
+            if not isinstance(pos, int) or not 1 <= pos <= len(selects):
+                raise _unsupported(f"GROUP BY position {target.this} is not in the SELECT list",
+                                   item)
+            target = _unparen(selects[pos - 1].unalias())
+        elif isinstance(target, exp.Column) and target.args.get("table") is None:
+            if scope.table.find_column(target.name) is None and not scope.is_unit(target.name):
+                for s in selects:
+                    if isinstance(s, exp.Alias) and s.alias.casefold() == target.name.casefold():
+                        target = _unparen(s.this)
+                        break
+        if isinstance(target, exp.Column):
+            name = scope.resolve(target)
+            if scope.is_unit(name):
+                raise _unsupported(
+                    f"GROUP BY the privacy unit ({name}) is never allowed: it would release "
+                    "per-unit values",
+                    target,
+                )
+            scope.table.column(name)  # declared (UnknownColumn otherwise)
+            # issue 11 hook: a key without public keys is selected privately
+            # (sql/partition_selection.py); a public table's key-less columns are keyed by their values
+            if name not in cols:
+                cols.append(name)
+            continue
+        if _is_aggregate(target) or target.find(*_AGGREGATES):
+            raise _unsupported(f"GROUP BY {_snippet(target)}: a group key cannot contain an "
+                               "aggregate", target)
+        tree = _key_tree(target, scope)
+        typer = _Typer(lambda c: scope.declared(c).type)
+        domain = derive_key_domain(tree, scope.table.columns, check_predicate=typer.check_predicate,
+                                   shown=target)
+        text = domain.expression.sql(dialect=DIALECT, comments=False)
+        computed.setdefault(text, (domain, target))
     order = list(scope.table.columns)
-    return sorted(cols, key=order.index)
+    prefix = _key_prefix(scope.table)
+    keys = [
+        ComputedKey(f"{prefix}{i}", text, d.type, d.domain, d.rule, d.inputs)
+        for i, (text, (d, _)) in enumerate(sorted(computed.items()))
+    ]
+    return _Keys(sorted(cols, key=order.index), keys)
+
+
+def refuse_constant_plan(plan: QueryPlan) -> None:
+    """Refuse a plan whose answer is the same on every dataset (a WHERE that is always false
+    or NULL after constant folding): every aggregate is 0, so there is nothing to release
+    and nothing should be charged — the same rule as ``COUNT(NULL)``.
+
+    The planner still plans such queries (the bounding rewrite is defined for them); the
+    gateway calls this before any charge.
+
+    Raises:
+        UnsupportedQuery: the WHERE clause can select no row.
+    """
+    if plan.where is not None and plan.where.upper() in ("FALSE", "NULL"):
+        raise UnsupportedQuery(
+            "the WHERE clause is always false, so every aggregate is 0 on any data: there is "
+            "nothing to release (nothing was charged)",
+            {"construct": f"WHERE {plan.where}"},
+        )
 
 
 def _policy_digest(table: TablePolicy, columns: set[str]) -> str:
@@ -1175,13 +1345,33 @@ def parse_query(sql: str, policy: DatasetPolicy, *, dialect: str | None = None) 
         UnknownTable: the table (or a qualifier) is not declared.
         UnknownColumn: a column is not declared.
     """
-    stmt = parse_statement(sql, dialect)
+    token = _SOURCE.set(sql if isinstance(sql, str) else None)
     try:
-        stmt = apply_statement_rules(stmt)
-        stmt, policy = rewrite_joins(stmt, policy)  # joins hook (dpgate.sql.joins): one joined table
-        return _plan(stmt, policy)
-    except RecursionError:
-        raise InvalidSql("the SQL is nested too deeply") from None
+        stmt = parse_statement(sql, dialect)
+        if sum(1 for _ in stmt.walk()) > MAX_NODES:
+            raise UnsupportedQuery(f"the query is too large (more than {MAX_NODES} syntax nodes)")
+        try:
+            stmt = apply_statement_rules(stmt)
+            stmt, policy = rewrite_joins(stmt, policy)  # joins hook (dpgate.sql.joins): one joined table
+            return _plan(stmt, policy)
+        except RecursionError:
+            raise InvalidSql(
+                f"the SQL nests too deeply for the planner (it accepts at most {MAX_NESTING} "
+                "levels of operators or parentheses: write a list of values as IN (…))"
+            ) from None
+    except DpgateError as e:
+        raise _nothing_charged(e)
+    finally:
+        _SOURCE.reset(token)
+
+
+def _nothing_charged(e: DpgateError) -> DpgateError:
+    """``e`` with "(nothing was charged)" appended: a planner refusal happens before any charge."""
+    if "nothing was charged" not in e.message:
+        e.message = f"{e.message} (nothing was charged)"
+        e.args = (e.message,)
+    e.details.setdefault("charged", False)
+    return e
 
 
 def _plan(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
@@ -1191,8 +1381,9 @@ def _plan(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
     table, qualifiers = _resolve_from(stmt, policy)
     scope = _Scope(policy, table, qualifiers)
 
-    group_by = _group_by(stmt, scope)
-    outputs = _Outputs(scope, group_by)
+    keys = _group_by(stmt, scope)
+    group_by = keys.names
+    outputs = _Outputs(scope, group_by, keys)
     selects = stmt.expressions
     if not selects:
         raise InvalidSql("the SELECT list is empty")
@@ -1216,8 +1407,10 @@ def _plan(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
                     node,
                 )
             outputs.add_key(name, label or node.name)
+        elif keys.match(node, scope) is not None:
+            outputs.add_key(keys.match(node, scope).name, label or _label(node))
         elif _is_aggregate(node):
-            outputs.add_agg(_aggregate(node, scope), label or _snippet(node, 200))
+            outputs.add_agg(_aggregate(node, scope), label or _label(node))
         elif isinstance(node, exp.AggFunc):
             raise _unsupported(
                 f"aggregate {_snippet(node)} is not supported (COUNT, SUM, AVG, VAR_POP, "
@@ -1254,7 +1447,8 @@ def _plan(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
         outputs.add_agg(agg, _agg_label(agg, scope), hidden=True)
 
     selected_keys = selection.selected_columns(table, group_by)  # issue 11 hook
-    n_groups = 1 if table.public else table.key_combinations([c for c in group_by if c not in selected_keys])
+    n_groups = 1 if table.public else math.prod(
+        len(keys.column(n, table).public_keys) for n in group_by if n not in selected_keys)
     if n_groups > MAX_GROUPS:
         raise UnsupportedQuery(
             f"the GROUP BY releases {n_groups} key combinations, more than {MAX_GROUPS}",
@@ -1285,7 +1479,9 @@ def _plan(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
     order_by = tuple(OrderItem(o.name, desc, nf) for o, desc, nf in order_refs)
     # Policy settings the plan depends on: columns of the final (simplified) predicate, group
     # keys and aggregated columns.
-    referenced = set(group_by) | {o.column for o in outputs.items if o.column in table.columns}
+    referenced = set(keys.columns) | {o.column for o in outputs.items if o.column in table.columns}
+    for key in keys.computed:
+        referenced.update(key.inputs)
     if where is not None:
         referenced.update(c.name for c in sqlglot.parse_one(where, read=DIALECT).find_all(exp.Column))
 
@@ -1301,7 +1497,14 @@ def _plan(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
         limit=limit,
         policy_digest=_policy_digest(table, referenced),
         selected_keys=selected_keys,
+        computed_keys=tuple(keys.computed),
     )
+    if plan.computed_keys and any(p.kind == "quantile" for p in plan.primitives):
+        raise UnsupportedQuery(
+            "quantiles grouped by a computed key are not supported yet: group by declared "
+            "columns with public keys, or release COUNT/SUM/AVG per computed key",
+            {"construct": plan.computed_keys[0].expression},
+        )
     return _with_canonical_sql(plan, scope)
 
 
@@ -1343,16 +1546,18 @@ def _limit(stmt: exp.Select) -> int | None:
 
 def _with_canonical_sql(plan: QueryPlan, scope: _Scope) -> QueryPlan:
     exprs: dict[str, str] = {}
+    key_sql = {k.name: k.expression for k in plan.computed_keys}
     for out in plan.outputs:
         if isinstance(out, KeyOutput):
-            exprs[out.name] = quote_identifier(out.column)
+            exprs[out.name] = key_sql.get(out.column) or quote_identifier(out.column)
         else:
             alpha = plan.primitive(out.primitives[0]).alpha if out.function in QUANTILE_FUNCTIONS else None
             exprs[out.name] = _agg_sql(out.function, out.column, scope, alpha)
     items = []
     for out in plan.visible_outputs:
         text = exprs[out.name]
-        if not (isinstance(out, KeyOutput) and out.name == out.column):
+        if not (isinstance(out, KeyOutput) and out.name == out.column
+                and out.column not in key_sql):
             text += f" AS {quote_identifier(out.name)}"
         items.append(text)
     source = (plan.table[len(JOIN_MARK):] if plan.table.startswith(JOIN_MARK)  # joins hook
@@ -1361,7 +1566,7 @@ def _with_canonical_sql(plan: QueryPlan, scope: _Scope) -> QueryPlan:
     if plan.where:
         sql += f" WHERE {plan.where}"
     if plan.group_by:
-        sql += " GROUP BY " + ", ".join(quote_identifier(c) for c in plan.group_by)
+        sql += " GROUP BY " + ", ".join(key_sql.get(c) or quote_identifier(c) for c in plan.group_by)
     if plan.having:
         tree = sqlglot.parse_one(plan.having, read=DIALECT)
 

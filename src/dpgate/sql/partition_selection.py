@@ -51,7 +51,8 @@ def selected_columns(table: TablePolicy, group_by: Iterable[str]) -> tuple[str, 
     none for a public table (its key-less columns are keyed by their values)."""
     if getattr(table, "public", False):
         return ()
-    return tuple(c for c in group_by if table.column(c).public_keys is None)
+    # computed keys (sql/keys.py) are not declared columns and have their own domains
+    return tuple(c for c in group_by if (col := table.find_column(c)) is not None and col.public_keys is None)
 
 
 def reused_primitives(plan: QueryPlan, policy: DatasetPolicy) -> tuple[str, ...]:

@@ -193,7 +193,8 @@ def histogram_sql(plan: QueryPlan, policy: DatasetPolicy, column: str, *, salt: 
         part = ", ".join([u] + g)
         kept = (f"SELECT {', '.join(g + [b])} FROM {j} WHERE {c} <= {m}\n  UNION ALL\n  "
                 f"SELECT {', '.join(g + [b])} FROM (SELECT * FROM {j} WHERE {c} > {m}\n    QUALIFY "
-                f"row_number() OVER (PARTITION BY {part} ORDER BY hash({u}, {b}, {salt_sql}), {b}) <= {m})")
+                f"row_number() OVER (PARTITION BY {part} ORDER BY hash({u}, {b}, {salt_sql}), {b}) <= {m}) AS "
+                f"{q(_PREFIX + 'over_m')}")
         ctes.append(f"{q(_PREFIX + 'kept')} AS (\n  {kept}\n)")
         source = q(_PREFIX + "kept")
     counts = f"SELECT {', '.join(g + [b])}, COUNT(*) AS {q(_PREFIX + 'n')} FROM {source} GROUP BY {', '.join(g + [b])}"

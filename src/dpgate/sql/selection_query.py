@@ -100,7 +100,7 @@ def recognize(plan: QueryPlan, policy: DatasetPolicy) -> SelectionQuery | None:
             f"column, not {out.function.upper()}: its sensitivity is not bounded by the contribution "
             "bounds (to rank averages over groups of equal size, order by SUM)",
             {"reason": "selection_utility", "function": out.function})
-    candidates = policy.table(plan.table).key_combinations(plan.group_by)
+    candidates = plan.key_combinations(policy.table(plan.table))
     k = int(plan.limit)  # type: ignore[arg-type]
     if not 1 <= k <= candidates:
         raise UnsupportedQuery(
@@ -127,10 +127,10 @@ def check_candidates(stmt: exp.Select, policy: DatasetPolicy) -> None:
         return
     source = stmt.args.get("from_") or stmt.args.get("from")
     group = stmt.args.get("group")
-    if source is None or group is None or not isinstance(source.this, exp.Table):
-        return
+    if source is None or group is None or not isinstance(source.this, exp.Table) or stmt.args.get("joins"):
+        return  # joins, CTEs and subqueries: the planner resolves the keys (and refuses what it must)
     table = policy.tables.get(source.this.name)
-    if table is None:
+    if table is None or getattr(table, "public", False):
         return
     for item in group.expressions:
         if not isinstance(item, exp.Column):

@@ -1,0 +1,386 @@
+"""Computed group keys: the domain of a GROUP BY expression, derived from the policy alone.
+
+A computed key (``GROUP BY CASE WHEN age < 30 THEN 'young' ELSE 'old' END``,
+``GROUP BY FLOOR(age / 10) * 10``, ``GROUP BY age // 10``, ``GROUP BY width_bucket(age, 0,
+100, 10)``, ``GROUP BY age > 90``) is released like a column with public keys: every key of
+its domain is released, empty groups as noisy zeros, rows whose key is outside the domain
+are dropped. Releasing the full domain is what makes the set of released keys public (it
+depends on the policy and the query, never on data), so no partition selection is needed
+(Wilson et al. 2020, PoPETs 2020(2), §3: keys known in advance need no thresholding).
+
+The domain follows from the policy by one of three rules (:func:`derive_key_domain`):
+
+* ``case_literals`` — a ``CASE``/``IF`` whose results are all literals: the literals in
+  order of appearance, plus NULL when there is no ``ELSE`` (or a result is NULL). The
+  conditions are row predicates, type-checked like WHERE.
+* ``predicate`` — a boolean expression: ``false``, ``true`` (a NULL result, from a NULL
+  input, is dropped).
+* ``enumerated`` — any other allowed expression over columns whose own domain is finite in
+  the policy: bounded ``int`` columns (every integer in ``[lower, upper]``) and columns with
+  public keys. The expression is evaluated by DuckDB (in memory, no data, external access
+  off) on every combination of input values plus NULL — at most
+  :data:`MAX_ENUMERATION` — and its distinct non-NULL values, ascending, are the domain.
+  Evaluating it on every admitted input also proves that it cannot fail on any row that
+  passes the input filter (an error would be a failure after the charge). Rows whose input
+  value lies outside its declared domain are dropped by the bounding rewrite.
+
+The bounding rewrite groups each unit's rows by the computed value itself, so the
+contribution bounds (k keys, m rows per key) apply to the computed key: relabelling many
+input values into one key cannot multiply a unit's contribution to it.
+
+Domains larger than :data:`MAX_DOMAIN` keys are refused with a hint. The semantics of the
+expression are DuckDB's; an engine that evaluates it differently can only drop rows or
+release zeros for keys it never produces — never release a key outside the domain.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Callable, Mapping
+
+from sqlglot import exp
+
+from dpgate.errors import UnsupportedQuery
+from dpgate.policy import ColumnPolicy, quote_identifier as q
+
+#: Most keys a computed key's domain may have (the groups it releases).
+MAX_DOMAIN = 100_000
+#: Most input combinations evaluated to enumerate a domain (planning time stays bounded).
+MAX_ENUMERATION = 1_000_000
+_INT_RE = re.compile(r"^-?\d+$")
+
+#: Row-expression nodes a computed key may use (deterministic, no subqueries or aggregates).
+_ALLOWED = (
+    exp.Column, exp.Identifier, exp.Literal, exp.Null, exp.Boolean, exp.Paren, exp.Neg,
+    exp.Add, exp.Sub, exp.Mul, exp.Div, exp.IntDiv, exp.Mod, exp.Floor, exp.Ceil, exp.Round,
+    exp.Abs, exp.Sign, exp.Least, exp.Greatest, exp.Coalesce, exp.Nullif, exp.Cast,
+    exp.TryCast, exp.DataType, exp.Case, exp.If, exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT,
+    exp.LTE, exp.NullSafeEQ, exp.NullSafeNEQ, exp.And, exp.Or, exp.Not, exp.Is, exp.In,
+    exp.Between, exp.Like, exp.ILike, exp.Lower, exp.Upper, exp.Trim, exp.Length,
+    exp.Concat, exp.DPipe, exp.Substring, exp.StartsWith, exp.EndsWith, exp.Try,
+)
+_PREDICATES = (
+    exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.NullSafeEQ, exp.NullSafeNEQ,
+    exp.And, exp.Or, exp.Not, exp.Is, exp.In, exp.Between, exp.Like, exp.ILike,
+    exp.StartsWith, exp.EndsWith,
+)
+_INT_TYPES = {"TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT",
+              "UINTEGER", "UBIGINT", "UHUGEINT"}
+_FLOAT_TYPES = {"FLOAT", "DOUBLE", "REAL"}
+
+
+@dataclass(frozen=True)
+class KeyDomain:
+    """A computed key's canonical expression and domain (see the module docstring).
+
+    Attributes:
+        expression: the canonical tree (declared column names, quoted).
+        type: ``int`` | ``float`` | ``text`` | ``bool``.
+        domain: the released values in release order (None: the NULL group).
+        rule: ``case_literals`` | ``predicate`` | ``enumerated``.
+        inputs: declared columns read, in the table's declaration order.
+    """
+
+    expression: exp.Expression
+    type: str
+    domain: tuple
+    rule: str
+    inputs: tuple[str, ...]
+
+
+def _snippet(node: exp.Expression, limit: int = 80) -> str:
+    text = " ".join(node.sql(dialect="duckdb", comments=False).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _refuse(message: str, node: exp.Expression) -> UnsupportedQuery:
+    return UnsupportedQuery(message, {"construct": _snippet(node)})
+
+
+def _unparen(node: exp.Expression) -> exp.Expression:
+    while isinstance(node, exp.Paren):
+        node = node.this
+    return node
+
+
+# --- normalisation -----------------------------------------------------------------------------
+
+
+def width_bucket_to_case(tree: exp.Expression) -> exp.Expression:
+    """Rewrite ``width_bucket(x, lo, hi, n)`` (PostgreSQL/BigQuery semantics: bucket 0 below
+    ``lo``, ``n + 1`` at or above ``hi``, else ``floor((x − lo)·n / (hi − lo)) + 1``) into the
+    CASE DuckDB evaluates, for constant ``lo < hi`` and a positive integer ``n``.
+
+    Raises:
+        UnsupportedQuery: non-constant or invalid bounds or bucket count.
+    """
+
+    def number(node: exp.Expression | None) -> float | None:
+        node = _unparen(node) if node is not None else None
+        neg = False
+        if isinstance(node, exp.Neg):
+            neg, node = True, _unparen(node.this)
+        if not (isinstance(node, exp.Literal) and not node.is_string):
+            return None
+        v = float(node.this)
+        return -v if neg else v
+
+    def fix(node: exp.Expression) -> exp.Expression:
+        if not isinstance(node, exp.WidthBucket):
+            return node
+        x = node.this
+        lo, hi, n = (number(node.args.get(k)) for k in ("min_value", "max_value", "num_buckets"))
+        if lo is None or hi is None or n is None or not lo < hi or n < 1 or not n.is_integer():
+            raise _refuse(f"{_snippet(node)}: width_bucket needs constant bounds lo < hi and a "
+                          "positive integer number of buckets", node)
+        lo_l, hi_l = node.args["min_value"].copy(), node.args["max_value"].copy()
+        n_l = exp.Literal.number(int(n))
+        inner = exp.Add(
+            this=exp.Cast(this=exp.Floor(this=exp.Div(
+                this=exp.Mul(this=exp.Paren(this=exp.Sub(this=x.copy(), expression=lo_l.copy())),
+                             expression=n_l.copy()),
+                expression=exp.Paren(this=exp.Sub(this=hi_l.copy(), expression=lo_l.copy())))),
+                to=exp.DataType.build("BIGINT")),
+            expression=exp.Literal.number(1))
+        return exp.Case(ifs=[
+            exp.If(this=exp.LT(this=x.copy(), expression=lo_l.copy()), true=exp.Literal.number(0)),
+            exp.If(this=exp.GTE(this=x.copy(), expression=hi_l.copy()),
+                   true=exp.Literal.number(int(n) + 1)),
+        ], default=inner)
+
+    return tree.transform(fix, copy=True)
+
+
+# --- the three rules ---------------------------------------------------------------------------
+
+
+def _literal_value(node: exp.Expression) -> tuple[object, str] | None:
+    """(value, type) of a literal result, or None if ``node`` is not a literal."""
+    node = _unparen(node)
+    if isinstance(node, exp.Null):
+        return None, "null"
+    if isinstance(node, exp.Boolean):
+        return bool(node.this), "bool"
+    neg = False
+    if isinstance(node, exp.Neg):
+        neg, node = True, _unparen(node.this)
+    if isinstance(node, exp.Literal):
+        if node.is_string:
+            return (None, "") if neg else (str(node.this), "text")
+        text = str(node.this)
+        value: int | float = int(text) if _INT_RE.match(text) else float(text)
+        if isinstance(value, float) and not math.isfinite(value):
+            return None
+        return (-value if neg else value), ("int" if isinstance(value, int) else "float")
+    return None
+
+
+def _case_literals(node: exp.Expression, check_predicate: Callable[[exp.Expression], None]
+                   ) -> tuple[tuple, str] | None:
+    """Domain and type of a CASE/IF with literal results, or None if a result is not literal."""
+    if isinstance(node, exp.If):
+        branches = [(node.this, node.args.get("true"))]
+        default = node.args.get("false")
+        subject = None
+    elif isinstance(node, exp.Case):
+        branches = [(i.this, i.args.get("true")) for i in node.args.get("ifs") or []]
+        default = node.args.get("default")
+        subject = node.this
+    else:
+        return None
+    results = [r for _, r in branches] + ([default] if default is not None else [])
+    values = [_literal_value(r) if r is not None else (None, "null") for r in results]
+    if any(v is None or v[1] == "" for v in values):
+        return None
+    for cond, _ in branches:
+        check_predicate(exp.EQ(this=subject.copy(), expression=cond.copy())
+                        if subject is not None else cond)
+    types = {t for _, t in values if t != "null"}
+    if not types:
+        raise _refuse(f"{_snippet(node)}: every result is NULL, so the key has no values", node)
+    if types <= {"int", "float"}:
+        ktype = "float" if "float" in types else "int"
+    elif len(types) == 1:
+        ktype = types.pop()
+    else:
+        raise _refuse(f"{_snippet(node)}: the results mix types ({', '.join(sorted(types))}); "
+                      "a group key needs results of one type", node)
+    domain: list = []
+    seen: set = set()
+    has_null = default is None
+    for value, t in values:
+        if t == "null":
+            has_null = True
+            continue
+        if ktype == "float":
+            value = float(value)
+        key = (type(value) is bool, value)
+        if key not in seen:
+            seen.add(key)
+            domain.append(value)
+    if has_null:
+        domain.append(None)
+    return tuple(domain), ktype
+
+
+def _input_domain(col: ColumnPolicy) -> tuple[str, int] | None:
+    """(DuckDB relation of the column's admitted values, count), or None if not finite."""
+    name = q(col.name)
+    if col.public_keys is not None:
+        keys = col.public_keys
+        if isinstance(keys, range):
+            return (f"SELECT CAST(range AS BIGINT) AS {name} FROM range({keys.start}, {keys.stop})",
+                    len(keys))
+        lits = ", ".join(_sql_literal(k, col.type) for k in keys)
+        return f"SELECT CAST(unnest([{lits}]) AS {col.duckdb_type}) AS {name}", len(keys)
+    if col.type == "int" and col.bounded:
+        lo, hi = int(col.lower), int(col.upper)
+        return f"SELECT CAST(range AS BIGINT) AS {name} FROM range({lo}, {hi + 1})", hi - lo + 1
+    if col.type == "bool":
+        return f"SELECT unnest([FALSE, TRUE]) AS {name}", 2
+    return None
+
+
+def _sql_literal(value: object, ctype: str) -> str:
+    if value is None:
+        return "NULL"
+    if ctype == "text":
+        return "'" + str(value).replace("'", "''") + "'"
+    if ctype == "bool":
+        return "TRUE" if value else "FALSE"
+    if ctype == "int":
+        return str(int(value))
+    return repr(float(value))
+
+
+@functools.lru_cache(maxsize=512)
+def _enumerate(expression_sql: str, relations: tuple[str, ...]) -> tuple[tuple, str]:
+    """Distinct non-NULL values (ascending) and DuckDB type name of ``expression_sql`` over the
+    cross product of ``relations`` (each plus a NULL row). Cached: pure in its arguments."""
+    import duckdb
+
+    parts = [f"(({r}) UNION ALL SELECT NULL) AS __dpg_i{i}" for i, r in enumerate(relations)]
+    source = " CROSS JOIN ".join(parts) if parts else "(SELECT 1) AS __dpg_i"
+    sql = (f"SELECT DISTINCT {expression_sql} AS v FROM {source} "
+           f"ORDER BY v NULLS LAST LIMIT {MAX_DOMAIN + 2}")
+    con = duckdb.connect(config={"enable_external_access": False, "threads": 1})
+    try:
+        cur = con.execute(sql)
+        type_name = str(cur.description[0][1])
+        rows = cur.fetchall()
+    finally:
+        con.close()
+    return tuple(r[0] for r in rows if r[0] is not None), type_name
+
+
+def _enumerated(tree: exp.Expression, columns: Mapping[str, ColumnPolicy], inputs: list[str],
+                shown: exp.Expression) -> tuple[tuple, str]:
+    import duckdb
+
+    relations = []
+    total = 1
+    for name in inputs:
+        col = columns[name]
+        dom = _input_domain(col)
+        if dom is None:
+            raise _refuse(
+                f"GROUP BY {_snippet(shown)}: its keys do not follow from the policy, because "
+                f"column {name!r} has neither public keys nor integer bounds (a computed key "
+                "may be a CASE with literal results, a condition, or an expression over "
+                "bounded int columns and columns with public keys)",
+                shown,
+            )
+        relations.append(dom[0])
+        total *= dom[1] + 1
+    if total > MAX_ENUMERATION:
+        raise _refuse(
+            f"GROUP BY {_snippet(shown)}: its inputs admit {total:,} value combinations, more "
+            f"than {MAX_ENUMERATION:,} to enumerate; narrow the columns' bounds in the policy or "
+            "group by a CASE with literal results",
+            shown,
+        )
+    try:
+        values, type_name = _enumerate(tree.sql(dialect="duckdb"), tuple(relations))
+    except duckdb.Error as e:
+        first = str(e).splitlines()[0][:160]
+        raise _refuse(
+            f"GROUP BY {_snippet(shown)} fails for some value the policy admits, so it could "
+            f"fail on data after the charge ({type(e).__name__}: {first})",
+            shown,
+        ) from None
+    base = type_name.split("(")[0].upper()
+    if base in _INT_TYPES:
+        ktype = "int"
+        values = tuple(int(v) for v in values)
+    elif base in _FLOAT_TYPES or base == "DECIMAL":
+        ktype = "float"
+        values = tuple(float(v) if isinstance(v, Decimal) else float(v) for v in values)
+        if any(not math.isfinite(v) for v in values):
+            raise _refuse(f"GROUP BY {_snippet(shown)} takes non-finite values", shown)
+    elif base == "VARCHAR":
+        ktype = "text"
+    elif base == "BOOLEAN":
+        ktype = "bool"
+    else:
+        raise _refuse(f"GROUP BY {_snippet(shown)}: keys of type {type_name} are not supported "
+                      "(int, float, text or boolean)", shown)
+    return values, ktype
+
+
+def derive_key_domain(tree: exp.Expression, columns: Mapping[str, ColumnPolicy], *,
+                      check_predicate: Callable[[exp.Expression], None],
+                      shown: exp.Expression | None = None) -> KeyDomain:
+    """The domain of a computed GROUP BY key (module docstring).
+
+    Args:
+        tree: the key expression over declared columns (canonical: declared names, no
+            qualifiers; the privacy unit already refused by the caller).
+        columns: the table's declared columns by name, in declaration order.
+        check_predicate: type-checks a row predicate (as WHERE), raising UnsupportedQuery.
+        shown: the analyst's expression, quoted in refusals (default ``tree``).
+
+    Raises:
+        UnsupportedQuery: a construct a key may not use, a domain that does not follow from
+            the policy, more than :data:`MAX_DOMAIN` keys, or an expression that fails on
+            an admitted value; the message quotes the expression and says what would work.
+    """
+    shown = shown if shown is not None else tree
+    tree = width_bucket_to_case(tree)
+    for node in tree.walk():
+        if isinstance(node, exp.AggFunc):
+            raise _refuse(f"GROUP BY {_snippet(shown)}: a group key cannot contain an aggregate",
+                          shown)
+        if not isinstance(node, _ALLOWED):
+            raise _refuse(
+                f"GROUP BY {_snippet(shown)}: {_snippet(node, 40)} is not allowed in a group key "
+                "(CASE, comparisons, + - * / // %, FLOOR, CEIL, ROUND, ABS, LEAST, GREATEST, "
+                "COALESCE, CAST, width_bucket and text functions are)",
+                shown,
+            )
+    order = list(columns)
+    inputs = sorted({c.name for c in tree.find_all(exp.Column)}, key=order.index)
+    top = _unparen(tree)
+    case = _case_literals(top, check_predicate)
+    if case is not None:
+        domain, ktype = case
+        rule = "case_literals"
+    elif isinstance(top, _PREDICATES):
+        check_predicate(top)
+        domain, ktype, rule = (False, True), "bool", "predicate"
+    else:
+        domain, ktype = _enumerated(tree, columns, inputs, shown)
+        rule = "enumerated"
+    if not domain:
+        raise _refuse(f"GROUP BY {_snippet(shown)} takes no non-NULL value on the policy's "
+                      "domain", shown)
+    if len(domain) > MAX_DOMAIN:
+        raise _refuse(
+            f"GROUP BY {_snippet(shown)} has more than {MAX_DOMAIN:,} keys; use coarser bins "
+            "(e.g. FLOOR(x / 1000)) or a CASE with a few literal results",
+            shown,
+        )
+    return KeyDomain(tree, ktype, tuple(domain), rule, tuple(inputs))
