@@ -117,7 +117,8 @@ def test_lowering_a_cap_below_the_spend_says_so(settings):
         assert out["exhausted"] is True
         assert out["spent"]["rho"] == pytest.approx(0.06)
         assert out["over_by"]["rho"] == pytest.approx(0.06 - out["new"]["rho_cap"])
-        eps_spent = accounting.zcdp_epsilon_tight(0.06, DELTA)
+        # ε at δ − selection_delta: the default reserve δ/2 for partition selection (issue 11)
+        eps_spent = accounting.zcdp_epsilon_tight(0.06, DELTA / 2)
         assert out["over_by"]["epsilon"] == pytest.approx(eps_spent - 0.1)
         assert "below what was already spent" in out["message"]
         up = gw.set_cap("shoppers", epsilon=4.0, delta=DELTA, actor="root", reason="restored")
@@ -132,7 +133,7 @@ def test_releases_report_the_cap_the_ledger_enforced(settings):
         cap = rel["guarantee"]["cap"]
         assert cap["epsilon"] == 2.0 and cap["delta"] == DELTA  # the policy file says 4.0
         assert cap["rho"] == gw.ledger.cap("shoppers").rho_cap
-        assert rel["charge"]["delta"] == DELTA
+        assert rel["charge"]["delta"] == DELTA / 2  # ρ's δ: δ − selection_delta (default δ/2, issue 11)
 
 
 def test_http_cap_change_survives_an_app_restart(settings):

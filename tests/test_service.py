@@ -105,8 +105,9 @@ def test_grouped_count_and_avg_are_charged_once_each(gw):
     assert parts[0] == pytest.approx(4 / math.sqrt(0.02), rel=1e-9)
     for row in r2["rows"]:
         assert 0 <= row[1] <= 500000  # AVG clamped into [lower, upper]
+    # ε at δ − selection_delta = 1e-6 − 1e-6/2 (default reserve for partition selection, issue 11)
     assert r2["charge"]["epsilon_at_delta"] == pytest.approx(
-        accounting.zcdp_epsilon_tight(0.02, 1e-6), rel=1e-9)
+        accounting.zcdp_epsilon_tight(0.02, 0.5e-6), rel=1e-9)
 
 
 def test_counts_lie_within_4_sigma_in_99_percent_of_200_runs(tmp_path):
@@ -282,8 +283,9 @@ def test_explain_reads_no_data_and_charges_nothing(gw, monkeypatch):
 
     monkeypatch.setattr(gw.engine, "execute", forbidden)
     e = gw.explain("pums", "SELECT sex, AVG(income) FROM persons GROUP BY sex", budget=QueryBudget(epsilon=1.0))
-    # ε = 1 at δ = 1e-6 → ρ by the tight CKS conversion, split over two primitives
-    assert e["cost"]["rho"] == pytest.approx(accounting.rho_for_cap(1.0, 1e-6, "tight"), rel=1e-9)
+    # ε = 1 at the cap's δ for ρ: δ − selection_delta = 1e-6 − 1e-6/2 (the policy's default reserve
+    # for partition selection, issue 11) → ρ by the tight CKS conversion, split over two primitives
+    assert e["cost"]["rho"] == pytest.approx(accounting.rho_for_cap(1.0, 0.5e-6, "tight"), rel=1e-9)
     assert e["cost"]["epsilon_at_delta"] == pytest.approx(1.0, rel=1e-6)
     assert "<salt>" in e["bounded_sql"]
     assert gw.ledger_entries() == []

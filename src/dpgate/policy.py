@@ -14,6 +14,9 @@ One TOML file per dataset (see DESIGN.md, "Policy files")::
     mechanism = "gaussian"              # or "laplace"; default "gaussian"
     suppress_ci95_above = 1000.0        # optional
     clamp_counts = true                 # default true
+    selection_delta = 5e-7              # part of δ reserved for private partition selection
+                                        # (default δ/2; 0 turns selection off)
+    default_selection_delta = 1e-9      # δ one selecting query spends (default selection_delta/100)
 
     [allocations]                       # shares of the cap's ρ, summing to ≤ 1
     dashboard = 0.6
@@ -302,6 +305,13 @@ class BudgetPolicy:
         suppress_ci95_above: cells whose 95 % noise half-width exceeds it are
             suppressed (None: never).
         clamp_counts: clamp noisy counts at 0 (post-processing; default True).
+        selection_delta: the part of δ reserved for private partition selection (issue 11;
+            DESIGN.md "Accounting"): ρ_cap is fixed at δ − selection_delta and the δ_q of
+            selecting queries add up to at most it. Default δ/2; 0 turns partition
+            selection off. A population that exists keeps its ledger cap until
+            ``dpgate caps apply`` adopts the file's.
+        default_selection_delta: δ_q one selecting query spends unless the request names
+            ``budget.delta``; default selection_delta/100; ≤ selection_delta.
     """
 
     epsilon: float
@@ -310,6 +320,15 @@ class BudgetPolicy:
     mechanism: str = "gaussian"
     suppress_ci95_above: float | None = None
     clamp_counts: bool = True
+    selection_delta: float | None = None
+    default_selection_delta: float | None = None
+
+    def __post_init__(self) -> None:
+        # defaults that depend on δ (issue 11): selection_delta = δ/2, default δ_q = selection_delta/100
+        if self.selection_delta is None:
+            object.__setattr__(self, "selection_delta", self.delta / 2)
+        if self.default_selection_delta is None:
+            object.__setattr__(self, "default_selection_delta", self.selection_delta / 100)
 
 
 @dataclass(frozen=True)
@@ -397,7 +416,8 @@ def load_policies(folder: Path) -> dict[str, DatasetPolicy]:
             )
         for other in out.values():
             if other.population == policy.population and (
-                (other.budget.epsilon, other.budget.delta) != (policy.budget.epsilon, policy.budget.delta)
+                (other.budget.epsilon, other.budget.delta, other.budget.selection_delta)
+                != (policy.budget.epsilon, policy.budget.delta, policy.budget.selection_delta)
                 or dict(other.allocations) != dict(policy.allocations)
             ):
                 raise _policy_error(
@@ -874,6 +894,27 @@ def _parse_table(name: str, raw: Any, path: Path, dataset: str, engine: str = "d
     )
 
 
+def _selection_deltas(b: Mapping[str, Any], delta: float, path: Path) -> tuple[float, float]:
+    """``[budget] selection_delta`` (default δ/2, in [0, δ)) and ``default_selection_delta``
+    (default selection_delta/100, in (0, selection_delta]; 0 when selection is off)."""
+    sel = delta / 2
+    if "selection_delta" in b:
+        sel = _finite_number(b["selection_delta"], "[budget] selection_delta", path)
+        if not (0 <= sel < delta or sel == delta == 0):
+            raise _policy_error(path, f"[budget] selection_delta must be in [0, delta) = [0, {delta:g}) "
+                                      f"(got {sel:g})")
+    per_query = sel / 100
+    if "default_selection_delta" in b:
+        per_query = _finite_number(b["default_selection_delta"], "[budget] default_selection_delta", path)
+        if sel == 0:
+            if per_query != 0:
+                raise _policy_error(path, "[budget] default_selection_delta needs selection_delta > 0")
+        elif not 0 < per_query <= sel:
+            raise _policy_error(path, f"[budget] default_selection_delta must be in (0, selection_delta] = "
+                                      f"(0, {sel:g}] (got {per_query:g})")
+    return sel, per_query
+
+
 def _parse_policy(raw: Mapping[str, Any], path: Path) -> DatasetPolicy:
     _check_keys(raw, {"dataset", "budget", "allocations", "tables"}, path, "the file")
     ds = _section(raw, "dataset", path)
@@ -889,7 +930,8 @@ def _parse_policy(raw: Mapping[str, Any], path: Path) -> DatasetPolicy:
     b = _section(raw, "budget", path)
     _check_keys(
         b,
-        {"epsilon", "delta", "default_query_rho", "mechanism", "suppress_ci95_above", "clamp_counts"},
+        {"epsilon", "delta", "default_query_rho", "mechanism", "suppress_ci95_above", "clamp_counts",
+         "selection_delta", "default_selection_delta"},
         path,
         "[budget]",
     )
@@ -918,7 +960,8 @@ def _parse_policy(raw: Mapping[str, Any], path: Path) -> DatasetPolicy:
     clamp = b.get("clamp_counts", True)
     if not isinstance(clamp, bool):
         raise _policy_error(path, "[budget] clamp_counts must be true or false")
-    budget = BudgetPolicy(epsilon, delta, rho, mechanism, suppress, clamp)
+    selection, per_query = _selection_deltas(b, delta, path)
+    budget = BudgetPolicy(epsilon, delta, rho, mechanism, suppress, clamp, selection, per_query)
 
     alloc_raw = _section(raw, "allocations", path, required=False)
     allocations: dict[str, float] = {}

@@ -31,6 +31,8 @@ primitive              linf (one unit, one group)
 count                  m             (partial row count clipped to [0, m])
 count_column           m             (partial non-NULL count clipped to [0, m])
 count_distinct_unit    1             (a unit is one partial per group)
+count_distinct         m             (a unit keeps ≤ m distinct values of the column per group;
+                                      removing it removes at most those from the group's set)
 sum                    m·max(|lo|, |hi|)   (partial clipped to [m·min(lo,0), m·max(hi,0)])
 sum_squares            m·max(lo², hi²)     (partial clipped to [0, m·max(lo², hi²)])
 =====================  =========================================================
@@ -109,6 +111,10 @@ def primitive_linf(primitive: Primitive, policy: DatasetPolicy, table: str,
         return m
     if primitive.kind == "count_distinct_unit":
         return 1
+    if primitive.kind == "count_distinct":
+        # each unit keeps at most m distinct values per group (sql/bound.py); removing it removes
+        # at most those m from the group's set of distinct values (others' choices do not move)
+        return m
     col = plan.column_policy(t, primitive.column) if plan is not None else t.column(primitive.column)
     lo, hi = col.fixed_point_bounds
     if primitive.kind == "sum":
@@ -119,8 +125,13 @@ def primitive_linf(primitive: Primitive, policy: DatasetPolicy, table: str,
 
 
 def max_groups_changed(plan: QueryPlan, policy: DatasetPolicy) -> int:
-    """k_eff = min(k, number of public-key combinations): groups one unit can change."""
+    """k_eff = min(k, number of public-key combinations): groups one unit can change.
+
+    With privately selected keys (issue 11) the key domain is unbounded: k_eff = k.
+    """
     t = policy.table(plan.table)
+    if plan.selected_keys:
+        return t.max_groups_per_unit
     return min(t.max_groups_per_unit, plan.key_combinations(t))
 
 

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar, Mapping
 
 import numpy as np
-from dpgate import accounting, limits
+from dpgate import accounting, limits, partition_selection
 from dpgate.engines import EngineOptions, EngineSet
 from dpgate.errors import (
     Conflict,
@@ -114,6 +114,9 @@ class QueryBudget:
         expected_count: with ``ci95`` only: the number of rows the analyst expects per
             group, an assumption needed for AVG, VAR and STDDEV (whose half-width
             depends on the count, unknown before the release); never read from data.
+        delta: δ_q spent on private partition selection (issue 11), in (0, 1); only for a
+            query that selects keys privately (None: the policy's
+            ``default_selection_delta``). Goes with rho or epsilon (or alone: the default ρ).
 
     Raises:
         InvalidBudget: more than one of rho/epsilon/ci95 set, a value that is not a
@@ -134,6 +137,7 @@ class QueryBudget:
     epsilon: float | None = None
     ci95: float | None = None
     expected_count: float | None = None
+    delta: float | None = None
 
     def __post_init__(self) -> None:
         given = {k: getattr(self, k) for k in self.FIELDS if getattr(self, k) is not None}
@@ -151,6 +155,11 @@ class QueryBudget:
                 raise InvalidBudget(
                     f"budget {name} must be at most {limits[name]:g}", {"field": name, "max": limits[name]}
                 )
+        d = self.delta
+        if d is not None and (isinstance(d, bool) or not isinstance(d, (int, float)) or not math.isfinite(d)
+                              or not 0 < d < 1):
+            raise InvalidBudget("budget delta (the δ of private partition selection) must be a number in (0, 1)",
+                                {"field": "delta"})
         n = self.expected_count
         if n is not None:
             if self.ci95 is None:
@@ -479,6 +488,17 @@ class Gateway:
         rho = budget.rho if budget.rho is not None else policy.budget.default_query_rho
         return {"rho": float(rho)}
 
+    def _resolve_selection(self, policy: DatasetPolicy, plan: QueryPlan, resolved: dict[str, Any],
+                           budget: QueryBudget | None) -> dict[str, Any]:
+        """Issue 11 hook: add ``selection_delta`` (δ_q) to the resolved budget of a selecting query
+        (:func:`dpgate.partition_selection.selection_budget`; refusals cost nothing)."""
+        requested = budget.delta if budget is not None else None
+        if not plan.selected_keys and requested is None:
+            return resolved
+        cap = self.ledger.cap(policy.population).selection_delta if plan.selected_keys else 0.0
+        delta = partition_selection.selection_budget(policy, plan, cap, requested, "ci95" in resolved)
+        return resolved if delta is None else {**resolved, "selection_delta": delta}
+
     def _calibrate(self, policy: DatasetPolicy, plan: QueryPlan, mech: str, resolved: Mapping[str, Any]):
         """Return (calibration, sensitivities) for a resolved budget (see :meth:`_resolve_budget`).
 
@@ -486,12 +506,25 @@ class Gateway:
         budget's ``expected_count``; :func:`~dpgate.postprocess.calibration.scales_for_ci95`).
         """
         check_representable(plan, policy)
+        if plan.selected_keys and has_quantiles(plan):  # issue 11: not combined yet
+            raise UnsupportedQuery(
+                "quantiles (MEDIAN, PERCENTILE_CONT, MIN/MAX, …) are not supported with private partition "
+                f"selection yet: give GROUP BY {', '.join(plan.selected_keys)} public keys",
+                {"selected_keys": list(plan.selected_keys)})
         if has_quantiles(plan):  # quantiles hook: budget split over counts/sums and quantiles
             sens = sensitivities(without_quantiles(plan), policy)
             pairs = {pid: (s.l1, s.l2) for pid, s in sens.items()}
             return quantile_release.calibrate_plan(plan, policy, mech, resolved, pairs, calibrate), sens
         sens = sensitivities(plan, policy)
         pairs = {pid: (s.l1, s.l2) for pid, s in sens.items()}
+        if plan.selected_keys:  # issue 11 hook: the selection histogram shares the budget
+            gaussian = mech == "gaussian"
+            budget_arg = (
+                {"rho": (accounting.rho_for_cap(resolved["epsilon"], resolved["delta"], "tight")
+                         if "epsilon" in resolved else resolved["rho"])} if gaussian else
+                {"epsilon": resolved["epsilon"] if "epsilon" in resolved else math.sqrt(2.0 * resolved["rho"])})
+            return partition_selection.calibrate_selecting(
+                plan, policy, pairs, mechanism=mech, delta=resolved["selection_delta"], **budget_arg), sens
         if "ci95" in resolved:
             return calibrate(pairs, mechanism=mech, scales=self._ci95_scales(policy, plan, mech, resolved,
                                                                              sens).scales), sens
@@ -541,10 +574,12 @@ class Gateway:
 
             return explain_selection(self, dataset, policy, selection, budget, consumer)
         mech = self._mechanism(policy, mechanism)
-        resolved = self._resolve_budget(policy, mech, budget)
+        resolved = self._resolve_selection(policy, plan, self._resolve_budget(policy, mech, budget), budget)
         cal, sens = self._calibrate(policy, plan, mech, resolved)
         delta = self.ledger.cap(policy.population).rho_delta
         extra: dict[str, Any] = {}
+        if getattr(cal, "selection", None) is not None:  # issue 11: threshold, δ and the units a key needs
+            extra["partition_selection"] = partition_selection.describe(plan, cal, resolved["selection_delta"])
         if "ci95" in resolved:
             extra["accuracy_target"] = self._ci95_scales(policy, plan, mech, resolved, sens).describe(
                 resolved["ci95"], resolved.get("expected_count"))
@@ -579,6 +614,7 @@ class Gateway:
                 "epsilon": cal.epsilon,
                 "epsilon_at_delta": accounting.cost_epsilon(cal.cost, delta),
                 "delta": delta,
+                **({"selection_delta": cal.selection.delta} if getattr(cal, "selection", None) is not None else {}),
                 **self._fit(policy, cal.cost, consumer),
             },
             **extra,
@@ -637,7 +673,7 @@ class Gateway:
             return self._selection_query(dataset, policy, plan, selection, consumer=consumer, budget=budget,
                                          search_id=search_id)
         mech = self._mechanism(policy, mechanism)
-        resolved = self._resolve_budget(policy, mech, budget)
+        resolved = self._resolve_selection(policy, plan, self._resolve_budget(policy, mech, budget), budget)
         version = self._data_version(dataset)
         # Two keys: the noise key names the noisy primitives (what is charged and noised:
         # table, filter, grouping, primitives, bounds, budget, mechanism, data version); the
@@ -675,6 +711,8 @@ class Gateway:
                     purpose=f"query on {dataset}: {plan.canonical_sql}"[:500],
                     release_key=release_key,
                     metadata={"dataset": dataset, "plan_hash": plan.plan_hash, "data_version": version},
+                    # issue 11: the δ OpenDP's threshold map gives, against the cap's selection_delta
+                    **({"selection_delta": cal.selection.delta} if getattr(cal, "selection", None) is not None else {}),
                 )
 
             # ---- once charged, nothing refunds the charge (a failed attempt stays charged) ----
@@ -789,8 +827,11 @@ class Gateway:
                                  {"charge_id": receipt and receipt.charge_id}) from exc
         del salt
         if not isinstance(cal, PlanCalibration):
-            keys = {k: values[k] for k in plan.group_by}
-            noisy = sample(cal, {p.id: values[p.id] for p in plan.primitives})
+            if getattr(cal, "selection", None) is not None:  # issue 11 hook: threshold, then noise on the selected rows
+                keys, noisy = partition_selection.select_rows(plan, policy, cal, values)
+            else:
+                keys = {k: values[k] for k in plan.group_by}
+                noisy = sample(cal, {p.id: values[p.id] for p in plan.primitives})
             halfwidths = {pid: ci95_halfwidth(cal.mechanism, s) for pid, s in cal.scales.items()}
         sig = {p.id: _primitive_sig(p) for p in plan.primitives}
         table = finalize(plan, policy, keys, noisy, cal.scales, halfwidths, mechanism=cal.mechanism)
@@ -812,6 +853,7 @@ class Gateway:
                 "epsilon_at_delta": receipt.epsilon_at_delta,
                 "delta": receipt.delta,
                 "consumer": receipt.consumer,
+                **({"selection_delta": receipt.selection_delta} if getattr(receipt, "selection_delta", 0) else {}),
             },
             "cached": False,
             "data_version": version,
@@ -833,6 +875,8 @@ class Gateway:
                 },
             },
             "post_processing": post_processing_settings(policy),
+            **({"partition_selection": partition_selection.describe(plan, cal, resolved["selection_delta"])}
+               if getattr(cal, "selection", None) is not None else {}),
             # the published guarantee: the cap the ledger enforced when it charged this release
             "guarantee": {
                 "population": policy.population,

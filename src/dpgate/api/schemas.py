@@ -111,7 +111,7 @@ def _budget_field(maximum: float, what: str, exclusive_minimum: float = 0) -> An
 
 
 class BudgetRequest(RequestModel):
-    """The privacy budget of one release: exactly one of ``rho``, ``epsilon``, ``ci95``.
+    """The privacy budget of one release: at most one of ``rho``, ``epsilon``, ``ci95``, and ``delta``.
 
     * ``rho`` — zCDP ρ of this release, summed over its noisy primitives
       (Gaussian: σ = Δ2/√(2ρ) per primitive, Bun & Steinke 2016, Prop. 1.6; for
@@ -124,6 +124,10 @@ class BudgetRequest(RequestModel):
       (explain shows it and whether it fits). AVG, VAR and STDDEV need
       ``expected_count``: the rows per group the analyst expects (the half-width of a
       ratio depends on the count, unknown before the release).
+    * ``delta`` — for a query that selects keys privately (a GROUP BY column without public
+      keys): the δ its threshold mechanism may spend (OpenDP's Gaussian/Laplace threshold;
+      the threshold is the smallest whose δ fits); default the policy's
+      ``default_selection_delta``. With ``delta`` alone, ρ is the policy's default.
 
     Values are checked by :class:`dpgate.service.QueryBudget` (the CLI's
     validator too): a value that is not a finite number in (0, max], or a budget
@@ -135,11 +139,14 @@ class BudgetRequest(RequestModel):
     ci95: float | None = _budget_field(QueryBudget.MAX_CI95, "95 % half-width wanted on each released cell")
     expected_count: float | None = _budget_field(1e15, "with ci95: rows expected per group (AVG/VAR/STDDEV), > 1",
                                                    exclusive_minimum=1)
+    delta: float | None = Field(default=None, description=(
+        "δ spent on private partition selection (GROUP BY keys without public keys; issue 11), in (0, 1); "
+        "default: the policy's default_selection_delta"), json_schema_extra={"exclusiveMinimum": 0, "exclusiveMaximum": 1})
 
     def to_query_budget(self) -> QueryBudget:
         """The validated :class:`~dpgate.service.QueryBudget`; raises InvalidBudget."""
         return QueryBudget.from_request({"rho": self.rho, "epsilon": self.epsilon, "ci95": self.ci95,
-                                          "expected_count": self.expected_count})
+                                          "expected_count": self.expected_count, "delta": self.delta})
 
 
 class QueryRequest(RequestModel):

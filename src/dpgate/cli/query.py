@@ -1,4 +1,4 @@
-"""``dpgate query --dataset NAME "SQL" [--rho R | --epsilon E | --ci95 W [--expected-count N]] [--mechanism M]``.
+"""``dpgate query --dataset NAME "SQL" [--rho R | --epsilon E | --ci95 W [--expected-count N]] [--delta D] [--mechanism M]``.
 
 Runs one query in-process (no HTTP): charges the consumer's allocation, prints
 the released table with ± 95 % intervals, the charge and the remaining budget.
@@ -29,6 +29,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--ci95", type=float, help="target 95%% half-width of each released cell")
     p.add_argument("--expected-count", type=float,
                    help="with --ci95: rows you expect per group (needed for AVG/VAR/STDDEV)")
+    p.add_argument("--delta", type=float,
+                   help="δ spent on private partition selection (GROUP BY keys without public keys)")
     p.add_argument("--mechanism", choices=tuple(MECHANISMS))
     p.add_argument("--dialect", choices=DIALECTS, default=None,
                    help="the SQL dialect the query is written in (default duckdb)")
@@ -62,7 +64,8 @@ def run(args: argparse.Namespace, settings) -> int:
     """Run the query and print the release, its charge and the remaining budget."""
     from dpgate.service import Gateway, QueryBudget
 
-    budget = QueryBudget(rho=args.rho, epsilon=args.epsilon, ci95=args.ci95, expected_count=args.expected_count)
+    budget = QueryBudget(rho=args.rho, epsilon=args.epsilon, ci95=args.ci95, expected_count=args.expected_count,
+                         delta=args.delta)
     with Gateway.open(settings, progress=None if args.json else print) as gw:
         release = gw.query(args.dataset, args.sql, consumer=args.consumer, budget=budget,
                            mechanism=args.mechanism, dialect=args.dialect, search_id=args.search_id)

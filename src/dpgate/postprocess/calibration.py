@@ -42,7 +42,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from dpgate.errors import InvalidBudget
 
-_COUNTS = ("count", "count_column", "count_distinct_unit")
+_COUNTS = ("count", "count_column", "count_distinct_unit", "count_distinct")
 _RATIOS = ("avg", "var_pop", "stddev_pop")
 
 

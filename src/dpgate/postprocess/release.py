@@ -74,7 +74,7 @@ from dpgate.postprocess.expressions import (
 from dpgate.quantiles import grid_for
 from dpgate.sql.plan import FUNCTION_PRIMITIVES, KeyOutput, QueryPlan
 
-_COUNTS = ("count", "count_column", "count_distinct_unit")
+_COUNTS = ("count", "count_column", "count_distinct_unit", "count_distinct")
 
 
 @dataclass(frozen=True)

@@ -59,6 +59,7 @@ from sqlglot import exp
 from dpgate.policy import ColumnPolicy, DatasetPolicy, TablePolicy, quote_identifier as q
 from dpgate.sql.bind import bind_value
 from dpgate.sql.expr import value_sql
+from dpgate.sql import partition_selection as selection
 from dpgate.sql.plan import QueryPlan
 
 SALT_PLACEHOLDER = "<salt>"
@@ -284,6 +285,57 @@ def _derived_value(expression: str, table: TablePolicy) -> str:
     return f"({value_sql(e, ref).sql(dialect='duckdb')})"
 
 
+def _distinct_ctes(prims, distinct_of: dict[str, str], g: list[str], m: int, salt: str,
+                   per_unit: bool, rows_name: str) -> list[str]:
+    """CTEs computing each ``count_distinct`` primitive per group (issue 11).
+
+    Per (unit, kept group) the unit's distinct non-NULL values of the column; when it has more
+    than m, the m with the smallest ``hash(unit, keys, value, salt)`` (a choice that depends on
+    the unit's own rows and the secret salt only, as for the k groups). Only (unit, group)
+    pairs kept by the k-bounding (``__dpg_partials``) count. Per group: the number of distinct
+    kept values. One unit therefore adds at most m values to a group's set: removing it lowers
+    the group's distinct count by at most m (:mod:`dpgate.sensitivity`). Record-level tables:
+    every row is a unit with one value (so are tables whose unit is unique: ``per_unit`` False).
+    """
+    out = []
+    u = q(_PREFIX + "u")
+    rows, parts = q(rows_name), q(_PREFIX + "partials")
+    for j, p in enumerate(prims):
+        d = distinct_of[p.column]
+        dv, dc, x, pid = (q(f"{_PREFIX}dv{j}"), q(f"{_PREFIX}dc{j}"), q(_PREFIX + "x"),
+                          q(_PREFIX + p.id))
+        group = f"\n  GROUP BY {', '.join(g)}" if g else ""
+        if not per_unit:
+            out.append(f"{dc} AS (\n  SELECT {', '.join(g + [f'COUNT(DISTINCT {d}) AS {pid}'])}\n"
+                       f"  FROM {rows}{group}\n)")
+            continue
+        ug = [u] + g
+        out.append(
+            f"{dv} AS (\n  SELECT {', '.join(ug)}, {d} AS {x}\n  FROM {rows}\n  WHERE {d} IS NOT NULL\n"
+            f"  GROUP BY {', '.join(ug + [d])}\n"
+            f"  QUALIFY row_number() OVER (PARTITION BY {', '.join(ug)} ORDER BY "
+            f"hash({', '.join(ug + [d, salt])}), {d}) <= {m}\n)")
+        on = " AND ".join([f"{dv}.{u} = {parts}.{u}"]
+                          + [f"{dv}.{c} IS NOT DISTINCT FROM {parts}.{c}" for c in g])
+        sel = [f"{dv}.{c}" for c in g] + [f"COUNT(DISTINCT {dv}.{x}) AS {pid}"]
+        grp = f"\n  GROUP BY {', '.join(f'{dv}.{c}' for c in g)}" if g else ""
+        out.append(f"{dc} AS (\n  SELECT {', '.join(sel)}\n  FROM {dv} JOIN {parts} ON {on}{grp}\n)")
+    return out
+
+
+def _join_distinct(prims, g: list[str]) -> str:
+    """CTE ``__dpg_groups``: the other primitives' groups with each distinct count joined (0 if none)."""
+    g0 = q(_PREFIX + "groups0")
+    cols = [f"{g0}.*"]
+    joins = []
+    for j, p in enumerate(prims):
+        dc, pid = q(f"{_PREFIX}dc{j}"), q(_PREFIX + p.id)
+        cols.append(f"COALESCE({dc}.{pid}, 0) AS {pid}")
+        on = " AND ".join(f"{g0}.{c} IS NOT DISTINCT FROM {dc}.{c}" for c in g) or "TRUE"
+        joins.append(f"LEFT JOIN {dc} ON {on}")
+    return f"{q(_PREFIX + 'groups')} AS (\n  SELECT {', '.join(cols)}\n  FROM {g0} {' '.join(joins)}\n)"
+
+
 def _render(plan: QueryPlan, policy: DatasetPolicy, salt: str, *, unit_unique: bool = False) -> str:
     table: TablePolicy = policy.table(plan.table)
     src = lambda c: f"{q(_SRC)}.{q(c)}"  # noqa: E731
@@ -313,6 +365,11 @@ def _render(plan: QueryPlan, policy: DatasetPolicy, salt: str, *, unit_unique: b
         expr = _fixed_point(col, ref) if name in summed else _present(col, ref)
         select_rows.append(f"{expr} AS {v}")
         value_of[name] = v
+    # COUNT(DISTINCT col) (issue 11): the raw value, bounded per (unit, group) further down
+    distinct_of: dict[str, str] = {}
+    for j, name in enumerate(dict.fromkeys(p.column for p in plan.primitives if p.kind == "count_distinct")):
+        distinct_of[name] = q(f"{_PREFIX}d{j}")
+        select_rows.append(f"{src(name)} AS {distinct_of[name]}")
     if not select_rows:
         # A record-level COUNT(*) with no group key reads no column: keep one generated
         # column so that the projection is valid SQL.
@@ -323,7 +380,8 @@ def _render(plan: QueryPlan, policy: DatasetPolicy, salt: str, *, unit_unique: b
     where = _where(plan)
     if where is not None:
         conditions.append(f"({where})")
-    conditions += [_key_filter(c, key_refs[i]) for i, c in enumerate(keys)]
+    # selected keys (issue 11) have no public keys to filter on: every value is a candidate
+    conditions += [_key_filter(c, key_refs[i]) for i, c in enumerate(keys) if c.name not in plan.selected_keys]
     for key in plan.computed_keys:
         if key.rule == "enumerated":
             conditions += [_input_filter(table.column(n), src(n)) for n in key.inputs]
@@ -339,6 +397,8 @@ def _render(plan: QueryPlan, policy: DatasetPolicy, salt: str, *, unit_unique: b
         pid = q(f"{_PREFIX}{p.id}")
         if p.kind == "count_distinct_unit":
             group_cols.append(f"COUNT(*) AS {pid}")
+            continue
+        if p.kind == "count_distinct":  # its own CTEs (_distinct_ctes), joined to the groups below
             continue
         if p.kind == "count":
             row, clip = "COUNT(*)", f"LEAST(COUNT(*), {m})"
@@ -378,7 +438,7 @@ def _render(plan: QueryPlan, policy: DatasetPolicy, salt: str, *, unit_unique: b
             f"SELECT {', '.join([u] + g + part_cols)}\n  FROM {source}\n"
             f"  GROUP BY {', '.join([u] + g)}"
         )
-        if keys and k < plan.key_combinations(table):
+        if keys and (plan.selected_keys or k < plan.key_combinations(table)):
             hashed = [_hash_key(c, g[i]) for i, c in enumerate(keys)]
             order = ", ".join([f"hash({', '.join([u] + hashed + [salt])})"] + g)
             part_sql += (
@@ -386,10 +446,22 @@ def _render(plan: QueryPlan, policy: DatasetPolicy, salt: str, *, unit_unique: b
             )
         ctes.append(f"{q(_PREFIX + 'partials')} AS (\n  {part_sql}\n)")
         source = q(_PREFIX + "partials")
+    if not g + group_cols:  # only COUNT(DISTINCT col), ungrouped: one aggregate row to join to
+        group_cols.append(f"COUNT(*) AS {q(_PREFIX + 'one')}")
     groups_sql = f"SELECT {', '.join(g + group_cols)}\n  FROM {source}"
     if keys:
         groups_sql += f"\n  GROUP BY {group_list}"
-    ctes.append(f"{q(_PREFIX + 'groups')} AS (\n  {groups_sql}\n)")
+    distinct = [p for p in plan.primitives if p.kind == "count_distinct"]
+    if distinct:  # issue 11: COUNT(DISTINCT col), at most m distinct values per unit and group
+        ctes.append(f"{q(_PREFIX + 'groups0')} AS (\n  {groups_sql}\n)")
+        ctes += _distinct_ctes(distinct, distinct_of, g, m, salt, per_unit, rows_name)
+        ctes.append(_join_distinct(distinct, g))
+    else:
+        ctes.append(f"{q(_PREFIX + 'groups')} AS (\n  {groups_sql}\n)")
+
+    if plan.selected_keys:  # issue 11 hook: private partition selection (sql/partition_selection.py)
+        ctes.append(selection.units_cte(plan, source, record_level))
+        return "WITH " + ",\n".join(ctes) + "\n" + selection.final_sql(plan, keys, _key_relation)
 
     grp = q(_PREFIX + "groups")
     outs = [

@@ -34,8 +34,9 @@ Accepted shape (DESIGN.md, "SQL the gateway answers")::
   charge). Every ``+ - *``, unary minus and ABS is wrapped in DuckDB's ``TRY(…)``, so
   an integer or DECIMAL overflow gives NULL instead of an error. Division, modulo,
   CAST, CASE and every other function are refused.
-* GROUP BY: bare declared columns with public keys (by name, SELECT alias or
-  position). Every non-aggregate SELECT item must be a group key; a group key that
+* GROUP BY: bare declared columns (by name, SELECT alias or position); columns
+  without public keys are selected by private partition selection
+  (:mod:`dpgate.sql.partition_selection`). Every non-aggregate SELECT item must be a group key; a group key that
   is not selected is a hidden key output.
 * HAVING / ORDER BY / LIMIT: post-processing over the outputs (aliases, positions,
   group keys or the aggregate expressions themselves; an aggregate that only they
@@ -71,6 +72,7 @@ from dpgate.policy import (
     TablePolicy,
     quote_identifier,
 )
+from dpgate.sql import partition_selection as selection
 from dpgate.sql.keys import KeyDomain, derive_key_domain, width_bucket_to_case
 from dpgate.sql.joins import JOIN_MARK, rewrite_joins
 from dpgate.sql.quantile import QUANTILE_FUNCTIONS, is_quantile_call, quantile_call, quantile_name, quantile_sql
@@ -170,6 +172,7 @@ _AGGREGATES = (
     exp.Stddev,
     exp.StddevPop,
     exp.StddevSamp,
+    exp.ApproxDistinct,
 )
 _AGG_FUNCTION = {
     exp.Sum: "sum",
@@ -184,6 +187,7 @@ _AGG_SQL = {
     "count": "COUNT(*)",
     "count_column": "COUNT({c})",
     "count_distinct_unit": "COUNT(DISTINCT {c})",
+    "count_distinct": "COUNT(DISTINCT {c})",
     "sum": "SUM({c})",
     "avg": "AVG({c})",
     "var_pop": "VAR_POP({c})",
@@ -499,15 +503,14 @@ def _aggregate(node: exp.Expression, scope: _Scope) -> _Agg:
             return _Agg("count", None)
         if isinstance(arg, exp.Distinct):
             items = arg.expressions
-            if (len(items) == 1 and isinstance(items[0], exp.Column)
-                    and scope.is_unit(scope.resolve(items[0]))):
-                return _Agg("count_distinct_unit", None)
+            if len(items) == 1 and isinstance(items[0], exp.Column):
+                if scope.is_unit(scope.resolve(items[0])):
+                    return _Agg("count_distinct_unit", None)
+                # issue 11: any other declared column; each unit adds at most m distinct values
+                # per group (sql/bound.py)
+                return _Agg("count_distinct", scope.declared(items[0]).name)
             raise _unsupported(
-                f"{_snippet(node)}: COUNT(DISTINCT …) is only supported on the privacy unit"
-                + (f" ({table.privacy_unit})" if table.privacy_unit else
-                   " (this table has record-level privacy)"),
-                node,
-            )
+                f"{_snippet(node)}: COUNT(DISTINCT …) takes one bare declared column", node)
         if isinstance(arg, exp.Literal) or (isinstance(arg, exp.Neg) and _is_constant(arg)):
             return _Agg("count", None)
         if isinstance(arg, (exp.Null,)):
@@ -519,6 +522,14 @@ def _aggregate(node: exp.Expression, scope: _Scope) -> _Agg:
                 return _Agg("count", None)  # rows with a NULL unit are dropped
             return _Agg("count_column", name)
         return _expression_aggregate("count_column", arg, node, scope)
+    if isinstance(node, exp.ApproxDistinct):  # APPROX_COUNT_DISTINCT: the DP estimate of COUNT(DISTINCT)
+        _only_args(node, {"this"})
+        arg = node.this
+        if isinstance(arg, exp.Column):
+            if scope.is_unit(scope.resolve(arg)):
+                return _Agg("count_distinct_unit", None)
+            return _Agg("count_distinct", scope.declared(arg).name)
+        raise _unsupported(f"{_snippet(node)} takes one bare declared column", node)
     if isinstance(node, exp.Anonymous):
         function = _ANON_AGGREGATES[node.name.lower()]
         if len(node.expressions) != 1:
@@ -981,9 +992,9 @@ def _group_by(stmt: exp.Select, scope: _Scope) -> _Keys:
                     "per-unit values",
                     target,
                 )
-            col = scope.table.column(name)
-            if col.public_keys is None and not scope.table.public:  # public tables: keys from the data
-                refuse_key_without_public_keys(name, target)
+            scope.table.column(name)  # declared (UnknownColumn otherwise)
+            # issue 11 hook: a key without public keys is selected privately
+            # (sql/partition_selection.py); a public table's key-less columns are keyed by their values
             if name not in cols:
                 cols.append(name)
             continue
@@ -1150,9 +1161,16 @@ def _plan(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
     # selection hook (issue 15): an aggregate named only in ORDER BY counts (a keys-only
     # selection query, dpgate.sql.selection_query); checked after ORDER BY is resolved.
     if not any(o.kind == "agg" for o in outputs.items):
-        raise UnsupportedQuery("the query computes no aggregate (COUNT, SUM, AVG, …)")
+        if not selection.selected_columns(table, group_by):
+            raise UnsupportedQuery("the query computes no aggregate (COUNT, SUM, AVG, …)")
+        # issue 11 hook: keys only, selected privately — a hidden count of units is the
+        # selection's own noisy count (no charge of its own; sql/partition_selection.py)
+        agg = _Agg("count", None) if table.record_level else _Agg("count_distinct_unit", None)
+        outputs.add_agg(agg, _agg_label(agg, scope), hidden=True)
 
-    n_groups = 1 if table.public else math.prod(len(keys.column(n, table).public_keys) for n in group_by)
+    selected_keys = selection.selected_columns(table, group_by)  # issue 11 hook
+    n_groups = 1 if table.public else math.prod(
+        len(keys.column(n, table).public_keys) for n in group_by if n not in selected_keys)
     if n_groups > MAX_GROUPS:
         raise UnsupportedQuery(
             f"the GROUP BY releases {n_groups:,} key combinations (the product of its keys' "
@@ -1209,6 +1227,7 @@ def _plan(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
         limit=limit,
         policy_digest=_policy_digest(table, referenced),
         values=tuple(values.values()),
+        selected_keys=selected_keys,
         computed_keys=tuple(keys.computed),
     )
     if plan.computed_keys and any(p.kind == "quantile" for p in plan.primitives):

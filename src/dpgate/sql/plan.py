@@ -36,9 +36,10 @@ import numpy as np
 if TYPE_CHECKING:  # pragma: no cover
     from dpgate.policy import ColumnPolicy, TablePolicy
 
-PrimitiveKind = Literal["count", "count_column", "count_distinct_unit", "sum", "sum_squares", "quantile"]
+PrimitiveKind = Literal["count", "count_column", "count_distinct_unit", "count_distinct", "sum", "sum_squares",
+                        "quantile"]
 AggregateFunction = Literal[
-    "count", "count_column", "count_distinct_unit", "sum", "avg", "var_pop", "stddev_pop",
+    "count", "count_column", "count_distinct_unit", "count_distinct", "sum", "avg", "var_pop", "stddev_pop",
     "quantile", "min", "max",
 ]
 
@@ -47,6 +48,9 @@ FUNCTION_PRIMITIVES: Mapping[str, tuple[PrimitiveKind, ...]] = {
     "count": ("count",),
     "count_column": ("count_column",),
     "count_distinct_unit": ("count_distinct_unit",),
+    # COUNT(DISTINCT col) of a non-unit column: each unit keeps at most m distinct values per
+    # group (issue 11; dpgate.sql.bound, dpgate.sensitivity)
+    "count_distinct": ("count_distinct",),
     "sum": ("sum",),
     "avg": ("sum", "count_column"),
     "var_pop": ("sum_squares", "sum", "count_column"),
@@ -254,6 +258,10 @@ class QueryPlan:
             key is a declared column.
         canonical_sql: a normalised SQL text of the query, for humans and the
             release record; equal for queries that differ only in spelling.
+        selected_keys: group-by columns without public keys, whose values are chosen by
+            private partition selection (issue 11; :mod:`dpgate.sql.partition_selection`); empty
+            when every key is public. Left out of the canonical form when empty, so the
+            plan hashes of queries without selection are unchanged.
     """
 
     dataset: str
@@ -287,6 +295,7 @@ class QueryPlan:
             if v.expression == name:
                 return v
         return None
+    selected_keys: tuple[str, ...] = ()
 
     def computed_key(self, name: str) -> ComputedKey | None:
         """The computed key named ``name``, or None for a declared column."""
@@ -328,6 +337,8 @@ class QueryPlan:
             d.pop("values")
         if not d["computed_keys"]:  # plans without computed keys keep their earlier hash
             d.pop("computed_keys")
+        if not d["selected_keys"]:
+            d.pop("selected_keys")
         for o in d["outputs"]:
             o.pop("label")
         _drop_empty_alpha(d)
@@ -338,6 +349,11 @@ class QueryPlan:
         """SHA-256 (hex) of the canonical JSON form; the release cache key's core."""
         payload = json.dumps(self.canonical_dict(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(payload.encode()).hexdigest()
+
+    @property
+    def public_group_by(self) -> tuple[str, ...]:
+        """The group-by columns with public keys (enumerated), in ``group_by`` order."""
+        return tuple(c for c in self.group_by if c not in self.selected_keys)
 
     def primitive(self, primitive_id: str) -> Primitive:
         """Return the primitive with that id (KeyError if absent)."""
@@ -366,6 +382,8 @@ class QueryPlan:
         if not d["computed_keys"]:
             d.pop("computed_keys")
         _drop_empty_alpha(d)
+        if not d["selected_keys"]:
+            d.pop("selected_keys")
         d["plan_hash"] = self.plan_hash
         return d
 
@@ -399,6 +417,7 @@ class QueryPlan:
             ),
             canonical_sql=d.get("canonical_sql", ""),
             values=tuple(DerivedValue(**v) for v in d.get("values", ())),
+            selected_keys=tuple(d.get("selected_keys", ())),
         )
 
 
