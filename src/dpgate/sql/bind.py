@@ -140,6 +140,26 @@ def snippet(node: exp.Expression, limit: int = 80, dialect: str = DIALECT) -> st
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def _check_typed_division(node: exp.Div, a: Expr, b: Expr) -> None:
+    """Refuse ``a / b`` of two integers in a dialect where it is integer division.
+
+    sqlglot marks ``/`` as ``typed`` when read from a dialect (PostgreSQL, T-SQL, Trino…)
+    in which an integer divided by an integer is an integer truncated toward zero; dpgate
+    runs DuckDB, where ``/`` is always a float division, so the query would answer another
+    question (``age / 10`` as 3.7 instead of 3).
+
+    Raises:
+        UnsupportedQuery: both operands are integers and the dialect divides them as integers.
+    """
+    if node.args.get("typed") and a.type == "int" and b.type == "int":
+        raise unsupported(
+            f"{snippet(node)}: in this dialect an integer divided by an integer is an integer "
+            "(truncated), which dpgate does not compute; write FLOOR(CAST(x AS DOUBLE) / 10) "
+            "for integer bins, or CAST(x AS DOUBLE) / 10 for a fraction",
+            node,
+        )
+
+
 def unsupported(message: str, node: exp.Expression | None = None) -> UnsupportedQuery:
     """An UnsupportedQuery whose details name the construct."""
     details = {"construct": snippet(node)} if node is not None else {}
@@ -445,6 +465,7 @@ class Binder:
         if isinstance(node, exp.Div) and self.clause == "HAVING":
             a = self._expect(node.this, _NUMERIC, "division")
             b = self._expect(node.expression, _NUMERIC, "division")
+            _check_typed_division(node, a, b)
             return Expr("div", "float", node, (a, b))
         if isinstance(node, exp.Div) and self._values:
             return self._divide(node)
@@ -538,6 +559,7 @@ class Binder:
         only_args(node, {"this", "expression", "typed", "safe"})
         a = self._expect(node.this, _NUMERIC, "division")
         b = self._expect(node.expression, _NUMERIC, "division")
+        _check_typed_division(node, a, b)
         r = None
         if b.range is not None and b.range.contains_zero():
             raise unsupported(

@@ -322,6 +322,19 @@ def _enumerated(tree: exp.Expression, columns: Mapping[str, ColumnPolicy], input
     return values, ktype
 
 
+def _is_float(node: exp.Expression, columns: Mapping[str, ColumnPolicy]) -> bool:
+    """True when ``node`` is certainly a float: a decimal literal, a cast to a float type or a
+    declared float column (so that a dialect's integer division cannot apply to it)."""
+    if isinstance(node, exp.Literal) and not node.is_string:
+        return any(ch in node.this for ch in ".eE")
+    if isinstance(node, exp.Cast):
+        return node.to.this in (exp.DataType.Type.DOUBLE, exp.DataType.Type.FLOAT, exp.DataType.Type.DECIMAL)
+    if isinstance(node, exp.Column):
+        col = columns.get(node.name)
+        return col is not None and col.type == "float"
+    return False
+
+
 def derive_key_domain(tree: exp.Expression, columns: Mapping[str, ColumnPolicy], *,
                       check_predicate: Callable[[exp.Expression], None],
                       shown: exp.Expression | None = None) -> KeyDomain:
@@ -352,6 +365,14 @@ def derive_key_domain(tree: exp.Expression, columns: Mapping[str, ColumnPolicy],
                 "COALESCE, CAST, width_bucket and text functions are)",
                 shown,
             )
+        if isinstance(node, exp.Div) and node.args.get("typed") and not any(
+                _is_float(_unparen(side), columns) for side in (node.this, node.expression)):
+            # read from a dialect where int / int is an integer (PostgreSQL, T-SQL, Trino): DuckDB,
+            # which runs the key, would divide as floats and release other keys
+            raise _refuse(
+                f"GROUP BY {_snippet(shown)}: in this dialect {_snippet(node, 40)} may divide two "
+                "integers as integers (truncated), which dpgate does not compute; write "
+                "FLOOR(CAST(x AS DOUBLE) / 10) for integer bins", shown)
     order = list(columns)
     inputs = sorted({c.name for c in tree.find_all(exp.Column)}, key=order.index)
     top = _unparen(tree)
