@@ -248,3 +248,12 @@ def test_the_sqlite_record_is_append_only_and_tampering_is_detected(tmp_path):
     with Gateway.open(settings) as gw:
         replay = gw.search(sid)["replay"]
         assert not replay["ok"] and any("chain" in p for p in replay["problems"])
+
+
+def test_a_consumer_without_an_allocation_cannot_create_a_search(gw):
+    # a trial: `dpgate search create --consumer nobody` succeeded, and every charge of the search
+    # would then have been refused
+    with pytest.raises(InvalidRequest) as info:
+        gw.create_search(spec(), consumer="nobody", actor="ml-team")
+    assert info.value.details.get("field") == "consumer" and "no allocation" in str(info.value)
+    assert gw.search_list() == []

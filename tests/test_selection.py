@@ -191,6 +191,8 @@ def test_refused_selections_cost_nothing(gw, sql, reason):
     with pytest.raises(UnsupportedQuery) as info:
         gw.query("evals", sql, consumer="analysts")
     assert info.value.details["reason"] == reason
+    # like every planner refusal, it says so (a trial found selection refusals without it)
+    assert "nothing was charged" in str(info.value) and info.value.details["charged"] is False
     with pytest.raises(UnsupportedQuery):
         gw.explain("evals", sql)
     assert gw.ledger_entries() == []

@@ -66,7 +66,7 @@ from dpgate.releases import (
 from dpgate.sensitivity import primitive_linf, sensitivities
 from dpgate.settings import Settings
 from dpgate.sql.bound import bounded_sql, bounded_sql_template
-from dpgate.sql.parse import parse_query, parse_statement, refuse_constant_plan
+from dpgate.sql.parse import nothing_charged, parse_query, parse_statement, refuse_constant_plan
 from dpgate.sql.selection_query import check_candidates, recognize as recognize_selection
 from dpgate.sql.plan import AggregateOutput, QueryPlan
 from dpgate import quantile_release
@@ -423,9 +423,15 @@ class Gateway:
 
             raise InvalidSql("the SQL text is empty")
         policy = self._with_public_table_keys(policy)  # public tables hook: their keys are their values
-        check_candidates(parse_statement(sql, dialect), policy)  # selection hook (issue 15): public candidates only
+        try:
+            check_candidates(parse_statement(sql, dialect), policy)  # selection hook (issue 15)
+        except DpgateError as e:
+            raise nothing_charged(e)
         plan = parse_query(sql, policy, dialect=dialect)
-        refuse_constant_plan(plan)
+        try:
+            refuse_constant_plan(plan)
+        except DpgateError as e:
+            raise nothing_charged(e)
         return policy_for(plan.table, policy), plan  # joins hook: the plan's joined table
 
     def _with_public_table_keys(self, policy: DatasetPolicy) -> DatasetPolicy:
@@ -462,6 +468,15 @@ class Gateway:
         if version is not None:
             cache[(policy.name, version)] = out
         return out
+
+    @staticmethod
+    def _selection_of(plan: QueryPlan, policy: DatasetPolicy):
+        """The selection query ``plan`` is (:mod:`dpgate.sql.selection_query`), or None; its
+        refusals happen while planning, so they say that nothing was charged."""
+        try:
+            return recognize_selection(plan, policy)
+        except DpgateError as e:
+            raise nothing_charged(e)
 
     def _mechanism(self, policy: DatasetPolicy, mechanism: str | None) -> str:
         mech = mechanism or policy.budget.mechanism
@@ -568,7 +583,7 @@ class Gateway:
                     "bounded_sql": None, "sensitivity": {}, "mechanism": None, "noise_scales": {},
                     "budget": None, "cost": {"rho": 0.0, "epsilon": 0.0, "epsilon_at_delta": 0.0, "fits": True,
                                              "message": "reads public tables only: answered exactly, no charge"}}
-        selection = recognize_selection(plan, policy)
+        selection = self._selection_of(plan, policy)
         if selection is not None:  # selection hook (issue 15): keys only, exponential mechanism
             from dpgate.selection import explain_selection
 
@@ -668,7 +683,7 @@ class Gateway:
         policy, plan = self._plan(dataset, sql, dialect)
         if reads_public_only(plan, policy) and search_id is None:  # public tables hook: exact and free
             return self._public_release(policy, plan)
-        selection = recognize_selection(plan, policy)
+        selection = self._selection_of(plan, policy)
         if selection is not None or search_id is not None:  # selection hook (issue 15)
             return self._selection_query(dataset, policy, plan, selection, consumer=consumer, budget=budget,
                                          search_id=search_id)

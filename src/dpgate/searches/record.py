@@ -210,6 +210,12 @@ class Searches:
         for pop in {tpop, vpop} - {None}:
             if pop not in known:
                 raise UnknownPopulation(f"unknown population {pop!r}", {"population": pop})
+            allocations = self.ledger.spend(pop).allocations
+            if allocations and consumer not in allocations:  # its charges could never be admitted
+                raise InvalidRequest(
+                    f"consumer {consumer!r} has no allocation of population {pop!r} (allocations: "
+                    f"{', '.join(sorted(allocations))}): the search's charges could not be admitted",
+                    {"field": "consumer", "consumer": consumer})
         body = {
             "purpose": purpose, "consumer": consumer, "actor": actor, "candidates": clean,
             "training": training, "validation": validation, "people": people,

@@ -1082,13 +1082,14 @@ def parse_query(sql: str, policy: DatasetPolicy, *, dialect: str | None = None) 
                 "levels of operators or parentheses: write a list of values as IN (…))"
             ) from None
     except DpgateError as e:
-        raise _nothing_charged(e)
+        raise nothing_charged(e)
     finally:
         SOURCE.reset(token)
 
 
-def _nothing_charged(e: DpgateError) -> DpgateError:
-    """``e`` with "(nothing was charged)" appended: a planner refusal happens before any charge."""
+def nothing_charged(e: DpgateError) -> DpgateError:
+    """``e`` with "(nothing was charged)" appended and ``details.charged`` False: for a refusal
+    raised while planning, before any charge (the planner's and the gateway's plan checks)."""
     if "nothing was charged" not in e.message:
         e.message = f"{e.message} (nothing was charged)"
         e.args = (e.message,)
