@@ -69,6 +69,7 @@ file, the table and the column, and whose ``details`` carry them as fields.
 
 from __future__ import annotations
 
+import datetime as _dt
 import math
 import re
 import tomllib
@@ -83,14 +84,18 @@ from typing import Any, Iterable, Literal, Mapping, get_args
 from dpgate import limits
 from dpgate.errors import PolicyError, UnknownColumn, UnknownTable
 
-ColumnType = Literal["int", "float", "text", "bool"]
+ColumnType = Literal["int", "float", "text", "bool", "date", "timestamp"]
 #: The declared column types (one definition: the values of :data:`ColumnType`).
 COLUMN_TYPES: tuple[str, ...] = get_args(ColumnType)
 #: The column types that may carry bounds and a resolution (SUM/AVG/VAR).
 NUMERIC_TYPES: tuple[str, ...] = ("int", "float")
+#: The column types whose bounds are ISO date / timestamp strings (no SUM/AVG; date parts,
+#: comparisons and computed keys such as ``date_trunc`` use the bounds).
+TEMPORAL_TYPES: tuple[str, ...] = ("date", "timestamp")
 #: DuckDB type the engine casts each declared column type to (with TRY_CAST).
 DUCKDB_TYPES: Mapping[str, str] = MappingProxyType(
-    {"int": "BIGINT", "float": "DOUBLE", "text": "VARCHAR", "bool": "BOOLEAN"}
+    {"int": "BIGINT", "float": "DOUBLE", "text": "VARCHAR", "bool": "BOOLEAN", "date": "DATE",
+     "timestamp": "TIMESTAMP"}
 )
 #: The mechanisms a policy (``[budget] mechanism``) or a request may name, each mapped to the
 #: OpenDP measurement it means (:mod:`dpgate.mechanisms`). The one definition of the list.
@@ -124,6 +129,9 @@ class ColumnPolicy:
         public_keys: the released group keys in release order: a tuple of values of
             the column's type, or a :class:`range` when declared as ``"range(a, b)"``;
             None when the column cannot be a GROUP BY key.
+        time_lower, time_upper: for ``date`` / ``timestamp`` columns, the declared range
+            as :class:`datetime.date` / :class:`datetime.datetime` (naive, UTC), both or
+            neither (``lower``/``upper`` stay None: a date is not summed).
     """
 
     name: str
@@ -132,6 +140,13 @@ class ColumnPolicy:
     upper: float | None = None
     resolution: float | None = None
     public_keys: tuple | range | None = None
+    time_lower: _dt.date | None = None
+    time_upper: _dt.date | None = None
+
+    @property
+    def time_bounded(self) -> bool:
+        """True for a date/timestamp column with a declared ``[lower, upper]``."""
+        return self.time_lower is not None and self.time_upper is not None
 
     @property
     def bounded(self) -> bool:
@@ -170,8 +185,8 @@ class ColumnPolicy:
         return {
             "name": self.name,
             "type": self.type,
-            "lower": self.lower,
-            "upper": self.upper,
+            "lower": self.time_lower.isoformat() if self.time_lower is not None else self.lower,
+            "upper": self.time_upper.isoformat() if self.time_upper is not None else self.upper,
             "resolution": self.resolution,
             "public_keys": keys,
         }
@@ -695,6 +710,8 @@ def _parse_column(name: str, raw: Any, path: Path, table: str) -> ColumnPolicy:
             path, f"unknown type {ctype!r} (expected one of {', '.join(COLUMN_TYPES)})", table, name
         )
     lower, upper, resolution = raw.get("lower"), raw.get("upper"), raw.get("resolution")
+    if ctype in TEMPORAL_TYPES:
+        return _parse_temporal_column(name, ctype, raw, path, table)
     if ctype not in NUMERIC_TYPES:
         for key in ("lower", "upper", "resolution"):
             if raw.get(key) is not None:
@@ -762,6 +779,69 @@ def _parse_column(name: str, raw: Any, path: Path, table: str) -> ColumnPolicy:
         resolution=resolution,
         public_keys=keys,
     )
+
+
+#: Widest declared range of a date/timestamp column (DuckDB's DATE and TIMESTAMP hold it).
+TEMPORAL_MIN = _dt.datetime(1, 1, 1)
+TEMPORAL_MAX = _dt.datetime(9999, 12, 31, 23, 59, 59)
+
+
+def parse_temporal(text: Any, ctype: str) -> _dt.date:
+    """An ISO ``YYYY-MM-DD`` (date) or ``YYYY-MM-DD[ HH:MM[:SS[.ffffff]]]`` (timestamp) value.
+
+    A TOML date / datetime value is accepted as well. Timestamps are naive (UTC); an offset
+    is refused (the engine stores no time zone).
+
+    Raises:
+        ValueError: not such a value (message says what is expected).
+    """
+    if isinstance(text, _dt.datetime):
+        value: _dt.date = text
+    elif isinstance(text, _dt.date):
+        value = text
+    elif isinstance(text, str):
+        try:
+            value = (_dt.date.fromisoformat(text.strip()) if ctype == "date"
+                     else _dt.datetime.fromisoformat(text.strip()))
+        except ValueError:
+            raise ValueError(f"{text!r} is not an ISO {ctype} "
+                             + ("(YYYY-MM-DD)" if ctype == "date" else "(YYYY-MM-DD HH:MM:SS)")) from None
+    else:
+        raise ValueError(f"expected an ISO {ctype} string, not {type(text).__name__}")
+    if ctype == "date":
+        if isinstance(value, _dt.datetime):
+            if value.time() != _dt.time(0):
+                raise ValueError(f"{text!r} has a time of day; a date column's bounds are dates")
+            value = value.date()
+    else:
+        if not isinstance(value, _dt.datetime):
+            value = _dt.datetime(value.year, value.month, value.day)
+        if value.tzinfo is not None:
+            raise ValueError(f"{text!r} has a time zone; timestamps are naive (UTC)")
+    return value
+
+
+def _parse_temporal_column(name: str, ctype: str, raw: Mapping, path: Path, table: str) -> ColumnPolicy:
+    if raw.get("resolution") is not None:
+        raise _policy_error(path, f"resolution is not allowed on a {ctype} column", table, name)
+    if raw.get("public_keys") is not None:
+        raise _policy_error(
+            path, f"public_keys are not supported on a {ctype} column; group by "
+            "date_trunc(...) or EXTRACT(...) of it (the domain follows from lower/upper)",
+            table, name,
+        )
+    lower, upper = raw.get("lower"), raw.get("upper")
+    if (lower is None) != (upper is None):
+        raise _policy_error(path, "lower and upper must be given together", table, name)
+    if lower is None:
+        return ColumnPolicy(name=name, type=ctype)  # type: ignore[arg-type]
+    try:
+        lo, hi = parse_temporal(lower, ctype), parse_temporal(upper, ctype)
+    except ValueError as e:
+        raise _policy_error(path, f"bad bound: {e}", table, name) from None
+    if lo > hi:
+        raise _policy_error(path, f"lower ({lo.isoformat()}) > upper ({hi.isoformat()})", table, name)
+    return ColumnPolicy(name=name, type=ctype, time_lower=lo, time_upper=hi)  # type: ignore[arg-type]
 
 
 _TABLE_KEYS = {"source", "privacy_unit", "max_groups_per_unit", "max_rows_per_unit", "columns", "public"}

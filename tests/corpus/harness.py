@@ -378,7 +378,13 @@ def _norm(v: Any) -> Any:
         return float(v)
     if isinstance(v, float) and not math.isfinite(v):
         return None
-    if isinstance(v, (dt.date, dt.datetime)):
+    if isinstance(v, dt.datetime):
+        # dpgate releases date_trunc keys as ISO text: 'YYYY-MM-DD' for a day or coarser,
+        # 'YYYY-MM-DD HH:MM:SS' otherwise (README, "dates and timestamps")
+        if v.time() == dt.time(0):
+            return v.date().isoformat()
+        return v.isoformat(sep=" ")
+    if isinstance(v, dt.date):
         return v.isoformat()
     return v
 

@@ -24,6 +24,7 @@ sorted and deduplicated) and :func:`guard_arithmetic` (DuckDB ``TRY(…)`` aroun
 
 from __future__ import annotations
 
+import datetime as _dt
 import math
 import re
 from contextvars import ContextVar
@@ -43,6 +44,7 @@ from dpgate.sql.expr import MAX_FLOAT, MAX_INT, Expr, Interval, round_half_away
 
 DIALECT = "duckdb"
 _NUMERIC = ("int", "float")
+_TEMPORAL = ("date", "timestamp")
 _INT_RE = re.compile(r"^\d+$")
 
 _AGGREGATES = (
@@ -320,6 +322,8 @@ class ColumnInfo:
 def column_info(col: ColumnPolicy) -> ColumnInfo:
     """:class:`ColumnInfo` of a declared column (bounds only for bounded numeric columns)."""
     bounds = Interval.of(col.lower, col.upper) if col.bounded and col.type in _NUMERIC else None
+    if col.type in _TEMPORAL and col.time_bounded:
+        bounds = Interval(temporal_ordinal(col.time_lower), temporal_ordinal(col.time_upper))
     return ColumnInfo(col.name, col.type, bounds)
 
 
@@ -354,6 +358,8 @@ def _common(types: list[str], node: exp.Expression) -> str:
         return "null"
     if all(t in _NUMERIC for t in real):
         return "float" if "float" in real else "int"
+    if all(t in _TEMPORAL for t in real):
+        return "timestamp" if "timestamp" in real else "date"
     if all(t == real[0] for t in real):
         return real[0]
     raise unsupported(
@@ -444,7 +450,7 @@ class Binder:
             return self.bind(node.this)
         if isinstance(node, exp.Column):
             info = self._info(node)
-            bounds = info.bounds if info.type in _NUMERIC else None
+            bounds = info.bounds if info.type in _NUMERIC + _TEMPORAL else None
             return Expr("column", info.type, node, (), bounds, True, info.name, bounds)
         if isinstance(node, exp.Literal):
             if node.is_string:
@@ -477,6 +483,15 @@ class Binder:
                                       "excludes 0)" if self._values else ""),
                 node,
             )
+        if isinstance(node, _NOW) or (isinstance(node, exp.Anonymous)
+                                      and node.name.lower() in _NOW_NAMES):
+            raise unsupported(
+                f"{snippet(node)} is not deterministic (its value depends on when the query "
+                "runs, so a cached or repeated release would answer another question); write "
+                "the date as a literal, e.g. DATE '2024-01-01'", node)
+        temporal = _temporal_literal(node)
+        if temporal is not None:
+            return temporal
         if isinstance(node, exp.Cast) and not isinstance(node, exp.TryCast):
             if self._values:
                 return self._cast(node)
@@ -492,6 +507,14 @@ class Binder:
             a = self._expect(node.this, _NUMERIC, "unary minus")
             return Expr("neg", a.type, node, (a,),
                         _fit(-a.range if a.range else None, a.type), a.nullable)
+        if isinstance(node, (exp.Add, exp.Sub)) and isinstance(node.expression, exp.Interval):
+            a = self._expect(node.this, _TEMPORAL, "INTERVAL arithmetic")
+            _check_interval(node.expression)
+            # DuckDB: DATE ± INTERVAL is a TIMESTAMP; used in comparisons (no range needed).
+            return Expr("other", "timestamp", node, (a,), None, a.nullable)
+        if isinstance(node, exp.Interval):
+            raise unsupported(f"an INTERVAL may only be added to or subtracted from a date or "
+                              f"timestamp: {snippet(node)}", node)
         if isinstance(node, (exp.Add, exp.Sub, exp.Mul)):
             a = self._expect(node.this, _NUMERIC, "arithmetic")
             b = self._expect(node.expression, _NUMERIC, "arithmetic")
@@ -509,7 +532,7 @@ class Binder:
             return Expr("other", "text", node, (a, b))
         if isinstance(node, _COMPARISONS):
             a, b = self.bind(node.this), self.bind(node.expression)
-            _common([a.type, b.type], node)
+            _common(_coerce_temporal([a, b], node), node)
             return self._pred(node, [a, b])
         if isinstance(node, exp.Is):
             a = self.bind(node.this)
@@ -523,12 +546,12 @@ class Binder:
         if isinstance(node, exp.In):
             only_args(node, {"this", "expressions"})
             args = [self.bind(node.this)] + [self.bind(e) for e in node.expressions]
-            _common([a.type for a in args], node)
+            _common(_coerce_temporal(args, node), node)
             return self._pred(node, args)
         if isinstance(node, exp.Between):
             only_args(node, {"this", "low", "high"})
             args = [self.bind(node.this), self.bind(node.args["low"]), self.bind(node.args["high"])]
-            _common([a.type for a in args], node)
+            _common(_coerce_temporal(args, node), node)
             return self._pred(node, args)
         if isinstance(node, exp.Escape):
             raise unsupported(f"LIKE … ESCAPE is not supported: {snippet(node)}", node)
@@ -615,6 +638,16 @@ class Binder:
 
     def _function(self, node: exp.Func) -> Expr:
         name = snippet(node, 40)
+        part = _date_part(node)
+        if part is not None:
+            unit, arg = part
+            a = self._expect(arg, _TEMPORAL, f"EXTRACT({unit.upper()} FROM …)")
+            return Expr("extract", "int", node, (a,), _part_range(unit, a), a.nullable)
+        if isinstance(node, (exp.TimestampTrunc, exp.DateTrunc)):
+            unit = _trunc_unit(node)
+            a = self._expect(node.this, _TEMPORAL, "date_trunc")
+            # DuckDB: date_trunc of a DATE is a TIMESTAMP (monotone; range in µs not needed).
+            return Expr("other", "timestamp", node, (a,), None, a.nullable)
         if isinstance(node, (exp.Lower, exp.Upper)):
             only_args(node, {"this"})
             return Expr("other", "text", node, (self._expect(node.this, ("text",), node.key.upper()),))
@@ -722,6 +755,159 @@ class Binder:
         if self._values and isinstance(node, exp.Anonymous) and node.name.lower() == "if":
             raise unsupported(f"function {snippet(node)} is not allowed", node)  # pragma: no cover
         raise unsupported(f"function {snippet(node)} is not allowed", node)
+
+
+# --- dates and timestamps ---------------------------------------------------------------------
+
+_EPOCH = _dt.datetime(1970, 1, 1)
+#: Date parts of EXTRACT / date_part / YEAR(…) and the range of each (the year's from bounds).
+_PART_RANGES = {
+    "quarter": (1, 4), "month": (1, 12), "week": (1, 53), "day": (1, 31), "dow": (0, 6),
+    "isodow": (1, 7), "doy": (1, 366), "hour": (0, 23), "minute": (0, 59), "second": (0, 59),
+}
+_PART_ALIASES = {"dayofweek": "dow", "dayofyear": "doy", "weekofyear": "week",
+                 "dayofmonth": "day", "yearofweek": None, "epoch": None}
+_PART_FUNCS = {
+    exp.Year: "year", exp.Quarter: "quarter", exp.Month: "month", exp.Day: "day",
+    exp.DayOfWeek: "dow", exp.DayOfYear: "doy", exp.DayOfMonth: "day", exp.Hour: "hour",
+    exp.Minute: "minute", exp.Second: "second", exp.WeekOfYear: "week", exp.Week: "week",
+}
+TRUNC_UNITS = ("year", "quarter", "month", "week", "day", "hour")
+_NOW = (exp.CurrentDate, exp.CurrentTimestamp, exp.CurrentTime, exp.CurrentDatetime)
+_NOW_NAMES = {"now", "today", "current_date", "current_timestamp", "localtimestamp",
+              "get_current_timestamp", "transaction_timestamp", "getdate", "sysdate"}
+_INTERVAL_UNITS = {"year", "years", "quarter", "quarters", "month", "months", "week", "weeks",
+                   "day", "days", "hour", "hours", "minute", "minutes", "second", "seconds"}
+
+
+def temporal_ordinal(v: _dt.date) -> Fraction:
+    """A date as days since 1970-01-01, a timestamp as microseconds since then (exact)."""
+    if isinstance(v, _dt.datetime):
+        d = v - _EPOCH
+        return Fraction((d.days * 86_400 + d.seconds) * 1_000_000 + d.microseconds)
+    return Fraction((v - _EPOCH.date()).days)
+
+
+def from_ordinal(v: Fraction, type_: str) -> _dt.date:
+    """Inverse of :func:`temporal_ordinal` for a value of ``type_`` (date or timestamp)."""
+    if type_ == "date":
+        return _EPOCH.date() + _dt.timedelta(days=int(v))
+    return _EPOCH + _dt.timedelta(microseconds=int(v))
+
+
+def temporal_sql(v: Fraction, type_: str) -> exp.Expression:
+    """``CAST('iso' AS DATE|TIMESTAMP)`` of an ordinal (:func:`temporal_ordinal`)."""
+    value = from_ordinal(v, type_)
+    text = value.isoformat(sep=" ") if isinstance(value, _dt.datetime) else value.isoformat()
+    return exp.Cast(this=exp.Literal.string(text), to=exp.DataType.build(type_.upper()))
+
+
+def _temporal_literal(node: exp.Expression) -> Expr | None:
+    """``DATE '…'`` / ``TIMESTAMP '…'`` (a cast of a string literal) as a typed literal."""
+    from dpgate.policy import parse_temporal
+
+    if not (isinstance(node, exp.Cast) and isinstance(node.this, exp.Literal)
+            and node.this.is_string and isinstance(node.args.get("to"), exp.DataType)):
+        return None
+    to = node.args["to"].this
+    T = exp.DataType.Type
+    type_ = ("date" if to == T.DATE else
+             "timestamp" if to in (T.TIMESTAMP, T.TIMESTAMPNTZ, T.DATETIME) else None)
+    if type_ is None:
+        return None
+    try:
+        value = parse_temporal(node.this.this, type_)
+    except ValueError as e:
+        raise unsupported(f"{snippet(node)} is not a valid {type_}: {e}", node) from None
+    return Expr("literal", type_, node, (), Interval.point(temporal_ordinal(value)), False)
+
+
+def _coerce_temporal(args: list[Expr], node: exp.Expression) -> list[str]:
+    """Types of compared operands, a string literal compared with a date/timestamp read as one.
+
+    The string must be an ISO date (timestamp): DuckDB would cast it at run time, and a bad
+    string would then be an error after the charge, so it is refused here.
+    """
+    from dpgate.policy import parse_temporal
+
+    types = [a.type for a in args]
+    temporal = [t for t in types if t in _TEMPORAL]
+    if not temporal:
+        return types
+    target = "timestamp" if "timestamp" in temporal else "date"
+    out = []
+    for a in args:
+        if a.type == "text" and a.kind == "literal":
+            try:
+                parse_temporal(a.node.this, "timestamp" if target == "timestamp" else "date")
+            except ValueError as e:
+                raise unsupported(f"{snippet(a.node)} compared with a {target} is not a valid "
+                                  f"{target}: {e}", node) from None
+            out.append(target)
+        else:
+            out.append(a.type)
+    return out
+
+
+def _check_interval(node: exp.Interval) -> None:
+    """An INTERVAL must be a constant count of a known unit (``INTERVAL 30 DAY``)."""
+    unit = node.args.get("unit")
+    unit_name = (unit.name if unit is not None else "").lower()
+    value = node.this
+    ok = isinstance(value, exp.Literal) and _INT_RE.match(str(value.this).strip() or "x")
+    if not ok or unit_name not in _INTERVAL_UNITS:
+        raise unsupported(f"{snippet(node)}: an INTERVAL must be a constant whole number of "
+                          "years, quarters, months, weeks, days, hours, minutes or seconds, "
+                          "e.g. INTERVAL 30 DAY", node)
+
+
+def _date_part(node: exp.Expression) -> tuple[str, exp.Expression] | None:
+    """(part, argument) of EXTRACT(part FROM d), date_part('part', d), YEAR(d), …, or None."""
+    if isinstance(node, exp.Extract):
+        unit, arg = node.this.name.lower(), node.expression
+    elif isinstance(node, exp.Anonymous) and node.name.lower() in ("date_part", "datepart"):
+        if len(node.expressions) != 2 or not isinstance(node.expressions[0], (exp.Literal, exp.Var)):
+            raise unsupported(f"{snippet(node)}: date_part needs a constant part name", node)
+        unit, arg = node.expressions[0].name.lower(), node.expressions[1]
+    elif type(node) in _PART_FUNCS:
+        unit, arg = _PART_FUNCS[type(node)], node.this
+    else:
+        return None
+    unit = _PART_ALIASES.get(unit, unit) or ""
+    if unit != "year" and unit not in _PART_RANGES:
+        raise unsupported(f"{snippet(node)}: the date part {unit or 'given'!r} is not supported "
+                          f"(year, {', '.join(_PART_RANGES)})", node)
+    return unit, arg
+
+
+def date_part_of(node: exp.Expression) -> str:
+    """The canonical part name (``year``, ``month``, ``dow``…) of a bound date-part node."""
+    part = _date_part(node)
+    if part is None:  # pragma: no cover - only called on extract nodes
+        raise ValueError("not a date part")
+    return part[0]
+
+
+def _part_range(unit: str, a: Expr) -> Interval | None:
+    """Range of a date part of a (clamped) date/timestamp: the year from the bounds."""
+    if unit == "year":
+        if a.range is None or a.type not in _TEMPORAL:
+            return None
+        return Interval.of(from_ordinal(a.range.lo, a.type).year,
+                           from_ordinal(a.range.hi, a.type).year)
+    if unit in ("hour", "minute", "second") and a.type == "date":
+        return Interval.point(0)
+    lo, hi = _PART_RANGES[unit]
+    return Interval.of(lo, hi)
+
+
+def _trunc_unit(node: exp.Expression) -> str:
+    unit = node.args.get("unit")
+    name = (unit.name if unit is not None else "").lower()
+    if name not in TRUNC_UNITS:
+        raise unsupported(f"{snippet(node)}: date_trunc to {name or '?'!r} is not supported "
+                          f"({', '.join(TRUNC_UNITS)})", node)
+    return name
 
 
 def _hull(branches: list[Expr], t: str) -> Interval | None:

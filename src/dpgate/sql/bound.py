@@ -205,6 +205,12 @@ def _input_filter(col: ColumnPolicy, ref: str) -> str:
         inside = _key_filter(col, ref)
     elif col.type == "int" and col.bounded:
         inside = f"{ref} BETWEEN {int(col.lower)} AND {int(col.upper)}"
+    elif col.type in ("date", "timestamp") and col.time_bounded:
+        # Dates outside the declared range are dropped (before any date part or truncation).
+        t = col.type.upper()
+        lo = col.time_lower.isoformat(sep=" ") if t == "TIMESTAMP" else col.time_lower.isoformat()
+        hi = col.time_upper.isoformat(sep=" ") if t == "TIMESTAMP" else col.time_upper.isoformat()
+        inside = f"{ref} BETWEEN {t} '{lo}' AND {t} '{hi}'"
     else:  # bool: every value is admitted
         return "TRUE"
     return f"({ref} IS NULL OR {inside})"

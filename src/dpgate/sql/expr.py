@@ -5,8 +5,11 @@ tree after resolving its names against the table policy. Each node carries, comp
 one place (:func:`dpgate.sql.bind.Binder.bind`) and **only from the policy's declared
 bounds, never from data**:
 
-* ``type`` — ``int``, ``float``, ``text``, ``bool`` or ``null`` (DuckDB semantics:
-  ``/`` is a double division, ``+ - *`` of two ints is an int);
+* ``type`` — ``int``, ``float``, ``text``, ``bool``, ``date``, ``timestamp`` or ``null``
+  (DuckDB semantics: ``/`` is a double division, ``+ - *`` of two ints is an int);
+  a date's range is in days since 1970-01-01, a timestamp's in microseconds since then
+  (:func:`dpgate.sql.bind.temporal_ordinal`); a date part (``EXTRACT(year FROM d)``) is an
+  int whose range follows from the column's declared ISO bounds (year) or the calendar;
 * ``range`` — an :class:`Interval` of exact rationals that contains every non-NULL value
   the expression can take when each numeric column is first clamped to its declared
   ``[lower, upper]`` (NaN/±inf become NULL), or None when no finite range follows from
@@ -180,7 +183,7 @@ class Expr:
     Attributes:
         kind: ``column``, ``literal``, ``null``, ``add``, ``sub``, ``mul``, ``div``,
             ``neg``, ``abs``, ``floor``, ``ceil``, ``round``, ``least``, ``greatest``,
-            ``coalesce``, ``case``, ``cast``, ``predicate`` (any boolean condition, kept
+            ``coalesce``, ``case``, ``cast``, ``extract`` (a date part, an int), ``predicate`` (any boolean condition, kept
             as its sqlglot node) or ``other`` (a text or other non-numeric value kept
             as its sqlglot node; not usable as a bounded value).
         type: ``int``, ``float``, ``text``, ``bool`` or ``null``.
@@ -257,6 +260,13 @@ def value_sql(e: Expr, ref: Callable[[str], exp.Expression]) -> exp.Expression:
         if e.bounds is None:
             return v
         lo, hi = e.bounds.lo, e.bounds.hi
+        if e.type in ("date", "timestamp"):  # clamped to the declared [lower, upper]
+            from dpgate.sql.bind import temporal_sql
+            clamp = exp.Least(this=exp.Greatest(this=v.copy(), expressions=[temporal_sql(lo, e.type)],
+                                                ignore_nulls=True),
+                              expressions=[temporal_sql(hi, e.type)], ignore_nulls=True)
+            return exp.Case(ifs=[exp.If(this=exp.Not(this=exp.Is(this=v.copy(), expression=exp.Null())),
+                                        true=clamp)])
         guard = (exp.func("isfinite", v.copy()) if e.type == "float"
                  else exp.Not(this=exp.Is(this=v.copy(), expression=exp.Null())))
         clamp = exp.Least(this=exp.Greatest(this=v.copy(), expressions=[_num(lo, e.type)],
@@ -282,6 +292,9 @@ def value_sql(e: Expr, ref: Callable[[str], exp.Expression]) -> exp.Expression:
                                       expression=exp.Cast(this=a[1], to=dbl.copy())))
     if k == "neg":
         return exp.Neg(this=exp.Paren(this=a[0]))
+    if k == "extract":  # a date part of the clamped date/timestamp
+        from dpgate.sql.bind import date_part_of
+        return exp.Extract(this=exp.var(date_part_of(e.node).upper()), expression=a[0])
     if k in ("abs", "floor", "ceil"):
         return {"abs": exp.Abs, "floor": exp.Floor, "ceil": exp.Ceil}[k](this=a[0])
     if k == "round":

@@ -62,7 +62,12 @@ _ALLOWED = (
     exp.LTE, exp.NullSafeEQ, exp.NullSafeNEQ, exp.And, exp.Or, exp.Not, exp.Is, exp.In,
     exp.Between, exp.Like, exp.ILike, exp.Lower, exp.Upper, exp.Trim, exp.Length,
     exp.Concat, exp.DPipe, exp.Substring, exp.StartsWith, exp.EndsWith, exp.Try,
+    # dates: parts and truncation (the domain is enumerated from the declared ISO bounds)
+    exp.Extract, exp.Var, exp.TimestampTrunc, exp.DateTrunc, exp.Year, exp.Quarter, exp.Month,
+    exp.Day, exp.DayOfWeek, exp.DayOfYear, exp.DayOfMonth, exp.Hour, exp.WeekOfYear,
 )
+#: Parts a timestamp may be read at inside a key (coarser than an hour: enumerated hourly).
+_HOURLY = {"year", "quarter", "month", "week", "day", "dow", "isodow", "doy", "hour"}
 _PREDICATES = (
     exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.NullSafeEQ, exp.NullSafeNEQ,
     exp.And, exp.Or, exp.Not, exp.Is, exp.In, exp.Between, exp.Like, exp.ILike,
@@ -242,7 +247,77 @@ def _input_domain(col: ColumnPolicy) -> tuple[str, int] | None:
         return f"SELECT CAST(range AS BIGINT) AS {name} FROM range({lo}, {hi + 1})", hi - lo + 1
     if col.type == "bool":
         return f"SELECT unnest([FALSE, TRUE]) AS {name}", 2
+    if col.type == "date" and col.time_bounded:
+        lo, hi = col.time_lower, col.time_upper
+        return (f"SELECT CAST(range AS DATE) AS {name} FROM range(DATE '{lo.isoformat()}', "
+                f"DATE '{hi.isoformat()}' + INTERVAL 1 DAY, INTERVAL 1 DAY)",
+                (hi - lo).days + 1)
+    if col.type == "timestamp" and col.time_bounded:
+        # Hourly: the caller admits a timestamp only inside an hour-or-coarser date part or
+        # date_trunc, whose value is the same for every instant of an hour.
+        lo = col.time_lower.replace(minute=0, second=0, microsecond=0)
+        hi = col.time_upper
+        hours = int((hi - lo).total_seconds() // 3600) + 1
+        return (f"SELECT range AS {name} FROM range(TIMESTAMP '{lo.isoformat(sep=' ')}', "
+                f"TIMESTAMP '{hi.isoformat(sep=' ')}' + INTERVAL 1 MICROSECOND, INTERVAL 1 HOUR)",
+                hours)
     return None
+
+
+def _date_parts_canonical(tree: exp.Expression) -> exp.Expression:
+    """``date_part('x', d)`` → ``EXTRACT(x FROM d)`` (one spelling; sqlglot names the rest)."""
+
+    def fix(node: exp.Expression) -> exp.Expression:
+        if (isinstance(node, exp.Anonymous) and node.name.lower() in ("date_part", "datepart")
+                and len(node.expressions) == 2
+                and isinstance(node.expressions[0], (exp.Literal, exp.Var))):
+            return exp.Extract(this=exp.var(node.expressions[0].name.upper()),
+                               expression=node.expressions[1])
+        return node
+
+    return tree.transform(fix, copy=True)
+
+
+def canonical_date_key(tree: exp.Expression) -> exp.Expression:
+    """Dates in a key, one spelling: ``date_part('x', d)`` → ``EXTRACT(x FROM d)``, and a
+    ``date_trunc(unit, d)`` key released as ISO text: ``CAST(CAST(… AS DATE) AS VARCHAR)``
+    ('YYYY-MM-DD') for a day or coarser, ``CAST(… AS VARCHAR)`` for an hour. Idempotent."""
+    tree = _date_parts_canonical(tree)
+    top = _unparen(tree)
+    if isinstance(top, (exp.TimestampTrunc, exp.DateTrunc)):
+        unit = top.args.get("unit")
+        name = unit.name.lower() if unit is not None else ""
+        inner = (exp.Cast(this=top, to=exp.DataType.build("DATE"))
+                 if name in ("year", "quarter", "month", "week", "day") else top)
+        return exp.Cast(this=inner, to=exp.DataType.build("VARCHAR"))
+    return tree
+
+
+def _check_hourly(tree: exp.Expression, columns: Mapping[str, ColumnPolicy],
+                  shown: exp.Expression) -> None:
+    """A timestamp column may only be read through an hour-or-coarser part or date_trunc."""
+    from dpgate.sql.bind import _PART_FUNCS
+
+    for col in tree.find_all(exp.Column):
+        c = columns.get(col.name)
+        if c is None or c.type != "timestamp":
+            continue
+        parent = col.parent
+        while isinstance(parent, exp.Paren):
+            parent = parent.parent
+        unit = None
+        if isinstance(parent, exp.Extract):
+            unit = parent.this.name.lower()
+        elif isinstance(parent, (exp.TimestampTrunc, exp.DateTrunc)):
+            u = parent.args.get("unit")
+            unit = u.name.lower() if u is not None else None
+        elif type(parent) in _PART_FUNCS:
+            unit = _PART_FUNCS[type(parent)]
+        if unit not in _HOURLY:
+            raise _refuse(
+                f"GROUP BY {_snippet(shown)}: a timestamp column may appear in a group key only "
+                "inside date_trunc('year'|'quarter'|'month'|'week'|'day'|'hour', …) or "
+                "EXTRACT(year|quarter|month|week|day|dow|doy|hour FROM …)", shown)
 
 
 def _sql_literal(value: object, ctype: str) -> str:
@@ -353,7 +428,7 @@ def derive_key_domain(tree: exp.Expression, columns: Mapping[str, ColumnPolicy],
             an admitted value; the message quotes the expression and says what would work.
     """
     shown = shown if shown is not None else tree
-    tree = width_bucket_to_case(tree)
+    tree = canonical_date_key(width_bucket_to_case(tree))
     for node in tree.walk():
         if isinstance(node, exp.AggFunc):
             raise _refuse(f"GROUP BY {_snippet(shown)}: a group key cannot contain an aggregate",
@@ -384,6 +459,7 @@ def derive_key_domain(tree: exp.Expression, columns: Mapping[str, ColumnPolicy],
         check_predicate(top)
         domain, ktype, rule = (False, True), "bool", "predicate"
     else:
+        _check_hourly(tree, columns, shown)
         domain, ktype = _enumerated(tree, columns, inputs, shown)
         rule = "enumerated"
     if not domain:

@@ -73,7 +73,7 @@ from dpgate.policy import (
     quote_identifier,
 )
 from dpgate.sql import partition_selection as selection
-from dpgate.sql.keys import KeyDomain, derive_key_domain, width_bucket_to_case
+from dpgate.sql.keys import KeyDomain, canonical_date_key, derive_key_domain, width_bucket_to_case
 from dpgate.sql.joins import JOIN_MARK, rewrite_joins
 from dpgate.sql.quantile import QUANTILE_FUNCTIONS, is_quantile_call, quantile_call, quantile_name, quantile_sql
 from dpgate.sql.rules import MAX_NESTING, apply_statement_rules
@@ -940,7 +940,7 @@ def _key_tree(node: exp.Expression, scope: _Scope) -> exp.Expression:
     tree = _canonicalize_literals(tree)
     tree = _simplify(tree)
     tree = _canonicalize_literals(tree)
-    return _unparen(tree)
+    return _unparen(canonical_date_key(_unparen(tree)))
 
 
 def _key_prefix(table: TablePolicy) -> str:
