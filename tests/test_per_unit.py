@@ -176,3 +176,16 @@ def test_explain_shows_the_outer_rows_derived_ranges_and_query_answers(tmp_path)
         assert len(release["rows"]) == 1
     finally:
         gw.close()
+
+
+def test_sum_of_a_float_column_keeps_bounds_on_its_resolution_grid(tmp_path):
+    """SUM(x) with x ∈ [-0.3, 0.7] (step 0.1), k·m = 6: [-1.8, 4.2] exactly, i.e. steps [-18, 42]
+    (a float product 6 · -0.3 = -1.7999999999999998 would not be a multiple of 0.1)."""
+    folder = _write(tmp_path, [], 2, 3)
+    text = (folder / "visits.toml").read_text() + 'x = { type = "float", lower = -0.3, upper = 0.7, resolution = 0.1 }\n'
+    (folder / "visits.toml").write_text(text)
+    p = load_policies(folder)["visits"]
+    plan = parse_query("SELECT SUM(t) FROM (SELECT member, SUM(x) AS t FROM visits GROUP BY member) AS u", p)
+    col = policy_for(plan.table, p).table(plan.table).column("t")
+    assert (col.lower, col.upper) == (-1.8, 4.2)
+    assert col.fixed_point_bounds == (-18, 42)

@@ -51,6 +51,7 @@ HAVING/joins/DISTINCT/LIMIT, a per-unit subquery on a record-level or public tab
 from __future__ import annotations
 
 import dataclasses
+from fractions import Fraction
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -208,8 +209,12 @@ def build_table(inner: exp.Select, policy: DatasetPolicy) -> PerUnitTable:
                 if col.bounded:
                     v = f"LEAST(GREATEST({v}, {_num(col.lower, col.type)}), {_num(col.upper, col.type)})"
                 if kind == "sum":
-                    lo = c * min(col.lower, 0) if col.bounded else None
-                    hi = c * max(col.upper, 0) if col.bounded else None
+                    lo = hi = None
+                    if col.bounded:  # in exact fixed-point steps, so the bounds stay multiples of the step
+                        flo, fhi = col.fixed_point_bounds
+                        step = Fraction(repr(col.resolution)) if col.type == "float" else Fraction(col.resolution)
+                        lo, hi = (c * min(flo, 0) * step, c * max(fhi, 0) * step)
+                        lo, hi = (int(lo), int(hi)) if col.type == "int" else (float(lo), float(hi))
                     derived = ColumnPolicy(label, col.type, lo, hi, col.resolution)
                 elif kind == "avg":
                     # an average of ints is a float: finer fixed-point step for the outer SUM
