@@ -59,7 +59,7 @@ REFUSED = [
     ("SELECT COUNT(*) FROM prompts JOIN pums ON TRUE", UnsupportedQuery, "JOIN"),
     ("SELECT COUNT(*) FROM prompts, pums", UnsupportedQuery, "JOIN"),
     ("SELECT COUNT(*) FROM (SELECT region, COUNT(*) AS c FROM prompts GROUP BY region) AS s",
-     UnsupportedQuery, "GROUP BY inside a subquery"),
+     UnsupportedQuery, "may only GROUP BY the privacy unit"),
     ("SELECT COUNT(*) FROM prompts WHERE age IN (SELECT age FROM pums)", UnsupportedQuery,
      "subqueries"),
     ("SELECT COUNT(*) FROM prompts WHERE EXISTS (SELECT 1)", UnsupportedQuery, "EXISTS"),

@@ -127,10 +127,11 @@ def test_titles_are_the_analysts(policy):
 
 
 REFUSED = [
-    ("SELECT COUNT(*) FROM (SELECT user_id, SUM(tokens) AS s FROM prompts GROUP BY user_id) x",
-     UnsupportedQuery, "GROUP BY inside a subquery"),
+    # per-unit subqueries (dpgate.sql.per_unit, tests/test_per_unit.py) group by the unit only
+    ("SELECT COUNT(*) FROM (SELECT user_id, SUM(tokens) AS s FROM prompts GROUP BY user_id "
+     "HAVING SUM(tokens) > 5) x", UnsupportedQuery, "HAVING inside a per-unit subquery"),
     ("SELECT COUNT(*) FROM (SELECT SUM(tokens) AS s FROM prompts) x", UnsupportedQuery,
-     "aggregates inside a subquery"),
+     "may only GROUP BY the privacy unit"),
     ("SELECT COUNT(*) FROM (SELECT * FROM prompts LIMIT 10) x", UnsupportedQuery,
      "LIMIT inside a subquery"),
     ("SELECT COUNT(*) FROM (SELECT DISTINCT region FROM prompts) x", UnsupportedQuery,

@@ -74,6 +74,7 @@ from dpgate.quantile_release import PlanCalibration, has_quantiles, without_quan
 from dpgate.sql.quantile import histogram_sql, histogram_sql_template
 from dpgate.sql.public import exact_sql, reads_public_only
 from dpgate.sql.joins import JoinedTable, policy_for
+from dpgate.sql.per_unit import PerUnitTable
 from dpgate.policy import quote_identifier
 from types import MappingProxyType
 
@@ -599,7 +600,9 @@ class Gateway:
             extra["accuracy_target"] = self._ci95_scales(policy, plan, mech, resolved, sens).describe(
                 resolved["ci95"], resolved.get("expected_count"))
         joined = policy.table(plan.table)
-        if isinstance(joined, JoinedTable):  # joins hook: the join and where bounding happens
+        if isinstance(joined, PerUnitTable):  # per-unit hook: the outer row's derived ranges
+            extra["per_unit"] = joined.describe()
+        elif isinstance(joined, JoinedTable):  # joins hook: the join and where bounding happens
             extra["join"] = {
                 "tables": list(joined.sources), "join_sql": joined.join_sql,
                 "privacy_unit": joined.privacy_unit,

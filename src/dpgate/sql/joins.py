@@ -335,6 +335,10 @@ def policy_for(table: str, policy: DatasetPolicy) -> DatasetPolicy:
     Plans store the joined table's canonical name; the service rebuilds the joined table
     from it (the same rewrite as at planning). A declared table's name returns ``policy``.
     """
+    if table.startswith("PER UNIT ") and table not in policy.tables:  # per-unit hook
+        from dpgate.sql.per_unit import policy_for as per_unit_policy
+
+        return per_unit_policy(table, policy)
     if not table.startswith(JOIN_MARK) or table in policy.tables:
         return policy
     import sqlglot

@@ -76,7 +76,8 @@ from dpgate.sql import partition_selection as selection
 from dpgate.sql.keys import KeyDomain, canonical_date_key, derive_key_domain, width_bucket_to_case
 from dpgate.sql.joins import JOIN_MARK, rewrite_joins
 from dpgate.sql.quantile import QUANTILE_FUNCTIONS, is_quantile_call, quantile_call, quantile_name, quantile_sql
-from dpgate.sql.rules import MAX_NESTING, apply_statement_rules
+from dpgate.sql.rules import MAX_NESTING, apply_statement_rules, inline_ctes
+from dpgate.sql.per_unit import rewrite_per_unit
 from dpgate.sql.bind import (
     SOURCE,
     Binder,
@@ -1073,6 +1074,8 @@ def parse_query(sql: str, policy: DatasetPolicy, *, dialect: str | None = None) 
         if sum(1 for _ in stmt.walk()) > MAX_NODES:
             raise UnsupportedQuery(f"the query is too large (more than {MAX_NODES} syntax nodes)")
         try:
+            # per-unit hook (dpgate.sql.per_unit): FROM (SELECT unit, aggregates … GROUP BY unit)
+            stmt, policy = rewrite_per_unit(inline_ctes(stmt), policy)
             stmt = apply_statement_rules(stmt)
             stmt, policy = rewrite_joins(stmt, policy)  # joins hook (dpgate.sql.joins): one joined table
             return _plan(stmt, policy)

@@ -1,0 +1,298 @@
+"""Per-unit subqueries (two-level aggregation, issue 11 item 3), planned as one *per-unit table*.
+
+An analyst's query of the form ::
+
+    SELECT COUNT(*) FROM (
+        SELECT member_id, COUNT(*) AS n, SUM(x) AS s FROM t WHERE … GROUP BY member_id
+    ) AS u WHERE n > 10
+
+is rewritten, before the planner sees it, into a query over one virtual
+:class:`PerUnitTable` whose rows are the inner query's rows: one row per privacy unit,
+columns the inner aggregates (``n``, ``s``), each with a range derived from the policy
+(never from data). The outer query is then planned as any query over a table whose unit
+is unique (k = 1, m = 1).
+
+**Bounding of the inner level.** Before the inner aggregates, each unit keeps at most
+``k·m`` of its (filtered) rows — the most a unit may contribute to one query of the table
+(m rows in each of k groups; Wilson et al. 2020, "Differentially private SQL with bounded
+user contribution", PoPETs 2020(2), §3). The rows kept are those with the smallest
+``hash`` of the row's values: the choice depends only on the unit's own rows, so adding or
+removing one unit changes no other unit's row. Aggregated values are clamped to the
+column's ``[lo, hi]`` (non-finite values are NULL). Hence, with ``c = k·m``:
+
+=====================  =========================================  ========
+inner aggregate        derived range                              type
+=====================  =========================================  ========
+``COUNT(*)``           ``[1, c]`` (a unit in the table has a row)  int
+``COUNT(x)``           ``[0, c]``                                 int
+``COUNT(DISTINCT x)``  ``[0, c]`` (all-NULL rows count 0)          int
+``SUM(x)``             ``[c·min(lo, 0), c·max(hi, 0)]``           x's type
+``AVG(x)``             ``[lo, hi]``                               float
+``MIN(x)``/``MAX(x)``  ``[lo, hi]``                               x's type
+=====================  =========================================  ========
+
+(an aggregate of a column without declared bounds has no range: the outer query may use it
+only inside an expression the interval arithmetic of :mod:`dpgate.sql.expr` bounds, e.g.
+``LEAST(GREATEST(s, 0), 100)``, or it is refused as any unbounded column is).
+
+**Sensitivity.** Removing one unit removes exactly one row of the per-unit table and
+changes no other row (the inner level is a function of each unit's own rows), so the
+per-unit table is a table of unique units: k = m = 1 for the outer level. An outer
+COUNT moves by at most 1, an outer SUM of a value with derived range ``[a, b]`` by at most
+``max(|a|, |b|)`` (the usual bounded-contribution sensitivity, Wilson et al. 2020 §4.1;
+Dwork & Roth 2014, Def. 3.1 for L1 sensitivity), and the planner's derivations
+(:mod:`dpgate.sensitivity`) apply unchanged to the derived ranges.
+
+Refused (nothing charged): an inner query grouped by anything but the privacy unit, an
+inner column neither grouped nor aggregated, an outer query naming the unit, inner
+HAVING/joins/DISTINCT/LIMIT, a per-unit subquery on a record-level or public table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from fractions import Fraction
+from dataclasses import dataclass
+from types import MappingProxyType
+
+import sqlglot
+from sqlglot import exp
+
+from dpgate.errors import UnsupportedQuery
+from dpgate.policy import ColumnPolicy, DatasetPolicy, quote_identifier as q
+from dpgate.sql.joins import JoinedTable
+
+#: Marks a per-unit table's name (never a declared table name: it contains spaces).
+PER_UNIT_MARK = "PER UNIT "
+_INNER_ARGS = {"expressions", "from_", "from", "where", "group"}
+_AGGS = {exp.Count: "count", exp.Sum: "sum", exp.Avg: "avg", exp.Min: "min", exp.Max: "max"}
+
+
+@dataclass(frozen=True)
+class PerUnitTable(JoinedTable):
+    """A table with one row per privacy unit: a per-unit subquery's rows (module docstring).
+
+    A :class:`~dpgate.sql.joins.JoinedTable` (its rows are a DuckDB subquery, ``join_sql``),
+    with k = m = 1 and columns the inner aggregates with their derived ranges.
+
+    Attributes (besides the joined table's):
+        ranges: the derived range of each column as written for humans (explain).
+    """
+
+    ranges: tuple[tuple[str, str], ...] = ()
+    inner_bound: int = 0
+
+    def describe(self) -> dict:
+        """For explain: the inner table, its bounding, each outer column's derived range and
+        the per-unit rows' SQL (``{"table", "privacy_unit", "bounding", "columns", "inner_sql"}``)."""
+        return {
+            "table": self.sources[0], "privacy_unit": self.privacy_unit,
+            "bounding": (f"before the inner aggregates: at most k·m = {self.inner_bound} rows per unit "
+                         "(values clamped); each unit is then one outer row (k = m = 1)"),
+            "columns": {name: text for name, text in self.ranges},
+            "inner_sql": self.join_sql,
+        }
+
+
+def _refuse(message: str, node: exp.Expression | None = None) -> UnsupportedQuery:
+    details = {}
+    if node is not None:
+        details["construct"] = " ".join(node.sql(dialect="duckdb").split())[:80]
+    return UnsupportedQuery(message, details)
+
+
+def _from(stmt: exp.Select) -> exp.From | None:
+    return stmt.args.get("from_") or stmt.args.get("from")
+
+
+def _is_per_unit(stmt: exp.Select) -> exp.Subquery | None:
+    frm = _from(stmt)
+    if frm is None or not isinstance(frm.this, exp.Subquery):
+        return None
+    inner = frm.this.this
+    if isinstance(inner, exp.Select) and (inner.args.get("group") or inner.find(exp.AggFunc)):
+        return frm.this
+    return None
+
+
+def _num(v: float, ctype: str):
+    return int(v) if ctype == "int" else float(v)
+
+
+def _range_text(col: ColumnPolicy) -> str:
+    if not col.bounded:
+        return "unbounded"
+    return f"[{_num(col.lower, col.type)}, {_num(col.upper, col.type)}]"
+
+
+def build_table(inner: exp.Select, policy: DatasetPolicy) -> PerUnitTable:
+    """The :class:`PerUnitTable` of a per-unit subquery's inner SELECT.
+
+    Raises:
+        UnsupportedQuery: the inner query is not a per-unit aggregation (module docstring).
+        UnknownTable, UnknownColumn: undeclared names.
+    """
+    from dpgate.sql.bind import plan_where
+    from dpgate.sql.parse import _Scope  # the planner's name resolution (imports flow parse → here)
+
+    for key in sorted(k for k, v in inner.args.items() if v not in (None, False, [], "")
+                      and k not in _INNER_ARGS):
+        raise _refuse(f"{key.upper()} inside a per-unit subquery is not supported: the inner "
+                      "query may filter (WHERE), group by the privacy unit and aggregate", inner)
+    frm = _from(inner)
+    if frm is None or not isinstance(frm.this, exp.Table) or not isinstance(frm.this.this, exp.Identifier):
+        raise _refuse("a per-unit subquery must read one declared table", inner)
+    tbl = frm.this
+    table = policy.table(tbl.name)
+    if table.public or table.record_level:
+        raise _refuse(f"table {table.name!r} has no privacy unit column: a per-unit subquery groups "
+                      "by the privacy unit", inner)
+    quals = {table.name.casefold()} | ({tbl.alias.casefold()} if tbl.alias else set())
+    scope = _Scope(policy, table, quals)
+    unit = table.privacy_unit
+    group = inner.args.get("group")
+    keys = group.expressions if group is not None else []
+    if len(keys) != 1 or not isinstance(keys[0], exp.Column) or not scope.is_unit(scope.resolve(keys[0])):
+        raise _refuse(f"the inner query of a per-unit subquery may only GROUP BY the privacy unit "
+                      f"({unit}): each of its rows must be one unit", group or inner)
+    c = table.max_groups_per_unit * table.max_rows_per_unit
+    src = lambda name: f"{q('__dpg_src')}.{q(name)}"  # noqa: E731
+    columns: dict[str, ColumnPolicy] = {}
+    select = [f"{src(unit)} AS {q(unit)}"]
+    ranges = []
+    for item in inner.expressions:
+        node = item.unalias()
+        while isinstance(node, exp.Paren):
+            node = node.this
+        if isinstance(node, exp.Column):
+            if scope.is_unit(scope.resolve(node)):
+                continue
+            raise _refuse(f"{node.name} is neither grouped nor aggregated in the per-unit subquery", node)
+        kind = _AGGS.get(type(node))
+        if kind is None:
+            raise _refuse("the inner query of a per-unit subquery may select the unit and COUNT, SUM, "
+                          "AVG, MIN, MAX of declared columns", node)
+        label = item.alias if isinstance(item, exp.Alias) else None
+        if not label:
+            raise _refuse("name each aggregate of a per-unit subquery with AS (the outer query refers "
+                          "to it by that name)", node)
+        if label.casefold() == unit.casefold() or label.casefold() in {k.casefold() for k in columns}:
+            raise _refuse(f"the per-unit subquery's column name {label!r} is used twice or names the unit", item)
+        arg = node.this
+        distinct = isinstance(arg, exp.Distinct)
+        if distinct:
+            if kind != "count" or len(arg.expressions) != 1:
+                raise _refuse("DISTINCT in a per-unit subquery: only COUNT(DISTINCT column)", node)
+            arg = arg.expressions[0]
+        if isinstance(arg, exp.Star):
+            if kind != "count":
+                raise _refuse(f"{kind.upper()}(*) is not an aggregate", node)
+            columns[label] = ColumnPolicy(label, "int", 1, c, 1)
+            select.append(f"COUNT(*) AS {q(label)}")
+        elif not isinstance(arg, exp.Column):
+            raise _refuse("aggregates in a per-unit subquery take a declared column (compute "
+                          "expressions in the outer query)", node)
+        else:
+            name = scope.resolve(arg)
+            if scope.is_unit(name):
+                raise _refuse("aggregating the privacy unit inside a per-unit subquery is not supported", node)
+            col = table.column(name)
+            if kind == "count":
+                columns[label] = ColumnPolicy(label, "int", 0, c, 1)
+                select.append(f"COUNT({'DISTINCT ' if distinct else ''}{src(name)}) AS {q(label)}")
+            else:
+                if col.type not in ("int", "float"):
+                    raise _refuse(f"{kind.upper()} of the {col.type} column {name!r} is not supported", node)
+                v = src(name)
+                if col.type == "float":
+                    v = f"CASE WHEN isfinite({v}) THEN {v} END"
+                if col.bounded:
+                    v = f"LEAST(GREATEST({v}, {_num(col.lower, col.type)}), {_num(col.upper, col.type)})"
+                if kind == "sum":
+                    lo = hi = None
+                    if col.bounded:  # in exact fixed-point steps, so the bounds stay multiples of the step
+                        flo, fhi = col.fixed_point_bounds
+                        step = Fraction(repr(col.resolution)) if col.type == "float" else Fraction(col.resolution)
+                        lo, hi = (c * min(flo, 0) * step, c * max(fhi, 0) * step)
+                        lo, hi = (int(lo), int(hi)) if col.type == "int" else (float(lo), float(hi))
+                    derived = ColumnPolicy(label, col.type, lo, hi, col.resolution)
+                elif kind == "avg":
+                    # an average of ints is a float: finer fixed-point step for the outer SUM
+                    res = col.resolution / 1000 if col.type == "int" else col.resolution
+                    derived = ColumnPolicy(label, "float", col.lower, col.upper, res)
+                else:
+                    derived = ColumnPolicy(label, col.type, col.lower, col.upper, col.resolution)
+                columns[label] = derived
+                cast = "DOUBLE" if derived.type == "float" else "BIGINT"
+                select.append(f"CAST({kind.upper()}({v}) AS {cast}) AS {q(label)}")
+        ranges.append((label, f"{node.sql(dialect='duckdb')}: {_range_text(columns[label])}"))
+    if not columns:
+        raise _refuse("a per-unit subquery must compute at least one aggregate", inner)
+    where_node = inner.args.get("where")
+    where = plan_where(where_node.this if where_node is not None else None, scope)
+    conditions = [f"{q(unit)} IS NOT NULL"] + ([f"({where})"] if where else [])
+    row_hash = ", ".join([q(unit)] + [q(n) for n in table.columns])
+    bounded_rows = (
+        f"SELECT *, row_number() OVER (PARTITION BY {q(unit)} ORDER BY hash({row_hash})) AS {q('__dpg_rn')} "
+        f"FROM {table.relation} WHERE {' AND '.join(conditions)}")
+    join_sql = (f"SELECT {', '.join(select)} FROM ({bounded_rows}) AS {q('__dpg_src')} "
+                f"WHERE {q('__dpg_rn')} <= {c} GROUP BY {src(unit)}")
+    return PerUnitTable(
+        name=PER_UNIT_MARK + inner.sql(dialect="duckdb"), dataset=policy.name, source="",
+        privacy_unit=unit, max_groups_per_unit=1, max_rows_per_unit=1,
+        columns=MappingProxyType(columns), path=table.path, public=False, join_sql=join_sql,
+        sources=(table.name,), ranges=tuple(ranges), inner_bound=c)
+
+
+def rewrite_per_unit(stmt: exp.Select, policy: DatasetPolicy) -> tuple[exp.Select, DatasetPolicy]:
+    """Rewrite a query over a per-unit subquery into one over a :class:`PerUnitTable`.
+
+    Returns ``(stmt, policy)`` unchanged when FROM is not a subquery that groups or
+    aggregates; else the statement reading the per-unit table (same alias) and the policy
+    with that table added.
+
+    Raises:
+        UnsupportedQuery: outside the supported subset (module docstring), including any
+            outer reference to the privacy unit.
+    """
+    sub = _is_per_unit(stmt)
+    if sub is None:
+        return stmt, policy
+    inner = sub.this
+    alias_node = sub.args.get("alias")
+    if alias_node is not None and alias_node.args.get("columns"):
+        raise _refuse("column lists on a per-unit subquery's alias are not supported: name the "
+                      "columns with AS inside it", alias_node)
+    table = build_table(inner, policy)
+    stmt = stmt.copy()
+    frm = _from(stmt)
+    outer_nodes = [v for k, v in stmt.args.items() if k not in ("from", "from_")]
+    inner_unit_names = {table.privacy_unit.casefold()} | {
+        i.alias.casefold() for i in inner.expressions
+        if isinstance(i, exp.Alias) and isinstance(i.this, exp.Column)}
+    for value in outer_nodes:
+        for tree in (value if isinstance(value, list) else [value]):
+            if not isinstance(tree, exp.Expression):
+                continue
+            for col in tree.find_all(exp.Column):
+                if col.name.casefold() in inner_unit_names:
+                    raise _refuse("the outer query of a per-unit subquery never sees the privacy unit "
+                                  f"({table.privacy_unit}): it aggregates the per-unit rows", col)
+    new = exp.Table(this=exp.Identifier(this=table.name, quoted=True))
+    if alias_node is not None:
+        new.set("alias", exp.TableAlias(this=exp.Identifier(this=alias_node.name, quoted=True)))
+    frm.set("this", new)
+    tables = dict(policy.tables)
+    tables[table.name] = table
+    return stmt, dataclasses.replace(policy, tables=MappingProxyType(tables))
+
+
+def policy_for(table: str, policy: DatasetPolicy) -> DatasetPolicy:
+    """The policy with the per-unit table ``table`` (a plan's ``table``) added, rebuilt from its name."""
+    if not table.startswith(PER_UNIT_MARK) or table in policy.tables:
+        return policy
+    inner = sqlglot.parse_one(table[len(PER_UNIT_MARK):], read="duckdb")
+    built = build_table(inner, policy)
+    tables = dict(policy.tables)
+    tables[built.name] = built
+    return dataclasses.replace(policy, tables=MappingProxyType(tables))
