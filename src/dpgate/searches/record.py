@@ -449,6 +449,11 @@ class _LedgerView:
         self.events = ledger.events(None)
 
     def entry(self, charge_id: str) -> dict[str, Any]:
+        """The ledger's charge entry ``charge_id`` (as :meth:`Ledger.entries` gives it).
+
+        Raises:
+            NotFound: no charge of the ledger has that id.
+        """
         try:
             return self.by_id[charge_id]
         except KeyError:

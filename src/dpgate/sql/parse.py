@@ -88,8 +88,11 @@ from dpgate.sql.bind import (
     number,
     plan_where,
     simplify_tree,
+    only_args,
+    real_args,
     snippet,
     unbounded_message,
+    unsupported,
 )
 from dpgate.sql.plan import (
     FUNCTION_PRIMITIVES,
@@ -197,9 +200,7 @@ _AGG_SQL = {
 #: Aggregates sqlglot reads as anonymous functions, by lower-case name: MEAN (DuckDB),
 #: VAR (T-SQL, SmartNoise), VARP and STDEVP (T-SQL's population forms).
 _ANON_AGGREGATES = {"mean": "avg", "var": "var_pop", "varp": "var_pop", "stdevp": "stddev_pop"}
-def _snippet(node: exp.Expression, limit: int = 80, dialect: str = DIALECT) -> str:
-    """The construct as SQL text (:func:`dpgate.sql.bind.snippet`: a call quoted as written)."""
-    return snippet(node, limit, dialect)
+_snippet = snippet  # the construct as SQL text, a call quoted as written (sql.bind)
 
 
 def _label(node: exp.Expression) -> str:
@@ -208,19 +209,8 @@ def _label(node: exp.Expression) -> str:
     return text if len(text) <= 200 else text[:199] + "…"
 
 
-def _unsupported(message: str, node: exp.Expression | None = None) -> UnsupportedQuery:
-    details = {"construct": _snippet(node)} if node is not None else {}
-    return UnsupportedQuery(message, details)
-
-
-def _real_args(node: exp.Expression) -> set[str]:
-    return {k for k, v in node.args.items() if v not in (None, False, [], "")}
-
-
-def _only_args(node: exp.Expression, allowed: set[str]) -> None:
-    extra = _real_args(node) - allowed
-    if extra:
-        raise _unsupported(f"{_snippet(node)} uses options that are not supported", node)
+# the binder's message helpers, under the names this module has always used
+_unsupported, _real_args, _only_args = unsupported, real_args, only_args
 
 
 #: Statement keywords sqlglot may parse as a generic ``Command`` (named in refusals).
