@@ -444,3 +444,32 @@ def test_a_tiny_pure_epsilon_charge_is_never_rounded_down_to_zero(gw):
     r = gw.query("pums", "SELECT COUNT(*) FROM persons", consumer="analysts",
                  budget=QueryBudget(rho=1e-30), mechanism="laplace")
     assert r["charge"]["rho"] == pytest.approx(1e-30, rel=1e-6)
+
+
+def test_select_list_post_processing_is_free_and_shares_the_stored_primitives(gw):
+    # issue 10 item 1: arithmetic over aggregates and constants in the select list is evaluated
+    # on the released values; it shares the bare query's noisy primitives (no second charge) and a
+    # linear map's accuracy is exact: the 95 % half-width of SUM(age) / 10 is that of SUM(age) / 10.
+    before = len(gw.ledger_entries())
+    bare = gw.query("pums", "SELECT sex, SUM(age) AS s FROM persons GROUP BY sex", consumer="analysts",
+                    budget=QueryBudget(rho=0.02))
+    derived = gw.query("pums", "SELECT sex, SUM(age) * 1 AS s1, SUM(age) / 10 AS s10, 3 AS three "
+                       "FROM persons GROUP BY sex", consumer="analysts", budget=QueryBudget(rho=0.02))
+    assert len(gw.ledger_entries()) == before + 1 and derived["charge"] is None
+    assert derived["columns"] == ["sex", "s1", "s10", "three"]
+    for a, b in zip(bare["rows"], derived["rows"]):
+        assert b[0] == a[0] and b[1] == pytest.approx(a[1]) and b[2] == pytest.approx(a[1] / 10) and b[3] == 3
+    assert derived["accuracy"]["s10"]["ci95"] == pytest.approx(bare["accuracy"]["s"]["ci95"] / 10, rel=1e-9)
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT COUNT(*) + random() FROM persons",        # non-deterministic
+    "SELECT MD5(CAST(COUNT(*) AS VARCHAR)) FROM persons",  # a function post-processing does not evaluate
+    "SELECT age + 1, COUNT(*) FROM persons",           # a raw column outside an aggregate
+])
+def test_select_list_expressions_that_cannot_be_evaluated_are_refused_free(gw, sql):
+    before = len(gw.ledger_entries())
+    with pytest.raises(UnsupportedQuery) as e:
+        gw.query("pums", sql, consumer="analysts", budget=QueryBudget(rho=0.02))
+    assert "nothing was charged" in str(e.value)
+    assert len(gw.ledger_entries()) == before

@@ -51,7 +51,7 @@ from dpgate.ledger import Ledger, open_ledger
 from dpgate.ledger.base import FINITE_ORDERS, PolicyDrift
 from dpgate.mechanisms import calibrate, ci95_halfwidth, mechanism_name, sample
 from dpgate.policy import MECHANISMS, DatasetPolicy, load_policies
-from dpgate.postprocess import finalize, output_unit
+from dpgate.postprocess import check_postprocess_expression, finalize, output_unit
 from dpgate.postprocess.calibration import CellTarget, ci95_rules, scales_for_ci95
 from dpgate.releases import (
     CacheKeys,
@@ -68,7 +68,7 @@ from dpgate.settings import Settings
 from dpgate.sql.bound import bounded_sql, bounded_sql_template
 from dpgate.sql.parse import nothing_charged, parse_query, parse_statement, refuse_constant_plan
 from dpgate.sql.selection_query import check_candidates, recognize as recognize_selection
-from dpgate.sql.plan import AggregateOutput, QueryPlan
+from dpgate.sql.plan import AggregateOutput, DerivedOutput, KeyOutput, QueryPlan
 from dpgate import quantile_release
 from dpgate.quantile_release import PlanCalibration, has_quantiles, without_quantiles
 from dpgate.sql.quantile import histogram_sql, histogram_sql_template
@@ -431,6 +431,7 @@ class Gateway:
         plan = parse_query(sql, policy, dialect=dialect)
         try:
             refuse_constant_plan(plan)
+            _check_derived_outputs(plan, policy_for(plan.table, policy))
         except DpgateError as e:
             raise nothing_charged(e)
         return policy_for(plan.table, policy), plan  # joins hook: the plan's joined table
@@ -1370,3 +1371,30 @@ def _rename(doc: dict[str, Any], display: list[str]) -> dict[str, Any]:
     if isinstance(doc.get("accuracy"), dict):
         doc["accuracy"] = {mapping.get(k, k): v for k, v in doc["accuracy"].items()}
     return doc
+
+
+def _check_derived_outputs(plan: QueryPlan, policy: DatasetPolicy) -> None:
+    """Refuse, before the charge, a select-list expression that post-processing cannot evaluate.
+
+    Each :class:`~dpgate.sql.plan.DerivedOutput` is checked by
+    :func:`dpgate.postprocess.check_postprocess_expression` on zero rows with the types its
+    inputs can have (group keys: their type; aggregates: int and float), so that a charged
+    release never fails in post-processing.
+
+    Raises:
+        UnsupportedQuery: an unsupported or non-deterministic construct, or a type error.
+    """
+    derived = [o for o in plan.outputs if isinstance(o, DerivedOutput)]
+    if not derived:
+        return
+    table = policy.table(plan.table)
+    keys: dict[str, str] = {}
+    for o in plan.outputs:
+        if isinstance(o, KeyOutput):
+            computed = plan.computed_key(o.column)
+            keys[o.name] = computed.type if computed is not None else table.column(o.column).type
+    for value_type in ("int", "float"):
+        types = {**{o.name: value_type for o in plan.outputs if isinstance(o, AggregateOutput)}, **keys}
+        for o in derived:
+            check_postprocess_expression(o.expression, types)
+

@@ -72,7 +72,7 @@ from dpgate.postprocess.expressions import (
     sort_rows,
 )
 from dpgate.quantiles import grid_for
-from dpgate.sql.plan import FUNCTION_PRIMITIVES, KeyOutput, QueryPlan
+from dpgate.sql.plan import FUNCTION_PRIMITIVES, DerivedOutput, KeyOutput, QueryPlan
 
 _COUNTS = ("count", "count_column", "count_distinct_unit", "count_distinct")
 
@@ -360,6 +360,8 @@ def _finalize(plan, policy, keys, noisy, scales, halfwidths, mechanism, resoluti
 
     cells: dict[str, ReleasedCell] = {}
     for o in plan.outputs:
+        if isinstance(o, DerivedOutput):
+            continue  # below, once the cells it reads exist
         if isinstance(o, KeyOutput):
             if o.column not in keys:
                 raise Internal(f"post-processing is missing the key column {o.column!r}")
@@ -381,6 +383,15 @@ def _finalize(plan, policy, keys, noisy, scales, halfwidths, mechanism, resoluti
         cells[o.name] = aggregate_cell(o.function, [(pid, values[pid]) for pid in o.primitives], prims,
                                        bounds=bounds, clamp_counts=policy.budget.clamp_counts,
                                        integer=bool(integer), digits=digits)
+
+    # Select-list post-processing (SUM(x) * 1, ROUND(AVG(x), 1), 3 AS three): free, on the
+    # released values; its accuracy propagated where that is honest (derived_cell).
+    for o in plan.outputs:
+        if isinstance(o, DerivedOutput):
+            try:
+                cells[o.name] = derived_cell(o.expression, cells, prims, rows=n)
+            except ExpressionError as e:
+                raise Internal(f"a select-list expression could not be evaluated: {e}") from None
 
     # Suppression (cells whose 95 % interval is wider than the policy allows).
     limit = policy.budget.suppress_ci95_above

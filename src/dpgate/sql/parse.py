@@ -98,6 +98,7 @@ from dpgate.sql.plan import (
     FUNCTION_PRIMITIVES,
     AggregateOutput,
     ComputedKey,
+    DerivedOutput,
     DerivedValue,
     KeyOutput,
     OrderItem,
@@ -656,6 +657,8 @@ class _Out:
     name: str = ""
     alpha: float | None = None  # quantiles only
     derived: DerivedValue | None = None
+    tree: exp.Expression | None = None  # kind "expr": the item over placeholder columns
+    refs: dict[str, "_Out"] | None = None  # kind "expr": placeholder → output
 
 
 class _Outputs:
@@ -681,6 +684,23 @@ class _Outputs:
         """Append an aggregate output."""
         out = _Out("agg", agg.column, agg.function, label, hidden, alpha=agg.alpha,
                    derived=agg.derived)
+        self.items.append(out)
+        return out
+
+    def add_expression(self, node: exp.Expression, label: str) -> _Out:
+        """Append a post-processing item: an expression over aggregates, group keys and
+        constants (``SUM(age) * 1``, ``3``), evaluated on the released values."""
+        refs: dict[str, _Out] = {}
+
+        def resolve(n: exp.Expression) -> exp.Expression:
+            if _is_aggregate(n) or isinstance(n, exp.Column):
+                key = f"__out{len(refs)}"
+                refs[key] = self.reference(n, "SELECT")
+                return exp.column(key, quoted=True)
+            return n
+
+        tree = node.copy().transform(resolve, copy=False)
+        out = _Out("expr", None, None, label, False, tree=tree, refs=refs)
         self.items.append(out)
         return out
 
@@ -750,8 +770,8 @@ class _Outputs:
             if out.hidden:
                 continue
             first = seen.setdefault(out.label.casefold(), out)
-            same = (first.kind, first.column, first.function) == (out.kind, out.column,
-                                                                  out.function)
+            same = first is out or ((first.kind, first.column, first.function) == (
+                out.kind, out.column, out.function) and out.kind != "expr")
             if not same:
                 raise UnsupportedQuery(
                     f"two output columns are named {out.label!r}: give each column of the "
@@ -765,6 +785,8 @@ class _Outputs:
         for out in self.items:
             if out.kind == "key":
                 base = out.column
+            elif out.kind == "expr":
+                base = "expr"
             elif out.function in ("count",):
                 base = "count"
             elif out.function == "count_distinct_unit":
@@ -832,6 +854,28 @@ def _plan_having(
         return n
 
     return node.copy().transform(resolve, copy=False), refs
+
+
+def _nondeterministic(node: exp.Expression) -> bool:
+    """True when ``node`` calls a function whose value is not a function of the release
+    (``RANDOM()``, ``NOW()``…: :data:`dpgate.postprocess.expressions.NONDETERMINISTIC_FUNCTIONS`)."""
+    from dpgate.postprocess.expressions import NONDETERMINISTIC_FUNCTIONS
+
+    return any(isinstance(n, exp.Func) and (n.sql_name().upper() in NONDETERMINISTIC_FUNCTIONS
+                                            or str(n.name).upper() in NONDETERMINISTIC_FUNCTIONS)
+               for n in node.walk())
+
+
+def _finish_expression(tree: exp.Expression, refs: dict[str, _Out]) -> str:
+    """Canonical SQL of a select-list post-processing item over output names."""
+
+    def rename(node: exp.Expression) -> exp.Expression:
+        if isinstance(node, exp.Column) and node.name in refs:
+            return exp.column(refs[node.name].name, quoted=True)
+        return node
+
+    tree = _canonicalize_literals(tree.transform(rename, copy=True))
+    return tree.sql(dialect=DIALECT, comments=False)
 
 
 def _finish_having(tree: exp.Expression | None, refs: dict[str, _Out]) -> str | None:
@@ -1133,6 +1177,11 @@ def _plan(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
                 "STDDEV_POP and their aliases are)",
                 node,
             )
+        elif (any(_is_aggregate(n) for n in node.walk()) or not any(
+                isinstance(n, exp.Column) for n in node.walk())) and not _nondeterministic(node):
+            # post-processing over released values (sql.plan.DerivedOutput), checked before the
+            # charge by the gateway (dpgate.postprocess.check_postprocess_expression)
+            outputs.add_expression(node, label or _label(node))
         elif isinstance(node, exp.Func) and not node.find(*_AGGREGATES):
             raise _unsupported(f"function {_snippet(node)} is not allowed in SELECT", node)
         else:
@@ -1181,6 +1230,10 @@ def _plan(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
     for out in outputs.items:
         if out.kind == "key":
             plan_outputs.append(KeyOutput(out.name, out.column, out.hidden, out.label))
+            continue
+        if out.kind == "expr":
+            plan_outputs.append(DerivedOutput(out.name, _finish_expression(out.tree, out.refs or {}),
+                                              False, out.label))
             continue
         ids = []
         for kind in FUNCTION_PRIMITIVES[out.function]:
@@ -1275,9 +1328,15 @@ def _with_canonical_sql(plan: QueryPlan, scope: _Scope) -> QueryPlan:
     for out in plan.outputs:
         if isinstance(out, KeyOutput):
             exprs[out.name] = key_sql.get(out.column) or quote_identifier(out.column)
-        else:
+        elif isinstance(out, AggregateOutput):
             alpha = plan.primitive(out.primitives[0]).alpha if out.function in QUANTILE_FUNCTIONS else None
             exprs[out.name] = _agg_sql(out.function, out.column, scope, alpha)
+    for out in plan.outputs:  # post-processing items, over the others' SQL
+        if isinstance(out, DerivedOutput):
+            tree = sqlglot.parse_one(out.expression, read=DIALECT).transform(
+                lambda n: sqlglot.parse_one(exprs[n.name], read=DIALECT)
+                if isinstance(n, exp.Column) and n.name in exprs else n)
+            exprs[out.name] = tree.sql(dialect=DIALECT)
     items = []
     for out in plan.visible_outputs:
         text = exprs[out.name]

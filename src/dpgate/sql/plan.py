@@ -173,7 +173,31 @@ class AggregateOutput:
     label: str = field(default="", compare=False)
 
 
-Output = KeyOutput | AggregateOutput
+@dataclass(frozen=True)
+class DerivedOutput:
+    """A released column computed after the release from other outputs (post-processing).
+
+    ``SUM(age) * 1``, ``POWER(AVG(x), 2)``, ``ROUND(AVG(x), 1)``, ``CASE WHEN SUM(x) > 10 THEN
+    'high' END``, ``3 AS three``: a deterministic expression over released cells (aggregate
+    outputs, hidden when not selected themselves, and group keys) and constants, evaluated by
+    :func:`dpgate.postprocess.derived_cell` on the noisy values. It costs nothing (post-processing
+    of a DP release is DP, Dwork & Roth 2014, Prop. 2.1) and shares the noisy primitives of the
+    bare query, so ``SUM(age) * 1`` after ``SUM(age)`` is served from the stored release.
+
+    Attributes:
+        name: canonical output name (``expr``, ``expr_2``…).
+        expression: canonical DuckDB SQL of the expression over output names (double-quoted).
+        hidden: always False (only selected items are derived outputs).
+        label: released column title; not part of the plan hash.
+    """
+
+    name: str
+    expression: str
+    hidden: bool = False
+    label: str = field(default="", compare=False)
+
+
+Output = KeyOutput | AggregateOutput | DerivedOutput
 
 
 #: How a computed key's domain follows from the policy (:mod:`dpgate.sql.keys`).
@@ -396,7 +420,9 @@ class QueryPlan:
         """
         outputs: list[Output] = []
         for o in d["outputs"]:
-            if "function" not in o:
+            if "expression" in o:
+                outputs.append(DerivedOutput(**o))
+            elif "function" not in o:
                 outputs.append(KeyOutput(**o))
             else:
                 outputs.append(AggregateOutput(**{**o, "primitives": tuple(o["primitives"])}))

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dpgate.policy import DatasetPolicy, quote_identifier as q
 from dpgate.sql.bound import _where
-from dpgate.sql.plan import AggregateOutput, KeyOutput, QueryPlan
+from dpgate.sql.plan import AggregateOutput, DerivedOutput, KeyOutput, QueryPlan
 
 _SRC = "__dpg_src"
 _EXACT = {
@@ -49,6 +49,8 @@ def exact_sql(plan: QueryPlan, policy: DatasetPolicy) -> str:
         if isinstance(o, KeyOutput):
             items.append(f"{col(o.column)} AS {q(o.name)}")
             continue
+        if isinstance(o, DerivedOutput):
+            continue  # computed in the outer SELECT from the others' names
         assert isinstance(o, AggregateOutput)
         if o.function == "quantile":
             alpha = plan.primitive(o.primitives[0]).alpha
@@ -62,7 +64,8 @@ def exact_sql(plan: QueryPlan, policy: DatasetPolicy) -> str:
         inner += f" WHERE {where}"
     if plan.group_by:
         inner += " GROUP BY " + ", ".join(col(c) for c in plan.group_by)
-    visible = [q(o.name) for o in plan.visible_outputs]
+    visible = [f"({o.expression}) AS {q(o.name)}" if isinstance(o, DerivedOutput) else q(o.name)
+               for o in plan.visible_outputs]
     outer = f"SELECT {', '.join(visible)} FROM ({inner}) AS __dpg_exact"
     if plan.having:
         outer += f" WHERE {plan.having}"
