@@ -49,10 +49,12 @@ score = {{ type = "float", lower = -1, upper = 1, resolution = 0.5 }}
 
 
 def write_eval_project(root: Path, *, epsilon: float = 1e4, drop_user: int | None = None,
-                       candidates: tuple[str, ...] = tuple(CANDIDATES)) -> Path:
+                       candidates: tuple[str, ...] = tuple(CANDIDATES),
+                       selection_delta: float | None = None) -> Path:
     """Write ``root/policies/evals.toml`` and ``root/eval.csv``; return the policies folder.
     ``drop_user``: leave that user's rows out (a neighbouring dataset); ``candidates``: a subset
-    of :data:`CANDIDATES` (the table's rows and public keys)."""
+    of :data:`CANDIDATES` (the table's rows and public keys); ``selection_delta``: the budget's
+    reserve for partition selection (None: the default δ/2; 0: none, ε stated at the full δ)."""
     root.mkdir(parents=True, exist_ok=True)
     lines = ["user_id,candidate,correct,split,score"]
     for u in range(USERS):
@@ -65,7 +67,10 @@ def write_eval_project(root: Path, *, epsilon: float = 1e4, drop_user: int | Non
     policies = root / "policies"
     policies.mkdir(exist_ok=True)
     keys = "[" + ", ".join(f'"{c}"' for c in candidates) + "]"
-    (policies / "evals.toml").write_text(POLICY.format(epsilon=epsilon, source=csv.as_posix(), keys=keys))
+    text = POLICY.format(epsilon=epsilon, source=csv.as_posix(), keys=keys)
+    if selection_delta is not None:
+        text = text.replace("delta = 1e-6\n", f"delta = 1e-6\nselection_delta = {selection_delta!r}\n", 1)
+    (policies / "evals.toml").write_text(text)
     return policies
 
 

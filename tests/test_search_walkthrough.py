@@ -30,7 +30,8 @@ def dpsgd(sigma: float) -> list[float]:
 
 
 def test_worked_example(tmp_path):
-    policies = write_eval_project(tmp_path, epsilon=8.0, candidates=("a", "b", "c"))
+    # no partition selection in this population (selection_delta = 0): ε is stated at the full δ = 1e-6
+    policies = write_eval_project(tmp_path, epsilon=8.0, candidates=("a", "b", "c"), selection_delta=0.0)
     with Gateway.open(Settings(policies=policies, home=tmp_path / "home")) as gw:
         sid = gw.create_search({
             "purpose": "fine-tune: pick one of three",
