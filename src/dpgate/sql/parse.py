@@ -858,7 +858,7 @@ def _plan_having(
 
 def _nondeterministic(node: exp.Expression) -> bool:
     """True when ``node`` calls a function whose value is not a function of the release
-    (``RANDOM()``, ``NOW()``…: :data:`dpgate.postprocess.expressions.NONDETERMINISTIC_FUNCTIONS`)."""
+    (random numbers, the clock: :data:`dpgate.postprocess.expressions.NONDETERMINISTIC_FUNCTIONS`)."""
     from dpgate.postprocess.expressions import NONDETERMINISTIC_FUNCTIONS
 
     return any(isinstance(n, exp.Func) and (n.sql_name().upper() in NONDETERMINISTIC_FUNCTIONS
