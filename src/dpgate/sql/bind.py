@@ -47,7 +47,8 @@ _NUMERIC = ("int", "float")
 _TEMPORAL = ("date", "timestamp")
 _INT_RE = re.compile(r"^\d+$")
 
-_AGGREGATES = (
+#: The aggregate calls the planner knows (one list: sql.parse uses it too).
+AGGREGATES = (
     exp.Count,
     exp.Sum,
     exp.Avg,
@@ -56,7 +57,9 @@ _AGGREGATES = (
     exp.Stddev,
     exp.StddevPop,
     exp.StddevSamp,
+    exp.ApproxDistinct,
 )
+_AGGREGATES = AGGREGATES
 _ANON_AGGREGATES = {"mean": "avg", "var": "var_pop", "varp": "var_pop", "stdevp": "stddev_pop"}
 _TRY_CAST_TYPES = {
     exp.DataType.Type.BIGINT: "int",

@@ -79,6 +79,7 @@ from dpgate.sql.quantile import QUANTILE_FUNCTIONS, is_quantile_call, quantile_c
 from dpgate.sql.rules import MAX_NESTING, apply_statement_rules, inline_ctes
 from dpgate.sql.per_unit import rewrite_per_unit
 from dpgate.sql.bind import (
+    AGGREGATES,
     SOURCE,
     Binder,
     canonical_columns,
@@ -168,17 +169,7 @@ _STRUCTURAL = {
     exp.TableSample: "TABLESAMPLE / USING SAMPLE is not supported",
 }
 
-_AGGREGATES = (
-    exp.Count,
-    exp.Sum,
-    exp.Avg,
-    exp.Variance,
-    exp.VariancePop,
-    exp.Stddev,
-    exp.StddevPop,
-    exp.StddevSamp,
-    exp.ApproxDistinct,
-)
+_AGGREGATES = AGGREGATES  # sql.bind's list
 _AGG_FUNCTION = {
     exp.Sum: "sum",
     exp.Avg: "avg",
