@@ -32,6 +32,8 @@ This module only plans and writes SQL; the threshold itself (OpenDP) lives in
 
 from __future__ import annotations
 
+import math
+
 from typing import Iterable
 
 import numpy as np
@@ -116,7 +118,8 @@ def final_sql(plan: QueryPlan, keys: list[ColumnPolicy], key_relation) -> str:
 
 def public_combinations(plan: QueryPlan, policy: DatasetPolicy) -> int:
     """P: rows per candidate (the number of public-key combinations; 1 without public keys)."""
-    return policy.table(plan.table).key_combinations(plan.public_group_by)
+    table = policy.table(plan.table)
+    return math.prod(len(plan.key_column(table, c).public_keys) for c in plan.public_group_by)  # computed keys too
 
 
 def candidate_counts(values: dict[str, np.ndarray], per_candidate: int) -> np.ndarray:
