@@ -372,3 +372,31 @@ def test_a_keys_only_release_does_not_depend_on_the_data(policy_file, tmp_path):
         finally:
             g.close()
     assert rows[0] == rows[1] and ["3", 0] in rows[1]
+
+
+@pytest.mark.parametrize("sql, text", [
+    ("SELECT educ, COUNT(*) AS n FROM people GROUP BY educ HAVING educ", "must be a condition"),
+    ("SELECT educ, COUNT(*) FROM people GROUP BY educ HAVING CAST(educ AS DECIMAL(4, 1)) > 1", "CAST to DECIMAL"),
+    ("SELECT COUNT(*) FROM people WHERE income > 'nan'::DOUBLE", "CAST"),
+    ("SELECT COUNT(*) FROM people WHERE CAST(educ AS DECIMAL(4, 1)) > 1", "TRY_CAST to DECIMAL"),
+    ("SELECT educ, COUNT(*) AS n FROM people GROUP BY educ ORDER BY educ * 2", "educ is text"),
+    ("SELECT COUNT(*) FROM people ORDER BY age + 1", "raw column"),
+    ("SELECT age FROM people", "raw column 'age'"),
+])
+def test_refusals_of_these_clauses_charge_nothing(gw, sql, text):
+    e = refused_free(gw, sql)
+    assert text in e.message, e.message
+
+
+def test_a_row_by_row_read_of_a_public_table_is_capped(policy, gw, monkeypatch):
+    import dpgate.service as service
+    import dpgate.sql.public as public
+
+    p = plan("SELECT name FROM cities", policy)
+    assert exact_sql(p, policy).endswith(f"LIMIT {public.MAX_PUBLIC_ROWS + 1}")
+    assert exact_sql(plan("SELECT name FROM cities LIMIT 2", policy), policy).endswith("LIMIT 2")
+    monkeypatch.setattr(public, "MAX_PUBLIC_ROWS", 2)
+    monkeypatch.setattr(service, "MAX_PUBLIC_ROWS", 2)
+    with pytest.raises(UnsupportedQuery, match="more than 2 rows"):
+        ask(gw, "SELECT name FROM cities")
+    assert ask(gw, "SELECT name FROM cities ORDER BY name LIMIT 2")["rows"] == [["Aarau"], ["Lyon"]]

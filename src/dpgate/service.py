@@ -74,7 +74,14 @@ from dpgate.sql.plan import AggregateOutput, DerivedOutput, KeyOutput, QueryPlan
 from dpgate import quantile_release
 from dpgate.quantile_release import PlanCalibration, has_quantiles, without_quantiles
 from dpgate.sql.quantile import histogram_sql, histogram_sql_template
-from dpgate.sql.public import exact_sql, public_key_columns, reads_public_only, releases_public_keys_only
+from dpgate.sql.public import (
+    MAX_PUBLIC_ROWS,
+    exact_sql,
+    public_key_columns,
+    reads_public_only,
+    reads_rows,
+    releases_public_keys_only,
+)
 from dpgate.sql.joins import JoinedTable, policy_for
 from dpgate.sql.per_unit import PerUnitTable
 from dpgate.policy import quote_identifier
@@ -968,6 +975,11 @@ class Gateway:
         names = [o.name for o in plan.visible_outputs]
         columns = [[_plain(v) for v in np.asarray(values[n]).tolist()] for n in names]
         rows = [list(r) for r in zip(*columns)] if columns else []
+        if reads_rows(plan) and len(rows) > MAX_PUBLIC_ROWS:
+            raise UnsupportedQuery(
+                f"the query reads more than {MAX_PUBLIC_ROWS:,} rows of a public table: narrow it with "
+                "WHERE or LIMIT, or aggregate (nothing was charged: public data costs nothing)",
+                {"rows": MAX_PUBLIC_ROWS, "charged": False})
         release_id, created = new_release_id(), now()
         document = {
             "release_id": release_id,

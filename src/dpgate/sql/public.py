@@ -33,6 +33,16 @@ _EXACT = {
 }
 
 
+#: Most rows a public table read row by row may release (``SELECT a, b FROM genres``): the
+#: release is stored and served like any other, so it stays a table, not a data export.
+MAX_PUBLIC_ROWS = 100_000
+
+
+def reads_rows(plan: QueryPlan) -> bool:
+    """True for a row-by-row read (no GROUP BY, no aggregate): only a public table allows it."""
+    return not plan.group_by and not plan.primitives
+
+
 def reads_public_only(plan: QueryPlan, policy: DatasetPolicy) -> bool:
     """True when every table the plan reads is declared ``public = true``."""
     return policy.table(plan.table).public
@@ -115,6 +125,9 @@ def exact_sql(plan: QueryPlan, policy: DatasetPolicy) -> str:
     keys = [q(o.name) for o in plan.outputs if isinstance(o, KeyOutput)]
     if order or keys:
         outer += " ORDER BY " + ", ".join(order + keys)
-    if plan.limit is not None:
-        outer += f" LIMIT {plan.limit}"
+    limit = plan.limit
+    if reads_rows(plan) and (limit is None or limit > MAX_PUBLIC_ROWS):
+        limit = MAX_PUBLIC_ROWS + 1  # one more, so that the caller can tell it was cut
+    if limit is not None:
+        outer += f" LIMIT {limit}"
     return outer
