@@ -489,7 +489,11 @@ def test_console_errors_are_shown_on_the_form(client):
     assert r.status_code == 400 and "unsupported_query" in r.text and "SELECT * FROM prompts" in r.text
     r = analyst.post("/ui/console", data={**base, "sql": "SELECT COUNT(*) FROM prompts", "budget_kind": "rho",
                                           "budget_value": "-1"})
-    assert r.status_code == 400 and "invalid_request" in r.text
+    assert r.status_code == 400 and "invalid_budget" in r.text  # the API's code for a bad budget
+    for bad in ("nan", "inf", "x"):
+        r = analyst.post("/ui/console", data={**base, "sql": "SELECT COUNT(*) FROM prompts", "budget_kind": "rho",
+                                              "budget_value": bad})
+        assert r.status_code == 400 and "invalid_budget" in r.text, bad
     r = analyst.post("/ui/console", data={**base, "sql": "SELECT COUNT(*) FROM prompts", "dataset": "<x>"})
     assert r.status_code == 400 and "<x>" not in r.text
     r = analyst.post("/ui/console", data={**base, "sql": "SELECT COUNT(*) FROM prompts", "budget_kind": "rho",
