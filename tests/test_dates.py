@@ -343,3 +343,20 @@ def test_dataset_description_with_date_bounds_validates(tmp_path):
     assert (cols["day"].lower, cols["day"].upper) == ("2022-01-01", "2024-12-31")
     assert cols["at"].upper == "2024-03-31 23:59:59" or cols["at"].upper == "2024-03-31T23:59:59"
     assert cols["books"].lower == 0 and cols["books"].upper == 10
+
+
+@pytest.mark.parametrize("sql, text", [
+    # a trial found the refusal calling 'epoch' "the date part 'given'"
+    ("SELECT SUM(EXTRACT(epoch FROM at)) FROM checkouts", "the date part 'epoch' is not supported"),
+    ("SELECT COUNT(*) FROM checkouts WHERE date_part('yearofweek', day) = 2023",
+     "the date part 'yearofweek' is not supported"),
+])
+def test_unsupported_date_parts_are_named_as_written(policy, sql, text):
+    with pytest.raises(UnsupportedQuery, match=text):
+        parse_query(sql, policy)
+
+
+def test_collate_is_refused_as_collate_not_as_a_function(policy):
+    with pytest.raises(UnsupportedQuery, match="COLLATE is not supported") as info:
+        parse_query("SELECT COUNT(*) FROM checkouts WHERE 'a' COLLATE NOCASE = 'b'", policy)
+    assert "function" not in info.value.message

@@ -778,6 +778,9 @@ class Binder:
             return Expr(kind, target, node, (a,), _BOOL if target == "bool" else None)
         if self._values and isinstance(node, exp.Anonymous) and node.name.lower() == "if":
             raise unsupported(f"function {snippet(node)} is not allowed", node)  # pragma: no cover
+        if isinstance(node, exp.Collate):
+            raise unsupported(f"{snippet(node)}: COLLATE is not supported (compare with LOWER()/UPPER() "
+                              "instead)", node)
         raise unsupported(f"function {snippet(node)} is not allowed", node)
 
 
@@ -897,9 +900,10 @@ def _date_part(node: exp.Expression) -> tuple[str, exp.Expression] | None:
         unit, arg = _PART_FUNCS[type(node)], node.this
     else:
         return None
+    written = unit
     unit = _PART_ALIASES.get(unit, unit) or ""
     if unit != "year" and unit not in _PART_RANGES:
-        raise unsupported(f"{snippet(node)}: the date part {unit or 'given'!r} is not supported "
+        raise unsupported(f"{snippet(node)}: the date part {written or 'given'!r} is not supported "
                           f"(year, {', '.join(_PART_RANGES)})", node)
     return unit, arg
 

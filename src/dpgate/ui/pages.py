@@ -47,7 +47,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import RedirectResponse, Response, StreamingResponse
 
 from dpgate.auth import KeyStore, Permission, Principal, Role
-from dpgate.errors import DpgateError, Forbidden, InvalidRequest, NotFound, Unauthenticated
+from dpgate.errors import DpgateError, Forbidden, InvalidBudget, InvalidRequest, NotFound, Unauthenticated
 from dpgate.ledger.browse import MAX_PAGE_SIZE, normalise_time
 from dpgate.service import Gateway, QueryBudget
 from dpgate.sql.parse import DIALECTS as PLANNER_DIALECTS
@@ -221,16 +221,17 @@ def _text(form: Mapping[str, Any], name: str, default: str = "") -> str:
 
 
 def _positive(form: Mapping[str, Any], name: str, what: str, *, upper: float | None = None,
-              strict_upper: bool = False) -> float:
+              strict_upper: bool = False, error: type[DpgateError] = InvalidRequest) -> float:
+    """A form field as a finite number > 0 (≤ ``upper``); ``error`` (default InvalidRequest) otherwise."""
     raw = _text(form, name).strip()
     try:
         value = float(raw)
     except ValueError:
-        raise InvalidRequest(f"{what} must be a number", {"field": name}) from None
+        raise error(f"{what} must be a number", {"field": name}) from None
     if not math.isfinite(value) or value <= 0:
-        raise InvalidRequest(f"{what} must be a finite number > 0", {"field": name})
+        raise error(f"{what} must be a finite number > 0", {"field": name})
     if upper is not None and (value >= upper if strict_upper else value > upper):
-        raise InvalidRequest(f"{what} must be {'<' if strict_upper else '≤'} {upper:g}", {"field": name})
+        raise error(f"{what} must be {'<' if strict_upper else '≤'} {upper:g}", {"field": name})
     return value
 
 
@@ -640,8 +641,9 @@ def _console_request(form: Mapping[str, Any], datasets: list[str]) -> dict[str, 
         raise InvalidRequest("the budget must be default, rho, epsilon or ci95", {"field": "budget_kind"})
     value = None
     if kind != "default":
+        # the API's code for a bad budget (invalid_budget), not a generic invalid_request
         value = _positive(form, "budget_value", {"rho": "ρ", "epsilon": "ε", "ci95": "the ci95 half-width"}[kind],
-                          upper=1e6)
+                          upper=1e6, error=InvalidBudget)
     mechanism = _text(form, "mechanism", "default")
     if mechanism not in ("default", "gaussian", "laplace"):
         raise InvalidRequest("the mechanism must be gaussian or laplace", {"field": "mechanism"})
