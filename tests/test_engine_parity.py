@@ -604,11 +604,14 @@ def _corpus_bounded(policies, engines_ref: EngineSet, q) -> list[tuple[str, str]
     the reference load found the unit unique."""
     from dpgate.quantile_release import has_quantiles, without_quantiles
     from dpgate.sql.joins import JoinedTable, policy_for
+    from dpgate.sql.public import reads_public_only, releases_public_keys_only
     from dpgate.sql.quantile import histogram_sql
 
     policy = policies[q.dataset]
     plan = parse_query(q.sql, policy, dialect=None if q.dialect == "duckdb" else q.dialect)
     policy = policy_for(plan.table, policy)  # a join: the joined table, as the service does
+    if reads_public_only(plan, policy) or releases_public_keys_only(plan, policy):
+        return []  # answered without a bounded query (exact public data, or the policy's key list)
     if has_quantiles(plan):  # what the service runs: counts/sums, then one histogram per column
         base = without_quantiles(plan)
         out = [("general", bounded_sql(base, policy, salt=CORPUS_SALT))] if base.primitives else []

@@ -170,7 +170,8 @@ def test_deep_nesting_is_refused_clearly(policy):
     sql = "SELECT COUNT(*)" + sql[len("SELECT *"):]
     with pytest.raises(UnsupportedQuery) as e:
         parse_query(sql, policy)
-    assert "nested more than" in str(e.value)
+    assert f"nests subqueries more than {rules.MAX_DEPTH} levels deep" in str(e.value)
+    assert e.value.details["reason"] == "nesting" and e.value.details["max"] == rules.MAX_DEPTH
 
 
 def test_a_column_the_subquery_does_not_project_is_unknown(policy):

@@ -29,6 +29,7 @@ import hmac
 import json
 import logging
 import math
+import re
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,7 +74,14 @@ from dpgate.sql.plan import AggregateOutput, DerivedOutput, KeyOutput, QueryPlan
 from dpgate import quantile_release
 from dpgate.quantile_release import PlanCalibration, has_quantiles, without_quantiles
 from dpgate.sql.quantile import histogram_sql, histogram_sql_template
-from dpgate.sql.public import exact_sql, reads_public_only
+from dpgate.sql.public import (
+    MAX_PUBLIC_ROWS,
+    exact_sql,
+    public_key_columns,
+    reads_public_only,
+    reads_rows,
+    releases_public_keys_only,
+)
 from dpgate.sql.joins import JoinedTable, policy_for
 from dpgate.sql.per_unit import PerUnitTable
 from dpgate.policy import quote_identifier
@@ -598,6 +606,12 @@ class Gateway:
                     "bounded_sql": None, "sensitivity": {}, "mechanism": None, "noise_scales": {},
                     "budget": None, "cost": {"rho": 0.0, "epsilon": 0.0, "epsilon_at_delta": 0.0, "fits": True,
                                              "message": "reads public tables only: answered exactly, no charge"}}
+        if releases_public_keys_only(plan, policy):  # keys only: the policy's keys, free
+            return {"dataset": dataset, "canonical_sql": plan.canonical_sql, "plan_hash": plan.plan_hash,
+                    "plan": plan.canonical_dict(), "public_keys_only": True, "exact_sql": None,
+                    "bounded_sql": None, "sensitivity": {}, "mechanism": None, "noise_scales": {},
+                    "budget": None, "cost": {"rho": 0.0, "epsilon": 0.0, "epsilon_at_delta": 0.0, "fits": True,
+                                             "message": _KEYS_ONLY_NOTE}}
         selection = self._selection_of(plan, policy)
         if selection is not None:  # selection hook (issue 15): keys only, exponential mechanism
             from dpgate.selection import explain_selection
@@ -700,6 +714,8 @@ class Gateway:
         policy, plan = self._plan(dataset, sql, dialect)
         if reads_public_only(plan, policy) and search_id is None:  # public tables hook: exact and free
             return self._public_release(policy, plan)
+        if releases_public_keys_only(plan, policy) and search_id is None:  # keys only: the policy's keys, free
+            return self._public_keys_release(policy, plan)
         selection = self._selection_of(plan, policy)
         if selection is not None or search_id is not None:  # selection hook (issue 15)
             return self._selection_query(dataset, policy, plan, selection, consumer=consumer, budget=budget,
@@ -959,6 +975,11 @@ class Gateway:
         names = [o.name for o in plan.visible_outputs]
         columns = [[_plain(v) for v in np.asarray(values[n]).tolist()] for n in names]
         rows = [list(r) for r in zip(*columns)] if columns else []
+        if reads_rows(plan) and len(rows) > MAX_PUBLIC_ROWS:
+            raise UnsupportedQuery(
+                f"the query reads more than {MAX_PUBLIC_ROWS:,} rows of a public table: narrow it with "
+                "WHERE or LIMIT, or aggregate (nothing was charged: public data costs nothing)",
+                {"rows": MAX_PUBLIC_ROWS, "charged": False})
         release_id, created = new_release_id(), now()
         document = {
             "release_id": release_id,
@@ -983,6 +1004,46 @@ class Gateway:
             "guarantee": {"population": policy.population, "public_data": True},
         }
         key = f"public:{plan.plan_hash}:{version}:{release_id}"
+        stored = self.release_store.put(Release(release_id, key, policy.name, plan.plan_hash, created, document, None))
+        return stored.to_dict(cached=False)
+
+    def _public_keys_release(self, policy: DatasetPolicy, plan: QueryPlan) -> dict[str, Any]:
+        """The release of a keys-only query whose keys are all public (no charge, no data read).
+
+        ``SELECT educ FROM pums GROUP BY educ`` asks which keys there are; with public keys
+        that is the policy's key list (every combination, as any GROUP BY over public keys
+        releases it, empty groups included), which is a function of the policy alone and
+        so costs nothing. Which keys occur in the data is *not* released: that would need a
+        noisy count per key (ask ``COUNT(*)``) or private partition selection (keys without
+        public keys). HAVING / ORDER BY / LIMIT / select-list expressions run on the keys
+        (:func:`dpgate.postprocess.finalize`).
+        """
+        version = self._data_version(policy.name)
+        table = finalize(plan, policy, public_key_columns(plan, policy), {}, {}, {}, mechanism="none")
+        labels = [o.label or o.name for o in plan.visible_outputs]
+        release_id, created = new_release_id(), now()
+        document = {
+            "release_id": release_id,
+            "dataset": policy.name,
+            "table": plan.table,
+            "columns": labels,
+            "rows": [list(r) for r in table.rows],
+            "accuracy": {},
+            "charge": None,
+            "cached": False,
+            "exact": True,
+            "public_keys_only": True,
+            "note": _KEYS_ONLY_NOTE,
+            "data_version": version,
+            "created_at": created,
+            "plan_hash": plan.plan_hash,
+            "canonical_sql": plan.canonical_sql,
+            "mechanism": None,
+            "noise_scales": {},
+            "budget": None,
+            "guarantee": {"population": policy.population, "public_data": True},
+        }
+        key = f"keys:{plan.plan_hash}:{version}:{release_id}"
         stored = self.release_store.put(Release(release_id, key, policy.name, plan.plan_hash, created, document, None))
         return stored.to_dict(cached=False)
 
@@ -1142,6 +1203,12 @@ class Gateway:
             pops[name] = {**cap.public(), "checked_orders": list(cap.checked_orders)}
         return {"orders": ["inf" if math.isinf(a) else a for a in accounting.ORDERS],
                 "finite_orders": list(FINITE_ORDERS), "populations": pops}
+
+
+#: What a keys-only release over public keys is (release note and explain message).
+_KEYS_ONLY_NOTE = ("keys only, all public: the release lists the policy's public key values (every "
+                   "combination), not the keys present in the data; it reads no data and costs "
+                   "nothing. Add COUNT(*) to learn which keys have rows")
 
 
 def post_processing_settings(policy: DatasetPolicy) -> dict[str, Any]:
@@ -1422,8 +1489,24 @@ def _check_derived_outputs(plan: QueryPlan, policy: DatasetPolicy) -> None:
         if isinstance(o, KeyOutput):
             computed = plan.computed_key(o.column)
             keys[o.name] = computed.type if computed is not None else table.column(o.column).type
-    for value_type in ("int", "float"):
-        types = {**{o.name: value_type for o in plan.outputs if isinstance(o, AggregateOutput)}, **keys}
-        for o in derived:
-            check_postprocess_expression(o.expression, types)
+    labels = {o.name: o.label or o.name for o in plan.outputs}
+    try:
+        for value_type in ("int", "float"):
+            types = {**{o.name: value_type for o in plan.outputs if isinstance(o, AggregateOutput)}, **keys}
+            for o in derived:
+                check_postprocess_expression(o.expression, types)
+    except UnsupportedQuery as e:
+        raise _in_analyst_terms(e, labels) from None
+
+
+def _in_analyst_terms(e: UnsupportedQuery, labels: Mapping[str, str]) -> UnsupportedQuery:
+    """``e`` with the plan's output names (``"g0"``, ``"count"``) replaced by the titles the
+    analyst gave them (``bin``, ``COUNT(*)``): internal names never reach a message."""
+    def title(m: re.Match) -> str:
+        name = m.group(1).replace('""', '"')
+        return labels.get(name, m.group(0))
+
+    quoted = re.compile(r'"((?:[^"]|"")+)"')
+    details = {k: quoted.sub(title, v) if isinstance(v, str) else v for k, v in e.details.items()}
+    return UnsupportedQuery(quoted.sub(title, e.message), details)
 

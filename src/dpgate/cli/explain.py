@@ -67,6 +67,10 @@ def run(args: argparse.Namespace, settings) -> int:
         print("exact SQL:")
         print(result["exact_sql"])
         return 0
+    if result.get("public_keys_only"):
+        print("keys only     over public keys: the release is the policy's key list; it reads no "
+              "data and charges nothing")
+        return 0
     unit = "record-level (each row is a unit)" if c["record_level"] else c["privacy_unit"]
     print(f"privacy unit  {unit}")
     print(f"bounds        k = {c['max_groups_per_unit']} groups per unit, "

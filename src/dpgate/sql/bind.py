@@ -6,13 +6,14 @@ The same binder checks WHERE predicates (executed by DuckDB), HAVING predicates 
 released outputs) and the arguments of aggregates; the clause decides what is allowed:
 
 * ``WHERE``: the allow-list of :mod:`dpgate.sql.parse` (comparisons, IN, BETWEEN, LIKE,
-  ``+ - *``, a fixed set of deterministic functions, TRY_CAST); no division, CAST or CASE.
+  ``+ - *``, a fixed set of deterministic functions, TRY_CAST, and CAST of a column read as
+  TRY_CAST by :func:`plan_where`); no division or CASE.
 * ``aggregate`` (the argument of SUM/AVG/VAR/STDDEV/COUNT, or a computed key): the WHERE
   set plus CASE/IF, division (only when the divisor's range excludes 0), CAST to a numeric
   type, and boolean predicates used as 0/1. A value derived here must have a finite
   range; :func:`derived_value` turns that range into the clamp and the fixed-point
   resolution of the aggregated value.
-* ``HAVING``: arithmetic and comparisons over outputs (post-processing).
+* ``HAVING``: arithmetic, comparisons and CAST (TRY semantics) over outputs (post-processing).
 
 The privacy unit column may not appear in any row expression: a predicate or a value
 computed from it singles out units (``SUM(CASE WHEN pid = 42 THEN …)``).
@@ -89,7 +90,7 @@ _COMPARISONS = (
 _HAVING_NODES = (
     exp.Paren, exp.Column, exp.Literal, exp.Boolean, exp.Null, exp.Neg, exp.Abs, exp.Add,
     exp.Sub, exp.Mul, exp.Div, exp.And, exp.Or, exp.Not, exp.Is, exp.In, exp.Between,
-    exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE,
+    exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.Cast,
 )
 _BOOL = Interval.of(0, 1)
 
@@ -495,6 +496,8 @@ class Binder:
         temporal = _temporal_literal(node)
         if temporal is not None:
             return temporal
+        if isinstance(node, exp.Cast) and self.clause == "HAVING":
+            return self._released_cast(node)
         if isinstance(node, exp.Cast) and not isinstance(node, exp.TryCast):
             if self._values:
                 return self._cast(node)
@@ -610,6 +613,24 @@ class Binder:
             raise unsupported(f"CAST of a {a.type} value is not supported inside aggregates: "
                               f"{snippet(node)}", node)
         return self._converted(node, a, target, to)
+
+    def _released_cast(self, node: exp.Cast) -> Expr:
+        """CAST/TRY_CAST/``::`` of a released value (HAVING, ORDER BY): post-processing on
+        public keys and noisy values, evaluated with TRY semantics (a value that does not
+        convert is NULL; :mod:`dpgate.postprocess.expressions`), so it cannot fail after
+        the charge. Targets: those of TRY_CAST."""
+        only_args(node, {"this", "to", "safe"})
+        to = node.args["to"]
+        target = _TRY_CAST_TYPES.get(to.this) if isinstance(to, exp.DataType) else None
+        if target is None or to.expressions:
+            raise unsupported(f"CAST to {snippet(to)} is not supported in {self.clause} (BIGINT, "
+                              "INTEGER, DOUBLE, VARCHAR or BOOLEAN)", node)
+        a = self.bind(node.this)
+        if a.type in ("date", "timestamp"):
+            raise unsupported(f"CAST of a {a.type} value is not supported in {self.clause}: "
+                              f"{snippet(node)}", node)
+        kind = "predicate" if target == "bool" else "cast"
+        return Expr(kind, target, node, (a,), _BOOL if target == "bool" else None, True)
 
     def _converted(self, node: exp.Expression, a: Expr, target: str, to: exp.DataType) -> Expr:
         r = a.range
@@ -1003,6 +1024,7 @@ def plan_where(node: exp.Expression | None, scope: Any) -> str | None:
     """
     if node is None:
         return None
+    node = cast_as_try_cast(node)
     binder = Binder(row_column(scope))
     binder.check_predicate(node)
     tree = canonical_columns(node, scope.resolve)
@@ -1018,6 +1040,27 @@ def plan_where(node: exp.Expression | None, scope: Any) -> str | None:
         return None
     tree = guard_arithmetic(tree)
     return tree.sql(dialect=DIALECT, comments=False)
+
+
+def cast_as_try_cast(node: exp.Expression) -> exp.Expression:
+    """A copy of the row predicate ``node`` with every ``CAST(x AS t)`` (and ``x::t``) read as
+    ``TRY_CAST(x AS t)``.
+
+    A per-row CAST that fails on some row (``CAST(educ AS INTEGER)`` of a text ``'n/a'``)
+    would make the bounded query raise *after* the charge, and whether it raises depends
+    on the data. Under TRY semantics such a row's value is NULL, so the comparison is
+    unknown and the row is filtered out (DESIGN_NOTES, "SQL"). The target types are those
+    of TRY_CAST; other targets stay refused by the binder, and so does a cast of a constant
+    (nothing per row about it; write the literal).
+    """
+
+    def fix(n: exp.Expression) -> exp.Expression:
+        if isinstance(n, exp.Cast) and not isinstance(n, exp.TryCast) and n.this.find(exp.Column) \
+                and not any(n.args.get(k) for k in ("format", "action", "default")):
+            return exp.TryCast(this=n.this, to=n.args["to"])
+        return n
+
+    return node.copy().transform(fix, copy=False)
 
 
 def canonical_value(node: exp.Expression, scope: Any) -> tuple[Expr, exp.Expression]:

@@ -11,7 +11,7 @@ from dpgate.policy import DatasetPolicy
 from dpgate.sensitivity import sensitivities
 from dpgate.sql.bound import bounded_sql_template
 from dpgate.sql.parse import parse_query
-from dpgate.sql.public import exact_sql, reads_public_only
+from dpgate.sql.public import exact_sql, reads_public_only, releases_public_keys_only
 from dpgate.sql.quantile import histogram_sql_template
 
 
@@ -35,7 +35,9 @@ def explain_query(sql: str, policy: DatasetPolicy, *, dialect: str | None = None
         histogram SQL template); ``bounded_sql`` and ``sensitivities`` then describe its
         count/sum primitives only (None and {} when it has none). A query that reads public
         tables only is answered exactly and free: ``public`` is True, ``exact_sql`` the
-        SQL of its exact answer, ``bounded_sql`` None and ``sensitivities`` {}.
+        SQL of its exact answer, ``bounded_sql`` None and ``sensitivities`` {}. A keys-only
+        query over public keys has ``public_keys_only`` True (no primitive: its release is
+        the policy's key list, free).
 
     Raises:
         InvalidSql, UnsupportedQuery, UnknownTable, UnknownColumn: as
@@ -76,6 +78,8 @@ def explain_query(sql: str, policy: DatasetPolicy, *, dialect: str | None = None
         "sensitivities": ({k: v.to_dict() for k, v in sensitivities(noisy, policy).items()}
                           if noisy.primitives else {}),
     })
+    if releases_public_keys_only(plan, policy):
+        doc["public_keys_only"] = True  # the policy's key list: no data read, no charge
     if quantiles:
         doc["quantiles"] = {p.id: histogram_sql_template(plan, policy, p.column) for p in quantiles}
     return doc

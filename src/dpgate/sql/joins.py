@@ -279,9 +279,16 @@ def rewrite_joins(stmt: exp.Select, policy: DatasetPolicy) -> tuple[exp.Select, 
         path=pairs[0][0].table.path, public=not protected, join_sql=join_sql,
         sources=tuple(s.table.name for s in sources))
 
-    # the statement over the joined table
+    # the statement over the joined table; an unqualified name that no joined table declares
+    # but a SELECT item is titled with (GROUP BY binned_age) stays: the planner reads it as
+    # that item
+    titles = {e.alias.casefold() for e in stmt.expressions if isinstance(e, exp.Alias)}
+
     def rename(node: exp.Expression) -> exp.Expression:
         if isinstance(node, exp.Column) and not isinstance(node.this, exp.Star):
+            if (node.args.get("table") is None and node.name.casefold() in titles
+                    and not any(_find(s, node.name) is not None for s in sources)):
+                return node
             s, c = resolve(node)
             return exp.column(unit_name if is_unit(s, c) else names[(s.alias, c)], quoted=True)
         return node

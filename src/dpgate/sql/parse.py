@@ -32,15 +32,22 @@ Accepted shape (DESIGN.md, "SQL the gateway answers")::
   BIGINT/INTEGER/DOUBLE/VARCHAR/BOOLEAN, and TRY. Operands are type-checked against
   the policy's column types (a failing implicit cast would be an error *after* the
   charge). Every ``+ - *``, unary minus and ABS is wrapped in DuckDB's ``TRY(…)``, so
-  an integer or DECIMAL overflow gives NULL instead of an error. Division, modulo,
-  CAST, CASE and every other function are refused.
+  an integer or DECIMAL overflow gives NULL instead of an error. A CAST of a column is
+  read as TRY_CAST (a value that does not convert filters its row out). Division, modulo,
+  CASE and every other function are refused.
 * GROUP BY: bare declared columns (by name, SELECT alias or position); columns
   without public keys are selected by private partition selection
   (:mod:`dpgate.sql.partition_selection`). Every non-aggregate SELECT item must be a group key; a group key that
   is not selected is a hidden key output.
 * HAVING / ORDER BY / LIMIT: post-processing over the outputs (aliases, positions,
   group keys or the aggregate expressions themselves; an aggregate that only they
-  use becomes a hidden output). LIMIT is a non-negative integer literal.
+  use becomes a hidden output; an ORDER BY expression a hidden derived output). A
+  number as a HAVING condition means ``<> 0``; CAST of a released value has TRY
+  semantics. LIMIT is a non-negative integer literal.
+* Keys only (GROUP BY, no aggregate): over public keys the plan has no primitive (its
+  release is the public key list, free); over keys without public keys a hidden
+  count drives partition selection. Without GROUP BY, a protected table's rows are
+  refused (before its columns are resolved); a public table's rows are read exactly.
 
 Canonical form: identifiers resolve case-insensitively to the declared names;
 predicates are simplified by ``sqlglot.optimizer.simplify`` (which sorts and
@@ -76,7 +83,7 @@ from dpgate.sql import partition_selection as selection
 from dpgate.sql.keys import KeyDomain, canonical_date_key, derive_key_domain, width_bucket_to_case
 from dpgate.sql.joins import JOIN_MARK, rewrite_joins
 from dpgate.sql.quantile import QUANTILE_FUNCTIONS, is_quantile_call, quantile_call, quantile_name, quantile_sql
-from dpgate.sql.rules import MAX_NESTING, apply_statement_rules, inline_ctes
+from dpgate.sql.rules import MAX_NESTING, apply_statement_rules, inline_ctes, nesting_refusal
 from dpgate.sql.per_unit import rewrite_per_unit
 from dpgate.sql.bind import (
     AGGREGATES,
@@ -268,12 +275,8 @@ def parse_statement(sql: str, dialect: str | None = None) -> exp.Select:
         ) from None
     except (TokenError, SqlglotError) as exc:
         raise InvalidSql(f"the SQL does not parse: {str(exc).splitlines()[0][:200]}") from None
-    except RecursionError:
-        raise InvalidSql(
-            "the SQL nests too deeply to parse (thousands of operators, NOTs or parentheses "
-            f"inside one another); the planner accepts at most {MAX_NESTING} levels: write a "
-            "list of values as IN (…)"
-        ) from None
+    except RecursionError:  # sqlglot's parser recursed past Python's limit
+        raise nesting_refusal("expressions", MAX_NESTING) from None
     if not statements:
         raise InvalidSql("no SQL statement was given")
     if len(statements) > 1:
@@ -678,20 +681,23 @@ class _Outputs:
         self.items.append(out)
         return out
 
-    def add_expression(self, node: exp.Expression, label: str) -> _Out:
+    def add_expression(self, node: exp.Expression, label: str, *, hidden: bool = False,
+                       clause: str = "SELECT") -> _Out:
         """Append a post-processing item: an expression over aggregates, group keys and
-        constants (``SUM(age) * 1``, ``3``), evaluated on the released values."""
+        constants (``SUM(age) * 1``, ``3``), evaluated on the released values. A hidden one
+        is what an ``ORDER BY`` expression sorts by (``clause`` decides how names resolve:
+        in ORDER BY, output titles first)."""
         refs: dict[str, _Out] = {}
 
         def resolve(n: exp.Expression) -> exp.Expression:
             if _is_aggregate(n) or isinstance(n, exp.Column):
                 key = f"__out{len(refs)}"
-                refs[key] = self.reference(n, "SELECT")
+                refs[key] = self.reference(n, clause)
                 return exp.column(key, quoted=True)
             return n
 
         tree = node.copy().transform(resolve, copy=False)
-        out = _Out("expr", None, None, label, False, tree=tree, refs=refs)
+        out = _Out("expr", None, None, label, hidden, tree=tree, refs=refs)
         self.items.append(out)
         return out
 
@@ -835,7 +841,9 @@ def _plan_having(
             return outputs.key_type(out.column)
         return "float"
 
-    Binder(reference_type, "HAVING", is_aggregate=_is_aggregate).check_predicate(node)
+    binder = Binder(reference_type, "HAVING", is_aggregate=_is_aggregate)
+    node = _as_condition(node, binder)
+    binder.check_predicate(node)
 
     def resolve(n: exp.Expression) -> exp.Expression:
         if _is_aggregate(n) or isinstance(n, exp.Column):
@@ -845,6 +853,35 @@ def _plan_having(
         return n
 
     return node.copy().transform(resolve, copy=False), refs
+
+
+def _as_condition(node: exp.Expression, binder: Binder) -> exp.Expression:
+    """``node`` with each number used as a condition spelled ``(x) <> 0``.
+
+    SQL engines read a number in a condition as true when it is not 0 (DuckDB's
+    ``HAVING married`` for an integer key ``married``, SmartNoise's test suite); the
+    binder wants booleans, so an operand of AND/OR/NOT (or the whole HAVING) whose type
+    is int or float is compared with 0. Same rows, one canonical form.
+    """
+
+    def fix(n: exp.Expression) -> exp.Expression:
+        inner = _unparen(n)
+        if isinstance(inner, (exp.And, exp.Or)):
+            out = inner.copy()
+            out.set("this", fix(inner.this))
+            out.set("expression", fix(inner.expression))
+            return out
+        if isinstance(inner, exp.Not):
+            return exp.Not(this=fix(inner.this))
+        try:
+            numeric = binder.type(n) in _NUMERIC
+        except (UnsupportedQuery, UnknownColumn, UnknownTable):
+            return n  # the binder's own check names the problem
+        if numeric:
+            return exp.NEQ(this=exp.Paren(this=n.copy()), expression=exp.Literal.number(0))
+        return n
+
+    return fix(node)
 
 
 def _nondeterministic(node: exp.Expression) -> bool:
@@ -1105,10 +1142,7 @@ def parse_query(sql: str, policy: DatasetPolicy, *, dialect: str | None = None) 
             stmt, policy = rewrite_joins(stmt, policy)  # joins hook (dpgate.sql.joins): one joined table
             return _plan(stmt, policy)
         except RecursionError:
-            raise InvalidSql(
-                f"the SQL nests too deeply for the planner (it accepts at most {MAX_NESTING} "
-                "levels of operators or parentheses: write a list of values as IN (…))"
-            ) from None
+            raise nesting_refusal("expressions", MAX_NESTING) from None
     except DpgateError as e:
         raise nothing_charged(e)
     finally:
@@ -1132,12 +1166,14 @@ def _plan(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
     table, qualifiers = _resolve_from(stmt, policy)
     scope = _Scope(policy, table, qualifiers)
 
-    keys = _group_by(stmt, scope)
-    group_by = keys.names
-    outputs = _Outputs(scope, group_by, keys)
     selects = stmt.expressions
     if not selects:
         raise InvalidSql("the SELECT list is empty")
+    _refuse_raw_rows(stmt, table)
+    keys = _group_by(stmt, scope)
+    group_by = keys.names
+    outputs = _Outputs(scope, group_by, keys)
+    raw_rows = table.public and not group_by and not _has_aggregate(stmt)
     for item in selects:
         label = item.alias if isinstance(item, exp.Alias) else None
         node = _unparen(item.unalias())
@@ -1151,7 +1187,7 @@ def _plan(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
                 raise _unsupported(
                     f"selecting the privacy unit column ({name}) is never allowed", node
                 )
-            if name not in group_by:
+            if name not in group_by and not raw_rows:
                 raise _unsupported(
                     f"raw column {node.name!r} in SELECT: every non-aggregate item must be a "
                     "GROUP BY key (with public keys)",
@@ -1194,9 +1230,14 @@ def _plan(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
     limit = _limit(stmt)
     # selection hook (issue 15): an aggregate named only in ORDER BY counts (a keys-only
     # selection query, dpgate.sql.selection_query); checked after ORDER BY is resolved.
-    if not any(o.kind == "agg" for o in outputs.items):
-        if not selection.selected_columns(table, group_by):
+    if not any(o.kind == "agg" for o in outputs.items) and not selection.selected_columns(table, group_by):
+        # keys only: the key combinations are public (the policy's public keys, computed keys'
+        # domains, a public table's values), so the plan has no primitive and its release
+        # costs nothing (service.Gateway._public_keys_release); a public table alone may also
+        # be read row by row (sql/public.py). Without GROUP BY there is nothing to release.
+        if not group_by and not raw_rows:
             raise UnsupportedQuery("the query computes no aggregate (COUNT, SUM, AVG, …)")
+    elif not any(o.kind == "agg" for o in outputs.items):
         # issue 11 hook: keys only, selected privately — a hidden count of units is the
         # selection's own noisy count (no charge of its own; sql/partition_selection.py)
         agg = _Agg("count", None) if table.record_level else _Agg("count_distinct_unit", None)
@@ -1224,7 +1265,7 @@ def _plan(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
             continue
         if out.kind == "expr":
             plan_outputs.append(DerivedOutput(out.name, _finish_expression(out.tree, out.refs or {}),
-                                              False, out.label))
+                                              out.hidden, out.label))
             continue
         ids = []
         for kind in FUNCTION_PRIMITIVES[out.function]:
@@ -1277,6 +1318,35 @@ def _plan(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
     return _with_canonical_sql(plan, scope)
 
 
+def _has_aggregate(stmt: exp.Select) -> bool:
+    """True when the SELECT list, HAVING or ORDER BY calls an aggregate."""
+    parts = list(stmt.expressions) + [stmt.args.get(k) for k in ("having", "order")]
+    return any(_is_aggregate(n) or isinstance(n, exp.AggFunc)
+               for part in parts if part is not None for n in part.walk())
+
+
+def _refuse_raw_rows(stmt: exp.Select, table: TablePolicy) -> None:
+    """Refuse, before any column is resolved, a query over a protected table that has
+    neither GROUP BY nor an aggregate but selects a column: it asks for rows, and rows are
+    never released (a misspelt column there is still a request for rows).
+
+    Raises:
+        UnsupportedQuery: naming the first selected column.
+    """
+    if table.public or stmt.args.get("group") is not None or _has_aggregate(stmt):
+        return
+    for item in stmt.expressions:
+        for col in item.find_all(exp.Column):
+            if isinstance(col.this, exp.Star):
+                return  # SELECT t.*: its own message
+            raise _unsupported(
+                f"raw column {col.name!r} in SELECT: the query computes no aggregate, and rows of a "
+                "protected table are never released; aggregate it (COUNT, SUM, AVG, …) or GROUP BY "
+                "a key with public keys",
+                col,
+            )
+
+
 def _order_by(stmt: exp.Select, outputs: _Outputs) -> list[tuple[_Out, bool, bool]]:
     order = stmt.args.get("order")
     if order is None:
@@ -1293,7 +1363,15 @@ def _order_by(stmt: exp.Select, outputs: _Outputs) -> list[tuple[_Out, bool, boo
                 raise _unsupported(f"ORDER BY position {node.this} is not in the SELECT list", node)
             out = visible[pos - 1]
         else:
-            out = outputs.reference(node, "ORDER BY")
+            try:
+                out = outputs.reference(node, "ORDER BY")
+            except UnsupportedQuery:
+                # an expression over outputs (CAST(educ AS INTEGER), 2 * s / n): a hidden
+                # post-processing output to sort by (free; checked before the charge)
+                if (isinstance(node, exp.Column) or _is_aggregate(node) or _nondeterministic(node)
+                        or not isinstance(node, (exp.Binary, exp.Unary, exp.Func, exp.Paren, exp.Case))):
+                    raise
+                out = outputs.add_expression(node, _label(node), hidden=True, clause="ORDER BY")
         items.append((out, bool(ordered.args.get("desc")), bool(ordered.args.get("nulls_first"))))
     return items
 

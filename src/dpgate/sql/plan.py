@@ -187,7 +187,8 @@ class DerivedOutput:
     Attributes:
         name: canonical output name (``expr``, ``expr_2``…).
         expression: canonical DuckDB SQL of the expression over output names (double-quoted).
-        hidden: always False (only selected items are derived outputs).
+        hidden: True for an ``ORDER BY`` expression that is not selected (``ORDER BY
+            CAST(educ AS INTEGER)``): computed to sort by, not released.
         label: released column title; not part of the plan hash.
     """
 

@@ -12,6 +12,10 @@ group-key order.
 
 from __future__ import annotations
 
+import itertools
+
+import numpy as np
+
 from dpgate.policy import DatasetPolicy, quote_identifier as q
 from dpgate.sql.bound import _where
 from dpgate.sql.plan import AggregateOutput, DerivedOutput, KeyOutput, QueryPlan
@@ -29,9 +33,52 @@ _EXACT = {
 }
 
 
+#: Most rows a public table read row by row may release (``SELECT a, b FROM genres``): the
+#: release is stored and served like any other, so it stays a table, not a data export.
+MAX_PUBLIC_ROWS = 100_000
+
+
+def reads_rows(plan: QueryPlan) -> bool:
+    """True for a row-by-row read (no GROUP BY, no aggregate): only a public table allows it."""
+    return not plan.group_by and not plan.primitives
+
+
 def reads_public_only(plan: QueryPlan, policy: DatasetPolicy) -> bool:
     """True when every table the plan reads is declared ``public = true``."""
     return policy.table(plan.table).public
+
+
+def releases_public_keys_only(plan: QueryPlan, policy: DatasetPolicy) -> bool:
+    """True for a keys-only plan over a protected table (``SELECT educ FROM pums GROUP BY
+    educ``): no primitive, every group key with a policy-given domain (public keys, a
+    computed key's domain, a joined public table's values). Its release is that domain,
+    which is a function of the policy alone: it costs nothing (docs/DESIGN_NOTES.md, "SQL")."""
+    return not plan.primitives and bool(plan.group_by) and not policy.table(plan.table).public \
+        and not plan.selected_keys
+
+
+def public_key_columns(plan: QueryPlan, policy: DatasetPolicy) -> dict[str, np.ndarray]:
+    """Group-key column → one value per row: every combination of the keys' public values
+    (declared keys in policy order, the first key varying slowest), the rows a keys-only
+    release holds before HAVING / ORDER BY / LIMIT.
+
+    Raises:
+        ValueError: a group key has no public keys (a selected key: not a keys-only plan).
+    """
+    table = policy.table(plan.table)
+    domains = []
+    for name in plan.group_by:
+        keys = plan.key_column(table, name).public_keys
+        if keys is None:
+            raise ValueError(f"group key {name!r} has no public keys")
+        domains.append(list(keys))
+    rows = list(itertools.product(*domains))
+    out: dict[str, np.ndarray] = {}
+    for i, name in enumerate(plan.group_by):
+        column = np.empty(len(rows), dtype=object)
+        column[:] = [r[i] for r in rows]
+        out[name] = column
+    return out
 
 
 def exact_sql(plan: QueryPlan, policy: DatasetPolicy) -> str:
@@ -69,11 +116,18 @@ def exact_sql(plan: QueryPlan, policy: DatasetPolicy) -> str:
     outer = f"SELECT {', '.join(visible)} FROM ({inner}) AS __dpg_exact"
     if plan.having:
         outer += f" WHERE {plan.having}"
-    order = [f"{q(i.output)}{' DESC' if i.descending else ''} NULLS {'FIRST' if i.nulls_first else 'LAST'}"
+    def sort_key(name: str) -> str:  # a hidden ORDER BY expression is computed where it sorts
+        o = plan.output(name)
+        return f"({o.expression})" if isinstance(o, DerivedOutput) and o.hidden else q(name)
+
+    order = [f"{sort_key(i.output)}{' DESC' if i.descending else ''} NULLS {'FIRST' if i.nulls_first else 'LAST'}"
              for i in plan.order_by]
     keys = [q(o.name) for o in plan.outputs if isinstance(o, KeyOutput)]
     if order or keys:
         outer += " ORDER BY " + ", ".join(order + keys)
-    if plan.limit is not None:
-        outer += f" LIMIT {plan.limit}"
+    limit = plan.limit
+    if reads_rows(plan) and (limit is None or limit > MAX_PUBLIC_ROWS):
+        limit = MAX_PUBLIC_ROWS + 1  # one more, so that the caller can tell it was cut
+    if limit is not None:
+        outer += f" LIMIT {limit}"
     return outer

@@ -143,7 +143,7 @@ def merge_derived_tables(stmt: exp.Select, _depth: int = 0) -> exp.Select:
     if frm is None or not isinstance(frm.this, exp.Subquery):
         return stmt
     if _depth >= MAX_DEPTH:
-        raise UnsupportedQuery(f"subqueries are nested more than {MAX_DEPTH} deep")
+        raise nesting_refusal("subqueries", MAX_DEPTH)
     sub = frm.this
     if _real_args(sub) - {"this", "alias"}:
         raise _refuse(f"{_snippet(sub)}: options on a subquery are not supported", sub)
@@ -352,6 +352,35 @@ def or_equalities_to_in(stmt: exp.Select) -> exp.Select:
 MAX_NESTING = 200
 
 
+#: What to do about each kind of nesting (the end of :func:`nesting_refusal`'s message).
+_NESTING_HINTS = {
+    "expressions": "a chain of n AND/OR conditions nests n levels: write a list of values as IN (…)",
+    "subqueries": "write the filters of nested subqueries or CTEs as one WHERE",
+}
+
+
+def nesting_refusal(kind: str, limit: int, depth: int | None = None) -> UnsupportedQuery:
+    """The one refusal for a query nested deeper than the planner accepts, wherever it is found
+    (the parser's recursion, :func:`check_nesting`, :func:`merge_derived_tables`, the planner).
+
+    Args:
+        kind: ``"expressions"`` (operators, NOTs, parentheses) or ``"subqueries"``.
+        limit: the limit that was exceeded (:data:`MAX_NESTING` or :data:`MAX_DEPTH`).
+        depth: the measured depth, or None where only "more than the limit" is known.
+
+    Returns:
+        An :class:`UnsupportedQuery` "the query nests <kind> <depth> levels deep; the planner
+        accepts at most <limit> (<hint>)" with ``details = {"reason": "nesting", "kind",
+        "depth", "max"}``.
+    """
+    levels = f"{depth} levels" if depth is not None else f"more than {limit} levels"
+    return UnsupportedQuery(
+        f"the query nests {kind} {levels} deep; the planner accepts at most {limit} "
+        f"({_NESTING_HINTS[kind]})",
+        {"reason": "nesting", "kind": kind, "depth": depth, "max": limit},
+    )
+
+
 def check_nesting(stmt: exp.Expression) -> None:
     """Refuse a tree nested more than :data:`MAX_NESTING` levels, with a clear message.
 
@@ -369,12 +398,7 @@ def check_nesting(stmt: exp.Expression) -> None:
         for child in node.iter_expressions():
             depth_of[id(child)] = d + 1
     if deepest > MAX_NESTING:
-        raise UnsupportedQuery(
-            f"the query nests {deepest} levels deep, more than the {MAX_NESTING} the planner "
-            "accepts (a chain of n AND/OR conditions nests n levels; write a list of values "
-            "as IN (…))",
-            {"depth": deepest, "max": MAX_NESTING},
-        )
+        raise nesting_refusal("expressions", MAX_NESTING, deepest)
 
 
 def apply_statement_rules(stmt: exp.Select) -> exp.Select:

@@ -85,6 +85,13 @@ def recognize(plan: QueryPlan, policy: DatasetPolicy) -> SelectionQuery | None:
     if not plan.group_by:
         raise UnsupportedQuery("a selection query needs a GROUP BY over a public candidate set",
                                {"reason": "no_public_candidates"})
+    if plan.selected_keys:
+        column = plan.selected_keys[0]
+        raise UnsupportedQuery(
+            f"a selection query picks among public candidates, and {column} has no public keys in the "
+            "policy: keys read from the data would reveal which exist. Declare its public_keys (or "
+            "select over a column that has them)",
+            {"reason": "no_public_candidates", "column": column})
     if plan.having is not None:
         raise UnsupportedQuery("a selection query (keys only, ORDER BY an aggregate, LIMIT) takes no "
                                "HAVING: its scores are never released", {"reason": "selection_having"})
