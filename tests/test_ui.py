@@ -602,3 +602,16 @@ def test_a_cap_below_the_spend_is_said_so(client, server, monkeypatch):
     monkeypatch.setattr(gw, "set_cap", original)
     admin.post("/ui/admin/populations/hostile-pop/cap",
                data={"csrf_token": token, "epsilon": "2", "delta": "1e-6", "reason": "restore"})
+
+
+def test_console_accepts_dialect_names_in_any_case(client):
+    analyst = client("analyst")
+    token = csrf_token(analyst.get("/ui/console").text)
+    base = {"csrf_token": token, "dataset": "usage", "budget_kind": "default", "mechanism": "default",
+            "action": "explain", "sql": 'SELECT "region", COUNT(*) AS n FROM prompts GROUP BY region'}
+    for name in ("Postgres", "PostgreSQL", "DuckDB"):
+        r = analyst.post("/ui/console", data={**base, "dialect": name})
+        assert r.status_code == 200, (name, r.text[-2000:])
+    r = analyst.post("/ui/console", data={**base, "dialect": "Oracle9"})
+    assert r.status_code == 400 and "unknown SQL dialect" in r.text
+    assert "postgres" in r.text and "tsql" in r.text and "snowflake" in r.text

@@ -23,11 +23,11 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, model_validator
 from pydantic_core import PydanticCustomError
 
-from dpgate.errors import did_you_mean
+from dpgate.errors import DpgateError, did_you_mean
 from dpgate.service import QueryBudget
 
 from dpgate.policy import MECHANISMS
-from dpgate.sql.parse import DIALECTS
+from dpgate.sql.parse import DIALECT_ALIASES, DIALECTS, check_dialect
 
 #: Largest ρ or ε a request may name (anything near it is refused by any sane cap anyway).
 MAX_PRIVACY_PARAMETER = QueryBudget.MAX_RHO
@@ -96,8 +96,23 @@ class ResponseModel(BaseModel):
 Number = float | Literal["inf", "-inf", "nan"]
 #: The mechanisms a request may name (the one list: :data:`dpgate.policy.MECHANISMS`).
 MechanismChoice = Literal[tuple(MECHANISMS)]
-#: The SQL dialects a request may be written in (the one list: :data:`dpgate.sql.parse.DIALECTS`).
-DialectChoice = Literal[tuple(DIALECTS)]
+def _dialect_name(value: Any) -> Any:
+    """A dialect in any case or by an alias → its name in :data:`dpgate.sql.parse.DIALECTS`
+    (``"DuckDB"`` → ``"duckdb"``, ``"PostgreSQL"`` → ``"postgres"``); an unknown name is a 400
+    whose message lists the accepted names (:func:`dpgate.sql.parse.check_dialect`)."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return check_dialect(value)
+    except DpgateError:  # the message names the accepted names, never the value sent
+        raise PydanticCustomError("dialect", "{message}", {"message": (
+            f"unknown SQL dialect: use one of {', '.join(DIALECTS)} (any case; also "
+            f"{', '.join(sorted(DIALECT_ALIASES))})")}) from None
+
+
+#: The SQL dialects a request may be written in (the one list: :data:`dpgate.sql.parse.DIALECTS`),
+#: accepted in any case and by the aliases of :data:`dpgate.sql.parse.DIALECT_ALIASES`.
+DialectChoice = Annotated[Literal[tuple(DIALECTS)], BeforeValidator(_dialect_name)]
 
 
 # --- requests --------------------------------------------------------------------------
@@ -169,7 +184,8 @@ class QueryRequest(RequestModel):
     )
     dialect: DialectChoice | None = Field(
         default=None,
-        description="the SQL dialect `sql` is written in (sqlglot names); duckdb when absent. "
+        description="the SQL dialect `sql` is written in (sqlglot names, any case; also postgresql, "
+        "mssql, sqlserver, sparksql, databricks, googlesql, pg); duckdb when absent. "
         "The plan, its hash and the release cache do not depend on it",
     )
     search_id: Annotated[str, StringConstraints(min_length=1, max_length=64)] | None = Field(

@@ -50,7 +50,7 @@ from dpgate.auth import KeyStore, Permission, Principal, Role
 from dpgate.errors import DpgateError, Forbidden, InvalidRequest, NotFound, Unauthenticated
 from dpgate.ledger.browse import MAX_PAGE_SIZE, normalise_time
 from dpgate.service import Gateway, QueryBudget
-from dpgate.sql.parse import DIALECTS as PLANNER_DIALECTS
+from dpgate.sql.parse import DIALECTS as PLANNER_DIALECTS, check_dialect
 from dpgate.ui.data import BurndownCache, drift_warning, explanation_view, populations_overview, recent_releases, release_view
 from dpgate.ui.render import PAGE_HEADERS, error_page, page
 from dpgate.ui.sessions import COOKIE_NAME, Session, SessionStore, csrf_matches
@@ -645,9 +645,10 @@ def _console_request(form: Mapping[str, Any], datasets: list[str]) -> dict[str, 
     mechanism = _text(form, "mechanism", "default")
     if mechanism not in ("default", "gaussian", "laplace"):
         raise InvalidRequest("the mechanism must be gaussian or laplace", {"field": "mechanism"})
-    dialect = _text(form, "dialect", "duckdb")
-    if dialect not in DIALECTS:
-        raise InvalidRequest(f"the dialect must be one of {', '.join(DIALECTS)}", {"field": "dialect"})
+    try:
+        dialect = check_dialect(_text(form, "dialect", "duckdb") or None)
+    except InvalidRequest as e:
+        raise InvalidRequest(e.message, {**e.details, "field": "dialect"}) from None
     return {"dataset": dataset, "sql": sql, "budget_kind": kind, "budget_value": value,
             "mechanism": mechanism, "dialect": dialect}
 
