@@ -146,3 +146,36 @@ def test_explain_of_public_and_quantile_queries_over_http_and_cli(gw, tmp_path, 
     out = capsys.readouterr()
     assert status == 0 and "Traceback" not in out.err
     assert words in out.out
+
+
+def test_public_tables_are_shown_as_public_in_the_api_and_the_ui(tmp_path):
+    """GET /v1/datasets, the datasets page and the console's schema say "public table" (no
+    privacy unit, no k/m, free and exact), not record-level."""
+    from _api_server import LiveServer
+    from _ui_support import sign_in
+
+    from dpgate.api import create_app
+    from dpgate.auth import KeyStore
+
+    settings = Settings(policies=write(tmp_path / "p"), home=tmp_path / "home")
+    key = KeyStore(settings.resolved_keys_file()).add("alice", role="analyst", consumer="analysts")[0]
+    with LiveServer(create_app(settings)) as live:
+        with live.client(key) as c:
+            for doc in (c.get("/v1/datasets").json()["datasets"][0], c.get("/v1/datasets/lib").json()):
+                genres, checkouts = doc["tables"]["genres"], doc["tables"]["checkouts"]
+                assert (genres["public"], genres["record_level"], genres["privacy_unit"]) == (True, False, None)
+                assert genres["max_groups_per_unit"] is None and genres["max_rows_per_unit"] is None
+                assert (checkouts["public"], checkouts["record_level"], checkouts["privacy_unit"]) == \
+                    (False, False, "member_id")
+                assert checkouts["max_groups_per_unit"] == 2
+        ui = sign_in(live.url, key)
+        try:
+            datasets = ui.get("/ui/datasets").text
+            console = ui.get("/ui/console?dataset=lib").text
+        finally:
+            ui.close()
+    part = datasets.split("Table genres", 1)[1].split("<table>", 1)[0]
+    assert "public table" in part and "record" not in part and "Privacy unit" not in part
+    assert "Privacy unit: <strong>member_id</strong>" in datasets.split("Table checkouts", 1)[1]
+    head = console.split("<h3>genres", 1)[1].split("</h3>", 1)[0]
+    assert "public table" in head and "record" not in head and "k =" not in head

@@ -408,11 +408,17 @@ class ColumnInfo(ResponseModel):
 
 
 class TableInfo(ResponseModel):
-    """A table's privacy unit and contribution bounds (k groups, m rows per unit and group)."""
+    """A table's privacy unit and contribution bounds (k groups, m rows per unit and group).
 
-    privacy_unit: str | None = Field(description="the protected entity's column; null = record-level")
-    max_groups_per_unit: int
-    max_rows_per_unit: int
+    A public table (``public: true``) has neither: nothing in it is protected, and a query
+    that reads public tables only is answered exactly and costs nothing."""
+
+    privacy_unit: str | None = Field(
+        description="the protected entity's column; null = record-level (each row is a unit) or a public table")
+    record_level: bool = Field(default=False, description="true when each row is its own privacy unit")
+    public: bool = Field(default=False, description="a public table: no privacy unit, queries free and exact")
+    max_groups_per_unit: int | None = Field(description="k; null for a public table")
+    max_rows_per_unit: int | None = Field(description="m; null for a public table")
     columns: dict[str, ColumnInfo]
 
 

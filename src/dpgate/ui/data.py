@@ -75,6 +75,11 @@ def _epochs(texts: Sequence[str]) -> np.ndarray:
 # ------------------------------------------------------------------------------- admin
 
 
+def _unit_label(table: Mapping[str, Any]) -> str:
+    """What protects a table's rows: its privacy unit column, or ``record`` (each row)."""
+    return str(table.get("privacy_unit") or "record")
+
+
 def populations_overview(gateway: Any) -> list[dict[str, Any]]:
     """Every population of the ledger with its spend report, datasets and warnings.
 
@@ -103,8 +108,8 @@ def populations_overview(gateway: Any) -> list[dict[str, Any]]:
         total_frac = None
         if _number(cap.get("rho")):
             total_frac = (_number(report.get("spent", {}).get("rho")) or 0.0) / _number(cap.get("rho"))  # type: ignore[operator]
-        units = sorted({t.get("privacy_unit") or "record" for d in by_population.get(name, [])
-                        for t in d.get("tables", {}).values()})
+        units = sorted({_unit_label(t) for d in by_population.get(name, [])
+                        for t in d.get("tables", {}).values() if not t.get("public")})
         drift = [w for d in by_population.get(name, []) if (w := drift_warning(d)) is not None]
         alpha_cap = cap.get("alpha_cap", report.get("alpha_cap"))
         out.append({
@@ -114,8 +119,8 @@ def populations_overview(gateway: Any) -> list[dict[str, Any]]:
             "fraction": total_frac,
             "meter": meter((_number(report.get("spent", {}).get("rho")) or 0.0), _number(cap.get("rho")) or 0.0,
                            label=f"{name} spent of its cap"),
-            "datasets": [{"name": d["name"], "units": sorted({t.get("privacy_unit") or "record"
-                                                               for t in d.get("tables", {}).values()})}
+            "datasets": [{"name": d["name"], "units": sorted({_unit_label(t) for t in d.get("tables", {}).values()
+                                                               if not t.get("public")})}
                          for d in by_population.get(name, [])],
             "units": units,
             "alpha_cap": alpha_cap,
