@@ -419,3 +419,28 @@ def test_laplace_quantile_is_charged_in_epsilon(gw):
                  mechanism="laplace", budget=QueryBudget(epsilon=0.5))
     assert r["accuracy"]["MEDIAN(amount)"]["noise"] == "exponential"
     assert 0 <= r["rows"][0][0] <= 100
+
+
+def test_noise_scale_units_relate_noise_scales_to_the_accuracy_entries(gw):
+    """``noise_scales`` are on the integer scale (steps of the resolution 0.5 for SUM(amount));
+    ``noise_scale_units`` gives the unit and the value-scale σ, which is the accuracy's ``sigma``."""
+    sql = "SELECT region, SUM(amount) AS s, COUNT(*) AS n, MEDIAN(amount) AS med FROM orders GROUP BY region"
+    r = gw.query("shop", sql, consumer="analysts", budget=QueryBudget(rho=0.3))
+    ex = gw.explain("shop", sql, budget=QueryBudget(rho=0.3))
+    for doc in (r, gw.release(r["release_id"]), ex):
+        units, scales = doc["noise_scale_units"], doc["noise_scales"]
+        assert set(units) == set(scales)
+        kinds = {u["kind"]: (pid, u) for pid, u in units.items()}
+        pid, s = kinds["sum"]
+        assert s["unit"] == 0.5 and "resolution 0.5" in s["in"]
+        assert s["value_scale"] == pytest.approx(scales[pid] * 0.5, rel=1e-12)
+        pid, c = kinds["count"]
+        assert c["unit"] == 1.0 and c["value_scale"] == pytest.approx(scales[pid], rel=1e-12)
+        pid, q = kinds["quantile"]
+        assert q["unit"] is None and q["value_scale"] is None and "ranks" in q["in"]
+    units = r["noise_scale_units"]
+    by_kind = {u["kind"]: u for u in units.values()}
+    assert r["accuracy"]["s"]["sigma"] == pytest.approx(by_kind["sum"]["value_scale"], rel=1e-12)
+    assert r["accuracy"]["n"]["sigma"] == pytest.approx(by_kind["count"]["value_scale"], rel=1e-12)
+    qpid = next(pid for pid, u in units.items() if u["kind"] == "quantile")
+    assert r["accuracy"]["med"]["rank_scale"] == pytest.approx(r["noise_scales"][qpid], rel=1e-12)

@@ -356,8 +356,18 @@ class Release(ResponseModel):
     columns: list[str]
     rows: list[list[Any]]
     accuracy: dict[str, dict[str, Any]] = Field(
-        description="per column: mechanism, sigma or scale (noise std / Laplace scale), ci95 half-width"
+        description="per column, in the column's own units: mechanism, sigma or scale (noise std / Laplace "
+                    "scale), ci95 half-width; for a quantile rank_error95 (ranks) instead"
     )
+    noise_scales: dict[str, Number] | None = Field(
+        default=None,
+        description="per primitive (p0, p1, …): the sampler's σ or Laplace scale on the integer scale the bounded "
+                    "query computes — rows for counts, integer steps of the resolution for sums, of resolution² "
+                    "for sums of squares, ranks for quantiles; see noise_scale_units for the value-scale figure")
+    noise_scale_units: dict[str, dict[str, Any]] | None = Field(
+        default=None,
+        description="per primitive: {kind, column, in (the unit in words), unit (output units per integer step; "
+                    "null for a quantile), value_scale (noise_scales × unit, in the output's units)}")
     charge: ChargeSummary | None = None
     cached: bool
     data_version: str | None = None
