@@ -201,3 +201,41 @@ def test_a_curve_that_decreases_is_refused_and_costs_nothing(tmp_path, orders):
         accounting.curve_on_grid([0.5, 2.5, 0.0], [2, 10, 1000])
     # equal values and +inf at the top are fine
     accounting.curve_on_grid([0.5, 0.5, math.inf], [2, 10, 1000])
+
+
+def test_dp_sgd_charge_shows_the_rho_the_cap_check_used_not_infinity(tmp_path, capsys):
+    """``rho`` stays the stored bound over every order (∞ for this curve, so the hash chain and
+    replay are unchanged); receipts and ``dpgate ledger show`` add ``rho_checked``, the ρ at the
+    orders α ≤ α_cap the filter checks: max over those orders of ε(α)/α, here from dp-accounting
+    evaluated on the ledger's own orders."""
+    import json
+
+    from dpgate.cli import main
+
+    url = f"sqlite:///{tmp_path / 'l.sqlite'}"
+    led = open_ledger(url)
+    led.ensure_population("p", epsilon=10.0, delta=DELTA, allocations={})
+    alpha_cap = led.cap("p").alpha_cap
+    assert alpha_cap == 4.0
+    # an accountant that stops at order 64 (as Opacus' default orders do): no claim above it, so
+    # the ledger's orders 128 … 1024 hold ∞ and the stored ρ bound over every order is ∞
+    orders, curve, _ = dp_sgd(0.01, 1.0, 10_000, orders=[a for a in FINITE if a <= 64])
+    want = max(c / a for a, c in zip(orders, curve) if a <= alpha_cap)
+    assert math.isfinite(want) and want > 0
+    receipt = led.charge("p", "sgd", Cost.rdp_on_orders(curve, orders), purpose="DP-SGD run")
+    led.charge("p", "q", Cost.zcdp(0.01), purpose="a query")
+    led.close()
+    assert math.isinf(receipt.rho)
+    assert receipt.to_dict()["rho"] == "inf"
+    assert receipt.to_dict()["rho_checked"] == pytest.approx(want, rel=1e-9)
+    assert main(["ledger", "show", "--ledger-url", url, "--json"]) == 0
+    entries = json.loads(capsys.readouterr().out)["entries"]
+    sgd, query = entries
+    assert sgd["rho"] == "inf" and sgd["rho_checked"] == pytest.approx(want, rel=1e-9)
+    assert query["rho"] == query["rho_checked"] == 0.01
+    assert main(["ledger", "show", "--ledger-url", url]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if "DP-SGD run" in line)
+    assert f"{want:.6g}*" in row and "inf" not in row
+    assert "α ≤ α_cap" in out
+    assert main(["ledger", "verify", "--ledger-url", url]) == 0  # nothing stored changed

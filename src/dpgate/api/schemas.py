@@ -498,7 +498,11 @@ class ChargeReceipt(ResponseModel):
     charge_id: str
     population: str
     consumer: str
-    rho: Number
+    rho: Number = Field(description="the stored ρ column: ρ of a zCDP charge; for an RDP curve the bound over every "
+                                    "finite order (\"inf\" for a curve that makes no claim at high orders)")
+    rho_checked: Number | None = Field(
+        default=None, description="the ρ the cap check compared: for an RDP curve the smallest ρ' with "
+                                  "ε(α) ≤ α·ρ' at the orders the cap checks (α ≤ alpha_cap); display only")
     epsilon_at_delta: Number | None = None
     created_at: str
 
