@@ -323,3 +323,23 @@ def test_extreme_dates_release_through_the_gateway(tmp_path):
         doc = gw.query("lib", "SELECT date_trunc('year', day) AS y, COUNT(*) FROM checkouts GROUP BY y",
                        consumer="analysts")
         assert [r[0] for r in doc["rows"]] == ["2022-01-01", "2023-01-01", "2024-01-01"]
+
+
+def test_dataset_description_with_date_bounds_validates(tmp_path):
+    """A trial (2026-12-01) found GET /v1/datasets answering 500 for any policy with a date or timestamp
+    column: the response model typed the bounds as numbers. They are ISO text there."""
+    from dpgate.api.schemas import DatasetInfo
+    from dpgate.service import Gateway
+    from dpgate.settings import Settings
+
+    csv = tmp_path / "checkouts.csv"
+    csv.write_text("member_id,day,at,books\n1,2023-03-03,2024-02-02 10:00:00,3\n")
+    policies = tmp_path / "policies"
+    policies.mkdir()
+    (policies / "lib.toml").write_text(POLICY.format(source=csv))
+    with Gateway.open(Settings(policies=policies, home=tmp_path / "home")) as gw:
+        (info,) = [DatasetInfo.model_validate(d) for d in gw.datasets()]
+    cols = info.tables["checkouts"].columns
+    assert (cols["day"].lower, cols["day"].upper) == ("2022-01-01", "2024-12-31")
+    assert cols["at"].upper == "2024-03-31 23:59:59" or cols["at"].upper == "2024-03-31T23:59:59"
+    assert cols["books"].lower == 0 and cols["books"].upper == 10

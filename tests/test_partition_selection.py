@@ -303,6 +303,29 @@ def test_mixed_public_and_selected_keys_and_null_key(tmp_path):
         gw.close()
 
 
+@pytest.mark.parametrize("key_sql, domain", [
+    ("score % 2", {0, 1}),
+    ("score > 2", {False, True}),
+    ("CASE WHEN score > 2 THEN 'hi' ELSE 'lo' END", {"hi", "lo"}),
+    ("UPPER(region)", {"EU", "US"}),
+])
+def test_computed_key_mixed_with_a_selected_key_is_answered(tmp_path, key_sql, domain):
+    """A trial (2026-12-01) found ``GROUP BY <computed key>, <selected key>`` charged, then refused with
+    ``unknown_column 'g0'``: the public-key count per candidate looked the computed key up as a declared
+    column. Now it counts the computed domain (checked before the charge) and the query is answered:
+    every selected n-gram × every value of the computed key's domain."""
+    rows = [(f"c{i}", "common", "us" if i % 2 else "eu", i % 5) for i in range(400)]
+    gw = open_gateway(tmp_path, rows, rho=0.3)
+    try:
+        r = gw.query("posts", f"SELECT {key_sql} AS g, ngram, COUNT(*) AS n FROM posts GROUP BY g, ngram",
+                     consumer="default")
+        assert {row[1] for row in r["rows"]} == {"common"}
+        assert {row[0] for row in r["rows"]} == domain
+        assert r["charge"] is not None and len(gw.ledger_entries()) == 1
+    finally:
+        gw.close()
+
+
 def test_counts_reuse_the_threshold_noise_and_charge_once(tmp_path):
     """COUNT(*) with m = 1 (and COUNT(DISTINCT author)) is the selection's own unit count: released
     from the threshold mechanism's noisy counts; the whole ρ goes to the selection (σ = √k/√(2ρ))."""

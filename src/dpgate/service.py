@@ -65,6 +65,7 @@ from dpgate.releases import (
 )
 from dpgate.sensitivity import primitive_linf, sensitivities
 from dpgate.settings import Settings
+from dpgate.sql import partition_selection as selection_plan
 from dpgate.sql.bound import bounded_sql, bounded_sql_template
 from dpgate.sql.parse import nothing_charged, parse_query, parse_statement, refuse_constant_plan
 from dpgate.sql.selection_query import check_candidates, recognize as recognize_selection
@@ -717,6 +718,8 @@ class Gateway:
                     self.engine.check(statement)
             else:
                 self._run_bounded(self.engine.check, plan, policy, salt=0)
+            if getattr(cal, "selection", None) is not None:  # what select_rows reads of the plan, before the charge
+                selection_plan.public_combinations(plan, policy)
 
             def charge(release_key: str):
                 """Charge this query's cost under the attempt's single-flight key.

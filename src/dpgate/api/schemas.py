@@ -409,8 +409,10 @@ class ColumnInfo(ResponseModel):
     """The public part of a column's policy."""
 
     type: str
-    lower: float | None = None
-    upper: float | None = None
+    lower: float | str | None = Field(
+        default=None, description="the lower bound: a number, or an ISO date/timestamp for date and timestamp columns")
+    upper: float | str | None = Field(
+        default=None, description="the upper bound: a number, or an ISO date/timestamp for date and timestamp columns")
     resolution: float | None = None
     public_keys: list[Any] | str | None = Field(
         default=None, description="the public key list, or \"range(a, b)\" for an integer range"

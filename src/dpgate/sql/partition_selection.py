@@ -115,8 +115,20 @@ def final_sql(plan: QueryPlan, keys: list[ColumnPolicy], key_relation) -> str:
 
 
 def public_combinations(plan: QueryPlan, policy: DatasetPolicy) -> int:
-    """P: rows per candidate (the number of public-key combinations; 1 without public keys)."""
-    return policy.table(plan.table).key_combinations(plan.public_group_by)
+    """P: rows per candidate (the number of public-key combinations; 1 without public keys).
+
+    A computed key (``GROUP BY FLOOR(age / 10)``, :mod:`dpgate.sql.keys`) counts with its
+    computed domain, a declared column with its public keys. Called before the charge too
+    (:meth:`dpgate.service.Gateway.query`): it reads the plan and the policy only.
+
+    Raises:
+        UnknownColumn: a public group key is neither declared nor computed (a planner defect).
+    """
+    table = policy.table(plan.table)
+    total = 1
+    for name in plan.public_group_by:
+        total *= len(plan.key_column(table, name).public_keys or ())
+    return total
 
 
 def candidate_counts(values: dict[str, np.ndarray], per_candidate: int) -> np.ndarray:
