@@ -82,6 +82,31 @@ def _loads(body: Any) -> dict[str, Any]:
     return json.loads(body) if isinstance(body, str) else body
 
 
+def _insert_step(conn: Any, p: str, search_id: str, kind: str, created_at: str,
+                 build: Callable[[int, dict[str, Any] | None], dict[str, Any]]) -> dict[str, Any]:
+    """Number, build and insert the next step of a search, inside the caller's transaction.
+
+    Args:
+        conn: a DB-API connection with ``execute`` (sqlite3 or psycopg).
+        p: the driver's parameter marker (``"?"`` or ``"%s"``).
+
+    Raises:
+        NotFound: no such search. Conflict: the search is closed.
+    """
+    if conn.execute(f"SELECT 1 FROM searches WHERE search_id = {p}", (search_id,)).fetchone() is None:
+        raise NotFound("no search with that id", {"search_id": search_id})
+    last = conn.execute(f"SELECT step, kind, body FROM search_steps WHERE search_id = {p} "
+                        "ORDER BY step DESC LIMIT 1", (search_id,)).fetchone()
+    if last is not None and last[1] == "close":
+        raise Conflict("the search is closed: a closed search cannot be reopened or extended "
+                       "(start a new search on the same budget)", {"search_id": search_id})
+    number = 1 if last is None else int(last[0]) + 1
+    body = build(number, None if last is None else _loads(last[2]))
+    conn.execute(f"INSERT INTO search_steps VALUES ({p}, {p}, {p}, {p}, {p})",
+                 (search_id, number, kind, created_at, _dumps(body)))
+    return {"step": number, "kind": kind, "created_at": created_at, "body": body}
+
+
 class SqliteSearchStore:
     """Search records in the ledger's SQLite file (one connection per thread).
 
@@ -137,24 +162,14 @@ class SqliteSearchStore:
         try:
             conn.execute("BEGIN IMMEDIATE")
             try:
-                if conn.execute("SELECT 1 FROM searches WHERE search_id = ?", (search_id,)).fetchone() is None:
-                    raise NotFound("no search with that id", {"search_id": search_id})
-                last = conn.execute("SELECT step, kind, body FROM search_steps WHERE search_id = ? "
-                                    "ORDER BY step DESC LIMIT 1", (search_id,)).fetchone()
-                if last is not None and last[1] == "close":
-                    raise Conflict("the search is closed: a closed search cannot be reopened or extended "
-                                   "(start a new search on the same budget)", {"search_id": search_id})
-                number = 1 if last is None else int(last[0]) + 1
-                body = build(number, None if last is None else _loads(last[2]))
-                conn.execute("INSERT INTO search_steps VALUES (?, ?, ?, ?, ?)",
-                             (search_id, number, kind, created_at, _dumps(body)))
+                step = _insert_step(conn, "?", search_id, kind, created_at, build)
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
             raise LedgerError(f"cannot append to the search: {exc}") from exc
-        return {"step": number, "kind": kind, "created_at": created_at, "body": body}
+        return step
 
     def list(self, population: str | None = None, *, limit: int = 100) -> list[dict[str, Any]]:
         """Searches newest first (optionally of one population)."""
@@ -257,18 +272,7 @@ class PostgresSearchStore:
         """Append a step in one transaction under an advisory lock on the search."""
         with self._lent.lend("cannot append to the search") as conn, conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(hashtext('dpgate.search:' || %s))", (search_id,))
-            if conn.execute("SELECT 1 FROM searches WHERE search_id = %s", (search_id,)).fetchone() is None:
-                raise NotFound("no search with that id", {"search_id": search_id})
-            last = conn.execute("SELECT step, kind, body FROM search_steps WHERE search_id = %s "
-                                "ORDER BY step DESC LIMIT 1", (search_id,)).fetchone()
-            if last is not None and last[1] == "close":
-                raise Conflict("the search is closed: a closed search cannot be reopened or extended "
-                               "(start a new search on the same budget)", {"search_id": search_id})
-            number = 1 if last is None else int(last[0]) + 1
-            body = build(number, None if last is None else _loads(last[2]))
-            conn.execute("INSERT INTO search_steps VALUES (%s, %s, %s, %s, %s)",
-                         (search_id, number, kind, created_at, _dumps(body)))
-        return {"step": number, "kind": kind, "created_at": created_at, "body": body}
+            return _insert_step(conn, "%s", search_id, kind, created_at, build)
 
     def list(self, population: str | None = None, *, limit: int = 100) -> list[dict[str, Any]]:
         """Searches newest first (optionally of one population)."""
