@@ -239,3 +239,30 @@ def test_dp_sgd_charge_shows_the_rho_the_cap_check_used_not_infinity(tmp_path, c
     assert f"{want:.6g}*" in row and "inf" not in row
     assert "α ≤ α_cap" in out
     assert main(["ledger", "verify", "--ledger-url", url]) == 0  # nothing stored changed
+
+
+def test_admin_ledger_page_shows_the_checked_rho_of_a_dp_sgd_charge(tmp_path):
+    from _ui_support import sign_in
+
+    settings = Settings(policies=write_project(tmp_path / "p"), home=tmp_path / "home")
+    key = KeyStore(settings.resolved_keys_file()).add("root", role="admin")[0]
+    app = create_app(settings)
+    with LiveServer(app) as live:
+        gw = app.state.gateway
+        population = gw.policy(sorted(gw.policies)[0]).population
+        cap = gw.ledger.cap(population)
+        top = cap.alpha_cap if cap.alpha_cap is not None else 64
+        orders = [a for a in FINITE if a <= max(top, 4.0)]
+        _, curve, _ = dp_sgd(0.01, 2.0, 100, orders=orders)
+        want = max(c / a for a, c in zip(orders, curve) if cap.alpha_cap is None or a <= cap.alpha_cap)
+        receipt = gw.ledger.charge(population, "analysts", Cost.rdp_on_orders(curve, orders), purpose="DP-SGD run")
+        assert math.isinf(receipt.rho)
+        ui = sign_in(live.url, key)
+        try:
+            page = ui.get("/ui/admin/ledger").text
+        finally:
+            ui.close()
+    from dpgate.ui.charts import fmt_number
+
+    row = next(r for r in page.split("<tr>") if "DP-SGD run" in r)
+    assert f">{fmt_number(want)}*</span>" in row and "α ≤ α_cap" in page

@@ -49,6 +49,7 @@ from starlette.responses import RedirectResponse, Response, StreamingResponse
 from dpgate.auth import KeyStore, Permission, Principal, Role
 from dpgate.errors import DpgateError, Forbidden, InvalidRequest, NotFound, Unauthenticated
 from dpgate.ledger.browse import MAX_PAGE_SIZE, normalise_time
+from dpgate.ledger.reports import entry_rho_checked
 from dpgate.service import Gateway, QueryBudget
 from dpgate.sql.parse import DIALECTS as PLANNER_DIALECTS, check_dialect
 from dpgate.ui.data import BurndownCache, drift_warning, explanation_view, populations_overview, recent_releases, release_view
@@ -480,10 +481,14 @@ def ledger(
     f = _filters(show, population, consumer, since, until, limit)
     result = gateway.ledger.entries_page("charge" if show == "charges" else "event", before=before, after=after,
                                          limit=limit, **f.kwargs())
+    entries = result.entries
+    if show == "charges":  # an RDP curve is shown with the ρ the cap check used, not the stored ∞ bound
+        caps = {p: gateway.ledger.cap(p) for p in {e["population"] for e in entries if e.get("kind") == "rdp"}}
+        entries = [{**e, "rho_checked": entry_rho_checked(e, caps.get(e["population"]))} for e in entries]
     context = {
         "active": "ledger",
         "filters": f,
-        "entries": result.entries,
+        "entries": entries,
         "newer": f.query(after=result.newer) if result.newer is not None else None,
         "older": f.query(before=result.older) if result.older is not None else None,
         "paged": before is not None or after is not None,
