@@ -441,6 +441,10 @@ def explanation_view(explanation: Mapping[str, Any], dataset_info: Mapping[str, 
             note = "approximate" if given[name].get("approximate") else ""
         elif not ids:
             note = "group key (public)"
+        elif len(ids) == 1 and o.get("function") in ("quantile", "min", "max"):
+            rank = _number(((explanation.get("quantiles") or {}).get(ids[0]) or {}).get("rank_error95"))
+            note = ("a DP quantile: no value interval; its accuracy is a rank error of "
+                    f"± {rank:.3g} ranks (95 %)" if rank is not None else "a DP quantile: its accuracy is a rank error")
         elif len(ids) == 1 and o.get("function") in ("count", "sum", "count_distinct", None):
             ci = ci_by_id.get(ids[0])
         else:
