@@ -377,3 +377,21 @@ def test_demo_runs_in_its_own_state_and_says_so_when_it_cannot(settings, capsys,
     code, out, err = _cli(capsys, "demo", "--policies", str(tmp_path / "other"), "--home", str(settings.home))
     assert code == exits.CONFIGURATION
     assert err.startswith("dpgate: error: the demo runs on the quickstart dataset 'usage'") and "{" not in err
+
+
+def test_common_options_may_come_before_the_sub_command(settings, capsys):
+    # a trial found `dpgate --home H ledger show` refused by argparse
+    code, out, _ = _cli(capsys, *_common(settings), "explain", "--dataset", "usage", QUERY)
+    assert code == 0 and out
+    code, out, err = _cli(capsys, "--json", *_common(settings), "explain", "--dataset", "usag", QUERY)
+    assert code == 4 and json.loads(err)["error"]["code"] == "unknown_dataset"
+    # the sub-command's own option wins over one written before it
+    code, _, err = _cli(capsys, "--home", "/nonexistent/elsewhere", "query", "--dataset", "usage", QUERY,
+                        "--consumer", "analysts", "--rho", "0.01", *_common(settings))
+    assert code == 0, err
+
+
+def test_an_unknown_consumer_names_the_allocations_and_the_flag(settings, capsys):
+    code, _, err = _cli(capsys, "query", "--dataset", "usage", QUERY, "--consumer", "nobody", *_common(settings))
+    assert code == 4 and "[unknown_consumer]" in err
+    assert "pass --consumer NAME (this dataset's allocations: " in err and "analysts" in err

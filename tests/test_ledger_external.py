@@ -266,3 +266,20 @@ def test_admin_ledger_page_shows_the_checked_rho_of_a_dp_sgd_charge(tmp_path):
 
     row = next(r for r in page.split("<tr>") if "DP-SGD run" in r)
     assert f">{fmt_number(want)}*</span>" in row and "α ≤ α_cap" in page
+
+
+def test_a_rho_request_refused_at_a_renyi_order_is_worded_in_rho_first(ledger):
+    # After an RDP curve, the binding check is at a Rényi order; a trial found the refusal of a
+    # plain ρ request worded only in ε(α) terms. It now leads with the ρ requested (a zCDP
+    # request costs ε(α) = ρ·α at every order, Bun & Steinke 2016 Def. 1.1).
+    orders, curve, _ = dp_sgd(0.01, 1.0, 10_000)
+    ledger.ensure_population("p", epsilon=10.0, delta=DELTA, allocations={})
+    ledger.charge("p", "sgd", Cost.rdp_on_orders(curve, orders), purpose="run 1")
+    rho = ledger.cap("p").rho_cap
+    with pytest.raises(BudgetExhausted) as info:
+        ledger.charge("p", "q", Cost.zcdp(rho), purpose="query")
+    d, msg = info.value.details, info.value.message
+    assert d["rule"] == "renyi"
+    assert f"the charge needs rho = {rho:.6g}" in msg and "at Rényi order alpha = " in msg
+    # the ε(α) named is ρ·α at the binding order
+    assert d["order"]["request"] == pytest.approx(rho * d["order"]["alpha"], rel=1e-12)

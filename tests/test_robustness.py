@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dpgate import limits
-from dpgate.errors import BudgetExhausted, DpgateError, PolicyError, UnsupportedQuery
+from dpgate.errors import BudgetExhausted, DpgateError, InvalidBudget, PolicyError, UnsupportedQuery
 from dpgate.policy import parse_policy
 from dpgate.service import Gateway, QueryBudget
 from dpgate.settings import Settings
@@ -177,6 +177,20 @@ def test_a_sum_of_squares_beyond_2_62_per_unit_is_refused_before_the_charge(tmp_
             gw.query("d", "SELECT VAR_POP(v) FROM t", consumer="analysts")
         assert gw.ledger_entries() == []
         gw.query("d", "SELECT SUM(v) FROM t", consumer="analysts")  # 4·2^31 is fine
+
+
+def test_a_budget_too_small_for_the_noise_names_the_aggregate_and_charges_nothing(tmp_path):
+    # cost ∈ [0, 5000] at the default float resolution: the sum of squares behind STDDEV has a
+    # per-unit bound of 5000² on a fine grid; at ρ = 1e-9 its σ (integer units) exceeds 2^52.
+    # A trial found the refusal naming the internal primitive 'p0'.
+    cols = {"cost": {"type": "float", "lower": 0.0, "upper": 5000.0}}
+    with open_gateway(tmp_path, cols, [{"u": 1, "cost": 10.0}]) as gw:
+        with pytest.raises(InvalidBudget) as info:
+            gw.query("d", "SELECT STDDEV(cost) FROM t", consumer="analysts", budget=QueryBudget(rho=1e-9))
+        e = info.value
+        assert "cost" in e.message and "'p" not in e.message and "nothing was charged" in e.message
+        assert e.details["charged"] is False and e.details["aggregate"]
+        assert gw.ledger_entries() == []
 
 
 def test_a_per_unit_sum_bound_beyond_2_62_is_refused_when_the_policy_loads(tmp_path):

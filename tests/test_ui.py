@@ -508,6 +508,17 @@ def test_root_sends_browsers_to_the_ui_and_clients_to_an_index(server):
             r = c.get("/", headers={"Accept": accept} if accept else {})
             assert r.status_code == 200 and r.json()["links"]["docs"] == "/docs", accept
         assert "Accept" in r.headers["vary"]
+        r = c.get("/ui")
+        assert r.status_code == 307 and r.headers["location"] == "/ui/"
+
+
+def test_a_trailing_slash_is_a_404_in_the_error_shape_not_a_redirect(server):
+    # a trial found POST /v1/queries/ answered 307 with an empty body
+    with httpx.Client(base_url=server.url) as c:
+        for method, path in (("POST", "/v1/queries/"), ("GET", "/v1/datasets/"), ("GET", "/healthz/")):
+            r = c.request(method, path, json={"dataset": "usage", "sql": "SELECT COUNT(*) FROM prompts"})
+            assert r.status_code == 404, (method, path)
+            assert r.json()["error"]["code"] == "not_found", (method, path)
 
 
 def test_docs_load_swagger_ui_from_this_server(server):

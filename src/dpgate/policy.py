@@ -128,7 +128,8 @@ class ColumnPolicy:
             for float (see the module docstring).
         public_keys: the released group keys in release order: a tuple of values of
             the column's type, or a :class:`range` when declared as ``"range(a, b)"``;
-            None when the column cannot be a GROUP BY key.
+            None when the keys are not declared (a GROUP BY on the column then selects its keys
+            privately, :mod:`dpgate.sql.partition_selection`).
         time_lower, time_upper: for ``date`` / ``timestamp`` columns, the declared range
             as :class:`datetime.date` / :class:`datetime.datetime` (naive, UTC), both or
             neither (``lower``/``upper`` stay None: a date is not summed).

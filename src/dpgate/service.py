@@ -523,6 +523,18 @@ class Gateway:
         A ``ci95`` budget constrains each released aggregate cell (AVG/VAR/STDDEV at the
         budget's ``expected_count``; :func:`~dpgate.postprocess.calibration.scales_for_ci95`).
         """
+        try:
+            return self._calibrate_plan(policy, plan, mech, resolved)
+        except InvalidBudget as e:  # name the aggregate, not the internal primitive id
+            pid = e.details.get("primitive")
+            if isinstance(pid, str) and pid in {p.id for p in plan.primitives}:
+                label = _primitive_text(plan.primitive(pid))
+                e.message = e.message.replace(f"primitive {pid!r}", label)
+                e.args = (e.message,)
+                e.details["aggregate"] = label
+            raise nothing_charged(e) from None
+
+    def _calibrate_plan(self, policy: DatasetPolicy, plan: QueryPlan, mech: str, resolved: Mapping[str, Any]):
         check_representable(plan, policy)
         if plan.selected_keys and has_quantiles(plan):  # issue 11: not combined yet
             raise UnsupportedQuery(
@@ -1321,6 +1333,20 @@ def _bounded_template(plan: QueryPlan, policy: DatasetPolicy) -> str | None:
         return bounded_sql_template(plan, policy)
     base = without_quantiles(plan)
     return bounded_sql_template(base, policy) if base.primitives else None
+
+
+def _primitive_text(p) -> str:
+    """A primitive as the analyst would read it: ``SUM(cost)``, ``SUM(cost²) (behind VAR/STDDEV)``, …"""
+    col = p.column or "*"
+    return {
+        "count": "COUNT(*)",
+        "count_column": f"COUNT({col})",
+        "count_distinct_unit": "COUNT(DISTINCT <privacy unit>)",
+        "count_distinct": f"COUNT(DISTINCT {col})",
+        "sum": f"SUM({col})",
+        "sum_squares": f"the sum of squares of {col} (behind VAR/STDDEV)",
+        "quantile": f"the quantile of {col}",
+    }.get(p.kind, f"the aggregate of {col}")
 
 
 def _noise_signature(plan: QueryPlan, *, cell_targets: bool = False) -> str:

@@ -98,6 +98,8 @@ def create_app(
         redoc_url=None,
         openapi_url="/openapi.json",
         default_response_class=SafeJSONResponse,
+        # /v1/queries/ is not /v1/queries: a 404 in the documented error shape, not a bare 307
+        redirect_slashes=False,
     )
     app.state.settings = settings
     app.state.keys = keys if keys is not None else KeyStore(settings.resolved_keys_file())

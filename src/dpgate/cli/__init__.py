@@ -98,11 +98,35 @@ def print_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> Non
             print("  ".join("-" * w for w in widths))
 
 
+#: Options accepted before the sub-command too: (flag, dest of the top-level copy).
+_GLOBAL_OPTIONS = (("--json", "_global_json"), ("--policies", "_global_policies"), ("--home", "_global_home"),
+                   ("--ledger-url", "_global_ledger_url"))
+
+
+def _merge_global_options(args: argparse.Namespace) -> None:
+    """Give the sub-command the options written before it, unless it was given its own."""
+    for flag, dest in _GLOBAL_OPTIONS:
+        value = getattr(args, dest, None)
+        name = flag.lstrip("-").replace("-", "_")
+        if value and not getattr(args, name, None):
+            setattr(args, name, value)
+        if hasattr(args, dest):
+            delattr(args, dest)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with every available sub-command registered."""
     parser = argparse.ArgumentParser(
         prog="dpgate", description="Differentially private SQL gateway with a privacy-budget ledger."
     )
+    # the common options may also come before the sub-command (`dpgate --home H ledger show`);
+    # they get their own dests because a sub-command's defaults would overwrite them
+    for flag, dest in _GLOBAL_OPTIONS:
+        if flag == "--json":
+            parser.add_argument(flag, dest=dest, action="store_true", help="print JSON instead of a table")
+        else:
+            parser.add_argument(flag, dest=dest, metavar=flag.lstrip("-").replace("-", "_").upper(),
+                                help="as the sub-command's option of that name (either place works)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in COMMAND_MODULES:
@@ -135,6 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     parser = build_parser()
     args = parser.parse_args(argv)
+    _merge_global_options(args)
     as_json = bool(getattr(args, "json", False))
     try:
         try:

@@ -59,14 +59,26 @@ def format_release(release: dict) -> None:
 
 
 def run(args: argparse.Namespace, settings) -> int:
-    """Run the query and print the release, its charge and the remaining budget."""
+    """Run the query and print the release, its charge and the remaining budget.
+
+    Raises:
+        UnknownConsumer: ``--consumer`` has no allocation (the message lists the ones there are).
+    """
+    from dpgate.errors import UnknownConsumer
     from dpgate.service import Gateway, QueryBudget
 
     budget = QueryBudget(rho=args.rho, epsilon=args.epsilon, ci95=args.ci95, expected_count=args.expected_count,
                          delta=args.delta)
     with Gateway.open(settings, progress=None if args.json else print) as gw:
-        release = gw.query(args.dataset, args.sql, consumer=args.consumer, budget=budget,
-                           mechanism=args.mechanism, dialect=args.dialect, search_id=args.search_id)
+        try:
+            release = gw.query(args.dataset, args.sql, consumer=args.consumer, budget=budget,
+                               mechanism=args.mechanism, dialect=args.dialect, search_id=args.search_id)
+        except UnknownConsumer as e:  # the default consumer is a guess: say how to name the right one
+            names = _allocations(gw, args.dataset)
+            e.message += (f"; pass --consumer NAME (this dataset's allocations: {', '.join(names)})" if names
+                          else "; pass --consumer NAME")
+            e.args = (e.message,)
+            raise
         report = None if args.json else gw.budget(args.dataset)
     if args.json:
         print_json(release)  # the same document as the HTTP API's answer
@@ -86,6 +98,14 @@ def run(args: argparse.Namespace, settings) -> int:
               f"(ε = {charge['epsilon_at_delta']:.4g} at δ = {charge['delta']:g}) to {charge['consumer']}")
     _print_remaining(report, args.consumer)
     return 0
+
+
+def _allocations(gw, dataset: str) -> list[str]:
+    """The consumers with an allocation on ``dataset``'s population (empty if unknown)."""
+    try:
+        return sorted(next(d for d in gw.datasets() if d["name"] == dataset).get("allocations", {}))
+    except Exception:  # noqa: BLE001 - a hint only
+        return []
 
 
 def _print_remaining(report: dict, consumer: str) -> None:

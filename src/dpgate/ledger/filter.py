@@ -527,7 +527,11 @@ def exhausted_error(
                        "Give epsilon(alpha) at every order up to alpha_cap. Nothing was charged")
         else:
             pct = f" ({excess / left:.0%} more than what is left)" if left > 0 else ""
-            message = (f"privacy budget exhausted for {who}: at Rényi order alpha = {a:g} the charge costs "
+            # a zCDP request (rho, or a budget converted to rho) is read in rho first: epsilon(alpha) = rho·alpha
+            lead = (f"the charge needs rho = {req_rho:.6g} (epsilon(alpha) = rho·alpha, Bun & Steinke 2016 "
+                    f"Def. 1.1); " if request.rho is not None and math.isfinite(req_rho)
+                    and req_rho > 0 else "")
+            message = (f"privacy budget exhausted for {who}: {lead}at Rényi order alpha = {a:g} the charge costs "
                        f"epsilon(alpha) = {_g(r)}, but {_g(s)} of the budget B(alpha) = {_g(b)}{share} is "
                        f"already spent there, so only {_g(left)} remains: over by {_g(excess)}{pct}. "
                        f"{proof[0].upper()}{proof[1:]}. Nothing was charged")

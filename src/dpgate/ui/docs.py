@@ -101,6 +101,12 @@ def root(request: Request) -> Response:
     return JSONResponse(body, headers={"Vary": "Accept"})
 
 
+@router.get("/ui")
+def ui_without_slash() -> Response:
+    """``/ui`` is the UI's home ``/ui/`` (the app does not redirect trailing slashes in general)."""
+    return RedirectResponse("/ui/", 307)
+
+
 @router.get("/docs")
 def docs() -> Response:
     """Swagger UI for ``/openapi.json``, from files shipped in the installed packages."""
