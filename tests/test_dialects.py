@@ -149,3 +149,49 @@ def test_integer_division_of_typed_dialects_is_refused(policy, dialect, sql):
     assert "integers as integers" in str(e.value) or "integer divided by an integer" in str(e.value)
     parse_query(sql, policy)  # duckdb: float division, as written
     parse_query(sql.replace("age / 10", "CAST(age AS DOUBLE) / 10"), policy, dialect=dialect)
+
+
+# --- dialect names in any case and by alias, in the API, the CLI and the UI ---------------------
+
+
+@pytest.mark.parametrize("name,canonical", [("DuckDB", "duckdb"), ("Postgres", "postgres"),
+                                            ("PostgreSQL", "postgres"), ("MSSQL", "tsql"),
+                                            ("BigQuery", "bigquery"), ("Databricks", "spark"), ("GoogleSQL", "bigquery")])
+def test_check_dialect_folds_case_and_aliases(name, canonical):
+    from dpgate.sql.parse import check_dialect
+
+    assert check_dialect(name) == canonical
+
+
+def test_http_dialect_names_any_case_and_unknown_lists_the_names(project, tmp_path):
+    settings = Settings(policies=project / "policies", home=tmp_path / "state")
+    key = KeyStore(settings.resolved_keys_file()).add("alice", role="analyst", consumer="analysts")[0]
+    sql = "SELECT region, COUNT(*) AS n FROM prompts GROUP BY region"
+    with LiveServer(create_app(settings)) as live, live.client(key) as c:
+        for name in ("DuckDB", "Postgres", "PostgreSQL", " TSQL "):
+            r = c.post("/v1/queries/explain", json={"dataset": "usage", "sql": sql, "dialect": name})
+            assert r.status_code == 200, (name, r.text)
+        before = c.get("/v1/datasets/usage/budget").json()["spent"]["rho"]
+        bad = c.post("/v1/queries", json={"dataset": "usage", "sql": sql, "dialect": "Oracle9",
+                                          "budget": {"rho": 0.001}})
+        assert bad.status_code == 400
+        err = bad.json()["error"]
+        assert err["code"] == "invalid_request"
+        for name in DIALECTS:
+            assert name in err["message"]
+        assert "Oracle9" not in bad.text  # the value sent is not echoed
+        assert c.get("/v1/datasets/usage/budget").json()["spent"]["rho"] == before  # no charge
+
+
+def test_cli_dialect_any_case_and_unknown_is_a_usage_error(project, tmp_path, capsys):
+    from dpgate.cli import main
+
+    top = "SELECT TOP 2 region, COUNT(*) AS n FROM prompts GROUP BY region"
+    common = ["--policies", str(project / "policies"), "--home", str(tmp_path / "h")]
+    assert main(["explain", "--dataset", "usage", "--dialect", "TSQL", "--json", *common, top]) == 0
+    assert json.loads(capsys.readouterr().out)["plan"]["limit"] == 2
+    with pytest.raises(SystemExit) as e:
+        main(["explain", "--dataset", "usage", "--dialect", "oracle9", *common, top])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "unknown SQL dialect 'oracle9'" in err and all(name in err for name in DIALECTS)

@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from _library import checkouts_rows, csv_text, members_rows, write_library
+
 from dpgate.errors import UnsupportedQuery
 from dpgate.policy import load_policy
 from dpgate.service import Gateway, QueryBudget
@@ -19,20 +21,7 @@ from dpgate.sql.bound import bounded_sql
 from dpgate.sql.joins import JoinedTable, policy_for
 from dpgate.sql.parse import parse_query
 
-POLICY = """
-[dataset]
-name = "lib"
-population = "members"
-data_version = "v1"
-
-[budget]
-epsilon = 100000.0
-delta = 1e-6
-default_query_rho = 0.01
-
-[allocations]
-analysts = 1.0
-
+TABLES = """
 [tables.checkouts]
 source = "checkouts.csv"
 privacy_unit = "member_id"
@@ -66,21 +55,9 @@ category = { type = "text", public_keys = ["fiction", "nonfiction"] }
 GENRES = [("fantasy", "fiction"), ("mystery", "fiction"), ("history", "nonfiction"), ("poetry", "fiction")]
 
 
-def checkouts_rows(n=300):
-    return [(i % 50, ["fantasy", "mystery", "history"][i % 3], 100 + i) for i in range(n)]
-
-
-def members_rows():
-    return [(i, ["hs", "ba", "ma"][i % 3], 20 + i) for i in range(50)]
-
-
 def write(root: Path) -> Path:
-    (root / "policies").mkdir(parents=True, exist_ok=True)
-    (root / "checkouts.csv").write_text("member_id,genre,pages\n" + "\n".join(",".join(map(str, r)) for r in checkouts_rows()) + "\n")
-    (root / "members.csv").write_text("id,edu,age\n" + "\n".join(",".join(map(str, r)) for r in members_rows()) + "\n")
-    (root / "genres.csv").write_text("genre,category\n" + "\n".join(",".join(r) for r in GENRES) + "\n")
-    (root / "policies" / "lib.toml").write_text(POLICY)
-    return root / "policies"
+    return write_library(root, TABLES, genres_csv=csv_text("genre,category", GENRES), epsilon=100000.0,
+                         members=True)
 
 
 @pytest.fixture

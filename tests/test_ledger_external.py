@@ -203,6 +203,71 @@ def test_a_curve_that_decreases_is_refused_and_costs_nothing(tmp_path, orders):
     accounting.curve_on_grid([0.5, 0.5, math.inf], [2, 10, 1000])
 
 
+def test_dp_sgd_charge_shows_the_rho_the_cap_check_used_not_infinity(tmp_path, capsys):
+    """``rho`` stays the stored bound over every order (∞ for this curve, so the hash chain and
+    replay are unchanged); receipts and ``dpgate ledger show`` add ``rho_checked``, the ρ at the
+    orders α ≤ α_cap the filter checks: max over those orders of ε(α)/α, here from dp-accounting
+    evaluated on the ledger's own orders."""
+    import json
+
+    from dpgate.cli import main
+
+    url = f"sqlite:///{tmp_path / 'l.sqlite'}"
+    led = open_ledger(url)
+    led.ensure_population("p", epsilon=10.0, delta=DELTA, allocations={})
+    alpha_cap = led.cap("p").alpha_cap
+    assert alpha_cap == 4.0
+    # an accountant that stops at order 64 (as Opacus' default orders do): no claim above it, so
+    # the ledger's orders 128 … 1024 hold ∞ and the stored ρ bound over every order is ∞
+    orders, curve, _ = dp_sgd(0.01, 1.0, 10_000, orders=[a for a in FINITE if a <= 64])
+    want = max(c / a for a, c in zip(orders, curve) if a <= alpha_cap)
+    assert math.isfinite(want) and want > 0
+    receipt = led.charge("p", "sgd", Cost.rdp_on_orders(curve, orders), purpose="DP-SGD run")
+    led.charge("p", "q", Cost.zcdp(0.01), purpose="a query")
+    led.close()
+    assert math.isinf(receipt.rho)
+    assert receipt.to_dict()["rho"] == "inf"
+    assert receipt.to_dict()["rho_checked"] == pytest.approx(want, rel=1e-9)
+    assert main(["ledger", "show", "--ledger-url", url, "--json"]) == 0
+    entries = json.loads(capsys.readouterr().out)["entries"]
+    sgd, query = entries
+    assert sgd["rho"] == "inf" and sgd["rho_checked"] == pytest.approx(want, rel=1e-9)
+    assert query["rho"] == query["rho_checked"] == 0.01
+    assert main(["ledger", "show", "--ledger-url", url]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if "DP-SGD run" in line)
+    assert f"{want:.6g}*" in row and "inf" not in row
+    assert "α ≤ α_cap" in out
+    assert main(["ledger", "verify", "--ledger-url", url]) == 0  # nothing stored changed
+
+
+def test_admin_ledger_page_shows_the_checked_rho_of_a_dp_sgd_charge(tmp_path):
+    from _ui_support import sign_in
+
+    settings = Settings(policies=write_project(tmp_path / "p"), home=tmp_path / "home")
+    key = KeyStore(settings.resolved_keys_file()).add("root", role="admin")[0]
+    app = create_app(settings)
+    with LiveServer(app) as live:
+        gw = app.state.gateway
+        population = gw.policy(sorted(gw.policies)[0]).population
+        cap = gw.ledger.cap(population)
+        top = cap.alpha_cap if cap.alpha_cap is not None else 64
+        orders = [a for a in FINITE if a <= max(top, 4.0)]
+        _, curve, _ = dp_sgd(0.01, 2.0, 100, orders=orders)
+        want = max(c / a for a, c in zip(orders, curve) if cap.alpha_cap is None or a <= cap.alpha_cap)
+        receipt = gw.ledger.charge(population, "analysts", Cost.rdp_on_orders(curve, orders), purpose="DP-SGD run")
+        assert math.isinf(receipt.rho)
+        ui = sign_in(live.url, key)
+        try:
+            page = ui.get("/ui/admin/ledger").text
+        finally:
+            ui.close()
+    from dpgate.ui.charts import fmt_number
+
+    row = next(r for r in page.split("<tr>") if "DP-SGD run" in r)
+    assert f">{fmt_number(want)}*</span>" in row and "α ≤ α_cap" in page
+
+
 def test_a_rho_request_refused_at_a_renyi_order_is_worded_in_rho_first(ledger):
     # After an RDP curve, the binding check is at a Rényi order; a trial found the refusal of a
     # plain ρ request worded only in ε(α) terms. It now leads with the ρ requested (a zCDP

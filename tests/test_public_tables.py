@@ -8,26 +8,14 @@ from pathlib import Path
 
 import duckdb
 import pytest
+from _library import write_library
 
 from dpgate.errors import PolicyError, UnsupportedQuery
 from dpgate.policy import load_policy
 from dpgate.service import Gateway
 from dpgate.settings import Settings
 
-POLICY = """
-[dataset]
-name = "lib"
-population = "members"
-data_version = "v1"
-
-[budget]
-epsilon = 4.0
-delta = 1e-6
-default_query_rho = 0.01
-
-[allocations]
-analysts = 1.0
-
+TABLES = """
 [tables.checkouts]
 source = "checkouts.csv"
 privacy_unit = "member_id"
@@ -54,13 +42,7 @@ GENRES = ("genre,category,shelves\nfantasy,fiction,12\nmystery,fiction,8\nhistor
 
 
 def write(root: Path, public: str = "public = true") -> Path:
-    (root / "policies").mkdir(parents=True, exist_ok=True)
-    (root / "genres.csv").write_text(GENRES)
-    (root / "checkouts.csv").write_text(
-        "member_id,genre,pages\n" + "\n".join(f"{i % 50},{['fantasy', 'mystery', 'history'][i % 3]},{100 + i}"
-                                              for i in range(300)) + "\n")
-    (root / "policies" / "lib.toml").write_text(POLICY.format(public=public))
-    return root / "policies"
+    return write_library(root, TABLES.format(public=public), genres_csv=GENRES)
 
 
 @pytest.fixture
@@ -146,3 +128,50 @@ def test_explain_of_public_and_quantile_queries_over_http_and_cli(gw, tmp_path, 
     out = capsys.readouterr()
     assert status == 0 and "Traceback" not in out.err
     assert words in out.out
+
+
+def test_public_tables_are_shown_as_public_in_the_api_and_the_ui(tmp_path):
+    """GET /v1/datasets, the datasets page and the console's schema say "public table" (no
+    privacy unit, no k/m, free and exact), not record-level."""
+    from _api_server import LiveServer
+    from _ui_support import sign_in
+
+    from dpgate.api import create_app
+    from dpgate.auth import KeyStore
+
+    settings = Settings(policies=write(tmp_path / "p"), home=tmp_path / "home")
+    key = KeyStore(settings.resolved_keys_file()).add("alice", role="analyst", consumer="analysts")[0]
+    with LiveServer(create_app(settings)) as live:
+        with live.client(key) as c:
+            for doc in (c.get("/v1/datasets").json()["datasets"][0], c.get("/v1/datasets/lib").json()):
+                genres, checkouts = doc["tables"]["genres"], doc["tables"]["checkouts"]
+                assert (genres["public"], genres["record_level"], genres["privacy_unit"]) == (True, False, None)
+                assert genres["max_groups_per_unit"] is None and genres["max_rows_per_unit"] is None
+                assert (checkouts["public"], checkouts["record_level"], checkouts["privacy_unit"]) == \
+                    (False, False, "member_id")
+                assert checkouts["max_groups_per_unit"] == 2
+        ui = sign_in(live.url, key)
+        try:
+            datasets = ui.get("/ui/datasets").text
+            console = ui.get("/ui/console?dataset=lib").text
+        finally:
+            ui.close()
+    part = datasets.split("Table genres", 1)[1].split("<table>", 1)[0]
+    assert "public table" in part and "record" not in part and "Privacy unit" not in part
+    assert "Privacy unit: <strong>member_id</strong>" in datasets.split("Table checkouts", 1)[1]
+    head = console.split("<h3>genres", 1)[1].split("</h3>", 1)[0]
+    assert "public table" in head and "record" not in head and "k =" not in head
+
+
+def test_shared_library_fixture_writes_what_the_policy_reads(tmp_path):
+    """tests/_library.py (shared with test_joins): the header, the CSV files and the tables given."""
+    from _library import checkouts_rows, members_rows
+
+    pol = load_policy(write(tmp_path / "p") / "lib.toml")
+    assert (pol.name, pol.population, pol.budget.epsilon, pol.budget.delta) == ("lib", "members", 4.0, 1e-6)
+    assert set(pol.tables) == {"checkouts", "genres"} and not (tmp_path / "p" / "members.csv").exists()
+    lines = (tmp_path / "p" / "checkouts.csv").read_text().splitlines()
+    assert lines[0] == "member_id,genre,pages" and lines[1:] == [f"{u},{g},{p}" for u, g, p in checkouts_rows()]
+    assert len(lines) == 301 and lines[1] == "0,fantasy,100" and lines[-1] == "49,history,399"
+    assert (tmp_path / "p" / "genres.csv").read_text() == GENRES
+    assert members_rows()[:2] == [(0, "hs", 20), (1, "ba", 21)] and len(members_rows()) == 50

@@ -197,6 +197,48 @@ def test_grid_spans_bounds_at_resolution_and_caps_the_count():
     assert Grid(0, 10, 3, 1.0).size == 5 and list(Grid(0, 10, 3, 1.0).value(np.arange(5))) == [0, 3, 6, 9, 10]
 
 
+
+@pytest.mark.parametrize("resolution,text", [(0.1, "0.1"), (0.3, "0.3"), (0.001, "0.001"), (0.25, "0.25")])
+def test_grid_values_are_decimal_exact(resolution, text):
+    """Candidates print as the decimals they are (25200.3, not 25200.300000000003): each is
+    the double nearest lo·res + i·stride·res computed in exact decimal arithmetic."""
+    from decimal import Decimal, localcontext
+
+    g = Grid(249_990, 253_010, 1, resolution)
+    got = g.value(np.arange(g.size))
+    with localcontext() as ctx:
+        ctx.prec = 50
+        want = [float(Decimal(int(fp)) * Decimal(text)) for fp in range(g.lo, g.hi + 1)]
+    assert got.tolist() == want
+    assert repr(float(Grid(0, 300_000, 1, 0.1).value(252_003))) == "25200.3"
+    d = Grid(250_001, 253_003, 2, 0.1).describe()
+    assert (repr(d["lower"]), repr(d["upper"]), repr(d["step"])) == ("25000.1", "25300.3", "0.2")
+    # beyond 2**53 the exact Fraction path: the nearest double to the exact product
+    assert Grid(0, 2**60, 2**50, 0.1).value(4).item() == float(Decimal(2**52) * Decimal("0.1"))
+
+
+def test_released_quantiles_are_rounded_to_the_resolution(tmp_path):
+    """End to end with resolution 0.1: every released MIN/MEDIAN/MAX and the release's grid
+    are multiples of 0.1 that print with at most one decimal."""
+    rows = [(u, "eu", 1.0, 1.0, 1000 + (u % 300) / 10 + 0.3) for u in range(300)]
+    pol = write(tmp_path / "p", rows)
+    text = (pol / "shop.toml").read_text().replace(
+        'big = { type = "float", lower = 0, upper = 1000000, resolution = 1 }',
+        'big = { type = "float", lower = 1000.1, upper = 1030.3, resolution = 0.1 }')
+    (pol / "shop.toml").write_text(text)
+    g = Gateway.open(Settings(policies=pol, home=tmp_path / "home"))
+    try:
+        r = g.query("shop", "SELECT region, MIN(big), MEDIAN(big), MAX(big) FROM orders GROUP BY region",
+                    consumer="analysts", budget=QueryBudget(rho=0.3))
+    finally:
+        g.close()
+    values = [v for row in r["rows"] for v in row[1:]]
+    assert len(values) == 9
+    for v in values:
+        assert len(repr(v).split(".")[1]) == 1, v
+    grid = r["accuracy"]["MEDIAN(big)"]["grid"]
+    assert (repr(grid["lower"]), repr(grid["upper"]), repr(grid["step"])) == ("1000.1", "1030.3", "0.1")
+
 # --- cost: OpenDP's map equals the hand formula and the private quantile's map ------------------
 
 
@@ -377,3 +419,28 @@ def test_laplace_quantile_is_charged_in_epsilon(gw):
                  mechanism="laplace", budget=QueryBudget(epsilon=0.5))
     assert r["accuracy"]["MEDIAN(amount)"]["noise"] == "exponential"
     assert 0 <= r["rows"][0][0] <= 100
+
+
+def test_noise_scale_units_relate_noise_scales_to_the_accuracy_entries(gw):
+    """``noise_scales`` are on the integer scale (steps of the resolution 0.5 for SUM(amount));
+    ``noise_scale_units`` gives the unit and the value-scale σ, which is the accuracy's ``sigma``."""
+    sql = "SELECT region, SUM(amount) AS s, COUNT(*) AS n, MEDIAN(amount) AS med FROM orders GROUP BY region"
+    r = gw.query("shop", sql, consumer="analysts", budget=QueryBudget(rho=0.3))
+    ex = gw.explain("shop", sql, budget=QueryBudget(rho=0.3))
+    for doc in (r, gw.release(r["release_id"]), ex):
+        units, scales = doc["noise_scale_units"], doc["noise_scales"]
+        assert set(units) == set(scales)
+        kinds = {u["kind"]: (pid, u) for pid, u in units.items()}
+        pid, s = kinds["sum"]
+        assert s["unit"] == 0.5 and "resolution 0.5" in s["in"]
+        assert s["value_scale"] == pytest.approx(scales[pid] * 0.5, rel=1e-12)
+        pid, c = kinds["count"]
+        assert c["unit"] == 1.0 and c["value_scale"] == pytest.approx(scales[pid], rel=1e-12)
+        pid, q = kinds["quantile"]
+        assert q["unit"] is None and q["value_scale"] is None and "ranks" in q["in"]
+    units = r["noise_scale_units"]
+    by_kind = {u["kind"]: u for u in units.values()}
+    assert r["accuracy"]["s"]["sigma"] == pytest.approx(by_kind["sum"]["value_scale"], rel=1e-12)
+    assert r["accuracy"]["n"]["sigma"] == pytest.approx(by_kind["count"]["value_scale"], rel=1e-12)
+    qpid = next(pid for pid, u in units.items() if u["kind"] == "quantile")
+    assert r["accuracy"]["med"]["rank_scale"] == pytest.approx(r["noise_scales"][qpid], rel=1e-12)

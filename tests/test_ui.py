@@ -617,3 +617,38 @@ def test_a_cap_below_the_spend_is_said_so(client, server, monkeypatch):
     monkeypatch.setattr(gw, "set_cap", original)
     admin.post("/ui/admin/populations/hostile-pop/cap",
                data={"csrf_token": token, "epsilon": "2", "delta": "1e-6", "reason": "restore"})
+
+
+def test_console_accepts_dialect_names_in_any_case(client):
+    analyst = client("analyst")
+    token = csrf_token(analyst.get("/ui/console").text)
+    base = {"csrf_token": token, "dataset": "usage", "budget_kind": "default", "mechanism": "default",
+            "action": "explain", "sql": 'SELECT "region", COUNT(*) AS n FROM prompts GROUP BY region'}
+    for name in ("Postgres", "PostgreSQL", "DuckDB"):
+        r = analyst.post("/ui/console", data={**base, "dialect": name})
+        assert r.status_code == 200, (name, r.text[-2000:])
+    r = analyst.post("/ui/console", data={**base, "dialect": "Oracle9"})
+    assert r.status_code == 400 and "unknown SQL dialect" in r.text
+    assert "postgres" in r.text and "tsql" in r.text and "snowflake" in r.text
+
+
+def test_quantile_release_shows_its_rank_error_not_error_bars(client, server):
+    """A MEDIAN release: the release page and the dashboard show the rank error in words
+    (``rank_error95``), and the quantile's chart has no error bars; the COUNT next to it keeps its ±."""
+    gw = server.app_state.gateway
+    r = gw.query("usage", "SELECT region, MEDIAN(tokens) AS med, COUNT(*) AS n FROM prompts GROUP BY region",
+                 consumer="dashboard", budget=QueryBudget(rho=0.02))
+    rank = r["accuracy"]["med"]["rank_error95"]
+    shown = f"{rank:.3g}"
+    page = client("dashboard").get(f"/ui/releases/{r['release_id']}").text
+    assert "rank error med (95 %)" in page and "± med" not in page and "± n" in page
+    assert "ranks</td>" in page and "a DP quantile&#39;s accuracy is a rank error" in page
+    assert f"± {shown} of the group" in page
+    figures = re.findall(r"<figure>.*?</figure>", page, flags=re.S)
+    med = [f for f in figures if "med:" in f or "med (" in f]
+    count = [f for f in figures if "n: 95 % error bars" in f]
+    assert len(med) == 1 and 'class="err"' not in med[0] and "without error bars" in med[0]
+    assert len(count) == 1 and 'class="err"' in count[0]
+    dash = client("dashboard").get("/ui/dashboard/usage").text
+    card = next(s for s in re.findall(r'<section class="card".*?</section>', dash, flags=re.S) if r["release_id"] in s)
+    assert "a DP quantile&#39;s accuracy is a rank error" in card and f"± {shown} of the group" in card

@@ -244,6 +244,33 @@ def test_explanation_view_gives_the_output_half_widths():
     assert explanation_view({**explanation, "fits": True}, info, None)["fits"] is True  # the gateway's verdict wins
 
 
+def test_explained_quantile_output_states_its_rank_error():
+    explanation = {
+        "plan": {"table": "prompts",
+                 "primitives": [{"id": "p0", "kind": "quantile", "column": "tokens"}],
+                 "outputs": [{"name": "med", "function": "quantile", "primitives": ["p0"]}]},
+        "sensitivity": {}, "noise_scales": {"p0": 2.5}, "mechanism": "discrete_gaussian",
+        "quantiles": {"p0": {"rank_error95": 23.4567, "rank_scale": 2.5}}, "cost": {"rho": 0.01},
+    }
+    out = explanation_view(explanation, {"tables": {}}, None)["outputs"][0]
+    assert out["ci95"] is None
+    assert "rank error of ± 23.5 ranks (95 %)" in out["note"] and "after the run" not in out["note"]
+
+
+def test_quantile_release_view_has_a_rank_column_and_no_error_bars():
+    release = {"release_id": "rel_q", "dataset": "d", "columns": ["region", "med"],
+               "rows": [["eu", 12.5], ["us", None]],
+               "accuracy": {"med": {"mechanism": "exponential_mechanism", "quantile": 0.5, "rank_error95": 7.25,
+                                    "ci95": None, "approximate": False}}}
+    v = release_view(release)
+    assert [h["name"] for h in v["header"]] == ["region", "med", "rank error med (95 %)"]
+    assert [[c["value"] for c in r] for r in v["rows"]] == [["eu", 12.5, 7.25], ["us", None, None]]
+    assert v["rows"][0][2]["kind"] == "rank"
+    (chart,) = v["charts"]
+    assert 'class="err"' not in str(chart["svg"]) and "without error bars" in str(chart["svg"])
+    assert "0.5·n ± 7.25" in chart["rank_error"] and v["ranks"]["med"] == chart["rank_error"]
+
+
 def test_recent_releases_are_those_paid_by_the_consumer():
     rs = [{"release_id": "a", "paid_by": {"consumer": "analysts"}}, {"release_id": "b", "paid_by": {"consumer": "dashboard"}},
           {"release_id": "c", "charge": {"consumer": "analysts"}}]

@@ -296,15 +296,21 @@ class TablePolicy:
                 )
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-serialisable form (without the source path): unit, bounds, columns."""
+        """JSON-serialisable form (without the source path): unit, bounds, columns.
+
+        ``public`` is True for a public table, which has no privacy unit and no
+        contribution bounds: ``privacy_unit``, ``max_groups_per_unit`` and
+        ``max_rows_per_unit`` are None and ``record_level`` is False (its rows are not
+        protected at all; queries reading public tables only are exact and free).
+        """
         return {
             "name": self.name,
             "privacy_unit": self.privacy_unit,
-            "record_level": self.record_level,
-            "max_groups_per_unit": self.max_groups_per_unit,
-            "max_rows_per_unit": self.max_rows_per_unit,
+            "record_level": self.record_level and not self.public,
+            "public": self.public,
+            "max_groups_per_unit": None if self.public else self.max_groups_per_unit,
+            "max_rows_per_unit": None if self.public else self.max_rows_per_unit,
             "columns": {n: c.to_dict() for n, c in self.columns.items()},
-            **({"public": True} if self.public else {}),
         }
 
 

@@ -104,18 +104,50 @@ class Grid:
 
     @property
     def step(self) -> float:
-        """Distance between neighbouring candidates in column units."""
-        return self.stride * self.resolution
+        """Distance between neighbouring candidates in column units (decimal-exact)."""
+        return float(decimal_values(self.stride, self.resolution))
 
     def value(self, index: np.ndarray | int) -> np.ndarray:
-        """Candidate value(s) in column units for index(es) in [0, C)."""
+        """Candidate value(s) in column units for index(es) in [0, C), decimal-exact.
+
+        Each value is ``fp·resolution`` computed exactly (the resolution read as the
+        decimal the policy wrote, e.g. 0.1 = 1/10) and rounded once to the nearest
+        double, so that ``252003`` steps of 0.1 print as ``25200.3``, not
+        ``25200.300000000003``. Rounding a released candidate to the policy's own
+        resolution is post-processing of a public grid value: no privacy change.
+        """
         fp = np.minimum(self.lo + np.asarray(index, dtype=np.int64) * self.stride, self.hi)
-        return fp.astype(np.float64) * self.resolution
+        return decimal_values(fp, self.resolution)
 
     def describe(self) -> dict:
-        """JSON form for explain and the release."""
-        return {"lower": self.lo * self.resolution, "upper": self.hi * self.resolution,
-                "step": self.step, "candidates": self.size}
+        """JSON form for explain and the release (bounds and step decimal-exact)."""
+        lower, upper, step = decimal_values(np.array([self.lo, self.hi, self.stride], dtype=np.int64),
+                                            self.resolution).tolist()
+        return {"lower": lower, "upper": upper, "step": step, "candidates": self.size}
+
+
+def decimal_values(fp: np.ndarray | int, resolution: float) -> np.ndarray:
+    """``fp × resolution`` as the doubles nearest the exact decimal products.
+
+    Args:
+        fp: integer multiples of ``resolution`` (any shape; |fp| ≤ 2**62).
+        resolution: the column's resolution, read as its shortest decimal text
+            (``repr``; what the policy file wrote).
+
+    Returns:
+        float64 array of ``fp``'s shape. With ``resolution = p/q`` in lowest terms,
+        ``(fp·p)/q`` is one correctly rounded IEEE division when ``fp·p`` and ``q``
+        are exact doubles (< 2**53); otherwise each value is rounded from the exact
+        :class:`fractions.Fraction`.
+    """
+    res = Fraction(repr(float(resolution)))
+    p, q = res.numerator, res.denominator
+    arr = np.asarray(fp, dtype=np.int64)
+    biggest = int(np.max(np.abs(arr))) if arr.size else 0
+    if biggest * abs(p) < 2**53 and q < 2**53:
+        return (arr * p).astype(np.float64) / float(q)
+    flat = [float(int(v) * res) for v in arr.ravel().tolist()]
+    return np.asarray(flat, dtype=np.float64).reshape(arr.shape)
 
 
 def grid_for(col: ColumnPolicy) -> Grid:

@@ -654,6 +654,7 @@ class Gateway:
             "sensitivity": {pid: {"l1": s.l1, "l2": s.l2, "linf": s.linf} for pid, s in sens.items()},
             "mechanism": cal.mechanism,
             "noise_scales": dict(cal.scales),
+            "noise_scale_units": noise_scale_units(policy, plan, cal.scales),
             "budget": resolved,
             "cost": {
                 "rho": cal.rho,
@@ -835,6 +836,7 @@ class Gateway:
             "plan_hash": plan.plan_hash,
             "canonical_sql": plan.canonical_sql,
             "noise_scales": scales,
+            "noise_scale_units": noise_scale_units(policy, plan, scales),
             "post_processing": settings,
             "derived_from": hit.release_id,
         })
@@ -912,6 +914,7 @@ class Gateway:
             "canonical_sql": plan.canonical_sql,
             "mechanism": cal.mechanism,
             "noise_scales": dict(cal.scales),
+            "noise_scale_units": noise_scale_units(policy, plan, cal.scales),
             "budget": dict(resolved, **({"accuracy_target": ci95_rules(
                 _cell_targets(policy, plan), resolved["ci95"], resolved.get("expected_count"))}
                 if "ci95" in resolved else {})),
@@ -1337,6 +1340,42 @@ def _output_unit(policy: DatasetPolicy, plan: QueryPlan, primitive_id: str) -> f
     p = plan.primitive(primitive_id)
     table = policy.table(plan.table)
     return output_unit(p.kind, plan.column_policy(table, p.column).resolution if p.column else None)
+
+
+def noise_scale_units(policy: DatasetPolicy, plan: QueryPlan, scales: Mapping[str, float]) -> dict[str, dict[str, Any]]:
+    """What each ``noise_scales`` entry is measured in, and its size in the output's units.
+
+    ``noise_scales`` holds the scale the sampler used, on the integer scale the
+    bounded query computes (the σ of the discrete Gaussian, or the discrete Laplace
+    scale b): for a count, in rows or units (= output units); for a ``sum``, in
+    integer steps of the column's ``resolution``; for a ``sum_squares``, in steps of
+    resolution²; for a quantile, the rank scale ``s_r`` in ranks. The ``accuracy``
+    entries (``sigma``/``scale``, ``ci95``) are in the output's units. This document
+    relates the two.
+
+    Returns:
+        primitive id → ``{"kind", "column", "in", "unit", "value_scale"}``: ``in`` says
+        the unit in words, ``unit`` is the output units per integer step (1,
+        resolution, resolution²; None for a quantile) and ``value_scale`` =
+        scale × unit (None for a quantile: a rank scale has no value-scale figure).
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for pid, scale in scales.items():
+        p = plan.primitive(pid)
+        if p.kind == "quantile":
+            out[pid] = {"kind": p.kind, "column": p.column, "in": "ranks (the quantile's rank scale)",
+                        "unit": None, "value_scale": None}
+            continue
+        unit = _output_unit(policy, plan, pid)
+        if p.kind == "sum":
+            words = f"integer steps of the resolution {unit:g}"
+        elif p.kind == "sum_squares":
+            words = f"integer steps of resolution² ({unit:g})"
+        else:
+            words = "rows or units counted (output units)"
+        out[pid] = {"kind": p.kind, "column": p.column, "in": words, "unit": unit,
+                    "value_scale": float(scale) * unit}
+    return out
 
 
 def _primitive_sig(p) -> str:

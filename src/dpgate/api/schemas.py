@@ -23,11 +23,11 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, model_validator
 from pydantic_core import PydanticCustomError
 
-from dpgate.errors import did_you_mean
+from dpgate.errors import DpgateError, did_you_mean
 from dpgate.service import QueryBudget
 
 from dpgate.policy import MECHANISMS
-from dpgate.sql.parse import DIALECTS
+from dpgate.sql.parse import DIALECT_ALIASES, DIALECTS, check_dialect
 
 #: Largest ρ or ε a request may name (anything near it is refused by any sane cap anyway).
 MAX_PRIVACY_PARAMETER = QueryBudget.MAX_RHO
@@ -96,8 +96,23 @@ class ResponseModel(BaseModel):
 Number = float | Literal["inf", "-inf", "nan"]
 #: The mechanisms a request may name (the one list: :data:`dpgate.policy.MECHANISMS`).
 MechanismChoice = Literal[tuple(MECHANISMS)]
-#: The SQL dialects a request may be written in (the one list: :data:`dpgate.sql.parse.DIALECTS`).
-DialectChoice = Literal[tuple(DIALECTS)]
+def _dialect_name(value: Any) -> Any:
+    """A dialect in any case or by an alias → its name in :data:`dpgate.sql.parse.DIALECTS`
+    (``"DuckDB"`` → ``"duckdb"``, ``"PostgreSQL"`` → ``"postgres"``); an unknown name is a 400
+    whose message lists the accepted names (:func:`dpgate.sql.parse.check_dialect`)."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return check_dialect(value)
+    except DpgateError:  # the message names the accepted names, never the value sent
+        raise PydanticCustomError("dialect", "{message}", {"message": (
+            f"unknown SQL dialect: use one of {', '.join(DIALECTS)} (any case; also "
+            f"{', '.join(sorted(DIALECT_ALIASES))})")}) from None
+
+
+#: The SQL dialects a request may be written in (the one list: :data:`dpgate.sql.parse.DIALECTS`),
+#: accepted in any case and by the aliases of :data:`dpgate.sql.parse.DIALECT_ALIASES`.
+DialectChoice = Annotated[Literal[tuple(DIALECTS)], BeforeValidator(_dialect_name)]
 
 
 # --- requests --------------------------------------------------------------------------
@@ -169,7 +184,8 @@ class QueryRequest(RequestModel):
     )
     dialect: DialectChoice | None = Field(
         default=None,
-        description="the SQL dialect `sql` is written in (sqlglot names); duckdb when absent. "
+        description="the SQL dialect `sql` is written in (sqlglot names, any case; also postgresql, "
+        "mssql, sqlserver, sparksql, databricks, googlesql, pg); duckdb when absent. "
         "The plan, its hash and the release cache do not depend on it",
     )
     search_id: Annotated[str, StringConstraints(min_length=1, max_length=64)] | None = Field(
@@ -340,8 +356,18 @@ class Release(ResponseModel):
     columns: list[str]
     rows: list[list[Any]]
     accuracy: dict[str, dict[str, Any]] = Field(
-        description="per column: mechanism, sigma or scale (noise std / Laplace scale), ci95 half-width"
+        description="per column, in the column's own units: mechanism, sigma or scale (noise std / Laplace "
+                    "scale), ci95 half-width; for a quantile rank_error95 (ranks) instead"
     )
+    noise_scales: dict[str, Number] | None = Field(
+        default=None,
+        description="per primitive (p0, p1, …): the sampler's σ or Laplace scale on the integer scale the bounded "
+                    "query computes — rows for counts, integer steps of the resolution for sums, of resolution² "
+                    "for sums of squares, ranks for quantiles; see noise_scale_units for the value-scale figure")
+    noise_scale_units: dict[str, dict[str, Any]] | None = Field(
+        default=None,
+        description="per primitive: {kind, column, in (the unit in words), unit (output units per integer step; "
+                    "null for a quantile), value_scale (noise_scales × unit, in the output's units)}")
     charge: ChargeSummary | None = None
     cached: bool
     data_version: str | None = None
@@ -394,11 +420,17 @@ class ColumnInfo(ResponseModel):
 
 
 class TableInfo(ResponseModel):
-    """A table's privacy unit and contribution bounds (k groups, m rows per unit and group)."""
+    """A table's privacy unit and contribution bounds (k groups, m rows per unit and group).
 
-    privacy_unit: str | None = Field(description="the protected entity's column; null = record-level")
-    max_groups_per_unit: int
-    max_rows_per_unit: int
+    A public table (``public: true``) has neither: nothing in it is protected, and a query
+    that reads public tables only is answered exactly and costs nothing."""
+
+    privacy_unit: str | None = Field(
+        description="the protected entity's column; null = record-level (each row is a unit) or a public table")
+    record_level: bool = Field(default=False, description="true when each row is its own privacy unit")
+    public: bool = Field(default=False, description="a public table: no privacy unit, queries free and exact")
+    max_groups_per_unit: int | None = Field(description="k; null for a public table")
+    max_rows_per_unit: int | None = Field(description="m; null for a public table")
     columns: dict[str, ColumnInfo]
 
 
@@ -468,7 +500,11 @@ class ChargeReceipt(ResponseModel):
     charge_id: str
     population: str
     consumer: str
-    rho: Number
+    rho: Number = Field(description="the stored ρ column: ρ of a zCDP charge; for an RDP curve the bound over every "
+                                    "finite order (\"inf\" for a curve that makes no claim at high orders)")
+    rho_checked: Number | None = Field(
+        default=None, description="the ρ the cap check compared: for an RDP curve the smallest ρ' with "
+                                  "ε(α) ≤ α·ρ' at the orders the cap checks (α ≤ alpha_cap); display only")
     epsilon_at_delta: Number | None = None
     created_at: str
 

@@ -36,6 +36,23 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ledger-url", help="sqlite:///… or postgresql://… (DPGATE_LEDGER_URL)")
 
 
+def add_dialect_option(parser: argparse.ArgumentParser) -> None:
+    """Add ``--dialect NAME``: the SQL dialect of the query, in any case or by an alias
+    (:func:`dpgate.sql.parse.check_dialect`); an unknown name is a usage error (exit 2)
+    that lists the accepted names."""
+    from dpgate.sql.parse import DIALECTS, check_dialect
+
+    def dialect(text: str) -> str:
+        try:
+            return check_dialect(text)
+        except DpgateError as e:
+            raise argparse.ArgumentTypeError(e.message) from None
+
+    parser.add_argument("--dialect", type=dialect, default=None, metavar="|".join(DIALECTS),
+                        help="the SQL dialect the query is written in (default duckdb; any case, "
+                             "aliases such as postgresql or mssql accepted)")
+
+
 def settings_from_args(args: argparse.Namespace):
     """Build :class:`~dpgate.settings.Settings`: flags override ``DPGATE_*`` variables and defaults.
 

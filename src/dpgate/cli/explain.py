@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import argparse
 
-from dpgate.cli import add_common_options, print_json, print_table
+from dpgate.cli import add_common_options, add_dialect_option, print_json, print_table
 from dpgate.errors import UnknownDataset
 from dpgate.policy import load_policies
 from dpgate.sql.explain import explain_query
-from dpgate.sql.parse import DIALECTS
 
 
 def register(subparsers) -> None:
@@ -27,8 +26,7 @@ def register(subparsers) -> None:
     )
     parser.add_argument("--dataset", required=True, help="dataset name (a policy file)")
     parser.add_argument("sql", help="the SQL query (quote it)")
-    parser.add_argument("--dialect", choices=DIALECTS, default=None,
-                        help="the SQL dialect the query is written in (default duckdb)")
+    add_dialect_option(parser)
     add_common_options(parser)
     parser.set_defaults(func=run)
 

@@ -88,6 +88,10 @@ def cmd_show(args: argparse.Namespace, settings: Any) -> int:
         entries = led.entries(args.population, limit=args.limit)
     finally:
         led.close()
+    from dpgate.ledger.reports import entry_rho_checked
+
+    caps = {r.population: r.cap for r in reports}
+    entries = [{**e, "rho_checked": entry_rho_checked(e, caps.get(e["population"]))} for e in entries]
     if args.json:
         print_json({"populations": [r.to_dict() for r in reports], "entries": entries})
         return 0
@@ -110,13 +114,19 @@ def cmd_show(args: argparse.Namespace, settings: Any) -> int:
     print()
     print(f"latest {len(entries)} charge(s) (ε is each charge alone at the cap's δ; never add them up):")
     if entries:
+        curves = any(e["rho_checked"] != e["rho"] for e in entries)
         print_table(
             ["seq", "created_at", "population", "consumer", "kind", "ρ", "ε alone", "purpose"],
-            [[e["seq"], e["created_at"], e["population"], e["consumer"], e["kind"], _fmt(e["rho"]),
+            [[e["seq"], e["created_at"], e["population"], e["consumer"], e["kind"],
+              _fmt(e["rho_checked"]) + ("*" if e["rho_checked"] != e["rho"] else ""),
               _fmt(e["epsilon_at_delta"], 4), (e["purpose"][:40] + "…") if len(e["purpose"]) > 41 else e["purpose"]]
              for e in entries],
         )
+        if curves:
+            print("* an RDP curve (e.g. a DP-SGD run): ρ at the orders the cap checks (α ≤ α_cap), the figure the "
+                  "cap check used; the stored ρ bound over every order is ∞ or larger (--json: rho)")
     return 0
+
 
 
 def cmd_verify(args: argparse.Namespace, settings: Any) -> int:

@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import argparse
 
-from dpgate.cli import add_common_options, print_json, print_table
+from dpgate.cli import add_common_options, add_dialect_option, print_json, print_table
 from dpgate.policy import MECHANISMS
-from dpgate.sql.parse import DIALECTS
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -32,8 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--delta", type=float,
                    help="δ spent on private partition selection (GROUP BY keys without public keys)")
     p.add_argument("--mechanism", choices=tuple(MECHANISMS))
-    p.add_argument("--dialect", choices=DIALECTS, default=None,
-                   help="the SQL dialect the query is written in (default duckdb)")
+    add_dialect_option(p)
     p.add_argument("--search-id", help="record this selection query in an open search (dpgate search)")
     add_common_options(p)
     p.set_defaults(func=run)

@@ -187,6 +187,18 @@ class CapSpec:
     alpha_cap: float | None = None
     selection_delta: float = 0.0
 
+    def rho_checked(self, cost: accounting.Cost) -> float:
+        """A charge in ρ units as this cap's filter sees it (display only; nothing stored).
+
+        A zCDP/Gaussian cost is its ρ. An RDP curve (a DP-SGD run) is the smallest ρ' with
+        ε(α) ≤ α·ρ' at every order the filter checks: the grid orders α ≤ α_cap
+        (:meth:`dpgate.accounting.Cost.rho_bound` with ``max_order = α_cap``), or every
+        finite grid order for a legacy cap. The ``rho`` column of the ledger stores the
+        bound over every finite order, which is ∞ for a curve that makes no claim at
+        high orders; this is the figure the cap check compared with α·ρ_cap.
+        """
+        return float(cost.rho_bound(max_order=self.alpha_cap))
+
     @property
     def rule(self) -> str:
         """``"alpha_cap"`` (orders ≤ α_cap checked) or ``"legacy"`` (every finite order and α*)."""

@@ -56,6 +56,7 @@ from psycopg import sql
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from dpgate.errors import LedgerError
+from dpgate.ledger.connections import first_line as _first_line
 from dpgate.ledger.base import GENESIS_HASH, utc_now
 from dpgate.ledger.browse import BROWSE_MIGRATION
 from dpgate.ledger.sql import SqlLedger, SqlTransaction, orders_json
@@ -516,10 +517,6 @@ class PostgresLedger(SqlLedger):
 
     def __repr__(self) -> str:
         return f"PostgresLedger({self._target!r}, schema={self.schema!r})"
-
-
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 def open_postgres_ledger(url: str) -> PostgresLedger:

@@ -75,15 +75,24 @@ class ChargeReceipt:
     cap: CapSpec | None = None
     selection_delta: float = 0.0
 
+    @property
+    def rho_checked(self) -> float:
+        """The charge in ρ units at the orders the cap checks (:meth:`CapSpec.rho_checked`);
+        ``rho`` (the stored bound over every order) when the cap is unknown."""
+        return self.rho if self.cap is None else self.cap.rho_checked(self.cost)
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable form (``cost`` via ``Cost.to_dict``; ∞ as ``"inf"``; ``cap`` as
-        :meth:`CapSpec.public`)."""
+        :meth:`CapSpec.public`). ``rho`` is the stored column (ρ, or for an RDP curve the
+        bound over every finite order: ∞ for a DP-SGD curve); ``rho_checked`` is the ρ
+        the cap check compared (orders ≤ α_cap, :meth:`CapSpec.rho_checked`)."""
         return {
             "charge_id": self.charge_id,
             "population": self.population,
             "consumer": self.consumer,
             "cost": self.cost.to_dict(),
             "rho": json_float(self.rho),
+            "rho_checked": json_float(self.rho_checked),
             "epsilon_at_delta": json_float(self.epsilon_at_delta),
             "delta": self.delta,
             "selection_delta": self.selection_delta,
@@ -235,6 +244,17 @@ def build_spend_report(
     return SpendReport(population, cap.epsilon, cap.delta, cap.rho_cap, p_spent, p_eps, p_rem,
                        rho_epsilon(p_rem, d), population_totals.charges, conversion, consumers,
                        dict(allocations), cap, population_totals.selection_value)
+
+
+def entry_rho_checked(entry: Mapping[str, Any], cap: CapSpec | None) -> Any:
+    """The ρ to show for a displayed charge entry (:meth:`Ledger.entries`): its stored ``rho``
+    for a zCDP/Gaussian charge; for an RDP curve the ρ at the orders ``cap`` checks
+    (:meth:`CapSpec.rho_checked`, JSON-safe: ∞ as ``"inf"``). Display only: the entry, its
+    hash and what replay reads are unchanged."""
+    if cap is None or entry.get("kind") != "rdp":
+        return entry["rho"]
+    cost = entry["cost"]
+    return json_float(cap.rho_checked(Cost.from_dict(json.loads(cost) if isinstance(cost, str) else cost)))
 
 
 def receipt_from_entry(entry: Mapping[str, Any], *, duplicate: bool, cost: Cost | None = None,

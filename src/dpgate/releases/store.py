@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import threading
 from typing import Any, Callable, ContextManager, Protocol
 
 from dpgate.errors import InvalidRequest, LedgerError, NotFound
+from dpgate.ledger.connections import LentConnections, ThreadConnections, first_line
 from dpgate.ledger.entries import utc_now
 from dpgate.releases.model import Release
 
@@ -106,23 +106,14 @@ class SqliteReleaseStore:
     """
 
     def __init__(self, connect: Callable[[], sqlite3.Connection]) -> None:
-        self._connect = connect
-        self._local = threading.local()
-        self._all: list[sqlite3.Connection] = []
-        self._lock = threading.Lock()
+        self._connections = ThreadConnections(connect)
         try:
             self._conn().executescript(_SCHEMA)
         except sqlite3.Error as exc:
             raise LedgerError(f"cannot create the release store: {exc}") from exc
 
     def _conn(self) -> sqlite3.Connection:
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = self._connect()
-            self._local.conn = conn
-            with self._lock:
-                self._all.append(conn)
-        return conn
+        return self._connections.get()
 
     def put(self, release: Release) -> Release:
         """Store ``release`` (INSERT OR IGNORE on the cache key) and return what is stored."""
@@ -198,14 +189,7 @@ class SqliteReleaseStore:
 
     def close(self) -> None:
         """Close every connection this store opened."""
-        with self._lock:
-            for conn in self._all:
-                try:
-                    conn.close()
-                except sqlite3.Error:
-                    pass
-            self._all.clear()
-        self._local = threading.local()
+        self._connections.close()
 
 
 _PG_TABLE = """CREATE TABLE releases (
@@ -270,9 +254,7 @@ class PostgresReleaseStore:
     """
 
     def __init__(self, connection: Callable[[], ContextManager[Any]], *, error: type[Exception]) -> None:
-        self._errors = error
-        self._connection = connection
-        self._closed = False
+        self._lent = LentConnections(connection, error=error, name="release store")
         try:
             with connection() as conn, conn.transaction():
                 conn.execute("SELECT pg_advisory_xact_lock(hashtext('dpgate.releases:' || current_schema()))")
@@ -290,17 +272,10 @@ class PostgresReleaseStore:
                         conn.execute(f"CREATE TRIGGER {name} {timing} ON releases"
                                      f" FOR EACH {level} EXECUTE FUNCTION dpgate_releases_immutable()")
         except error as exc:
-            raise LedgerError(f"cannot create the release store: {_first_line(exc)}") from exc
+            raise LedgerError(f"cannot create the release store: {first_line(exc)}") from exc
 
     def _run(self, query: str, args: tuple = ()) -> list[tuple]:
-        if self._closed:
-            raise LedgerError("the release store is closed")
-        with self._connection() as conn:
-            try:
-                cur = conn.execute(query, args)
-                return cur.fetchall() if cur.description is not None else []
-            except self._errors as exc:
-                raise LedgerError(f"release store error: {_first_line(exc)}") from exc
+        return self._lent.run(query, args)
 
     @staticmethod
     def _release(row: tuple) -> Release:
@@ -375,8 +350,4 @@ class PostgresReleaseStore:
 
     def close(self) -> None:
         """Stop using the ledger's connections (the ledger owns and closes them). Idempotent."""
-        self._closed = True
-
-
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        self._lent.close()

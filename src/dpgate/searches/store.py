@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import threading
 from typing import Any, Callable, ContextManager, Protocol
 
 from dpgate.errors import Conflict, LedgerError, NotFound
+from dpgate.ledger.connections import LentConnections, ThreadConnections, first_line
 
 __all__ = ["SearchStore", "SqliteSearchStore", "PostgresSearchStore", "open_search_store"]
 
@@ -82,6 +82,31 @@ def _loads(body: Any) -> dict[str, Any]:
     return json.loads(body) if isinstance(body, str) else body
 
 
+def _insert_step(conn: Any, p: str, search_id: str, kind: str, created_at: str,
+                 build: Callable[[int, dict[str, Any] | None], dict[str, Any]]) -> dict[str, Any]:
+    """Number, build and insert the next step of a search, inside the caller's transaction.
+
+    Args:
+        conn: a DB-API connection with ``execute`` (sqlite3 or psycopg).
+        p: the driver's parameter marker (``"?"`` or ``"%s"``).
+
+    Raises:
+        NotFound: no such search. Conflict: the search is closed.
+    """
+    if conn.execute(f"SELECT 1 FROM searches WHERE search_id = {p}", (search_id,)).fetchone() is None:
+        raise NotFound("no search with that id", {"search_id": search_id})
+    last = conn.execute(f"SELECT step, kind, body FROM search_steps WHERE search_id = {p} "
+                        "ORDER BY step DESC LIMIT 1", (search_id,)).fetchone()
+    if last is not None and last[1] == "close":
+        raise Conflict("the search is closed: a closed search cannot be reopened or extended "
+                       "(start a new search on the same budget)", {"search_id": search_id})
+    number = 1 if last is None else int(last[0]) + 1
+    body = build(number, None if last is None else _loads(last[2]))
+    conn.execute(f"INSERT INTO search_steps VALUES ({p}, {p}, {p}, {p}, {p})",
+                 (search_id, number, kind, created_at, _dumps(body)))
+    return {"step": number, "kind": kind, "created_at": created_at, "body": body}
+
+
 class SqliteSearchStore:
     """Search records in the ledger's SQLite file (one connection per thread).
 
@@ -92,23 +117,14 @@ class SqliteSearchStore:
     """
 
     def __init__(self, connect: Callable[[], sqlite3.Connection]) -> None:
-        self._connect = connect
-        self._local = threading.local()
-        self._all: list[sqlite3.Connection] = []
-        self._lock = threading.Lock()
+        self._connections = ThreadConnections(connect)
         try:
             self._conn().executescript(_SCHEMA)
         except sqlite3.Error as exc:
             raise LedgerError(f"cannot create the search store: {exc}") from exc
 
     def _conn(self) -> sqlite3.Connection:
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = self._connect()
-            self._local.conn = conn
-            with self._lock:
-                self._all.append(conn)
-        return conn
+        return self._connections.get()
 
     def create(self, search_id: str, population: str, created_at: str, body: dict[str, Any]) -> None:
         """Insert the search row; Conflict if the id is taken."""
@@ -146,24 +162,14 @@ class SqliteSearchStore:
         try:
             conn.execute("BEGIN IMMEDIATE")
             try:
-                if conn.execute("SELECT 1 FROM searches WHERE search_id = ?", (search_id,)).fetchone() is None:
-                    raise NotFound("no search with that id", {"search_id": search_id})
-                last = conn.execute("SELECT step, kind, body FROM search_steps WHERE search_id = ? "
-                                    "ORDER BY step DESC LIMIT 1", (search_id,)).fetchone()
-                if last is not None and last[1] == "close":
-                    raise Conflict("the search is closed: a closed search cannot be reopened or extended "
-                                   "(start a new search on the same budget)", {"search_id": search_id})
-                number = 1 if last is None else int(last[0]) + 1
-                body = build(number, None if last is None else _loads(last[2]))
-                conn.execute("INSERT INTO search_steps VALUES (?, ?, ?, ?, ?)",
-                             (search_id, number, kind, created_at, _dumps(body)))
+                step = _insert_step(conn, "?", search_id, kind, created_at, build)
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
             raise LedgerError(f"cannot append to the search: {exc}") from exc
-        return {"step": number, "kind": kind, "created_at": created_at, "body": body}
+        return step
 
     def list(self, population: str | None = None, *, limit: int = 100) -> list[dict[str, Any]]:
         """Searches newest first (optionally of one population)."""
@@ -178,14 +184,7 @@ class SqliteSearchStore:
 
     def close(self) -> None:
         """Close every connection this store opened."""
-        with self._lock:
-            for conn in self._all:
-                try:
-                    conn.close()
-                except sqlite3.Error:
-                    pass
-            self._all.clear()
-        self._local = threading.local()
+        self._connections.close()
 
 
 _PG_TABLES = (
@@ -230,9 +229,7 @@ class PostgresSearchStore:
     """
 
     def __init__(self, connection: Callable[[], ContextManager[Any]], *, error: type[Exception]) -> None:
-        self._connection = connection
-        self._errors = error
-        self._closed = False
+        self._lent = LentConnections(connection, error=error, name="search store")
         try:
             with connection() as conn, conn.transaction():
                 conn.execute("SELECT pg_advisory_xact_lock(hashtext('dpgate.searches:' || current_schema()))")
@@ -247,35 +244,24 @@ class PostgresSearchStore:
                             conn.execute(f"CREATE TRIGGER {name} {timing} ON {table} FOR EACH {level} "
                                          "EXECUTE FUNCTION dpgate_searches_append_only()")
         except error as exc:
-            raise LedgerError(f"cannot create the search store: {_first_line(exc)}") from exc
-
-    def _check(self) -> None:
-        if self._closed:
-            raise LedgerError("the search store is closed")
+            raise LedgerError(f"cannot create the search store: {first_line(exc)}") from exc
 
     def create(self, search_id: str, population: str, created_at: str, body: dict[str, Any]) -> None:
         """Insert the search row; Conflict if the id is taken."""
-        self._check()
-        with self._connection() as conn:
-            try:
-                cur = conn.execute("INSERT INTO searches VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING",
-                                   (search_id, population, created_at, _dumps(body)))
-            except self._errors as exc:
-                raise LedgerError(f"cannot store the search: {_first_line(exc)}") from exc
-            if cur.rowcount != 1:
-                raise Conflict("a search with that id exists", {"search_id": search_id})
+        with self._lent.lend("cannot store the search") as conn:
+            cur = conn.execute("INSERT INTO searches VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                               (search_id, population, created_at, _dumps(body)))
+            rowcount = cur.rowcount
+        if rowcount != 1:
+            raise Conflict("a search with that id exists", {"search_id": search_id})
 
     def get(self, search_id: str) -> dict[str, Any]:
         """The search and its steps (NotFound if absent)."""
-        self._check()
-        with self._connection() as conn:
-            try:
-                row = conn.execute("SELECT search_id, population, created_at, body FROM searches "
-                                   "WHERE search_id = %s", (search_id,)).fetchone()
-                steps = conn.execute("SELECT step, kind, created_at, body FROM search_steps WHERE search_id = %s "
-                                     "ORDER BY step", (search_id,)).fetchall()
-            except self._errors as exc:
-                raise LedgerError(f"search store error: {_first_line(exc)}") from exc
+        with self._lent.lend() as conn:
+            row = conn.execute("SELECT search_id, population, created_at, body FROM searches "
+                               "WHERE search_id = %s", (search_id,)).fetchone()
+            steps = conn.execute("SELECT step, kind, created_at, body FROM search_steps WHERE search_id = %s "
+                                 "ORDER BY step", (search_id,)).fetchall()
         if row is None:
             raise NotFound("no search with that id", {"search_id": search_id})
         return {"search_id": row[0], "population": row[1], "created_at": row[2], "body": _loads(row[3]),
@@ -284,45 +270,25 @@ class PostgresSearchStore:
     def append(self, search_id: str, kind: str, created_at: str,
                build: Callable[[int, dict[str, Any] | None], dict[str, Any]]) -> dict[str, Any]:
         """Append a step in one transaction under an advisory lock on the search."""
-        self._check()
-        with self._connection() as conn:
-            try:
-                with conn.transaction():
-                    conn.execute("SELECT pg_advisory_xact_lock(hashtext('dpgate.search:' || %s))", (search_id,))
-                    if conn.execute("SELECT 1 FROM searches WHERE search_id = %s", (search_id,)).fetchone() is None:
-                        raise NotFound("no search with that id", {"search_id": search_id})
-                    last = conn.execute("SELECT step, kind, body FROM search_steps WHERE search_id = %s "
-                                        "ORDER BY step DESC LIMIT 1", (search_id,)).fetchone()
-                    if last is not None and last[1] == "close":
-                        raise Conflict("the search is closed: a closed search cannot be reopened or extended "
-                                       "(start a new search on the same budget)", {"search_id": search_id})
-                    number = 1 if last is None else int(last[0]) + 1
-                    body = build(number, None if last is None else _loads(last[2]))
-                    conn.execute("INSERT INTO search_steps VALUES (%s, %s, %s, %s, %s)",
-                                 (search_id, number, kind, created_at, _dumps(body)))
-            except self._errors as exc:
-                raise LedgerError(f"cannot append to the search: {_first_line(exc)}") from exc
-        return {"step": number, "kind": kind, "created_at": created_at, "body": body}
+        with self._lent.lend("cannot append to the search") as conn, conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(hashtext('dpgate.search:' || %s))", (search_id,))
+            return _insert_step(conn, "%s", search_id, kind, created_at, build)
 
     def list(self, population: str | None = None, *, limit: int = 100) -> list[dict[str, Any]]:
         """Searches newest first (optionally of one population)."""
-        self._check()
+        self._lent.check()
         sql = "SELECT search_id, population, created_at, body FROM searches"
         args: tuple = ()
         if population is not None:
             sql += " WHERE population = %s"
             args = (population,)
         sql += " ORDER BY created_at DESC, search_id DESC LIMIT %s"
-        with self._connection() as conn:
-            try:
-                rows = conn.execute(sql, args + (int(limit),)).fetchall()
-            except self._errors as exc:
-                raise LedgerError(f"search store error: {_first_line(exc)}") from exc
+        rows = self._lent.run(sql, args + (int(limit),))
         return [{"search_id": r[0], "population": r[1], "created_at": r[2], "body": _loads(r[3])} for r in rows]
 
     def close(self) -> None:
         """Stop using the ledger's connections (the ledger owns them). Idempotent."""
-        self._closed = True
+        self._lent.close()
 
 
 def open_search_store(ledger: Any) -> SearchStore:
@@ -337,7 +303,3 @@ def open_search_store(ledger: Any) -> SearchStore:
     if connect is None:
         raise LedgerError("this ledger backend has no search store")
     return SqliteSearchStore(connect)
-
-
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]

@@ -125,6 +125,10 @@ DIALECT = "duckdb"
 #: SQL dialects an analyst may write in (sqlglot dialect names); the plan is the same
 #: whatever the dialect, and only SQL generated from the plan (DuckDB) is executed.
 DIALECTS = ("duckdb", "postgres", "bigquery", "spark", "tsql", "mysql", "snowflake", "trino")
+#: Other names of :data:`DIALECTS` accepted in any case (product names; sqlglot itself knows
+#: only the lower-case names of :data:`DIALECTS`).
+DIALECT_ALIASES = {"postgresql": "postgres", "pg": "postgres", "sqlserver": "tsql", "mssql": "tsql",
+                   "sparksql": "spark", "databricks": "spark", "googlesql": "bigquery"}
 #: Longest SQL text accepted (characters).
 MAX_SQL_LENGTH = 100_000
 #: Most key combinations (public keys × computed-key domains) one query may release: the
@@ -223,19 +227,22 @@ _STATEMENT_WORDS = frozenset(
 def check_dialect(dialect: str | None) -> str:
     """The dialect name to read analyst SQL with (``None`` → ``duckdb``).
 
+    Any case and surrounding blanks are accepted (``"DuckDB"``, ``" Postgres "``), and the
+    aliases of :data:`DIALECT_ALIASES` (``postgresql``, ``mssql``, ``databricks``, …). The one
+    normaliser of the API, the CLI and the UI.
+
     Raises:
-        InvalidRequest: not one of :data:`DIALECTS` (the message lists them).
+        InvalidRequest: not one of :data:`DIALECTS` or an alias (the message lists them).
     """
     if dialect is None:
         return DIALECT
     name = dialect.strip().lower() if isinstance(dialect, str) else dialect
-    aliases = {"postgresql": "postgres", "sqlserver": "tsql", "mssql": "tsql",
-               "sparksql": "spark", "databricks": "spark"}
-    name = aliases.get(name, name)
+    name = DIALECT_ALIASES.get(name, name)
     if name not in DIALECTS:
         raise InvalidRequest(
-            f"unknown SQL dialect {dialect!r}: use one of {', '.join(DIALECTS)}",
-            {"dialect": str(dialect), "dialects": list(DIALECTS)},
+            f"unknown SQL dialect {str(dialect)[:40]!r}: use one of {', '.join(DIALECTS)} (any case; also "
+            f"{', '.join(sorted(DIALECT_ALIASES))})",
+            {"dialect": str(dialect), "dialects": list(DIALECTS), "aliases": dict(DIALECT_ALIASES)},
         )
     return name
 

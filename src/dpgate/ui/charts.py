@@ -234,7 +234,8 @@ def bar_chart(
     lo, hi = _domain(values, errors, include_zero=True)
     ticks = nice_ticks(lo, hi)
     frame = _Frame(0, n, ticks[0], ticks[-1])
-    desc = f"Bar chart of {y_label or 'values'} for {len(labels)} {x_label or 'groups'}, with 95 % error bars."
+    bars = "with 95 % error bars" if any(_finite(e) for e in errors) else "without error bars"
+    desc = f"Bar chart of {y_label or 'values'} for {len(labels)} {x_label or 'groups'}, {bars}."
     parts = _open(ident, title, desc)
     _y_axis(parts, frame, ticks, y_label)
     band = (W - ML - MR) / n
@@ -333,8 +334,8 @@ def line_chart(
     lo, hi = _domain(ys, es, include_zero=True)
     ticks = nice_ticks(lo, hi)
     frame = _Frame(x0, x1, ticks[0], ticks[-1])
-    desc = (f"Line chart of {y_label or 'values'} by {x_label or 'x'}: {len(series)} series, "
-            "points with 95 % error bars.")
+    bars = "with 95 % error bars" if any(_finite(e) for e in es) else "without error bars"
+    desc = f"Line chart of {y_label or 'values'} by {x_label or 'x'}: {len(series)} series, points {bars}."
     parts = _open(ident, title, desc)
     _y_axis(parts, frame, ticks, y_label)
     if x_ticks is None:

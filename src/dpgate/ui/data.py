@@ -75,6 +75,11 @@ def _epochs(texts: Sequence[str]) -> np.ndarray:
 # ------------------------------------------------------------------------------- admin
 
 
+def _unit_label(table: Mapping[str, Any]) -> str:
+    """What protects a table's rows: its privacy unit column, or ``record`` (each row)."""
+    return str(table.get("privacy_unit") or "record")
+
+
 def populations_overview(gateway: Any) -> list[dict[str, Any]]:
     """Every population of the ledger with its spend report, datasets and warnings.
 
@@ -103,8 +108,8 @@ def populations_overview(gateway: Any) -> list[dict[str, Any]]:
         total_frac = None
         if _number(cap.get("rho")):
             total_frac = (_number(report.get("spent", {}).get("rho")) or 0.0) / _number(cap.get("rho"))  # type: ignore[operator]
-        units = sorted({t.get("privacy_unit") or "record" for d in by_population.get(name, [])
-                        for t in d.get("tables", {}).values()})
+        units = sorted({_unit_label(t) for d in by_population.get(name, [])
+                        for t in d.get("tables", {}).values() if not t.get("public")})
         drift = [w for d in by_population.get(name, []) if (w := drift_warning(d)) is not None]
         alpha_cap = cap.get("alpha_cap", report.get("alpha_cap"))
         out.append({
@@ -114,8 +119,8 @@ def populations_overview(gateway: Any) -> list[dict[str, Any]]:
             "fraction": total_frac,
             "meter": meter((_number(report.get("spent", {}).get("rho")) or 0.0), _number(cap.get("rho")) or 0.0,
                            label=f"{name} spent of its cap"),
-            "datasets": [{"name": d["name"], "units": sorted({t.get("privacy_unit") or "record"
-                                                               for t in d.get("tables", {}).values()})}
+            "datasets": [{"name": d["name"], "units": sorted({_unit_label(t) for t in d.get("tables", {}).values()
+                                                               if not t.get("public")})}
                          for d in by_population.get(name, [])],
             "units": units,
             "alpha_cap": alpha_cap,
@@ -268,25 +273,42 @@ def _halfwidths(accuracy: Mapping[str, Any], n: int) -> list[float | None]:
     return [one] * n
 
 
+def rank_error_text(entry: Mapping[str, Any]) -> str:
+    """A DP quantile's accuracy in words (its ``rank_error95``, :mod:`dpgate.quantiles`)."""
+    r = _number(entry.get("rank_error95"))
+    q = _number(entry.get("quantile"))
+    where = f"{q:g}·n" if q is not None else "q·n"
+    return (f"no error bars: a DP quantile's accuracy is a rank error. With probability ≥ 95 % the released "
+            f"value has {where} ± {r:.3g} of the group's n bounded values below it (plus the values within "
+            "one grid step of the true quantile); there is no interval in the column's units"
+            if r is not None else "no error bars: a DP quantile's accuracy is a rank error")
+
+
 def release_view(release: Mapping[str, Any], *, charts: bool = True, max_charts: int | None = None) -> dict[str, Any]:
     """A release as the pages show it.
 
     Returns ``{"keys": [...], "values": [...], "header": [...], "rows": [...],
-    "charts": [{"column", "svg"}], "omitted": n}``: ``header``/``rows`` interleave
-    each noisy column with its ± (95 % half-width per row: the release's
-    ``ci95_rows`` when present, else its ``ci95``); key columns are the
-    columns without an accuracy entry (group keys are public, not noisy).
+    "charts": [{"column", "svg", "approximate", "rank_error"}], "ranks": {column: text},
+    "omitted": n}``: ``header``/``rows`` interleave each noisy column with its ± (95 %
+    half-width per row: the release's ``ci95_rows`` when present, else its ``ci95``);
+    key columns are the columns without an accuracy entry (group keys are public, not
+    noisy). A quantile column (MEDIAN, PERCENTILE, MIN/MAX: its accuracy entry has a
+    ``rank_error95``) has no value interval: its ± column is a ``rank`` column (± ranks),
+    its chart has no error bars and ``rank_error``/``ranks`` say why in words.
     """
     columns = list(release.get("columns", []))
     rows = [list(r) for r in release.get("rows", [])]
     accuracy = release.get("accuracy", {}) or {}
     values = [c for c in columns if c in accuracy]
     keys = [c for c in columns if c not in accuracy]
-    halfwidths = {c: _halfwidths(accuracy[c], len(rows)) for c in values}
+    ranked = {c: _number(accuracy[c].get("rank_error95")) for c in values if "rank_error95" in accuracy[c]}
+    halfwidths = {c: [None] * len(rows) if c in ranked else _halfwidths(accuracy[c], len(rows)) for c in values}
     header: list[dict[str, Any]] = []
     for c in columns:
         header.append({"name": c, "kind": "value" if c in accuracy else "key"})
-        if c in accuracy:
+        if c in ranked:
+            header.append({"name": f"rank error {c} (95 %)", "kind": "rank"})
+        elif c in accuracy:
             header.append({"name": f"± {c}", "kind": "ci"})
     table = []
     for i, r in enumerate(rows):
@@ -294,7 +316,9 @@ def release_view(release: Mapping[str, Any], *, charts: bool = True, max_charts:
         for j, c in enumerate(columns):
             v = r[j] if j < len(r) else None
             cells.append({"value": v, "kind": "value" if c in accuracy else "key"})
-            if c in accuracy:
+            if c in ranked:
+                cells.append({"value": ranked[c] if v is not None else None, "kind": "rank"})
+            elif c in accuracy:
                 cells.append({"value": halfwidths[c][i], "kind": "ci"})
         table.append(cells)
     out_charts = []
@@ -304,22 +328,24 @@ def release_view(release: Mapping[str, Any], *, charts: bool = True, max_charts:
             if max_charts is not None and len(out_charts) >= max_charts:
                 omitted += 1
                 continue
-            svg = _release_chart(release, columns, rows, keys, c, halfwidths[c], j)
+            svg = _release_chart(release, columns, rows, keys, c, halfwidths[c], j, ranked=c in ranked)
             if svg is not None:
-                out_charts.append({"column": c, "svg": svg, "approximate": bool(accuracy[c].get("approximate"))})
+                out_charts.append({"column": c, "svg": svg, "approximate": bool(accuracy[c].get("approximate")),
+                                   "rank_error": rank_error_text(accuracy[c]) if c in ranked else None})
     return {"keys": keys, "values": values, "header": header, "rows": table, "charts": out_charts,
-            "omitted": omitted}
+            "ranks": {c: rank_error_text(accuracy[c]) for c in ranked}, "omitted": omitted}
 
 
 def _release_chart(release: Mapping[str, Any], columns: list[str], rows: list[list[Any]], keys: list[str],
-                   column: str, errs: list[float | None], j: int) -> Markup | None:
+                   column: str, errs: list[float | None], j: int, *, ranked: bool = False) -> Markup | None:
     ci = columns.index(column)
     ys = [_number(r[ci]) if ci < len(r) else None for r in rows]
     if not any(y is not None for y in ys):
         return None
     rid = str(release.get("release_id", "r"))[-10:]
     ident = f"c-{rid}-{j}"
-    title = f"{column} ({release.get('dataset', '')}), with 95 % error bars"
+    title = (f"{column} ({release.get('dataset', '')}), a DP quantile: no error bars (its accuracy is a rank error)"
+             if ranked else f"{column} ({release.get('dataset', '')}), with 95 % error bars")
     if not keys:
         return bar_chart([column], ys[:1], errs[:1], ident=ident, title=title, y_label=column)
     kidx = [columns.index(k) for k in keys]
@@ -415,6 +441,10 @@ def explanation_view(explanation: Mapping[str, Any], dataset_info: Mapping[str, 
             note = "approximate" if given[name].get("approximate") else ""
         elif not ids:
             note = "group key (public)"
+        elif len(ids) == 1 and o.get("function") in ("quantile", "min", "max"):
+            rank = _number(((explanation.get("quantiles") or {}).get(ids[0]) or {}).get("rank_error95"))
+            note = ("a DP quantile: no value interval; its accuracy is a rank error of "
+                    f"± {rank:.3g} ranks (95 %)" if rank is not None else "a DP quantile: its accuracy is a rank error")
         elif len(ids) == 1 and o.get("function") in ("count", "sum", "count_distinct", None):
             ci = ci_by_id.get(ids[0])
         else:

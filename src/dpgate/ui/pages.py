@@ -49,8 +49,9 @@ from starlette.responses import RedirectResponse, Response, StreamingResponse
 from dpgate.auth import KeyStore, Permission, Principal, Role
 from dpgate.errors import DpgateError, Forbidden, InvalidBudget, InvalidRequest, NotFound, Unauthenticated
 from dpgate.ledger.browse import MAX_PAGE_SIZE, normalise_time
+from dpgate.ledger.reports import entry_rho_checked
 from dpgate.service import Gateway, QueryBudget
-from dpgate.sql.parse import DIALECTS as PLANNER_DIALECTS
+from dpgate.sql.parse import DIALECTS as PLANNER_DIALECTS, check_dialect
 from dpgate.ui.data import BurndownCache, drift_warning, explanation_view, populations_overview, recent_releases, release_view
 from dpgate.ui.render import PAGE_HEADERS, error_page, page
 from dpgate.ui.sessions import COOKIE_NAME, Session, SessionStore, csrf_matches
@@ -481,10 +482,14 @@ def ledger(
     f = _filters(show, population, consumer, since, until, limit)
     result = gateway.ledger.entries_page("charge" if show == "charges" else "event", before=before, after=after,
                                          limit=limit, **f.kwargs())
+    entries = result.entries
+    if show == "charges":  # an RDP curve is shown with the ρ the cap check used, not the stored ∞ bound
+        caps = {p: gateway.ledger.cap(p) for p in {e["population"] for e in entries if e.get("kind") == "rdp"}}
+        entries = [{**e, "rho_checked": entry_rho_checked(e, caps.get(e["population"]))} for e in entries]
     context = {
         "active": "ledger",
         "filters": f,
-        "entries": result.entries,
+        "entries": entries,
         "newer": f.query(after=result.newer) if result.newer is not None else None,
         "older": f.query(before=result.older) if result.older is not None else None,
         "paged": before is not None or after is not None,
@@ -647,9 +652,10 @@ def _console_request(form: Mapping[str, Any], datasets: list[str]) -> dict[str, 
     mechanism = _text(form, "mechanism", "default")
     if mechanism not in ("default", "gaussian", "laplace"):
         raise InvalidRequest("the mechanism must be gaussian or laplace", {"field": "mechanism"})
-    dialect = _text(form, "dialect", "duckdb")
-    if dialect not in DIALECTS:
-        raise InvalidRequest(f"the dialect must be one of {', '.join(DIALECTS)}", {"field": "dialect"})
+    try:
+        dialect = check_dialect(_text(form, "dialect", "duckdb") or None)
+    except InvalidRequest as e:
+        raise InvalidRequest(e.message, {**e.details, "field": "dialect"}) from None
     return {"dataset": dataset, "sql": sql, "budget_kind": kind, "budget_value": value,
             "mechanism": mechanism, "dialect": dialect}
 
