@@ -983,32 +983,11 @@ class Gateway:
                 f"the query reads more than {MAX_PUBLIC_ROWS:,} rows of a public table: narrow it with "
                 "WHERE or LIMIT, or aggregate (nothing was charged: public data costs nothing)",
                 {"rows": MAX_PUBLIC_ROWS, "charged": False})
-        release_id, created = new_release_id(), now()
-        document = {
-            "release_id": release_id,
-            "dataset": policy.name,
-            "table": plan.table,
-            "columns": [o.label or o.name for o in plan.visible_outputs],
-            "rows": rows,
-            "accuracy": {},
-            "charge": None,
-            "cached": False,
-            "exact": True,
+        return self._store_free_release(policy, plan, rows, version, key_prefix="public", extra={
             "public": True,
             "note": "this query reads public tables only (public = true in the policy): answered "
                     "exactly and at no privacy cost",
-            "data_version": version,
-            "created_at": created,
-            "plan_hash": plan.plan_hash,
-            "canonical_sql": plan.canonical_sql,
-            "mechanism": None,
-            "noise_scales": {},
-            "budget": None,
-            "guarantee": {"population": policy.population, "public_data": True},
-        }
-        key = f"public:{plan.plan_hash}:{version}:{release_id}"
-        stored = self.release_store.put(Release(release_id, key, policy.name, plan.plan_hash, created, document, None))
-        return stored.to_dict(cached=False)
+        })
 
     def _public_keys_release(self, policy: DatasetPolicy, plan: QueryPlan) -> dict[str, Any]:
         """The release of a keys-only query whose keys are all public (no charge, no data read).
@@ -1021,22 +1000,30 @@ class Gateway:
         public keys). HAVING / ORDER BY / LIMIT / select-list expressions run on the keys
         (:func:`dpgate.postprocess.finalize`).
         """
-        version = self._data_version(policy.name)
         table = finalize(plan, policy, public_key_columns(plan, policy), {}, {}, {}, mechanism="none")
-        labels = [o.label or o.name for o in plan.visible_outputs]
+        return self._store_free_release(policy, plan, [list(r) for r in table.rows], self._data_version(policy.name),
+                                        key_prefix="keys",
+                                        extra={"public_keys_only": True, "note": _KEYS_ONLY_NOTE})
+
+    def _store_free_release(self, policy: DatasetPolicy, plan: QueryPlan, rows: list[list[Any]], version: str, *,
+                            key_prefix: str, extra: Mapping[str, Any]) -> dict[str, Any]:
+        """Store and return an exact release that costs nothing (public data or public keys only).
+
+        ``version`` is the data version read before the rows were; ``extra`` adds the kind's own
+        fields (``public`` or ``public_keys_only``, and a ``note``).
+        """
         release_id, created = new_release_id(), now()
         document = {
             "release_id": release_id,
             "dataset": policy.name,
             "table": plan.table,
-            "columns": labels,
-            "rows": [list(r) for r in table.rows],
+            "columns": [o.label or o.name for o in plan.visible_outputs],
+            "rows": rows,
             "accuracy": {},
             "charge": None,
             "cached": False,
             "exact": True,
-            "public_keys_only": True,
-            "note": _KEYS_ONLY_NOTE,
+            **extra,
             "data_version": version,
             "created_at": created,
             "plan_hash": plan.plan_hash,
@@ -1046,7 +1033,7 @@ class Gateway:
             "budget": None,
             "guarantee": {"population": policy.population, "public_data": True},
         }
-        key = f"keys:{plan.plan_hash}:{version}:{release_id}"
+        key = f"{key_prefix}:{plan.plan_hash}:{version}:{release_id}"
         stored = self.release_store.put(Release(release_id, key, policy.name, plan.plan_hash, created, document, None))
         return stored.to_dict(cached=False)
 
