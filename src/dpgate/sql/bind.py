@@ -661,7 +661,6 @@ class Binder:
                     any(b.nullable for b in branches))
 
     def _function(self, node: exp.Func) -> Expr:
-        name = snippet(node, 40)
         part = _date_part(node)
         if part is not None:
             unit, arg = part
