@@ -124,11 +124,7 @@ def public_combinations(plan: QueryPlan, policy: DatasetPolicy) -> int:
     Raises:
         UnknownColumn: a public group key is neither declared nor computed (a planner defect).
     """
-    table = policy.table(plan.table)
-    total = 1
-    for name in plan.public_group_by:
-        total *= len(plan.key_column(table, name).public_keys or ())
-    return total
+    return plan.key_combinations(policy.table(plan.table), plan.public_group_by)
 
 
 def candidate_counts(values: dict[str, np.ndarray], per_candidate: int) -> np.ndarray:

@@ -339,10 +339,15 @@ class QueryPlan:
         key = self.computed_key(name)
         return key.as_column() if key is not None else table.column(name)
 
-    def key_combinations(self, table) -> int:
-        """Number of group-key combinations released (1 when ungrouped)."""
+    def key_combinations(self, table, names: tuple[str, ...] | None = None) -> int:
+        """Number of combinations of the group keys ``names`` (default: every group key; 1 when
+        none), each counted with its public keys or its computed domain.
+
+        Raises:
+            ValueError: a key has no public keys (a selected key).
+        """
         total = 1
-        for name in self.group_by:
+        for name in self.group_by if names is None else names:
             col = self.key_column(table, name)
             if col.public_keys is None:
                 raise ValueError(f"group key {name!r} has no public keys")
