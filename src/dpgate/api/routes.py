@@ -284,6 +284,7 @@ def post_external_charge(
         outcome=body.outcome,
         attempt=body.attempt,
         note=body.note,
+        any_search=principal.role is Role.ADMIN,  # an admin sees every search; its consumer still pays
     )
     return json_safe(receipt)
 
@@ -291,6 +292,15 @@ def post_external_charge(
 # --- searches (issue 15) ---------------------------------------------------------------
 
 SearchId = Annotated[str, Path(min_length=1, max_length=64, description="search id (srch_…)")]
+
+
+def _search_owner(principal: Principal) -> str | None:
+    """Whose searches ``principal`` may read, close and attach steps to: its own consumer's (a
+    search of another consumer is answered 404 ``not_found``, exactly like a missing one), or every
+    consumer's for an admin key (None)."""
+    if principal.role is Role.ADMIN:
+        return None
+    return _consumer_of(principal)
 
 
 @v1.post("/searches", response_model=schemas.SearchRecord, status_code=201, tags=["searches"],
@@ -322,10 +332,17 @@ def list_searches(
     gateway: GatewayDep,
     principal: Annotated[Principal, Depends(require(Permission.SEARCH))],
     population: Annotated[str | None, Query(min_length=1, max_length=128)] = None,
+    consumer: Annotated[str | None, Query(min_length=1, max_length=128,
+                                          description="only this consumer's searches (admin keys)")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> dict[str, Any]:
-    """Search records (id, population, purpose, consumer), newest first."""
-    return json_safe({"searches": gateway.search_list(population, limit=limit)})
+    """Search records (id, population, purpose, consumer), newest first: the key's own consumer's
+    searches (an admin key sees every consumer's, or one consumer's with ``consumer``)."""
+    owner = _search_owner(principal)
+    if owner is not None and consumer is not None and consumer != owner:
+        raise Forbidden(f"API key {principal.name!r} may list only consumer {owner!r}'s searches",
+                        {"key": principal.name, "consumer": consumer})
+    return json_safe({"searches": gateway.search_list(population, limit=limit, owner=owner or consumer)})
 
 
 @v1.get("/searches/{search_id}", response_model=schemas.SearchRecord, tags=["searches"],
@@ -337,8 +354,9 @@ def get_search(
 ) -> dict[str, Any]:
     """Every step (charges with candidate, outcome and attempt; selections with the released keys,
     never scores; the closing step) with the accountant's state after it, the totals of the whole
-    search (ρ and ε at the cap's δ), and ``replay``: each step recomputed from the ledger."""
-    return json_safe(gateway.search(search_id))
+    search (ρ and ε at the cap's δ), and ``replay``: each step recomputed from the ledger. A search
+    of another consumer is 404 ``not_found`` (admin keys read every search)."""
+    return json_safe(gateway.search(search_id, owner=_search_owner(principal)))
 
 
 @v1.post("/searches/{search_id}/close", response_model=schemas.SearchRecord, tags=["searches"],
@@ -351,10 +369,12 @@ def close_search(
 ) -> dict[str, Any]:
     """Record the selected candidate and artifact ids. Private selection names the selection release
     recorded in the search; public selection is recorded as free post-processing. A closed search
-    cannot be reopened (409 ``conflict``): a new search is a new record on the same budget."""
+    cannot be reopened (409 ``conflict``): a new search is a new record on the same budget. Only the
+    search's consumer (or an admin key; the step records the key's name as actor) may close it:
+    another consumer's search is 404 ``not_found``."""
     return json_safe(gateway.close_search(search_id, selected=body.selected, artifacts=list(body.artifacts),
                                           selection_release=body.selection_release, note=body.note,
-                                          actor=principal.name))
+                                          actor=principal.name, owner=_search_owner(principal)))
 
 
 @v1.get(
