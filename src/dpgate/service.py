@@ -266,7 +266,7 @@ class Gateway:
         ))
         try:
             versions = engine.load(policies, progress=progress)
-            ledger = open_ledger(settings.resolved_ledger_url())
+            ledger = open_ledger(settings.ledger_url_with_wait())  # bounded waits: 503 ledger_unavailable after
         except BaseException:
             engine.close()
             raise

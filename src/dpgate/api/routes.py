@@ -1,6 +1,6 @@
 """The endpoints of the HTTP API (design: "HTTP API").
 
-Every endpoint except ``GET /healthz`` needs an API key (``Authorization:
+Every endpoint except ``GET /healthz`` and ``GET /readyz`` needs an API key (``Authorization:
 Bearer <key>`` or ``X-API-Key: <key>``) whose role grants the endpoint's
 :class:`~dpgate.auth.Permission` (table in :data:`dpgate.auth.ROLE_PERMISSIONS`).
 Endpoints are plain ``def`` functions: FastAPI runs them in its thread pool, so
@@ -19,8 +19,9 @@ from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBea
 from dpgate import __version__
 from dpgate.api import schemas
 from dpgate.api.errors import json_safe
-from dpgate.auth import KEY_PREFIX, KeyStore, Permission, Principal, Role
-from dpgate.errors import Forbidden, Internal, InvalidRequest, Unauthenticated
+from dpgate.api.authn import authenticate
+from dpgate.auth import Permission, Principal, Role
+from dpgate.errors import Forbidden, Internal, InvalidRequest, LedgerUnavailable
 from dpgate.service import Gateway, QueryBudget
 
 _bearer = HTTPBearer(auto_error=False, description="`Authorization: Bearer <API key>`")
@@ -35,8 +36,10 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         403: "forbidden: the key's role does not allow this",
         404: "not_found, unknown_dataset, unknown_population, unknown_consumer",
         409: "budget_exhausted (details: requested, spent, cap, remaining) or conflict",
+        408: "request_timeout: the body did not arrive in time (connection closed)",
         413: "payload_too_large",
         500: "internal (no stack trace, no data)",
+        503: "ledger_unavailable or server_busy (Retry-After)",
     }.items()
 }
 
@@ -56,36 +59,16 @@ def get_principal(
     bearer: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)],
     api_key: Annotated[str | None, Security(_api_key_header)],
 ) -> Principal:
-    """Authenticate the request's API key (bearer token first, then ``X-API-Key``).
+    """Authenticate the request's API key (bearer token first, then ``X-API-Key``) with
+    :func:`dpgate.api.authn.authenticate` (the same rules as the gate in front of ``/v1``, which
+    has already refused a request without a valid key before its body was read).
 
     Raises:
-        Unauthenticated: no key, a key that matches no principal, a revoked key, or
-            an ``Authorization`` header without the ``Bearer`` scheme (the message
-            says how to send it).
+        Unauthenticated: no key, a key that matches no principal, a revoked key, or an
+            ``Authorization`` header without the ``Bearer`` scheme (the message says how to send it).
     """
-    keys: KeyStore = request.app.state.keys
-    if bearer is None and api_key is None:
-        _check_authorization_scheme(request.headers.get("authorization"))
-    return keys.authenticate(bearer.credentials if bearer is not None else api_key)
-
-
-def _check_authorization_scheme(header: str | None) -> None:
-    """Explain an ``Authorization`` header that is not ``Bearer <key>``."""
-    if header is None or not header.strip():
-        return
-    scheme, _, rest = header.strip().partition(" ")
-    if scheme.lower() == "bearer":
-        raise Unauthenticated("the Authorization header has no key after 'Bearer': send 'Authorization: Bearer <key>'")
-    if scheme.startswith(KEY_PREFIX) and not rest:
-        raise Unauthenticated(
-            "the Authorization header needs the Bearer scheme: send 'Authorization: Bearer <key>' "
-            "(or 'X-API-Key: <key>')"
-        )
-    raise Unauthenticated(
-        f"unsupported Authorization scheme {scheme[:20]!r}: send 'Authorization: Bearer <key>' "
-        "(or 'X-API-Key: <key>')",
-        {"scheme": scheme[:20]},
-    )
+    return authenticate(request.app.state.keys, request.headers.get("authorization"),
+                        request.headers.get("x-api-key"))
 
 
 def require(permission: Permission) -> Callable[..., Principal]:
@@ -129,6 +112,26 @@ v1 = APIRouter(prefix="/v1", responses=_ERRORS)
 def healthz() -> dict[str, str]:
     """Liveness probe: the process answers HTTP. Needs no API key and touches no data."""
     return {"status": "ok", "version": __version__}
+
+
+@health.get("/readyz", response_model=schemas.Readiness, summary="Readiness: ledger and release store (no API key)",
+            responses={503: {"model": schemas.ErrorResponse,
+                             "description": "ledger_unavailable (details.checks; Retry-After)"}})
+def readyz(request: Request) -> dict[str, Any]:
+    """Readiness probe: the ledger answers and its write lock can be taken, and the release store
+    answers, each within the ledger wait (:mod:`dpgate.api.readiness`; one result is reused for a
+    second). 503 ``ledger_unavailable`` with ``Retry-After`` and ``details.checks`` otherwise. Needs
+    no API key; names no path or server message."""
+    gateway = getattr(request.app.state, "gateway", None)
+    if gateway is None:
+        raise LedgerUnavailable("not ready: the gateway is not open (starting or stopping)",
+                                {"checks": {"ledger": "unavailable", "release_store": "unavailable"}})
+    checks = request.app.state.readiness.check(gateway)
+    failed = [name for name, state in checks.items() if state != "ok"]
+    if failed:
+        raise LedgerUnavailable(f"not ready: {' and '.join(n.replace('_', ' ') for n in failed)} unavailable",
+                                {"checks": checks})
+    return {"status": "ready", "version": __version__, "checks": checks}
 
 
 # --- queries ---------------------------------------------------------------------------

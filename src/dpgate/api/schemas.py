@@ -338,6 +338,15 @@ class Health(BaseModel):
     version: str
 
 
+class Readiness(BaseModel):
+    """``GET /readyz`` when ready: every check ``"ok"`` (a failed check answers 503
+    ``ledger_unavailable`` with the same ``checks`` in ``details``)."""
+
+    status: Literal["ready"] = "ready"
+    version: str
+    checks: dict[str, Literal["ok"]] = Field(description="ledger, release_store")
+
+
 class ChargeSummary(ResponseModel):
     """The charge that paid for a release: ρ (zCDP) and ε of this charge alone at the cap's δ."""
 
