@@ -20,6 +20,10 @@ def test_search_create_query_show_close(tmp_path, monkeypatch, capsys):
     (tmp_path / "spec.json").write_text(json.dumps(spec))
     assert main(["search", "create", "--file", str(tmp_path / "spec.json"), "--consumer", "training", "--json"]) == 0
     sid = json.loads(capsys.readouterr().out)["search_id"]
+    # another consumer may not pay for the search's steps; by default its own consumer (training) pays
+    assert main(["query", "--dataset", "evals", "--epsilon", "1", "--search-id", sid, "--consumer", "analysts",
+                 BEST, "--json"]) != 0
+    assert json.loads(capsys.readouterr().err)["error"]["code"] == "invalid_request"
     assert main(["query", "--dataset", "evals", "--epsilon", "1", "--search-id", sid, BEST, "--json"]) == 0
     release = json.loads(capsys.readouterr().out)
     assert release["charge"]["rho"] == 0.125  # ε = 1, bounded range: 1²/8
@@ -28,6 +32,10 @@ def test_search_create_query_show_close(tmp_path, monkeypatch, capsys):
     assert "replay: ok" in out and "selection" in out and "ρ 0.125" in out
     assert main(["searches", "list"]) == 0
     assert sid in capsys.readouterr().out
+    assert main(["search", "list", "--consumer", "analysts", "--json"]) == 0  # the operator filters by owner
+    assert json.loads(capsys.readouterr().out) == {"searches": []}
+    assert main(["search", "list", "--consumer", "training", "--json"]) == 0
+    assert [s["search_id"] for s in json.loads(capsys.readouterr().out)["searches"]] == [sid]
     assert main(["search", "close", sid, "--selected", release["rows"][0][0], "--selection-release",
                  release["release_id"], "--artifact", "s3://models/x"]) == 0
     assert "closed" in capsys.readouterr().out

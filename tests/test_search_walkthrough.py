@@ -47,7 +47,7 @@ def test_worked_example(tmp_path):
                                    actor="ml-team", search_id=sid, candidate=c, outcome="completed")
             alone.append(r["epsilon_at_delta"])
         assert alone == pytest.approx([2.437, 1.981, 1.442], abs=5e-4)  # each run alone, at δ = 1e-6
-        rel = gw.query("evals", BEST, consumer="analysts", budget=QueryBudget(epsilon=1.0), search_id=sid)
+        rel = gw.query("evals", BEST, consumer="training", budget=QueryBudget(epsilon=1.0), search_id=sid)
         assert rel["charge"]["rho"] == pytest.approx(0.125, rel=1e-12)  # ε = 1: ρ = 1²/8
         rec = gw.close_search(sid, selected=rel["rows"][0][0], artifacts=[f"s3://models/ft-{rel['rows'][0][0]}"],
                               selection_release=rel["release_id"], actor="ml-team")

@@ -93,7 +93,7 @@ def test_charges_of_a_search_add_up_in_the_ledger_and_survive_a_restart(settings
         sid = gw.create_search(spec(), consumer="training", actor="ml-team")["search_id"]
         for c, curve in curves.items():
             charge_run(gw, sid, c, curve, outcome="completed")
-        sel = gw.query("evals", BEST, consumer="analysts", budget=QueryBudget(epsilon=1.0), search_id=sid)
+        sel = gw.query("evals", BEST, consumer="training", budget=QueryBudget(epsilon=1.0), search_id=sid)
         spent = gw.ledger.spend(POP).to_dict()["spent"]
     with Gateway.open(settings) as again:  # a restart: everything comes back from the ledger database
         rec = again.search(sid)
@@ -157,7 +157,7 @@ def test_public_data_selection_costs_nothing_and_is_recorded_as_post_processing(
 
 def test_private_selection_closes_on_a_released_key_and_a_closed_search_stays_closed(gw):
     sid = gw.create_search(spec(), consumer="training", actor="ml-team")["search_id"]
-    rel = gw.query("evals", BEST, consumer="analysts", budget=QueryBudget(epsilon=2.0), search_id=sid)
+    rel = gw.query("evals", BEST, consumer="training", budget=QueryBudget(epsilon=2.0), search_id=sid)
     chosen = rel["rows"][0][0]
     other = next(c for c in "abc" if c != chosen) if chosen in "abc" else "a"
     with pytest.raises(InvalidRequest):
@@ -176,14 +176,14 @@ def test_private_selection_closes_on_a_released_key_and_a_closed_search_stays_cl
     with pytest.raises(Conflict):  # refused before the charge: nothing written
         gw.charge_external(POP, "training", rho=0.01, kind="zcdp", purpose="late", actor="t", search_id=sid)
     with pytest.raises(Conflict):
-        gw.query("evals", BEST, consumer="analysts", budget=QueryBudget(epsilon=2.5), search_id=sid)
+        gw.query("evals", BEST, consumer="training", budget=QueryBudget(epsilon=2.5), search_id=sid)
     assert len(gw.ledger_entries()) == n
 
 
 def test_a_repeated_selection_in_a_search_is_recorded_free(gw):
     sid = gw.create_search(spec(), consumer="training", actor="ml-team")["search_id"]
-    gw.query("evals", BEST, consumer="analysts", budget=QueryBudget(epsilon=1.0), search_id=sid)
-    again = gw.query("evals", BEST, consumer="analysts", budget=QueryBudget(epsilon=1.0), search_id=sid)
+    gw.query("evals", BEST, consumer="training", budget=QueryBudget(epsilon=1.0), search_id=sid)
+    again = gw.query("evals", BEST, consumer="training", budget=QueryBudget(epsilon=1.0), search_id=sid)
     assert again["cached"] is True
     rec = gw.search(sid)
     assert rec["steps"][1]["cost"] == {"rho": 0.0} and rec["steps"][1]["cached"] is True
@@ -257,3 +257,35 @@ def test_a_consumer_without_an_allocation_cannot_create_a_search(gw):
         gw.create_search(spec(), consumer="nobody", actor="ml-team")
     assert info.value.details.get("field") == "consumer" and "no allocation" in str(info.value)
     assert gw.search_list() == []
+
+
+def test_a_search_is_seen_and_paid_only_by_its_consumer_on_both_backends(gw):
+    """Issue 19, item 9 at the service layer (SQLite and PostgreSQL stores): the owner filter of
+    list, get and close; another consumer's search is NotFound like a missing one, before any charge."""
+    mine = gw.create_search(spec(), consumer="training", actor="ml-team")["search_id"]
+    theirs = gw.create_search(spec(), consumer="analysts", actor="bob")["search_id"]
+    assert [s["search_id"] for s in gw.search_list(owner="training")] == [mine]
+    assert [s["search_id"] for s in gw.search_list(owner="analysts")] == [theirs]
+    assert {s["search_id"] for s in gw.search_list()} == {mine, theirs}
+    assert gw.search_list(POP, owner="nobody") == []
+    assert gw.search(mine, owner="training")["consumer"] == "training"
+    missing = "srch_" + "0" * 24
+    for call in (lambda sid: gw.search(sid, owner="analysts"),
+                 lambda sid: gw.close_search(sid, selected="a", artifacts=["s3://forged"], actor="bob",
+                                             owner="analysts"),
+                 lambda sid: gw.charge_external(POP, "analysts", rho=0.01, kind="zcdp", purpose="x", actor="bob",
+                                                search_id=sid, candidate="a"),
+                 lambda sid: gw.query("evals", BEST, consumer="analysts", budget=QueryBudget(epsilon=1.0),
+                                      search_id=sid)):
+        with pytest.raises(NotFound) as other:
+            call(mine)
+        with pytest.raises(NotFound) as absent:
+            call(missing)
+        assert other.value.message == absent.value.message
+        assert set(other.value.details) == set(absent.value.details) == {"search_id"}
+    # an admin's charge (any search visible) must still be paid by the search's consumer
+    with pytest.raises(InvalidRequest) as wrong:
+        gw.charge_external(POP, "analysts", rho=0.01, kind="zcdp", purpose="x", actor="root", search_id=mine,
+                           candidate="a", any_search=True)
+    assert wrong.value.details["search_consumer"] == "training"
+    assert gw.ledger_entries() == [] and gw.search(mine)["steps"] == [] and gw.search(mine)["status"] == "open"

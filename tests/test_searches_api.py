@@ -19,6 +19,7 @@ def setup(tmp_path):
     store = KeyStore(settings.resolved_keys_file())
     keys = {
         "analyst": store.add("alice", role="analyst", consumer="analysts")[0],
+        "ml": store.add("ml-analyst", role="analyst", consumer="training")[0],  # the search's own consumer
         "service": store.add("trainer", role="service", consumer="training")[0],
         "dashboard": store.add("wall", role="dashboard")[0],
         "admin": store.add("root", role="admin")[0],
@@ -32,7 +33,7 @@ def test_a_search_through_the_api(setup):
     body = {"purpose": "pick a fine-tune", "candidates": [{"name": "a"}, {"name": "c", "config": {"lr": 0.001}}],
             "training": {"name": "ft", "population": "eval-users"},
             "validation": {"name": "evals/eval", "population": "eval-users"}, "selection": "private"}
-    with live.client(keys["service"]) as svc, live.client(keys["analyst"]) as analyst, \
+    with live.client(keys["service"]) as svc, live.client(keys["ml"]) as analyst, \
             live.client(keys["dashboard"]) as dash:
         r = svc.post("/v1/searches", json=body)
         assert r.status_code == 201, r.text

@@ -174,6 +174,14 @@ class Conflict(DpgateError):
     http_status = 409
 
 
+class RequestTimeout(DpgateError):
+    """The client did not send the request's headers or body within the server's read timeout
+    (``Settings.http_header_timeout_s``, ``Settings.http_body_timeout_s``); the connection is closed."""
+
+    code = "request_timeout"
+    http_status = 408
+
+
 class PayloadTooLarge(DpgateError):
     """The request body exceeds the configured size limit."""
 
@@ -196,6 +204,26 @@ class LedgerError(DpgateError):
 
     code = "ledger_error"
     http_status = 500
+
+
+class LedgerUnavailable(LedgerError):
+    """The ledger's database (or a store in it: releases, searches) cannot be used right now: the
+    SQLite file stayed locked by another writer, or cannot be opened; the PostgreSQL server is
+    down, unreachable, or every pooled connection stayed busy — for longer than the request path
+    waits (``Settings.ledger_wait_s``). The failed step wrote nothing (a charge written before it
+    stays, as after any failure); try again (HTTP 503 with ``Retry-After``). A commit whose outcome
+    is unknown is a :class:`LedgerError` (500), never this."""
+
+    code = "ledger_unavailable"
+    http_status = 503
+
+
+class ServerBusy(DpgateError):
+    """The server holds its cap of open connections or requests in flight
+    (``Settings.http_max_connections``); try again (HTTP 503 with ``Retry-After``)."""
+
+    code = "server_busy"
+    http_status = 503
 
 
 class QueryTimeout(DpgateError):

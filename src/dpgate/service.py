@@ -266,7 +266,7 @@ class Gateway:
         ))
         try:
             versions = engine.load(policies, progress=progress)
-            ledger = open_ledger(settings.resolved_ledger_url())
+            ledger = open_ledger(settings.ledger_url_with_wait())  # bounded waits: 503 ledger_unavailable after
         except BaseException:
             engine.close()
             raise
@@ -794,8 +794,8 @@ class Gateway:
             raise UnsupportedQuery("search_id goes with a selection query (keys only, ORDER BY an aggregate, "
                                    "LIMIT k); charge other steps of a search through /v1/ledger/charges",
                                    {"reason": "search_needs_selection"})
-        if search_id is not None:
-            self.searches.check_open(search_id, population=policy.population)
+        if search_id is not None:  # the consumer's own search only (another's: NotFound)
+            self.searches.check_open(search_id, population=policy.population, consumer=consumer)
         release = run_selection(self, dataset, policy, selection, budget, consumer, search_id=search_id)
         if search_id is not None:
             self.searches.record_selection(search_id, release, consumer=consumer)
@@ -1055,7 +1055,7 @@ class Gateway:
                         orders: list[float] | None = None, rho: float | None = None, kind: str = "rdp",
                         purpose: str, actor: str, search_id: str | None = None, candidate: str | None = None,
                         step: str | None = None, outcome: str | None = None, attempt: int | None = None,
-                        note: str | None = None) -> dict[str, Any]:
+                        note: str | None = None, any_search: bool = False) -> dict[str, Any]:
         """Charge a cost computed by an external accountant (e.g. a DP-SGD run).
 
         A curve may be given on the caller's own order grid (the orders its accountant
@@ -1079,7 +1079,10 @@ class Gateway:
                 ``step`` (training, retry, evaluation, stopping, other; default training),
                 ``outcome`` (completed, failed, target_missed, discarded, aborted), ``attempt``
                 and ``note``, with the accountant's state after the charge. A failed run or a
-                retry is charged and recorded like any other.
+                retry is charged and recorded like any other. The search must be ``consumer``'s:
+                another consumer's is NotFound (as a missing one), checked before the charge.
+            any_search: an admin's charge: any consumer's search is visible, but it must still be
+                the search's consumer that pays (InvalidRequest otherwise).
         Raises:
             InvalidBudget: malformed cost, or no claim at an order the cap checks.
             UnknownPopulation / UnknownConsumer.
@@ -1103,7 +1106,8 @@ class Gateway:
             if attempt is not None and (isinstance(attempt, bool) or not isinstance(attempt, int)
                                         or not 1 <= attempt <= 10_000):
                 raise InvalidRequest("attempt must be an integer in [1, 10000]", {"field": "attempt"})
-            self.searches.check_open(search_id, population=population, candidate=candidate)
+            self.searches.check_open(search_id, population=population, consumer=consumer, candidate=candidate,
+                                     any_consumer=any_search)
             metadata.update({"search_id": search_id, "search_step": step})
             if candidate is not None:
                 metadata["candidate"] = candidate
@@ -1142,19 +1146,25 @@ class Gateway:
         """Declare a search (:meth:`dpgate.searches.Searches.create`); charges nothing."""
         return self.searches.create(spec, consumer=consumer, actor=actor)
 
-    def search(self, search_id: str) -> dict[str, Any]:
-        """A search record with every step, the accountant's state after each, and its replay."""
-        return self.searches.get(search_id)
+    def search(self, search_id: str, *, owner: str | None = None) -> dict[str, Any]:
+        """A search record with every step, the accountant's state after each, and its replay.
 
-    def search_list(self, population: str | None = None, *, limit: int = 100) -> list[dict[str, Any]]:
-        """Searches, newest first."""
-        return self.searches.list(population, limit=limit)
+        ``owner``: the consumer the caller acts for (another consumer's search is NotFound, as a
+        missing one); None: any consumer's (admin, operator)."""
+        return self.searches.get(search_id, owner=owner)
+
+    def search_list(self, population: str | None = None, *, limit: int = 100,
+                    owner: str | None = None) -> list[dict[str, Any]]:
+        """Searches, newest first; only ``owner``'s when given (None: every consumer's)."""
+        return self.searches.list(population, limit=limit, consumer=owner)
 
     def close_search(self, search_id: str, *, selected: str, artifacts: list[str],
-                     selection_release: str | None = None, note: str | None = None, actor: str) -> dict[str, Any]:
-        """Close a search with its selected candidate and artifacts (:meth:`dpgate.searches.Searches.close`)."""
+                     selection_release: str | None = None, note: str | None = None, actor: str,
+                     owner: str | None = None) -> dict[str, Any]:
+        """Close a search with its selected candidate and artifacts (:meth:`dpgate.searches.Searches.close`);
+        ``owner`` as in :meth:`search`."""
         return self.searches.close(search_id, selected=selected, artifacts=artifacts,
-                                   selection_release=selection_release, note=note, actor=actor)
+                                   selection_release=selection_release, note=note, actor=actor, owner=owner)
 
     def ledger_entries(self, population: str | None = None, *, limit: int | None = None) -> list[dict[str, Any]]:
         """Ledger charges (oldest first), optionally of one population."""

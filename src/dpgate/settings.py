@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Literal
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -27,6 +28,12 @@ class Settings(BaseSettings):
         keys_file: API keys file (hashes only); default ``$home/keys.json``.
         query_timeout_s: per-query DuckDB timeout in seconds.
         max_body_bytes: largest accepted HTTP request body (413 above).
+        http_header_timeout_s, http_body_timeout_s: seconds a client has to send a request's
+            headers, then its body (408 ``request_timeout`` after; the connection is closed).
+        http_keep_alive_s: seconds an idle keep-alive connection stays open.
+        http_max_connections: open connections or requests in flight above which requests are
+            answered 503 ``server_busy``.
+        ledger_wait_s: seconds a request waits for the ledger before 503 ``ledger_unavailable``.
         duckdb_memory_limit: DuckDB ``memory_limit`` (e.g. ``"4GB"``), or None.
         duckdb_threads: DuckDB ``threads``, or None for DuckDB's default.
         duckdb_load: how DuckDB datasets without a ``[dataset] load`` are read:
@@ -75,6 +82,35 @@ class Settings(BaseSettings):
         default=64 * 1024, gt=0, description="largest HTTP request body, bytes (413 `payload_too_large` above)",
         json_schema_extra={"flag": "--max-body-bytes"},
     )
+    http_header_timeout_s: float = Field(
+        default=10.0, gt=0,
+        description="seconds a client has to send a request's line and headers (from its first byte, or from "
+        "the connection's start): then 408 `request_timeout` and the connection is closed",
+        json_schema_extra={"flag": "--http-header-timeout"},
+    )
+    http_body_timeout_s: float = Field(
+        default=10.0, gt=0,
+        description="seconds a client has to send a request's whole body once its headers are in "
+        "(408 `request_timeout`, connection closed)",
+        json_schema_extra={"flag": "--http-body-timeout"},
+    )
+    http_keep_alive_s: float = Field(
+        default=5.0, gt=0, description="seconds an idle keep-alive connection stays open between requests",
+        json_schema_extra={"flag": "--http-keep-alive"},
+    )
+    http_max_connections: int = Field(
+        default=1000, ge=1,
+        description="open connections (or requests in flight) above which a request is answered 503 "
+        "`server_busy` with `Retry-After`",
+        json_schema_extra={"flag": "--http-max-connections"},
+    )
+    ledger_wait_s: float = Field(
+        default=2.0, gt=0,
+        description="seconds a request waits for the ledger (a SQLite write lock; a PostgreSQL pooled connection "
+        "or lock) before 503 `ledger_unavailable` with `Retry-After`; a `busy_timeout_ms`, `pool_timeout_ms` or "
+        "`lock_timeout_ms` in the ledger URL wins",
+        json_schema_extra={"flag": "--ledger-wait"},
+    )
     duckdb_memory_limit: str | None = Field(
         default=None, description="DuckDB `memory_limit`, e.g. `4GB`",
         json_schema_extra={"flag": "--duckdb-memory-limit", "default_text": "DuckDB's default (80 % of RAM)"},
@@ -111,6 +147,20 @@ class Settings(BaseSettings):
         if self.ledger_url:
             return self.ledger_url
         return f"sqlite:///{(self.home / 'ledger.sqlite').resolve()}"
+
+    def ledger_url_with_wait(self) -> str:
+        """The ledger URL the gateway opens: :meth:`resolved_ledger_url` with the request path's
+        bounded waits (``ledger_wait_s`` as SQLite ``busy_timeout_ms``, PostgreSQL
+        ``pool_timeout_ms`` and ``lock_timeout_ms``) unless the URL sets them itself."""
+        url = self.resolved_ledger_url()
+        wait_ms = str(max(1, round(self.ledger_wait_s * 1000)))
+        scheme = url.split(":", 1)[0].lower()
+        names = ("busy_timeout_ms",) if scheme == "sqlite" else ("pool_timeout_ms", "lock_timeout_ms")
+        present = {k for k, _ in parse_qsl(urlsplit(url).query, keep_blank_values=True)}
+        extra = urlencode([(name, wait_ms) for name in names if name not in present])
+        if not extra:
+            return url
+        return url + ("&" if "?" in url else "?") + extra
 
     def resolved_keys_file(self) -> Path:
         """The API keys file, defaulting to ``<home>/keys.json``."""

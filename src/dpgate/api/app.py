@@ -18,6 +18,8 @@ from fastapi import FastAPI
 
 from dpgate import __version__
 from dpgate.api.errors import BodySizeLimitMiddleware, SafeJSONResponse, install_error_handlers
+from dpgate.api.middleware import ApiKeyGate, SecurityHeaders
+from dpgate.api.readiness import Readiness
 from dpgate.api.routes import health, v1
 from dpgate.auth import KeyStore
 from dpgate.service import Gateway
@@ -67,7 +69,12 @@ def create_app(
         A FastAPI application with every endpoint of the design's HTTP table,
         the web pages under ``/ui`` (:mod:`dpgate.ui`), OpenAPI docs at ``/docs``
         (Swagger UI from local files) and ``/openapi.json``, the one error shape,
-        and a request body limit of ``settings.max_body_bytes``.
+        ``X-Content-Type-Options: nosniff`` on every response, ``/v1`` requests
+        without a valid key refused from their headers (before the body is read),
+        a request body limit of ``settings.max_body_bytes`` received within
+        ``settings.http_body_timeout_s``, and ``GET /readyz``. The header read
+        timeout, keep-alive and connection cap belong to the server
+        (:func:`dpgate.api.server.uvicorn_config`).
 
     Raises:
         Nothing at build time; errors of ``Gateway.open`` (e.g. PolicyError)
@@ -108,7 +115,13 @@ def create_app(
     app.include_router(health)
     app.include_router(v1)
     install_ui(app)  # /ui pages, /docs (local Swagger UI), / (UI or JSON index)
-    app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=settings.max_body_bytes)
+    app.state.readiness = Readiness(settings.ledger_wait_s)
+    # the last added is the outermost: nosniff on everything, then the key check from the headers
+    # alone (401 before any body byte is read), then the body's size and read-time bounds
+    app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=settings.max_body_bytes,
+                       body_timeout_s=settings.http_body_timeout_s)
+    app.add_middleware(ApiKeyGate)
+    app.add_middleware(SecurityHeaders)
 
     original_openapi = app.openapi
 

@@ -10,7 +10,11 @@ Every 4xx/5xx answer is ``{"error": {"code", "message", "details"}}``:
   405 ``method_not_allowed``; other HTTP errors → their status with a generic code;
 * a body larger than ``Settings.max_body_bytes`` → 413 ``payload_too_large``
   (:class:`BodySizeLimitMiddleware`, checked from ``Content-Length`` and while
-  the body streams in);
+  the body streams in); a body not received within ``Settings.http_body_timeout_s``
+  → 408 ``request_timeout``;
+* a ledger that cannot be used right now (:class:`~dpgate.errors.LedgerUnavailable`, or
+  a SQLite lock or open failure escaping a store) → 503 ``ledger_unavailable`` with
+  ``Retry-After``; every 503 carries ``Retry-After``;
 * anything unexpected → 500 ``internal`` with no stack trace and no data; the
   exception is logged server-side.
 """
@@ -18,7 +22,11 @@ Every 4xx/5xx answer is ``{"error": {"code", "message", "details"}}``:
 from __future__ import annotations
 
 import logging
+import math
+import sqlite3
 from typing import Any
+
+import anyio
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -26,8 +34,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from dpgate.errors import DpgateError, InvalidRequest, PayloadTooLarge
+from dpgate.errors import DpgateError, InvalidRequest, LedgerUnavailable, PayloadTooLarge, RequestTimeout
 from dpgate.jsonsafe import json_safe
+from dpgate.ledger.connections import is_unavailable
 
 log = logging.getLogger("dpgate.api")
 
@@ -56,9 +65,16 @@ class SafeJSONResponse(JSONResponse):
 def error_response(
     status: int, code: str, message: str, details: dict[str, Any] | None = None, headers: dict[str, str] | None = None
 ) -> SafeJSONResponse:
-    """The documented error shape as a response."""
+    """The documented error shape as a response (with ``X-Content-Type-Options: nosniff``, also
+    on the 500 answers that Starlette sends outside the middleware)."""
     body = {"error": {"code": code, "message": message, "details": details or {}}}
-    return SafeJSONResponse(body, status_code=status, headers=headers)
+    return SafeJSONResponse(body, status_code=status, headers={"X-Content-Type-Options": "nosniff", **(headers or {})})
+
+
+def retry_after_s(request: Request) -> int:
+    """Seconds a 503 answer asks the client to wait (``Retry-After``): the ledger wait, at least 1."""
+    settings = getattr(request.app.state, "settings", None)
+    return max(1, math.ceil(getattr(settings, "ledger_wait_s", 1.0)))
 
 
 def _dpgate_error(request: Request, exc: Exception) -> SafeJSONResponse:
@@ -66,7 +82,17 @@ def _dpgate_error(request: Request, exc: Exception) -> SafeJSONResponse:
     if exc.http_status >= 500:
         log.error("%s %s failed: %s: %s", request.method, request.url.path, exc.code, exc.message)
     headers = {"WWW-Authenticate": "Bearer"} if exc.http_status == 401 else None
+    if exc.http_status == 503:
+        headers = {"Retry-After": str(retry_after_s(request))}
     return error_response(exc.http_status, exc.code, exc.message, exc.details, headers)
+
+
+def _sqlite_error(request: Request, exc: Exception) -> SafeJSONResponse:
+    """A SQLite error that escaped a store next to the ledger (releases, searches read it raw):
+    503 ``ledger_unavailable`` when the file is locked or cannot be opened, else 500 ``internal``."""
+    if is_unavailable(exc):
+        return _dpgate_error(request, LedgerUnavailable(f"the ledger's database is unavailable: {exc}"))
+    return _unexpected_error(request, exc)
 
 
 def _location(loc: Any) -> list[Any]:
@@ -132,31 +158,37 @@ def _unexpected_error(request: Request, exc: Exception) -> SafeJSONResponse:
 def install_error_handlers(app: FastAPI) -> None:
     """Register the handlers that give every failure the documented error shape."""
     app.add_exception_handler(DpgateError, _dpgate_error)
+    app.add_exception_handler(sqlite3.Error, _sqlite_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(Exception, _unexpected_error)
 
 
 class BodySizeLimitMiddleware:
-    """Pure ASGI middleware answering 413 ``payload_too_large`` for bodies over ``max_body_bytes``.
+    """Pure ASGI middleware bounding a request body's size and the time to receive it.
 
-    A request whose ``Content-Length`` exceeds the limit is refused before any
-    byte of the body is read. Otherwise the body is read (counting bytes as the
-    chunks arrive, so a chunked or lying client is stopped as soon as it passes
-    the limit) and then replayed to the application.
+    A request whose ``Content-Length`` exceeds ``max_body_bytes`` is refused (413
+    ``payload_too_large``) before any byte of the body is read. Otherwise the body is read
+    (counting bytes as the chunks arrive, so a chunked or lying client is stopped as soon as it
+    passes the limit) and then replayed to the application. A body that has not fully arrived
+    ``body_timeout_s`` seconds after the request reached the application is refused (408
+    ``request_timeout``). Both answers close the connection.
 
     Args:
         app: the wrapped ASGI application.
         max_body_bytes: largest accepted body, in bytes (> 0).
+        body_timeout_s: seconds to receive the whole body (> 0), or None for no bound.
     """
 
-    def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_body_bytes: int, body_timeout_s: float | None = None) -> None:
         self.app = app
         self.max_body_bytes = int(max_body_bytes)
+        self.body_timeout_s = body_timeout_s
 
     async def _reject(self, scope: Scope, receive: Receive, send: Send, message: str, status: int = 413) -> None:
-        code = PayloadTooLarge.code if status == 413 else InvalidRequest.code
-        details = {"max_body_bytes": self.max_body_bytes} if status == 413 else {}
+        code = {413: PayloadTooLarge.code, 408: RequestTimeout.code}.get(status, InvalidRequest.code)
+        details = {413: {"max_body_bytes": self.max_body_bytes},
+                   408: {"body_timeout_s": self.body_timeout_s}}.get(status, {})
         response = error_response(status, code, message, details, headers={"Connection": "close"})
         await response(scope, receive, send)
 
@@ -186,19 +218,24 @@ class BodySizeLimitMiddleware:
         chunks: list[bytes] = []
         size = 0
         more = True
-        while more:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return  # client went away before sending its body
-            if message["type"] != "http.request":
-                continue
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                await self._reject(scope, receive, send, f"request body exceeds the limit of {limit} bytes")
-                return
-            chunks.append(chunk)
-            more = bool(message.get("more_body", False))
+        with anyio.move_on_after(self.body_timeout_s) as deadline:
+            while more and size <= limit:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    return  # client went away before sending its body
+                if message["type"] != "http.request":
+                    continue
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                chunks.append(chunk)
+                more = bool(message.get("more_body", False))
+        if size > limit:  # stopped reading as soon as it passed the limit
+            await self._reject(scope, receive, send, f"request body exceeds the limit of {limit} bytes")
+            return
+        if deadline.cancelled_caught:
+            await self._reject(scope, receive, send, f"the request body did not arrive within "
+                               f"{self.body_timeout_s:g} s (received {size} bytes); the connection is closed", 408)
+            return
 
         body = b"".join(chunks)
         replayed = False
@@ -215,6 +252,7 @@ class BodySizeLimitMiddleware:
 
 __all__ = [
     "BodySizeLimitMiddleware",
+    "retry_after_s",
     "SafeJSONResponse",
     "error_response",
     "install_error_handlers",

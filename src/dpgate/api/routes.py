@@ -1,6 +1,6 @@
 """The endpoints of the HTTP API (design: "HTTP API").
 
-Every endpoint except ``GET /healthz`` needs an API key (``Authorization:
+Every endpoint except ``GET /healthz`` and ``GET /readyz`` needs an API key (``Authorization:
 Bearer <key>`` or ``X-API-Key: <key>``) whose role grants the endpoint's
 :class:`~dpgate.auth.Permission` (table in :data:`dpgate.auth.ROLE_PERMISSIONS`).
 Endpoints are plain ``def`` functions: FastAPI runs them in its thread pool, so
@@ -19,8 +19,9 @@ from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBea
 from dpgate import __version__
 from dpgate.api import schemas
 from dpgate.api.errors import json_safe
-from dpgate.auth import KEY_PREFIX, KeyStore, Permission, Principal, Role
-from dpgate.errors import Forbidden, Internal, InvalidRequest, Unauthenticated
+from dpgate.api.authn import authenticate
+from dpgate.auth import Permission, Principal, Role
+from dpgate.errors import Forbidden, Internal, InvalidRequest, LedgerUnavailable
 from dpgate.service import Gateway, QueryBudget
 
 _bearer = HTTPBearer(auto_error=False, description="`Authorization: Bearer <API key>`")
@@ -35,8 +36,10 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         403: "forbidden: the key's role does not allow this",
         404: "not_found, unknown_dataset, unknown_population, unknown_consumer",
         409: "budget_exhausted (details: requested, spent, cap, remaining) or conflict",
+        408: "request_timeout: the body did not arrive in time (connection closed)",
         413: "payload_too_large",
         500: "internal (no stack trace, no data)",
+        503: "ledger_unavailable or server_busy (Retry-After)",
     }.items()
 }
 
@@ -56,36 +59,16 @@ def get_principal(
     bearer: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)],
     api_key: Annotated[str | None, Security(_api_key_header)],
 ) -> Principal:
-    """Authenticate the request's API key (bearer token first, then ``X-API-Key``).
+    """Authenticate the request's API key (bearer token first, then ``X-API-Key``) with
+    :func:`dpgate.api.authn.authenticate` (the same rules as the gate in front of ``/v1``, which
+    has already refused a request without a valid key before its body was read).
 
     Raises:
-        Unauthenticated: no key, a key that matches no principal, a revoked key, or
-            an ``Authorization`` header without the ``Bearer`` scheme (the message
-            says how to send it).
+        Unauthenticated: no key, a key that matches no principal, a revoked key, or an
+            ``Authorization`` header without the ``Bearer`` scheme (the message says how to send it).
     """
-    keys: KeyStore = request.app.state.keys
-    if bearer is None and api_key is None:
-        _check_authorization_scheme(request.headers.get("authorization"))
-    return keys.authenticate(bearer.credentials if bearer is not None else api_key)
-
-
-def _check_authorization_scheme(header: str | None) -> None:
-    """Explain an ``Authorization`` header that is not ``Bearer <key>``."""
-    if header is None or not header.strip():
-        return
-    scheme, _, rest = header.strip().partition(" ")
-    if scheme.lower() == "bearer":
-        raise Unauthenticated("the Authorization header has no key after 'Bearer': send 'Authorization: Bearer <key>'")
-    if scheme.startswith(KEY_PREFIX) and not rest:
-        raise Unauthenticated(
-            "the Authorization header needs the Bearer scheme: send 'Authorization: Bearer <key>' "
-            "(or 'X-API-Key: <key>')"
-        )
-    raise Unauthenticated(
-        f"unsupported Authorization scheme {scheme[:20]!r}: send 'Authorization: Bearer <key>' "
-        "(or 'X-API-Key: <key>')",
-        {"scheme": scheme[:20]},
-    )
+    return authenticate(request.app.state.keys, request.headers.get("authorization"),
+                        request.headers.get("x-api-key"))
 
 
 def require(permission: Permission) -> Callable[..., Principal]:
@@ -129,6 +112,26 @@ v1 = APIRouter(prefix="/v1", responses=_ERRORS)
 def healthz() -> dict[str, str]:
     """Liveness probe: the process answers HTTP. Needs no API key and touches no data."""
     return {"status": "ok", "version": __version__}
+
+
+@health.get("/readyz", response_model=schemas.Readiness, summary="Readiness: ledger and release store (no API key)",
+            responses={503: {"model": schemas.ErrorResponse,
+                             "description": "ledger_unavailable (details.checks; Retry-After)"}})
+def readyz(request: Request) -> dict[str, Any]:
+    """Readiness probe: the ledger answers and its write lock can be taken, and the release store
+    answers, each within the ledger wait (:mod:`dpgate.api.readiness`; one result is reused for a
+    second). 503 ``ledger_unavailable`` with ``Retry-After`` and ``details.checks`` otherwise. Needs
+    no API key; names no path or server message."""
+    gateway = getattr(request.app.state, "gateway", None)
+    if gateway is None:
+        raise LedgerUnavailable("not ready: the gateway is not open (starting or stopping)",
+                                {"checks": {"ledger": "unavailable", "release_store": "unavailable"}})
+    checks = request.app.state.readiness.check(gateway)
+    failed = [name for name, state in checks.items() if state != "ok"]
+    if failed:
+        raise LedgerUnavailable(f"not ready: {' and '.join(n.replace('_', ' ') for n in failed)} unavailable",
+                                {"checks": checks})
+    return {"status": "ready", "version": __version__, "checks": checks}
 
 
 # --- queries ---------------------------------------------------------------------------
@@ -284,6 +287,7 @@ def post_external_charge(
         outcome=body.outcome,
         attempt=body.attempt,
         note=body.note,
+        any_search=principal.role is Role.ADMIN,  # an admin sees every search; its consumer still pays
     )
     return json_safe(receipt)
 
@@ -291,6 +295,15 @@ def post_external_charge(
 # --- searches (issue 15) ---------------------------------------------------------------
 
 SearchId = Annotated[str, Path(min_length=1, max_length=64, description="search id (srch_…)")]
+
+
+def _search_owner(principal: Principal) -> str | None:
+    """Whose searches ``principal`` may read, close and attach steps to: its own consumer's (a
+    search of another consumer is answered 404 ``not_found``, exactly like a missing one), or every
+    consumer's for an admin key (None)."""
+    if principal.role is Role.ADMIN:
+        return None
+    return _consumer_of(principal)
 
 
 @v1.post("/searches", response_model=schemas.SearchRecord, status_code=201, tags=["searches"],
@@ -322,10 +335,17 @@ def list_searches(
     gateway: GatewayDep,
     principal: Annotated[Principal, Depends(require(Permission.SEARCH))],
     population: Annotated[str | None, Query(min_length=1, max_length=128)] = None,
+    consumer: Annotated[str | None, Query(min_length=1, max_length=128,
+                                          description="only this consumer's searches (admin keys)")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> dict[str, Any]:
-    """Search records (id, population, purpose, consumer), newest first."""
-    return json_safe({"searches": gateway.search_list(population, limit=limit)})
+    """Search records (id, population, purpose, consumer), newest first: the key's own consumer's
+    searches (an admin key sees every consumer's, or one consumer's with ``consumer``)."""
+    owner = _search_owner(principal)
+    if owner is not None and consumer is not None and consumer != owner:
+        raise Forbidden(f"API key {principal.name!r} may list only consumer {owner!r}'s searches",
+                        {"key": principal.name, "consumer": consumer})
+    return json_safe({"searches": gateway.search_list(population, limit=limit, owner=owner or consumer)})
 
 
 @v1.get("/searches/{search_id}", response_model=schemas.SearchRecord, tags=["searches"],
@@ -337,8 +357,9 @@ def get_search(
 ) -> dict[str, Any]:
     """Every step (charges with candidate, outcome and attempt; selections with the released keys,
     never scores; the closing step) with the accountant's state after it, the totals of the whole
-    search (ρ and ε at the cap's δ), and ``replay``: each step recomputed from the ledger."""
-    return json_safe(gateway.search(search_id))
+    search (ρ and ε at the cap's δ), and ``replay``: each step recomputed from the ledger. A search
+    of another consumer is 404 ``not_found`` (admin keys read every search)."""
+    return json_safe(gateway.search(search_id, owner=_search_owner(principal)))
 
 
 @v1.post("/searches/{search_id}/close", response_model=schemas.SearchRecord, tags=["searches"],
@@ -351,10 +372,12 @@ def close_search(
 ) -> dict[str, Any]:
     """Record the selected candidate and artifact ids. Private selection names the selection release
     recorded in the search; public selection is recorded as free post-processing. A closed search
-    cannot be reopened (409 ``conflict``): a new search is a new record on the same budget."""
+    cannot be reopened (409 ``conflict``): a new search is a new record on the same budget. Only the
+    search's consumer (or an admin key; the step records the key's name as actor) may close it:
+    another consumer's search is 404 ``not_found``."""
     return json_safe(gateway.close_search(search_id, selected=body.selected, artifacts=list(body.artifacts),
                                           selection_release=body.selection_release, note=body.note,
-                                          actor=principal.name))
+                                          actor=principal.name, owner=_search_owner(principal)))
 
 
 @v1.get(

@@ -189,7 +189,8 @@ class QueryRequest(RequestModel):
         "The plan, its hash and the release cache do not depend on it",
     )
     search_id: Annotated[str, StringConstraints(min_length=1, max_length=64)] | None = Field(
-        default=None, description="a selection query's search record (issue 15): it must be open; the "
+        default=None, description="a selection query's search record (issue 15): it must be open and the "
+                                  "key's consumer's own (another consumer's is 404 not_found); the "
                                   "selection is recorded in it")
 
 
@@ -215,7 +216,9 @@ class ExternalChargeRequest(RequestModel):
     rho: PositiveParameter | None = None
     purpose: Text
     search_id: Annotated[str, StringConstraints(min_length=1, max_length=64)] | None = Field(
-        default=None, description="the search this charge is a step of (issue 15); failed runs and retries too")
+        default=None, description="the search this charge is a step of (issue 15); failed runs and retries too. "
+                                  "It must be the paying consumer's search (another consumer's is 404 not_found; "
+                                  "an admin must name the search's consumer)")
     candidate: Annotated[str, StringConstraints(min_length=1, max_length=200)] | None = Field(
         default=None, description="with search_id: the candidate configuration this run trains")
     step: Literal["training", "retry", "evaluation", "stopping", "other"] | None = Field(
@@ -333,6 +336,15 @@ class Health(BaseModel):
 
     status: Literal["ok"] = "ok"
     version: str
+
+
+class Readiness(BaseModel):
+    """``GET /readyz`` when ready: every check ``"ok"`` (a failed check answers 503
+    ``ledger_unavailable`` with the same ``checks`` in ``details``)."""
+
+    status: Literal["ready"] = "ready"
+    version: str
+    checks: dict[str, Literal["ok"]] = Field(description="ledger, release_store")
 
 
 class ChargeSummary(ResponseModel):

@@ -15,8 +15,9 @@ status  meaning                                                              err
 3       not allowed                                                          401, 403
 4       something named does not exist                                       404
 5       refused: budget exhausted, or a conflicting request                  409
-6       timed out                                                            504
-7       configuration: a policy, the keys file, the ledger, the bind address ``invalid_policy``, ``ledger_error``
+6       timed out                                                            408, 504
+7       configuration: a policy, the keys file, the ledger, the bind address ``invalid_policy``, ``ledger_error``,
+                                                                             ``ledger_unavailable``
 8       failed while running (the charge, if any, stays)                     other 5xx
 130     interrupted (Ctrl-C)
 141     the output pipe was closed (e.g. ``| head``)
@@ -40,7 +41,7 @@ INTERRUPTED = 130
 BROKEN_PIPE = 141
 
 #: Error codes whose status is not their HTTP class: configuration problems.
-CONFIGURATION_CODES = frozenset({"invalid_policy", "ledger_error"})
+CONFIGURATION_CODES = frozenset({"invalid_policy", "ledger_error", "ledger_unavailable"})
 
 #: (status, meaning) in the order documented (README "Exit status").
 MEANINGS: tuple[tuple[int, str], ...] = (
@@ -52,10 +53,11 @@ MEANINGS: tuple[tuple[int, str], ...] = (
     (NOT_FOUND, "something named does not exist: `unknown_dataset`, `unknown_population`, "
                 "`unknown_consumer`, `not_found`"),
     (REFUSED, "refused: `budget_exhausted`, `conflict`"),
-    (TIMEOUT, "timed out: `query_timeout`"),
+    (TIMEOUT, "timed out: `query_timeout`, `request_timeout`"),
     (CONFIGURATION, "configuration: `invalid_policy` (policies, keys file), `ledger_error`, "
-                    "the bind address is taken"),
-    (FAILED, "failed while running: `execution_error`, `mechanism_error`, `internal` (a charge, if any, stays)"),
+                    "`ledger_unavailable` (locked or unreachable: try again), the bind address is taken"),
+    (FAILED, "failed while running: `execution_error`, `mechanism_error`, `internal` (a charge, if any, stays), "
+             "`server_busy`"),
     (INTERRUPTED, "interrupted (Ctrl-C)"),
     (BROKEN_PIPE, "the output pipe was closed (e.g. piped into `head`)"),
 )

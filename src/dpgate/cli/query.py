@@ -21,7 +21,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("query", help="answer one SQL query with a charged DP release")
     p.add_argument("sql", help="the aggregate SQL query")
     p.add_argument("--dataset", required=True)
-    p.add_argument("--consumer", default="analysts", help="allocation that pays (default: analysts)")
+    p.add_argument("--consumer", help="allocation that pays (default: analysts; with --search-id, the "
+                                      "search's consumer, the only one that may pay for its steps)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--rho", type=float, help="zCDP ρ of this release (total over its primitives)")
     g.add_argument("--epsilon", type=float, help="standalone ε of this release at the cap's δ")
@@ -64,14 +65,23 @@ def run(args: argparse.Namespace, settings) -> int:
     Raises:
         UnknownConsumer: ``--consumer`` has no allocation (the message lists the ones there are).
     """
-    from dpgate.errors import UnknownConsumer
+    from dpgate.errors import InvalidRequest, UnknownConsumer
     from dpgate.service import Gateway, QueryBudget
 
     budget = QueryBudget(rho=args.rho, epsilon=args.epsilon, ci95=args.ci95, expected_count=args.expected_count,
                          delta=args.delta)
     with Gateway.open(settings, progress=None if args.json else print) as gw:
+        consumer = args.consumer
+        if args.search_id is not None:  # the operator sees every search; its own consumer pays its steps
+            owner = gw.searches.owned(args.search_id, owner=None)["body"]["consumer"]
+            if consumer is not None and consumer != owner:
+                raise InvalidRequest(f"search {args.search_id} belongs to consumer {owner!r}: its steps are "
+                                     f"charged to {owner!r}, not {consumer!r} (drop --consumer)",
+                                     {"search_id": args.search_id, "consumer": consumer, "search_consumer": owner})
+            consumer = owner
+        consumer = consumer or "analysts"
         try:
-            release = gw.query(args.dataset, args.sql, consumer=args.consumer, budget=budget,
+            release = gw.query(args.dataset, args.sql, consumer=consumer, budget=budget,
                                mechanism=args.mechanism, dialect=args.dialect, search_id=args.search_id)
         except UnknownConsumer as e:  # the default consumer is a guess: say how to name the right one
             names = _allocations(gw, args.dataset)
@@ -96,7 +106,7 @@ def run(args: argparse.Namespace, settings) -> int:
         rho = charge.get("rho")
         print(f"release {release['release_id']}: charged ρ = {rho:.6g} "
               f"(ε = {charge['epsilon_at_delta']:.4g} at δ = {charge['delta']:g}) to {charge['consumer']}")
-    _print_remaining(report, args.consumer)
+    _print_remaining(report, consumer)
     return 0
 
 

@@ -10,6 +10,10 @@
 
 Charges of a search are posted by training jobs (``POST /v1/ledger/charges`` with ``search_id``);
 a selection query joins one with ``dpgate query --search-id ID``. ``dpgate searches`` is an alias.
+
+The CLI reads the ledger's database directly: it is the operator's view, like an admin key (every
+consumer's searches; ``list --consumer C`` shows one consumer's). Over HTTP a search belongs to its
+consumer: other consumers' keys get 404 ``not_found`` for it.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ def register(subparsers: Any) -> None:
     create.set_defaults(func=cmd_create)
     lst = actions.add_parser("list", help="searches, newest first")
     lst.add_argument("--population")
+    lst.add_argument("--consumer", help="only the searches this consumer owns")
     lst.add_argument("--limit", type=int, default=100)
     add_common_options(lst)
     lst.set_defaults(func=cmd_list)
@@ -117,7 +122,7 @@ def cmd_create(args: argparse.Namespace, settings: Any) -> int:
 def cmd_list(args: argparse.Namespace, settings: Any) -> int:
     """Print the searches."""
     with _Open(settings) as searches:
-        items = searches.list(args.population, limit=args.limit)
+        items = searches.list(args.population, limit=args.limit, consumer=args.consumer)
     if args.json:
         print_json({"searches": items})
         return 0

@@ -16,7 +16,8 @@ serving, the command
    server;
 
 then prints where it listens (the socket is bound and listening by then) and
-serves until interrupted.
+serves until interrupted, with the header and body read timeouts, the keep-alive
+timeout and the connection cap of the settings (:mod:`dpgate.api.server`).
 """
 
 from __future__ import annotations
@@ -199,6 +200,7 @@ def _serve_on(sock: socket.socket, args: argparse.Namespace, settings, policies:
     import uvicorn
 
     from dpgate.api import create_app
+    from dpgate.api.server import uvicorn_config
     from dpgate.service import Gateway
 
     ensure_quickstart_data(policies)
@@ -238,8 +240,7 @@ def _serve_on(sock: socket.socket, args: argparse.Namespace, settings, policies:
     previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         app = create_app(settings, gateway=gateway, keys=store)
-        config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=args.log_level)
-        server = uvicorn.Server(config)
+        server = uvicorn.Server(uvicorn_config(app, settings, log_level=args.log_level))
         _say(f"listening on {base} (API docs: {base}/docs); Ctrl-C to stop")
         server.run(sockets=[sock])
     finally:
@@ -271,6 +272,17 @@ def register(subparsers) -> None:
                         help="per-query engine timeout (DPGATE_QUERY_TIMEOUT_S, default 30)")
     parser.add_argument("--max-body-bytes", type=int, metavar="BYTES",
                         help="largest request body (DPGATE_MAX_BODY_BYTES, default 65536)")
+    parser.add_argument("--http-header-timeout", type=float, metavar="SECONDS",
+                        help="time to send a request's headers, then 408 (DPGATE_HTTP_HEADER_TIMEOUT_S, default 10)")
+    parser.add_argument("--http-body-timeout", type=float, metavar="SECONDS",
+                        help="time to send a request's body, then 408 (DPGATE_HTTP_BODY_TIMEOUT_S, default 10)")
+    parser.add_argument("--http-keep-alive", type=float, metavar="SECONDS",
+                        help="idle keep-alive connections closed after (DPGATE_HTTP_KEEP_ALIVE_S, default 5)")
+    parser.add_argument("--http-max-connections", type=int, metavar="N",
+                        help="open connections above which requests get 503 (DPGATE_HTTP_MAX_CONNECTIONS, "
+                             "default 1000)")
+    parser.add_argument("--ledger-wait", type=float, metavar="SECONDS",
+                        help="wait for the ledger before 503 ledger_unavailable (DPGATE_LEDGER_WAIT_S, default 2)")
     parser.add_argument("--duckdb-memory-limit", metavar="SIZE",
                         help="DuckDB memory_limit, e.g. 4GB (DPGATE_DUCKDB_MEMORY_LIMIT)")
     parser.add_argument("--duckdb-threads", type=int, metavar="N", help="DuckDB threads (DPGATE_DUCKDB_THREADS)")

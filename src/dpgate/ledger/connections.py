@@ -22,9 +22,27 @@ import threading
 from contextlib import contextmanager
 from typing import Any, Callable, ContextManager, Iterator
 
-from dpgate.errors import LedgerError
+from dpgate.errors import LedgerError, LedgerUnavailable
 
-__all__ = ["ThreadConnections", "LentConnections", "first_line"]
+__all__ = ["ThreadConnections", "LentConnections", "first_line", "is_unavailable"]
+
+#: SQLite primary result codes that mean "the file cannot be used right now", not "this is wrong":
+#: BUSY, LOCKED, IOERR, FULL, CANTOPEN, PROTOCOL (https://www.sqlite.org/rescode.html).
+_SQLITE_UNAVAILABLE = frozenset({5, 6, 10, 13, 14, 15})
+
+
+def is_unavailable(exc: BaseException) -> bool:
+    """Whether a driver error means the database is unavailable (retry later), not a defect.
+
+    SQLite (stdlib): an :class:`sqlite3.OperationalError` whose primary result code is in
+    :data:`_SQLITE_UNAVAILABLE` (locked past the busy timeout, cannot open the file, I/O error).
+    PostgreSQL: any ``psycopg.OperationalError`` (connection refused or lost, server shutting
+    down, lock timeout), recognised by class name so this module imports no driver.
+    """
+    if isinstance(exc, sqlite3.Error):
+        code = getattr(exc, "sqlite_errorcode", None)
+        return isinstance(exc, sqlite3.OperationalError) and code is not None and (code & 0xFF) in _SQLITE_UNAVAILABLE
+    return any(c.__name__ == "OperationalError" and c.__module__.startswith("psycopg") for c in type(exc).__mro__)
 
 
 def first_line(exc: BaseException) -> str:
@@ -103,7 +121,8 @@ class LentConnections:
             try:
                 yield conn
             except self.error as exc:
-                raise LedgerError(f"{failure or self._name + ' error'}: {first_line(exc)}") from exc
+                kind = LedgerUnavailable if is_unavailable(exc) else LedgerError
+                raise kind(f"{failure or self._name + ' error'}: {first_line(exc)}") from exc
 
     def run(self, query: str, args: tuple = (), failure: str | None = None) -> list[tuple]:
         """Execute one statement on a lent connection; its rows ([] when it returns none)."""

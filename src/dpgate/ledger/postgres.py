@@ -55,7 +55,7 @@ import psycopg
 from psycopg import sql
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from dpgate.errors import LedgerError
+from dpgate.errors import LedgerError, LedgerUnavailable
 from dpgate.ledger.connections import first_line as _first_line
 from dpgate.ledger.base import GENESIS_HASH, utc_now
 from dpgate.ledger.browse import BROWSE_MIGRATION
@@ -290,8 +290,9 @@ class PostgresLedger(SqlLedger):
         try:
             conn = psycopg.connect(self.conninfo, autocommit=True)
         except psycopg.Error as exc:
-            raise LedgerError(f"cannot connect to the ledger at {self._target}: {_first_line(exc)}",
-                              {"target": self._target}) from exc
+            kind = LedgerUnavailable if isinstance(exc, psycopg.OperationalError) else LedgerError
+            raise kind(f"cannot connect to the ledger at {self._target}: {_first_line(exc)}",
+                       {"target": self._target}) from exc
         try:
             self._configure(conn)
         except psycopg.Error as exc:
@@ -327,7 +328,7 @@ class PostgresLedger(SqlLedger):
         try:
             return pool.getconn()
         except PoolTimeout as exc:
-            raise LedgerError(
+            raise LedgerUnavailable(
                 f"no connection to the ledger at {self._target} within {self._pool_timeout_s:g} s "
                 "(server unreachable, or every pooled connection busy); try again",
                 {"target": self._target},
@@ -397,15 +398,18 @@ class PostgresLedger(SqlLedger):
 
     def _guard(self, exc: psycopg.Error, *, committing: bool = False) -> LedgerError:
         if isinstance(exc, psycopg.errors.LockNotAvailable):
-            return LedgerError(f"the ledger is busy (lock timeout {self._lock_timeout_ms} ms); try again",
-                               {"target": self._target})
+            return LedgerUnavailable(f"the ledger is busy (lock timeout {self._lock_timeout_ms} ms); try again",
+                                     {"target": self._target})
         what = "cannot commit to the ledger" if committing else "ledger store error"
         if committing:
             what += " (the outcome is unknown: check the entries before retrying)"
         details = {"target": self._target}
         if committing:
             details["outcome"] = "unknown"
-        return LedgerError(f"{what}: {_first_line(exc)}", details)
+        # connection refused or lost, server shutting down: retry later (503); a commit whose
+        # outcome is unknown stays a LedgerError (500): retrying blindly could double a charge
+        kind = LedgerUnavailable if isinstance(exc, psycopg.OperationalError) and not committing else LedgerError
+        return kind(f"{what}: {_first_line(exc)}", details)
 
     # -- schema --------------------------------------------------------------------------
 

@@ -44,9 +44,10 @@ from pathlib import Path
 from typing import Iterator
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from dpgate.errors import DpgateError, LedgerError
+from dpgate.errors import DpgateError, LedgerError, LedgerUnavailable
 from dpgate.ledger.base import GENESIS_HASH, utc_now
 from dpgate.ledger.browse import BROWSE_MIGRATION
+from dpgate.ledger.connections import is_unavailable
 from dpgate.ledger.sql import SqlLedger, SqlTransaction, orders_json
 
 __all__ = ["SqliteLedger", "MIGRATIONS", "open_sqlite_ledger"]
@@ -244,7 +245,7 @@ class SqliteLedger(SqlLedger):
             conn.execute(f"PRAGMA synchronous = {self._synchronous}")
             conn.execute("PRAGMA foreign_keys = ON")
         except sqlite3.Error as exc:
-            raise LedgerError(f"cannot open the ledger at {self.path}: {exc}", {"path": str(self.path)}) from exc
+            raise LedgerUnavailable(f"cannot open the ledger at {self.path}: {exc}", {"path": str(self.path)}) from exc
         return conn
 
     def _conn(self) -> sqlite3.Connection:
@@ -271,12 +272,16 @@ class SqliteLedger(SqlLedger):
     def _write(self) -> Iterator[sqlite3.Connection]:
         """One write transaction (``BEGIN IMMEDIATE``), committed on success, rolled back on error."""
         conn = self._conn()
-        with self._wlock:
+        # threads of this process queue here first: bounded by the same wait as another process's lock
+        if not self._wlock.acquire(timeout=self._busy_ms / 1000.0 if self._busy_ms else -1):
+            raise LedgerUnavailable(f"the ledger is busy (no write slot within {self._busy_ms} ms); try again",
+                                    {"path": str(self.path)})
+        try:
             try:
                 conn.execute("BEGIN IMMEDIATE")
             except sqlite3.OperationalError as exc:
-                raise LedgerError(f"the ledger is busy ({exc}); try again",
-                                  {"path": str(self.path)}) from exc
+                raise LedgerUnavailable(f"the ledger is busy ({exc}); try again",
+                                        {"path": str(self.path)}) from exc
             try:
                 yield conn
             except BaseException:
@@ -294,6 +299,8 @@ class SqliteLedger(SqlLedger):
                     pass
                 raise LedgerError(f"cannot commit to the ledger (the outcome is unknown): {exc}",
                                   {"outcome": "unknown"}) from exc
+        finally:
+            self._wlock.release()
 
     @contextmanager
     def _read(self) -> Iterator[sqlite3.Connection]:
@@ -302,7 +309,8 @@ class SqliteLedger(SqlLedger):
         try:
             conn.execute("BEGIN")
         except sqlite3.Error as exc:  # pragma: no cover
-            raise LedgerError(f"cannot read the ledger: {exc}") from exc
+            kind = LedgerUnavailable if is_unavailable(exc) else LedgerError
+            raise kind(f"cannot read the ledger: {exc}") from exc
         try:
             yield conn
         finally:
@@ -312,7 +320,8 @@ class SqliteLedger(SqlLedger):
                 pass
 
     def _guard(self, exc: sqlite3.Error) -> LedgerError:
-        return LedgerError(f"ledger store error: {exc}", {"path": str(self.path)})
+        kind = LedgerUnavailable if is_unavailable(exc) else LedgerError
+        return kind(f"ledger store error: {exc}", {"path": str(self.path)})
 
     # -- schema --------------------------------------------------------------------------
 

@@ -34,6 +34,14 @@ release's keys, mechanism and charge. Training and validation data of different 
 must be stated to hold disjoint *people* (with how they were split): disjoint rows of one
 population are not disjoint people, and such a claim is refused. Selection on public data is
 recorded at close as free post-processing of the training transcript (cost 0).
+
+**Ownership.** A search belongs to the consumer it was declared for (``body.consumer``: the API
+key's consumer, or the one an admin named). Every read and write takes ``owner``: the consumer
+the caller acts for, or None for every consumer (admin keys, the operator's CLI). A search of
+another consumer is answered exactly like a missing one (:class:`~dpgate.errors.NotFound`, the
+same message and details), so its existence is not confirmed. Every charged step is paid by the
+search's consumer: a charge or selection query whose consumer differs is refused before the
+charge (:meth:`Searches.check_open`), so one allocation's record never holds another's spend.
 """
 
 from __future__ import annotations
@@ -241,19 +249,49 @@ class Searches:
         return {"name": name, "population": pop,
                 "description": _text(f"{field}.description", value.get("description"), required=False)}
 
-    # ------------------------------------------------------------------ steps
+    # ------------------------------------------------------------------ ownership
 
-    def check_open(self, search_id: str, *, population: str, candidate: str | None = None) -> dict[str, Any]:
-        """The search's record if it is open, spends ``population`` and lists ``candidate``.
+    def owned(self, search_id: str, *, owner: str | None) -> dict[str, Any]:
+        """The stored search (declaration and steps) if ``owner`` may see it.
 
+        Args:
+            owner: the consumer the caller acts for; None: any consumer's search (admin keys,
+                the operator's CLI).
         Raises:
-            NotFound: no such search. Conflict: it is closed. InvalidRequest: another population,
-            or a candidate it does not declare.
+            NotFound: no such search, or a search of another consumer (the same error: the
+                answer does not confirm that it exists).
         """
         rec = self.store.get(search_id)
+        if owner is not None and rec["body"].get("consumer") != owner:
+            raise NotFound("no search with that id", {"search_id": search_id})
+        return rec
+
+    # ------------------------------------------------------------------ steps
+
+    def check_open(self, search_id: str, *, population: str, consumer: str, candidate: str | None = None,
+                   any_consumer: bool = False) -> dict[str, Any]:
+        """The search's record if it is open, is paid by ``consumer``, spends ``population`` and
+        lists ``candidate``. Called before anything is charged.
+
+        Args:
+            consumer: the allocation the step's charge would spend.
+            any_consumer: False (default): the caller acts for ``consumer`` and sees only its
+                searches (:meth:`owned`); True: an admin paying for a consumer, who sees every
+                search (the payer must still be the search's consumer).
+        Raises:
+            NotFound: no such search, or one the caller may not see. Conflict: it is closed.
+            InvalidRequest: it is paid by another consumer (an admin naming the wrong one),
+            spends another population, or does not declare the candidate.
+        """
+        rec = self.owned(search_id, owner=None if any_consumer else consumer)
         if rec["steps"] and rec["steps"][-1]["kind"] == "close":
             raise Conflict("the search is closed: a closed search cannot be reopened or extended (start a new "
                            "search on the same budget)", {"search_id": search_id})
+        paid_by = rec["body"].get("consumer")
+        if consumer != paid_by:
+            raise InvalidRequest(f"search {search_id} spends consumer {paid_by!r}'s allocation: its steps are "
+                                 f"charged to {paid_by!r}, not {consumer!r}",
+                                 {"search_id": search_id, "consumer": consumer, "search_consumer": paid_by})
         if population not in rec["body"]["populations"]:
             raise InvalidRequest(f"search {search_id} spends population(s) {rec['body']['populations']}, not "
                                  f"{population!r}", {"search_id": search_id, "population": population})
@@ -289,17 +327,19 @@ class Searches:
         return self._append_charged(search_id, "selection", charge["charge_id"], population, extra)
 
     def close(self, search_id: str, *, selected: str, artifacts: list[str], selection_release: str | None,
-              note: str | None, actor: str) -> dict[str, Any]:
+              note: str | None, actor: str, owner: str | None = None) -> dict[str, Any]:
         """Close the search with the selected candidate and artifact ids (Conflict if closed).
 
         Private selection must name a selection release recorded in this search whose keys include
         ``selected``. Public selection is recorded as free post-processing of the training
         transcript (cost 0).
 
+        Args:
+            owner: the consumer the caller acts for (:meth:`owned`); None: any (admin, CLI).
         Raises:
-            NotFound, Conflict, InvalidRequest.
+            NotFound (no such search, or another consumer's), Conflict, InvalidRequest.
         """
-        rec = self.store.get(search_id)
+        rec = self.owned(search_id, owner=owner)
         body = rec["body"]
         _text("selected", selected, limit=200)
         if selected not in {c["name"] for c in body["candidates"]}:
@@ -362,10 +402,16 @@ class Searches:
 
     # ------------------------------------------------------------------ reading
 
-    def get(self, search_id: str) -> dict[str, Any]:
+    def get(self, search_id: str, *, owner: str | None = None) -> dict[str, Any]:
         """The record: declaration, steps (each with the accountant's state after it), totals, and
-        ``replay``: each step recomputed from the ledger's entries (``ok``, ``problems``)."""
-        rec = self.store.get(search_id)
+        ``replay``: each step recomputed from the ledger's entries (``ok``, ``problems``).
+
+        Args:
+            owner: the consumer the caller acts for (:meth:`owned`); None: any (admin, CLI).
+        Raises:
+            NotFound: no such search, or another consumer's.
+        """
+        rec = self.owned(search_id, owner=owner)
         body = rec["body"]
         steps = [{"step": s["step"], "kind": s["kind"], "created_at": s["created_at"], **s["body"]}
                  for s in rec["steps"]]
@@ -383,13 +429,21 @@ class Searches:
             "replay": self.replay(rec, view),
         }
 
-    def list(self, population: str | None = None, *, limit: int = 100) -> list[dict[str, Any]]:
-        """Searches newest first: id, population, purpose, created_at (no steps)."""
+    def list(self, population: str | None = None, *, limit: int = 100,
+             consumer: str | None = None) -> list[dict[str, Any]]:
+        """Searches newest first: id, population, purpose, consumer, created_at (no steps).
+
+        Args:
+            population: only this population's searches (None: all).
+            limit: at most this many (1-1000).
+            consumer: only the searches this consumer owns (None: every consumer's; callers
+                acting for a consumer pass their own).
+        """
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1000:
             raise InvalidRequest("limit must be an integer in [1, 1000]", {"field": "limit"})
         return [{"search_id": r["search_id"], "population": r["population"], "created_at": r["created_at"],
                  "purpose": r["body"]["purpose"], "consumer": r["body"]["consumer"]}
-                for r in self.store.list(population, limit=limit)]
+                for r in self.store.list(population, limit=limit, consumer=consumer)]
 
     def replay(self, rec: Mapping[str, Any], view: "_LedgerView | None" = None) -> dict[str, Any]:
         """Recompute every step from the ledger and check the step chain; ``{ok, problems, ledger_charges}``."""

@@ -67,8 +67,10 @@ class SearchStore(Protocol):
         """Append one step atomically: ``build(step_number, previous_step_body)`` makes its body.
         NotFound: no such search; Conflict: the search is closed."""
 
-    def list(self, population: str | None = None, *, limit: int = 100) -> list[dict[str, Any]]:
-        """Searches (without steps), newest first."""
+    def list(self, population: str | None = None, *, limit: int = 100,
+             consumer: str | None = None) -> list[dict[str, Any]]:
+        """Searches (without steps), newest first; only ``population``'s and only those owned by
+        ``consumer`` (the declaration's ``consumer``) when given."""
 
     def close(self) -> None:
         """Release resources."""
@@ -80,6 +82,23 @@ def _dumps(body: dict[str, Any]) -> str:
 
 def _loads(body: Any) -> dict[str, Any]:
     return json.loads(body) if isinstance(body, str) else body
+
+
+def _list_sql(p: str, consumer_expr: str, population: str | None, consumer: str | None,
+              limit: int) -> tuple[str, tuple]:
+    """The list statement and its arguments (``p``: the driver's parameter marker; ``consumer_expr``:
+    the dialect's expression for the declaration's ``consumer``, which is JSON text in ``body``)."""
+    where, args = [], []
+    if population is not None:
+        where.append(f"population = {p}")
+        args.append(population)
+    if consumer is not None:
+        where.append(f"{consumer_expr} = {p}")
+        args.append(consumer)
+    sql = "SELECT search_id, population, created_at, body FROM searches"
+    if where:
+        sql += " WHERE " + " AND ".join(where)
+    return sql + f" ORDER BY created_at DESC, search_id DESC LIMIT {p}", (*args, int(limit))
 
 
 def _insert_step(conn: Any, p: str, search_id: str, kind: str, created_at: str,
@@ -171,16 +190,12 @@ class SqliteSearchStore:
             raise LedgerError(f"cannot append to the search: {exc}") from exc
         return step
 
-    def list(self, population: str | None = None, *, limit: int = 100) -> list[dict[str, Any]]:
-        """Searches newest first (optionally of one population)."""
-        sql = "SELECT search_id, population, created_at, body FROM searches"
-        args: tuple = ()
-        if population is not None:
-            sql += " WHERE population = ?"
-            args = (population,)
-        sql += " ORDER BY created_at DESC, search_id DESC LIMIT ?"
+    def list(self, population: str | None = None, *, limit: int = 100,
+             consumer: str | None = None) -> list[dict[str, Any]]:
+        """Searches newest first (optionally of one population, of one owning consumer)."""
+        sql, args = _list_sql("?", "json_extract(body, '$.consumer')", population, consumer, limit)
         return [{"search_id": r[0], "population": r[1], "created_at": r[2], "body": _loads(r[3])}
-                for r in self._conn().execute(sql, args + (int(limit),))]
+                for r in self._conn().execute(sql, args)]
 
     def close(self) -> None:
         """Close every connection this store opened."""
@@ -274,16 +289,12 @@ class PostgresSearchStore:
             conn.execute("SELECT pg_advisory_xact_lock(hashtext('dpgate.search:' || %s))", (search_id,))
             return _insert_step(conn, "%s", search_id, kind, created_at, build)
 
-    def list(self, population: str | None = None, *, limit: int = 100) -> list[dict[str, Any]]:
-        """Searches newest first (optionally of one population)."""
+    def list(self, population: str | None = None, *, limit: int = 100,
+             consumer: str | None = None) -> list[dict[str, Any]]:
+        """Searches newest first (optionally of one population, of one owning consumer)."""
         self._lent.check()
-        sql = "SELECT search_id, population, created_at, body FROM searches"
-        args: tuple = ()
-        if population is not None:
-            sql += " WHERE population = %s"
-            args = (population,)
-        sql += " ORDER BY created_at DESC, search_id DESC LIMIT %s"
-        rows = self._lent.run(sql, args + (int(limit),))
+        sql, args = _list_sql("%s", "(body::json ->> 'consumer')", population, consumer, limit)
+        rows = self._lent.run(sql, args)
         return [{"search_id": r[0], "population": r[1], "created_at": r[2], "body": _loads(r[3])} for r in rows]
 
     def close(self) -> None:
