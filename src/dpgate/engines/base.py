@@ -704,6 +704,72 @@ def table_to_columns(table: pa.Table) -> dict[str, np.ndarray]:
 # ---------------------------------------------------------------------------- predicates
 
 
+#: Declared types whose values are dates or instants (``dpgate.policy.TEMPORAL_TYPES``).
+TEMPORAL = ("date", "timestamp")
+
+#: Date parts the planner admits (``dpgate.sql.bind``), by every spelling DuckDB reads, → the
+#: canonical name each engine's rewrite works with.
+DATE_PARTS = {
+    "year": "year", "quarter": "quarter", "month": "month", "week": "week", "weekofyear": "week",
+    "day": "day", "dayofmonth": "day", "dow": "dow", "dayofweek": "dow", "isodow": "isodow",
+    "doy": "doy", "dayofyear": "doy", "hour": "hour", "minute": "minute", "second": "second",
+}
+_PART_FUNCTIONS = {
+    exp.Year: "year", exp.Quarter: "quarter", exp.Month: "month", exp.Day: "day",
+    exp.DayOfMonth: "day", exp.DayOfWeek: "dow", exp.DayOfYear: "doy", exp.Hour: "hour",
+    exp.Minute: "minute", exp.Second: "second", exp.WeekOfYear: "week", exp.Week: "week",
+}
+#: Upper bound, in days, of one unit of a constant INTERVAL (a month is at most 31 days…).
+_INTERVAL_DAYS = {"year": 366, "quarter": 92, "month": 31, "week": 7, "day": 1, "hour": 1, "minute": 1,
+                  "second": 1}
+
+
+def temporal_type(to: exp.Expression | None) -> str | None:
+    """``"date"`` or ``"timestamp"`` for a DATE / TIMESTAMP data type, else None."""
+    if not isinstance(to, exp.DataType):
+        return None
+    T = exp.DataType.Type
+    if to.this == T.DATE:
+        return "date"
+    if to.this in (T.TIMESTAMP, T.TIMESTAMPNTZ, T.DATETIME):
+        return "timestamp"
+    return None
+
+
+def date_part_call(node: exp.Expression) -> tuple[str, exp.Expression] | None:
+    """(canonical part, argument) of ``EXTRACT(part FROM d)``, ``date_part('part', d)``,
+    ``YEAR(d)``, ``MONTH(d)`` …, or None (not a date part, or a part the planner refuses)."""
+    if isinstance(node, exp.Extract):
+        name, arg = node.this.name.lower(), node.expression
+    elif isinstance(node, exp.Anonymous) and node.name.lower() in ("date_part", "datepart"):
+        if len(node.expressions) != 2 or not isinstance(node.expressions[0], (exp.Literal, exp.Var)):
+            return None
+        name, arg = node.expressions[0].name.lower(), node.expressions[1]
+    elif type(node) in _PART_FUNCTIONS and isinstance(node.this, exp.Expression):
+        name, arg = _PART_FUNCTIONS[type(node)], node.this
+    else:
+        return None
+    part = DATE_PARTS.get(name)
+    return (part, arg) if part is not None else None
+
+
+def interval_days(node: exp.Expression) -> int | None:
+    """An upper bound of the magnitude, in whole days, of a constant ``INTERVAL n unit``
+    (None: not a constant the planner admits)."""
+    if not isinstance(node, exp.Interval) or not isinstance(node.this, exp.Literal):
+        return None
+    unit = node.args.get("unit")
+    name = (unit.name if unit is not None else "").lower().rstrip("s")
+    text = str(node.this.this).strip()
+    if name not in _INTERVAL_DAYS or not re.fullmatch(r"[+-]?\d{1,18}", text):
+        return None
+    n = abs(int(text))
+    return n * _INTERVAL_DAYS[name] if name not in ("hour", "minute", "second") else n // {
+        "hour": 24, "minute": 1440, "second": 86400}[name] + 1
+
+
+
+
 def column_types(policy: DatasetPolicy, tree: exp.Expression) -> dict[str, str]:
     """Declared type (int/float/text/bool) of each column name of the tables a query reads.
 
@@ -724,9 +790,23 @@ def column_types(policy: DatasetPolicy, tree: exp.Expression) -> dict[str, str]:
 
 
 def static_type(node: exp.Expression, types: Mapping[str, str]) -> str:
-    """Static type of a row-predicate expression: int, float, text, bool, null or ``?``."""
+    """Static type of a row-predicate expression: int, float, text, bool, date, timestamp,
+    null or ``?`` (DuckDB's typing: ``date_trunc`` and ``date ± INTERVAL`` are timestamps,
+    a date part is an integer)."""
     if isinstance(node, (exp.Paren, exp.Try)):
         return static_type(node.this, types)
+    if isinstance(node, (exp.TimestampTrunc, exp.DateTrunc)):
+        return "timestamp"
+    if date_part_call(node) is not None:
+        return "int"
+    if isinstance(node, (exp.Add, exp.Sub)) and isinstance(node.expression, exp.Interval):
+        return "timestamp"
+    if isinstance(node, exp.Case):
+        out = "null"
+        for t in [static_type(i.args["true"], types) for i in node.args.get("ifs") or []] + (
+                [static_type(node.args["default"], types)] if node.args.get("default") is not None else []):
+            out = t if out == "null" else (out if t in (out, "null") else _numeric_join(out, t))
+        return out
     if isinstance(node, exp.Column):
         return types.get(node.name.casefold(), "?")
     if isinstance(node, exp.Literal):
@@ -748,7 +828,7 @@ def static_type(node: exp.Expression, types: Mapping[str, str]) -> str:
             return "text"
         if kind == exp.DataType.Type.BOOLEAN:
             return "bool"
-        return "?"
+        return temporal_type(to) or "?"
     if isinstance(node, (exp.Add, exp.Sub, exp.Mul)):
         a, b = static_type(node.this, types), static_type(node.expression, types)
         return _numeric_join(a, b)
@@ -777,8 +857,8 @@ def _numeric_join(a: str, b: str) -> str:
         return b
     if b == "null":
         return a
-    if a == b == "int":
-        return "int"
+    if a == b and a in ("int", "date", "timestamp"):
+        return a
     if a in ("int", "float") and b in ("int", "float"):
         return "float"
     return "?"
@@ -847,7 +927,20 @@ class PredicateRewriter:
     * :meth:`float_arith` — double ``+ - *`` (DuckDB: IEEE, ±inf on overflow, 0
       on underflow, never an error);
     * :meth:`try_cast` — the lossless ``TRY_CAST`` directions (see :meth:`_try_cast`);
-    * :meth:`like`, :meth:`compare_text`, :meth:`ends_with`, :meth:`contains`, :meth:`floor_ceil`.
+    * :meth:`like`, :meth:`compare_text`, :meth:`ends_with`, :meth:`contains`, :meth:`floor_ceil`;
+    * dates and timestamps (issue 19, item 7): :meth:`extract` (a date part, DuckDB's BIGINT),
+      :meth:`date_trunc` (DuckDB's TIMESTAMP), :meth:`add_interval` (``d ± INTERVAL n unit``),
+      :meth:`temporal_text` / :meth:`temporal_to_date` (the ``CAST`` of a date key to ISO
+      text), :meth:`date_as_timestamp` (a date compared with a timestamp). A string literal
+      compared with a date or timestamp becomes a typed literal (the planner checked that it is
+      ISO). Date parts outside ``TRY`` (the clamped values of aggregates, which cannot raise)
+      get the engine's spelling of DuckDB's value as well.
+
+    Functions of a date that could overflow on some engine (``date_trunc``, ``+ INTERVAL``, a
+    date read as a timestamp) are computed only inside the engine's *temporal window*
+    (:attr:`WINDOW_YEARS`, narrowed by the interval's span) and are NULL outside it, as
+    DuckDB's TRY is NULL where its own TIMESTAMP range ends. Comparisons, BETWEEN, IN and the
+    clamps of values cannot raise and use every stored value.
 
     Anything else raises :class:`~dpgate.errors.UnsupportedQuery` before the
     charge (the query is refused on that engine, never run with other semantics).
@@ -862,6 +955,11 @@ class PredicateRewriter:
              exp.Length, exp.Trim, exp.Concat, exp.DPipe, exp.StartsWith, exp.Coalesce, exp.Greatest,
              exp.Least, exp.Nullif, exp.Sign, exp.Between, exp.GT, exp.GTE, exp.LT, exp.LTE)
 
+    _COMPARISONS = (exp.EQ, exp.NEQ, exp.NullSafeEQ, exp.NullSafeNEQ, exp.GT, exp.GTE, exp.LT, exp.LTE,
+                    exp.Between, exp.In)
+    #: (first, last) astronomical year of the engine's temporal window (see the class docstring).
+    WINDOW_YEARS: tuple[int, int] = (1, 9999)
+
     def __init__(self, types: Mapping[str, str], engine: str) -> None:
         self.types = types
         self.engine = engine
@@ -869,7 +967,16 @@ class PredicateRewriter:
     # -- entry point
 
     def rewrite(self, tree: exp.Expression) -> exp.Expression:
-        """Replace every ``TRY(e)`` node of ``tree`` by the engine's safe form of ``e``."""
+        """Replace every ``TRY(e)`` node of ``tree`` by the engine's safe form of ``e``, and
+        every date part outside ``TRY`` by the engine's spelling of DuckDB's value."""
+        for node in reversed(list(tree.find_all(exp.Extract, *_PART_FUNCTIONS, exp.Anonymous))):
+            part = date_part_call(node)
+            if part is None or any(isinstance(p, exp.Try) for p in _ancestors(node)):
+                continue
+            out = self.extract(part[0], part[1].copy(), self.type(part[1]))
+            if node is tree:
+                return out
+            node.replace(out)
         outer = [n for n in tree.find_all(exp.Try) if not any(isinstance(p, exp.Try) for p in _ancestors(n))]
         for node in outer:
             safe = self.safe(node.this)
@@ -884,6 +991,9 @@ class PredicateRewriter:
             return self.safe(node.this)
         if isinstance(node, (exp.Column, exp.Literal, exp.Boolean, exp.Null, exp.Identifier, exp.DataType)):
             return node.copy()
+        temporal = self._temporal(node)
+        if temporal is not None:
+            return temporal
         if isinstance(node, (exp.Add, exp.Sub, exp.Mul)):
             a, b = self.safe(node.this), self.safe(node.expression)
             t = self.type(node)
@@ -939,6 +1049,95 @@ class PredicateRewriter:
                     out.set(key, [self.safe(c) if isinstance(c, exp.Expression) else c for c in child])
             return out
         raise self.refuse(node)
+
+    # -- dates and timestamps
+
+    def _temporal(self, node: exp.Expression) -> exp.Expression | None:
+        """The safe form of a date/timestamp construct, or None when ``node`` is not one."""
+        part = date_part_call(node)
+        if part is not None:
+            t = self.type(part[1])
+            if t not in TEMPORAL + ("null",):
+                raise self.refuse(node)
+            return self.extract(part[0], self.safe(part[1]), t)
+        if isinstance(node, (exp.TimestampTrunc, exp.DateTrunc)):
+            unit = node.args.get("unit")
+            t = self.type(node.this)
+            if t not in TEMPORAL or unit is None or unit.name.lower() not in (
+                    "year", "quarter", "month", "week", "day", "hour"):
+                raise self.refuse(node)
+            return self.date_trunc(unit.name.lower(), self.safe(node.this), t)
+        if isinstance(node, (exp.Add, exp.Sub)) and isinstance(node.expression, exp.Interval):
+            t = self.type(node.this)
+            days = interval_days(node.expression)
+            if t not in TEMPORAL or days is None:
+                raise self.refuse(node)
+            return self.add_interval(type(node), self.safe(node.this), node.expression.copy(), t, days)
+        if isinstance(node, exp.Cast) and not isinstance(node, exp.TryCast):
+            target = node.args.get("to")
+            if isinstance(node.this, exp.Literal) and node.this.is_string and temporal_type(target):
+                return node.copy()  # DATE '…' / TIMESTAMP '…' (the planner checked the text)
+            t = self.type(node.this)
+            if t not in TEMPORAL:
+                raise self.refuse(node)
+            if temporal_type(target) == "date":
+                return self.temporal_to_date(self.safe(node.this), t)
+            if isinstance(target, exp.DataType) and target.this in (exp.DataType.Type.VARCHAR,
+                                                                     exp.DataType.Type.TEXT):
+                return self.temporal_text(self.safe(node.this), t)
+            raise self.refuse(node)
+        if isinstance(node, self._COMPARISONS):
+            operands = [c for c in node.iter_expressions()]
+            types = [self.type(c) for c in operands]
+            if not any(t in TEMPORAL for t in types):
+                return None
+            target = "timestamp" if "timestamp" in types else "date"
+            out = node.copy()
+            for key, child in list(node.args.items()):
+                if isinstance(child, exp.Expression):
+                    out.set(key, self._temporal_operand(child, target))
+                elif isinstance(child, list):
+                    out.set(key, [self._temporal_operand(c, target) if isinstance(c, exp.Expression) else c
+                                  for c in child])
+            return out
+        return None
+
+    def _temporal_operand(self, node: exp.Expression, target: str) -> exp.Expression:
+        """An operand of a comparison with a date/timestamp: a string literal as a typed literal
+        (DuckDB's implicit cast), a date compared with a timestamp as a timestamp."""
+        if isinstance(node, exp.Literal) and node.is_string:
+            return exp.Cast(this=node.copy(), to=self.temporal_datatype(target))
+        value = self.safe(node)
+        if target == "timestamp" and self.type(node) == "date":
+            return self.date_as_timestamp(value)
+        return value
+
+    def window(self, value: exp.Expression, t: str, span_days: int = 0) -> exp.Expression:
+        """``value BETWEEN first AND last`` of the engine's temporal window, narrowed by
+        ``span_days`` at each end (FALSE when nothing is left)."""
+        first, last = self.WINDOW_YEARS
+        years = -(-span_days // 365) + 1 if span_days else 0
+        first, last = first + years, last - years
+        if first > last:
+            return exp.false()
+        return exp.Between(this=value.copy(), low=self.temporal_literal(first, 1, 1, t, start=True),
+                           high=self.temporal_literal(last, 12, 31, t, start=False))
+
+    def temporal_literal(self, year: int, month: int, day: int, t: str, *, start: bool) -> exp.Expression:
+        """A DATE (or TIMESTAMP at the first / last instant of the day) literal of an
+        astronomical ``year`` (1 BC is 0) in the engine's syntax."""
+        text = f"{year:04d}-{month:02d}-{day:02d}" if year >= 1 else f"-{-year:04d}-{month:02d}-{day:02d}"
+        if t == "timestamp":
+            text += " 00:00:00" if start else " 23:59:59.999999"
+        return exp.Cast(this=exp.Literal.string(text), to=self.temporal_datatype(t))
+
+    def temporal_datatype(self, t: str) -> exp.DataType:
+        """The engine's DATE or (naive) TIMESTAMP type."""
+        return exp.DataType.build(t.upper())
+
+    def guarded(self, cond: exp.Expression, value: exp.Expression) -> exp.Expression:
+        """``CASE WHEN cond THEN value END`` (NULL when the condition is not true)."""
+        return exp.Case(ifs=[exp.If(this=cond, true=value)])
 
     # -- helpers
 
@@ -1026,6 +1225,36 @@ class PredicateRewriter:
     def contains(self, a: exp.Expression, b: exp.Expression) -> exp.Expression:
         """``contains(a, b)`` (substring)."""
         return exp.Contains(this=a, expression=b)
+
+    def extract(self, part: str, a: exp.Expression, t: str) -> exp.Expression:
+        """DuckDB's ``EXTRACT(part FROM a)``: a BIGINT (whole seconds; ``dow`` 0 = Sunday;
+        ISO ``week``/``isodow``; 0 for the hour, minute and second of a date)."""
+        if t == "date" and part in ("hour", "minute", "second"):
+            return self.guarded(exp.Not(this=exp.Is(this=a.copy(), expression=exp.Null())), exp.Literal.number(0))
+        value: exp.Expression = exp.Extract(this=exp.var(part.upper()), expression=a)
+        if part == "second":
+            value = exp.Floor(this=value)
+        return exp.Cast(this=value, to=exp.DataType.build("bigint"))
+
+    def date_trunc(self, unit: str, a: exp.Expression, t: str) -> exp.Expression:
+        """DuckDB's ``date_trunc(unit, a)`` (a TIMESTAMP), NULL outside the window."""
+        return self.guarded(self.window(a, t), exp.TimestampTrunc(this=a.copy(), unit=exp.var(unit.upper())))
+
+    def add_interval(self, op: type, a: exp.Expression, interval: exp.Interval, t: str, days: int) -> exp.Expression:
+        """``a ± INTERVAL`` (DuckDB: a TIMESTAMP), NULL unless ``a`` is ``days`` inside the window."""
+        return self.guarded(self.window(a, t, days), op(this=a.copy(), expression=interval))
+
+    def temporal_text(self, a: exp.Expression, t: str) -> exp.Expression:
+        """``CAST(a AS VARCHAR)`` of a date (``YYYY-MM-DD``) or timestamp (``YYYY-MM-DD HH:MM:SS[.f]``)."""
+        return exp.Cast(this=a, to=exp.DataType.build("varchar"))
+
+    def temporal_to_date(self, a: exp.Expression, t: str) -> exp.Expression:
+        """``CAST(a AS DATE)`` of a date or timestamp (the day; cannot raise)."""
+        return exp.Cast(this=a, to=exp.DataType.build("date"))
+
+    def date_as_timestamp(self, a: exp.Expression) -> exp.Expression:
+        """A date compared with a timestamp (default: the engine compares them without error)."""
+        return a
 
 
 def _ancestors(node: exp.Expression):
