@@ -85,6 +85,9 @@ DATE_QUERIES = [
     "OR at < TIMESTAMP '0001-01-01 00:00:00'",
     # DuckDB counts years astronomically (1 BC is year 0, 44 BC is −43)
     "SELECT COUNT(*) FROM checkouts WHERE EXTRACT(year FROM day) = 0 OR YEAR(day) = -43 OR YEAR(at) = -43",
+    # ISO text of dates and timestamps (fractional seconds without trailing zeros)
+    "SELECT COUNT(*) FROM checkouts WHERE TRY_CAST(day AS VARCHAR) LIKE '2023-0%' "
+    "OR TRY_CAST(at AS VARCHAR) LIKE '%:05.7'",
 ]
 SALTS = (3, 2**62 + 7)
 _EPOCH = dt.date(1970, 1, 1)
@@ -312,7 +315,7 @@ def test_postgres_refuses_a_date_stored_as_text_in_one_line(tmp_path):
 
 #: The date queries Spark runs by default (one per transform; a JVM query takes seconds);
 #: ``DPGATE_TEST_SPARK_FULL=1`` runs them all (they pass: see the commit's run).
-SPARK_DEFAULT = (0, 2, 4, 5, 7, 9, 10, 13, 14, 15, 16, 17, 19, 22)
+SPARK_DEFAULT = (0, 2, 4, 5, 7, 9, 10, 13, 14, 15, 16, 17, 19, 22, 23)
 
 
 @pytest.mark.spark
@@ -341,3 +344,19 @@ def test_spark_dates_equal_duckdb(data_dir, reference, policy):
                       queries=[DATE_QUERIES[6], DATE_QUERIES[12], DATE_QUERIES[15]])
     finally:
         sp.close()
+
+
+def test_every_policy_type_is_read_by_every_engine():
+    """The engines' type maps know every type a policy may declare (a new policy type without an
+    engine mapping was an uncaught KeyError at load; now it would be an invalid_policy line)."""
+    from typing import get_args
+
+    from dpgate.engines import postgres
+    from dpgate.policy import ColumnType, DUCKDB_TYPES
+
+    types = set(get_args(ColumnType))
+    assert types == set(postgres.COMPATIBLE) == set(DUCKDB_TYPES)
+    if spark_unavailable() is None:
+        from dpgate.engines import spark
+
+        assert types == set(spark.COMPATIBLE)

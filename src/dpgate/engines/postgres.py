@@ -25,7 +25,11 @@ One of the three modules allowed to import psycopg. For one dataset
 The group-choosing hash is md5 of the salted key text ordered bytewise
 (``COLLATE "C"``), the fixed-point rounding is DuckDB's half-away-from-zero
 computed exactly with IEEE operations, and sums of BIGINT are NUMERIC (exact),
-so the exact answers equal DuckDB's on the same data.
+so the exact answers equal DuckDB's on the same data. Dates and timestamps
+follow DuckDB too: date parts as BIGINT (astronomical years: 1 BC is 0),
+``date_trunc`` through TIMESTAMP (never the session's time zone), ISO text
+(``SET LOCAL DateStyle``), ±infinity as NULL in date functions; a
+``timestamp with time zone`` column is read at UTC.
 """
 
 from __future__ import annotations
@@ -424,6 +428,11 @@ class PostgresEngine:
                 value = self._unit_expression(table, name, pg_type, src)
             else:
                 col = table.column(name)
+                if col.type not in COMPATIBLE:  # a type the policy knows and this engine does not
+                    err = table_error(table, f"column {name!r} is declared {col.type}, which the PostgreSQL engine "
+                                             f"does not read (it reads {', '.join(COMPATIBLE)})")
+                    err.details["column"] = name
+                    raise err
                 allowed, target = COMPATIBLE[col.type]
                 if not _type_matches(pg_type, allowed):
                     err = table_error(table, f"column {name!r} is stored as {pg_type}, which is not compatible "

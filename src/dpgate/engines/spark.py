@@ -10,8 +10,9 @@ The only module of dpgate that imports pyspark (an optional extra:
   path or glob (the files matched at load time are pinned: a changed file is
   refused until the dataset is reloaded) — as a temporary view
   ``__dpg_<dataset>__<table>`` projecting the declared columns cast to their
-  canonical types (int → BIGINT, float → DOUBLE, text → STRING, bool → BOOLEAN)
-  and the privacy unit as stored (see :mod:`dpgate.engines.base`); loading checks
+  canonical types (int → BIGINT, float → DOUBLE, text → STRING, bool → BOOLEAN,
+  date → DATE, timestamp → TIMESTAMP_NTZ: naive, a TIMESTAMP column read in the
+  session's UTC) and the privacy unit as stored (see :mod:`dpgate.engines.base`); loading checks
   the schema only (no copy), plus one uniqueness scan of the unit for Parquet files;
 * renders the bounded query in Spark's dialect with sqlglot (see
   :meth:`SparkEngine.render`) and runs it with a timeout (the job group is
@@ -264,6 +265,11 @@ class SparkEngine:
                 value = self._unit_expression(table, name, st, src)
             else:
                 col = table.column(name)
+                if col.type not in COMPATIBLE:  # a type the policy knows and this engine does not
+                    err = table_error(table, f"column {name!r} is declared {col.type}, which the Spark engine "
+                                             f"does not read (it reads {', '.join(COMPATIBLE)})")
+                    err.details["column"] = name
+                    raise err
                 allowed, target = COMPATIBLE[col.type]
                 if not _type_matches(st, allowed):
                     err = table_error(table, f"column {name!r} is stored as {st}, which is not compatible "
