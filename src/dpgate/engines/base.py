@@ -772,10 +772,8 @@ def interval_days(node: exp.Expression) -> int | None:
         "hour": 24, "minute": 1440, "second": 86400}[name] + 1
 
 
-
-
 def column_types(policy: DatasetPolicy, tree: exp.Expression) -> dict[str, str]:
-    """Declared type (int/float/text/bool) of each column name of the tables a query reads.
+    """Declared type (int/float/text/bool/date/timestamp) of each column name of the tables a query reads.
 
     A name declared with different types in two read tables maps to ``"?"``.
     """
@@ -846,6 +844,10 @@ def static_type(node: exp.Expression, types: Mapping[str, str]) -> str:
         return out
     if isinstance(node, exp.Nullif):
         return static_type(node.this, types)
+    if isinstance(node, exp.Div):
+        return "float"
+    if isinstance(node, (exp.IntDiv, exp.Mod)):
+        return "int" if static_type(node.this, types) == "int" else "?"
     if isinstance(node, (exp.Lower, exp.Upper, exp.Trim, exp.Concat, exp.DPipe)):
         return "text"
     if isinstance(node, exp.Length):
@@ -1028,6 +1030,20 @@ class PredicateRewriter:
             return self.floor_ceil(type(node), self.safe(node.this), self.type(node.this))
         if isinstance(node, exp.TryCast):
             return self._try_cast(node)
+        if isinstance(node, exp.Case):
+            # CASE cannot raise; its conditions and branches are made safe one by one
+            out = node.copy()
+            if node.this is not None:
+                out.set("this", self.safe(node.this))
+            out.set("ifs", [exp.If(this=self.safe(i.this), true=self.safe(i.args["true"]))
+                            for i in node.args.get("ifs") or []])
+            if node.args.get("default") is not None:
+                out.set("default", self.safe(node.args["default"]))
+            return out
+        if isinstance(node, (exp.Div, exp.IntDiv, exp.Mod)):
+            return self._divide(node)
+        if isinstance(node, exp.Cast) and self.type(node.this) == "int" and temporal_type(node.args.get("to")) is None:
+            return self._int_cast(node)
         if isinstance(node, exp.Escape):
             raise self.refuse(node)
         if isinstance(node, (exp.Like, exp.ILike)):
@@ -1083,7 +1099,7 @@ class PredicateRewriter:
                 return node.copy()  # DATE '…' / TIMESTAMP '…' (the planner checked the text)
             t = self.type(node.this)
             if t not in TEMPORAL:
-                raise self.refuse(node)
+                return None  # not a date: the casts of integers, or a refusal (safe())
             if temporal_type(target) == "date":
                 return self.temporal_to_date(self.safe(node.this), t)
             if isinstance(target, exp.DataType) and target.this in (exp.DataType.Type.VARCHAR,
@@ -1170,6 +1186,36 @@ class PredicateRewriter:
         if self.type(original) == "int":
             return exp.Cast(this=value, to=exp.DataType.build("double"))
         return value
+
+    def _divide(self, node: exp.Expression) -> exp.Expression:
+        """``a / d``, ``a // d`` and ``a % d`` by a constant integer ``d``, as DuckDB computes them:
+        ``/`` in doubles (an integer or a double divided by |d| ≥ 1 cannot overflow), ``//`` and
+        ``%`` of integers truncated toward zero (d ≠ −1: ``-2**63 // -1`` overflows; ``%`` needs
+        |d| ≥ 2). Computed keys (``age / 10``, ``week // 13``, ``age % 10``) are of this form."""
+        d = _int_literal(node.expression)
+        t = self.type(node.this)
+        if isinstance(node, exp.Div):
+            if d is None or d == 0 or t not in ("int", "float"):
+                raise self.refuse(node)
+            return exp.Div(this=exp.Cast(this=self.safe(node.this), to=exp.DataType.build("double")),
+                           expression=dbl(float(d)))
+        if d is None or t != "int" or (d in (0, -1) if isinstance(node, exp.IntDiv) else abs(d) < 2):
+            raise self.refuse(node)
+        op = type(node)(this=self.safe(node.this), expression=exp.Literal.number(d))
+        return exp.Cast(this=op, to=exp.DataType.build("bigint"))
+
+    def _int_cast(self, node: exp.Cast) -> exp.Expression:
+        """CAST of an integer to BIGINT, DOUBLE or text: the same value on every engine, never an error."""
+        to = node.args.get("to")
+        kind = to.this if isinstance(to, exp.DataType) else None
+        value = self.safe(node.this)
+        if kind == exp.DataType.Type.BIGINT:
+            return exp.Cast(this=value, to=exp.DataType.build("bigint"))
+        if kind == exp.DataType.Type.DOUBLE:
+            return exp.Cast(this=value, to=exp.DataType.build("double"))
+        if kind in (exp.DataType.Type.VARCHAR, exp.DataType.Type.TEXT):
+            return exp.Cast(this=value, to=exp.DataType.build("varchar"))
+        raise self.refuse(node)
 
     def _try_cast(self, node: exp.TryCast) -> exp.Expression:
         """TRY_CAST in the directions whose result is the same on every engine:
@@ -1263,6 +1309,17 @@ class PredicateRewriter:
     def date_as_timestamp(self, a: exp.Expression) -> exp.Expression:
         """A date compared with a timestamp (default: the engine compares them without error)."""
         return a
+
+
+def _int_literal(node: exp.Expression) -> int | None:
+    """The value of an integer literal (maybe negated or parenthesised), else None."""
+    sign = 1
+    while isinstance(node, (exp.Paren, exp.Neg)):
+        sign = -sign if isinstance(node, exp.Neg) else sign
+        node = node.this
+    if isinstance(node, exp.Literal) and not node.is_string and re.fullmatch(r"\d{1,18}", str(node.this)):
+        return sign * int(node.this)
+    return None
 
 
 def _ancestors(node: exp.Expression):
