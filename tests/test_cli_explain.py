@@ -102,3 +102,15 @@ def test_the_planners_explain_reads_joins_and_per_unit_tables(library, sql):
 
     doc = explain_query(sql, load_policy(library / "library_catalog.toml"))
     assert doc["contribution"]["privacy_unit"] == "member_id" and doc["sensitivities"]
+
+
+def test_cli_explains_privately_selected_keys(library, tmp_path, capsys):
+    """A key without public keys (private partition selection) has no fixed number of groups:
+    the contribution says which keys are selected (counting them raised ValueError → 500)."""
+    sql = "SELECT title, COUNT(*) AS n FROM checkouts GROUP BY title"
+    code, out, err = _explain(capsys, library, tmp_path / "home", sql)
+    assert code == 0, err
+    assert "groups of title selected privately" in out and "partition selection" in out
+    code, out, err = _explain(capsys, library, tmp_path / "home", sql, "--json")
+    doc = json.loads(out)
+    assert doc["contribution"]["groups"] is None and doc["contribution"]["selected_keys"] == ["title"]

@@ -59,7 +59,7 @@ def test_explain_query_describes_the_release_without_data():
     assert out["plan"]["plan_hash"] == out["plan_hash"] and len(out["plan_hash"]) == 64
     assert out["contribution"] == {"privacy_unit": "user_id", "record_level": False,
                                    "max_groups_per_unit": 2, "max_rows_per_unit": 5,
-                                   "groups": 5}
+                                   "groups": 5, "selected_keys": []}
     assert "<salt>" in out["bounded_sql"]
     # k_eff = 2: count l1 = 2·5; AVG(tokens) → sum (linf 5·8000) and count_column
     assert out["sensitivities"]["p0"]["l1"] == 10
@@ -116,3 +116,10 @@ def test_cli_explain_refusals(policies, capsys, dataset, sql, code):
     captured = capsys.readouterr()
     last = captured.err.splitlines()[-1]  # after the loading lines (stderr: stdout holds the explanation)
     assert rc == status and captured.out == "" and last.startswith("dpgate: error: ") and f"[{code}]" in last
+
+
+def test_explain_query_of_privately_selected_keys():
+    """A key without public keys: the groups are chosen by partition selection (counting the
+    key combinations raised ValueError)."""
+    out = explain_query("SELECT model, COUNT(*) FROM prompts GROUP BY model", load_policy(FIXTURE))
+    assert out["contribution"]["groups"] is None and out["contribution"]["selected_keys"] == ["model"]

@@ -399,7 +399,8 @@ class Explanation(ResponseModel):
         default_factory=dict,
         description="how one privacy unit's contribution is bounded: privacy_unit (null: record-level or "
         "public), record_level, max_groups_per_unit (k), max_rows_per_unit (m), groups (key combinations "
-        "released); public true for a query of public tables only")
+        "released; null when keys are selected privately), selected_keys; public true for a query of "
+        "public tables only")
 
 
 class Cap(ResponseModel):

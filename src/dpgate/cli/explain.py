@@ -104,8 +104,10 @@ def print_explanation(doc: dict[str, Any]) -> None:
     c = doc.get("contribution") or {}
     unit = "record-level (each row is a unit)" if c.get("record_level") else c.get("privacy_unit")
     print(f"privacy unit  {unit}")
+    groups = (f"{c.get('groups')} group(s) released" if c.get("groups") is not None else
+              f"groups of {', '.join(c.get('selected_keys') or [])} selected privately")
     print(f"bounds        k = {c.get('max_groups_per_unit')} groups per unit, "
-          f"m = {c.get('max_rows_per_unit')} rows per unit and group; {c.get('groups')} group(s) released")
+          f"m = {c.get('max_rows_per_unit')} rows per unit and group; {groups}")
     if doc.get("join"):
         j = doc["join"]
         print(f"join          {' ⋈ '.join(j['tables'])}: {j['bounding']}")

@@ -92,9 +92,11 @@ def released_columns(plan: QueryPlan) -> list[str]:
 
 def contribution(plan: QueryPlan, policy: DatasetPolicy) -> dict[str, Any]:
     """How one privacy unit's contribution is bounded: ``privacy_unit`` (None when record-level
-    or public), ``record_level``, ``max_groups_per_unit`` (k), ``max_rows_per_unit`` (m) and
-    ``groups`` (the key combinations released); ``public`` True and the bounds None for a query
-    of public tables only.
+    or public), ``record_level``, ``max_groups_per_unit`` (k), ``max_rows_per_unit`` (m),
+    ``groups`` (the key combinations released; None when keys are selected privately, whose
+    number the data decides) and ``selected_keys`` (the group keys without public keys, chosen
+    by private partition selection); ``public`` True and the bounds None for a query of public
+    tables only.
 
     Args:
         plan: the plan.
@@ -103,12 +105,13 @@ def contribution(plan: QueryPlan, policy: DatasetPolicy) -> dict[str, Any]:
     """
     if reads_public_only(plan, policy):
         return {"privacy_unit": None, "record_level": False, "public": True,
-                "max_groups_per_unit": None, "max_rows_per_unit": None, "groups": None}
+                "max_groups_per_unit": None, "max_rows_per_unit": None, "groups": None, "selected_keys": []}
     table = policy.table(plan.table)
     return {
         "privacy_unit": table.privacy_unit,
         "record_level": table.record_level,
         "max_groups_per_unit": table.max_groups_per_unit,
         "max_rows_per_unit": table.max_rows_per_unit,
-        "groups": plan.key_combinations(table),
+        "groups": None if plan.selected_keys else plan.key_combinations(table, plan.public_group_by),
+        "selected_keys": list(plan.selected_keys),
     }
