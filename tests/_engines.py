@@ -61,6 +61,7 @@ def pg_schema() -> Iterator[str]:
 _PG_TYPES = {
     pa.int64(): "bigint", pa.int32(): "integer", pa.float64(): "double precision",
     pa.string(): "text", pa.large_string(): "text", pa.bool_(): "boolean",
+    pa.date32(): "date", pa.timestamp("us"): "timestamp",
 }
 
 

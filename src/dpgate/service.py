@@ -68,6 +68,7 @@ from dpgate.sensitivity import primitive_linf, sensitivities
 from dpgate.settings import Settings
 from dpgate.sql import partition_selection as selection_plan
 from dpgate.sql.bound import bounded_sql, bounded_sql_template
+from dpgate.sql.explain import contribution, released_columns
 from dpgate.sql.parse import nothing_charged, parse_query, parse_statement, refuse_constant_plan
 from dpgate.sql.selection_query import check_candidates, recognize as recognize_selection
 from dpgate.sql.plan import AggregateOutput, DerivedOutput, KeyOutput, QueryPlan
@@ -600,14 +601,16 @@ class Gateway:
         ``dialect`` is as for :meth:`query`.
         """
         policy, plan = self._plan(dataset, sql, dialect)
+        # what dpgate explain prints as well: the released columns and the contribution bounds
+        shown = {"columns": released_columns(plan), "contribution": contribution(plan, policy)}
         if reads_public_only(plan, policy):  # public tables hook: exact and free
-            return {"dataset": dataset, "canonical_sql": plan.canonical_sql, "plan_hash": plan.plan_hash,
+            return {"dataset": dataset, "canonical_sql": plan.canonical_sql, "plan_hash": plan.plan_hash, **shown,
                     "plan": plan.canonical_dict(), "public": True, "exact_sql": exact_sql(plan, policy),
                     "bounded_sql": None, "sensitivity": {}, "mechanism": None, "noise_scales": {},
                     "budget": None, "cost": {"rho": 0.0, "epsilon": 0.0, "epsilon_at_delta": 0.0, "fits": True,
                                              "message": "reads public tables only: answered exactly, no charge"}}
         if releases_public_keys_only(plan, policy):  # keys only: the policy's keys, free
-            return {"dataset": dataset, "canonical_sql": plan.canonical_sql, "plan_hash": plan.plan_hash,
+            return {"dataset": dataset, "canonical_sql": plan.canonical_sql, "plan_hash": plan.plan_hash, **shown,
                     "plan": plan.canonical_dict(), "public_keys_only": True, "exact_sql": None,
                     "bounded_sql": None, "sensitivity": {}, "mechanism": None, "noise_scales": {},
                     "budget": None, "cost": {"rho": 0.0, "epsilon": 0.0, "epsilon_at_delta": 0.0, "fits": True,
@@ -616,7 +619,7 @@ class Gateway:
         if selection is not None:  # selection hook (issue 15): keys only, exponential mechanism
             from dpgate.selection import explain_selection
 
-            return explain_selection(self, dataset, policy, selection, budget, consumer)
+            return {**explain_selection(self, dataset, policy, selection, budget, consumer), **shown}
         mech = self._mechanism(policy, mechanism)
         resolved = self._resolve_selection(policy, plan, self._resolve_budget(policy, mech, budget), budget)
         cal, sens = self._calibrate(policy, plan, mech, resolved)
@@ -644,6 +647,7 @@ class Gateway:
             "dataset": dataset,
             "canonical_sql": plan.canonical_sql,
             "plan_hash": plan.plan_hash,
+            **shown,
             "plan": plan.canonical_dict(),
             "bounded_sql": _bounded_template(plan, policy),
             "computed_keys": [

@@ -406,6 +406,13 @@ class Explanation(ResponseModel):
         default_factory=list,
         description="each computed GROUP BY key: name, canonical expression, rule (case_literals, "
         "predicate, enumerated), type and domain_size (the keys it releases)")
+    columns: list[str] = Field(default_factory=list, description="the labels of the released columns, in order")
+    contribution: dict[str, Any] = Field(
+        default_factory=dict,
+        description="how one privacy unit's contribution is bounded: privacy_unit (null: record-level or "
+        "public), record_level, max_groups_per_unit (k), max_rows_per_unit (m), groups (key combinations "
+        "released; null when keys are selected privately), selected_keys; public true for a query of "
+        "public tables only")
 
 
 class Cap(ResponseModel):

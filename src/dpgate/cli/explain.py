@@ -1,100 +1,161 @@
-"""``dpgate explain --dataset NAME "SQL"``: show the plan of a query without running it.
+"""``dpgate explain --dataset NAME "SQL" [--consumer C] [--rho R | --epsilon E | --ci95 W] …``: show what a query would do.
 
-Prints the canonical SQL, plan hash, released columns, contribution bounds, the
-noisy primitives with their sensitivities and the bounded SQL template (salt
-hidden); or the refusal as one sentence (the documented error shape with
-``--json``; exit status from :mod:`dpgate.cli.exits`). Reads no data and
-charges nothing.
+Prints the canonical SQL, plan hash, released columns, contribution bounds (and the
+join or per-unit subquery it bounds), the noisy primitives with their sensitivities
+and noise scales, the bounded SQL template (salt hidden) and the charge it would make
+— or the refusal as one sentence (the documented error shape with ``--json``; exit
+status from :mod:`dpgate.cli.exits`). Charges nothing.
+
+It goes through the same path as ``POST /v1/queries/explain``
+(:meth:`dpgate.service.Gateway.explain`): the gateway is opened as for ``dpgate query``
+(policies, data sources, ledger; its loading lines go to stderr), so joins, per-unit subqueries, the keys of public
+tables and the remaining budget are those a query would meet, and ``--json`` prints the
+HTTP answer's document. The budget flags are those of ``dpgate query``.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
+from typing import Any
 
 from dpgate.cli import add_common_options, add_dialect_option, print_json, print_table
 from dpgate.errors import UnknownDataset
-from dpgate.policy import load_policies
-from dpgate.sql.explain import explain_query
+from dpgate.policy import MECHANISMS, load_policies
 
 
 def register(subparsers) -> None:
     """Add the ``explain`` sub-command to the ``dpgate`` parser."""
     parser = subparsers.add_parser(
         "explain",
-        help="show the plan, bounded SQL and sensitivities of a query (reads no data)",
+        help="show the plan, bounded SQL, sensitivities and cost of a query (charges nothing)",
         description=__doc__.splitlines()[0],
     )
     parser.add_argument("--dataset", required=True, help="dataset name (a policy file)")
     parser.add_argument("sql", help="the SQL query (quote it)")
+    parser.add_argument("--consumer", help="the allocation whose remaining budget the cost is checked "
+                        "against (default: the population's)")
+    g = parser.add_mutually_exclusive_group()
+    g.add_argument("--rho", type=float, help="zCDP ρ of the release (total over its primitives)")
+    g.add_argument("--epsilon", type=float, help="standalone ε of the release at the cap's δ")
+    g.add_argument("--ci95", type=float, help="target 95%% half-width of each released cell")
+    parser.add_argument("--expected-count", type=float,
+                        help="with --ci95: rows you expect per group (needed for AVG/VAR/STDDEV)")
+    parser.add_argument("--delta", type=float,
+                        help="δ spent on private partition selection (GROUP BY keys without public keys)")
+    parser.add_argument("--mechanism", choices=tuple(MECHANISMS))
     add_dialect_option(parser)
     add_common_options(parser)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace, settings) -> int:
-    """Explain ``args.sql`` on ``args.dataset`` with the policies of ``settings.policies``.
+    """Explain ``args.sql`` on ``args.dataset`` through :meth:`~dpgate.service.Gateway.explain`.
 
     Returns:
         0 (a refusal raises a DpgateError, which ``dpgate.cli.main`` prints).
 
     Raises:
-        PolicyError: the policies folder is invalid.
-        UnknownDataset: no policy declares the dataset.
-        InvalidSql, UnsupportedQuery, UnknownTable, UnknownColumn: the query is refused.
+        PolicyError: the policies folder is invalid, or a data source does not load.
+        UnknownDataset: no policy declares the dataset (checked before any data is loaded).
+        InvalidSql, UnsupportedQuery, UnknownTable, UnknownColumn, InvalidBudget: the query is
+            refused (nothing is charged).
     """
+    from dpgate.service import Gateway, QueryBudget
+
     policies = load_policies(settings.policies)
-    policy = policies.get(args.dataset)
-    if policy is None:
+    if args.dataset not in policies:  # before loading any data: a typo answers at once
         raise UnknownDataset.named(args.dataset, policies)
-    result = explain_query(args.sql, policy, dialect=args.dialect)
+    budget = None
+    if any(v is not None for v in (args.rho, args.epsilon, args.ci95, args.expected_count, args.delta)):
+        budget = QueryBudget(rho=args.rho, epsilon=args.epsilon, ci95=args.ci95,
+                             expected_count=args.expected_count, delta=args.delta)
+    # loading lines go to stderr: stdout holds the explanation only (or its JSON document)
+    with Gateway.open(settings, progress=None if args.json else lambda line: print(line, file=sys.stderr)) as gw:
+        doc = gw.explain(args.dataset, args.sql, budget=budget, mechanism=args.mechanism,
+                         consumer=args.consumer, dialect=args.dialect)
     if args.json:
-        print_json(result)
+        print_json(doc)  # the same document as POST /v1/queries/explain answers
         return 0
-    c = result["contribution"]
-    print(f"dataset       {result['dataset']}")
-    print(f"canonical SQL {result['canonical_sql']}")
-    print(f"plan hash     {result['plan_hash']}")
-    print(f"columns       {', '.join(result['columns'])}")
-    for key in result.get("computed_keys", []):
+    print_explanation(doc)
+    return 0
+
+
+def print_explanation(doc: dict[str, Any]) -> None:
+    """Print a :meth:`~dpgate.service.Gateway.explain` document as text."""
+    print(f"dataset       {doc['dataset']}")
+    print(f"canonical SQL {doc['canonical_sql']}")
+    print(f"plan hash     {doc['plan_hash']}")
+    print(f"columns       {', '.join(doc.get('columns', []))}")
+    for key in doc.get("computed_keys", []):
         print(f"computed key  {key['name']} = {key['expression']} ({key['rule']}, "
               f"{key['domain_size']} key(s))")
-    if result.get("public"):
+    if doc.get("public"):
         print("privacy unit  none: the query reads public tables only; it is answered exactly "
               "and charges nothing")
         print()
         print("exact SQL:")
-        print(result["exact_sql"])
-        return 0
-    if result.get("public_keys_only"):
+        print(doc["exact_sql"])
+        return
+    if doc.get("public_keys_only"):
         print("keys only     over public keys: the release is the policy's key list; it reads no "
               "data and charges nothing")
-        return 0
-    unit = "record-level (each row is a unit)" if c["record_level"] else c["privacy_unit"]
+        return
+    c = doc.get("contribution") or {}
+    unit = "record-level (each row is a unit)" if c.get("record_level") else c.get("privacy_unit")
     print(f"privacy unit  {unit}")
-    print(f"bounds        k = {c['max_groups_per_unit']} groups per unit, "
-          f"m = {c['max_rows_per_unit']} rows per unit and group; {c['groups']} group(s) released")
+    groups = (f"{c.get('groups')} group(s) released" if c.get("groups") is not None else
+              f"groups of {', '.join(c.get('selected_keys') or [])} selected privately")
+    print(f"bounds        k = {c.get('max_groups_per_unit')} groups per unit, "
+          f"m = {c.get('max_rows_per_unit')} rows per unit and group; {groups}")
+    if doc.get("join"):
+        j = doc["join"]
+        print(f"join          {' ⋈ '.join(j['tables'])}: {j['bounding']}")
+    if doc.get("per_unit"):
+        u = doc["per_unit"]
+        print(f"per unit      {u.get('table')} (unit {u.get('privacy_unit')}): {u.get('bounding')}")
+    if doc.get("partition_selection"):
+        print(f"partition selection {_short(doc['partition_selection'])}")
+    if doc.get("selection"):
+        print(f"selection     {_short(doc['selection'])}")
     print()
-    sens = result["sensitivities"]
+    sens = doc.get("sensitivity", {})
+    scales = doc.get("noise_scales", {})
     rows = [
-        [p["id"], p["kind"], p["column"] or "", _num(sens[p["id"]]["linf"]),
-         _num(sens[p["id"]]["l1"]), _num(sens[p["id"]]["l2"])]
-        for p in result["plan"]["primitives"] if p["id"] in sens
+        [p["id"], p["kind"], p["column"] or "", _num(sens[p["id"]].get("linf")),
+         _num(sens[p["id"]].get("l1")), _num(sens[p["id"]].get("l2")), _num(scales.get(p["id"]))]
+        for p in doc["plan"]["primitives"] if p["id"] in sens
     ]
     if rows:
-        print_table(["primitive", "kind", "column", "linf", "l1", "l2"], rows)
+        print_table(["primitive", "kind", "column", "linf", "l1", "l2", "noise scale"], rows)
         print()
-    for pid, sql in result.get("quantiles", {}).items():
+    for pid, q in (doc.get("quantiles") or {}).items():
         print(f"quantile {pid}: OpenDP's exponential mechanism over the bounded per-candidate "
               "counts of (salt hidden):")
-        print(sql)
+        print(q.get("histogram_sql") if isinstance(q, dict) else q)
         print()
-    if result["bounded_sql"] is not None:
+    if doc.get("bounded_sql") is not None:
         print("bounded SQL (salt hidden):")
-        print(result["bounded_sql"])
-    return 0
+        print(doc["bounded_sql"])
+        print()
+    cost = doc.get("cost") or {}
+    if cost:
+        print(f"mechanism     {doc.get('mechanism')}")
+        print(f"cost          {cost.get('message', '')}")
 
 
-def _num(value: float) -> str:
+def _short(value: Any) -> str:
+    if isinstance(value, dict):
+        return ", ".join(f"{k} = {_num(v) if isinstance(v, float) else v}" for k, v in value.items()
+                         if not isinstance(v, (dict, list)))
+    return str(value)
+
+
+def _num(value: Any) -> str:
+    if value is None:
+        return ""
+    if not isinstance(value, (int, float)):
+        return str(value)
     if float(value).is_integer() and abs(value) < 1e15:
         return str(int(value))
     return f"{value:.6g}"

@@ -25,7 +25,11 @@ One of the three modules allowed to import psycopg. For one dataset
 The group-choosing hash is md5 of the salted key text ordered bytewise
 (``COLLATE "C"``), the fixed-point rounding is DuckDB's half-away-from-zero
 computed exactly with IEEE operations, and sums of BIGINT are NUMERIC (exact),
-so the exact answers equal DuckDB's on the same data.
+so the exact answers equal DuckDB's on the same data. Dates and timestamps
+follow DuckDB too: date parts as BIGINT (astronomical years: 1 BC is 0),
+``date_trunc`` through TIMESTAMP (never the session's time zone), ISO text
+(``SET LOCAL DateStyle``), ±infinity as NULL in date functions; a
+``timestamp with time zone`` column is read at UTC.
 """
 
 from __future__ import annotations
@@ -81,6 +85,9 @@ COMPATIBLE: dict[str, tuple[tuple[str, ...], str]] = {
     "float": (("real", "double precision", "smallint", "integer", "bigint", "numeric"), "DOUBLE PRECISION"),
     "text": (("text", "character varying", "character", "name", "citext"), "TEXT"),
     "bool": (("boolean",), "BOOLEAN"),
+    "date": (("date",), "DATE"),
+    # a timestamp with time zone is read as its UTC wall-clock time (timestamps are naive UTC)
+    "timestamp": (("timestamp without time zone", "timestamp with time zone"), "TIMESTAMP"),
 }
 _INT_UNIT = ("smallint", "integer", "bigint")
 _TEXT_UNIT = ("text", "character varying", "character", "citext")
@@ -132,8 +139,18 @@ def _source_parts(source: str) -> list[str]:
 
 
 def _type_matches(pg_type: str, names: tuple[str, ...]) -> bool:
-    base = pg_type.split("(")[0].strip()
+    """``format_type`` name without its modifiers (``numeric(10,2)``, ``timestamp(3) without
+    time zone``, ``character varying(20)``) is one of ``names``."""
+    base = " ".join(re.sub(r"\(\s*\d+(\s*,\s*\d+)?\s*\)", " ", pg_type).split())
     return base in names
+
+
+def _local_settings(conn: psycopg.Connection, timeout_s: float) -> None:
+    """``SET LOCAL`` what a bounded query's result depends on, whatever the role's defaults:
+    the statement timeout, and ISO date output (``CAST(d AS TEXT)`` of a date key is then
+    ``YYYY-MM-DD``, as in DuckDB)."""
+    conn.execute(pgsql.SQL("SET LOCAL statement_timeout = {}").format(pgsql.Literal(int(timeout_s * 1000))))
+    conn.execute("SET LOCAL DateStyle = 'ISO, YMD'")
 
 
 class _PgPredicates(PredicateRewriter):
@@ -228,6 +245,43 @@ class _PgPredicates(PredicateRewriter):
     def contains(self, a, b):
         """``strpos(a, b) > 0``."""
         return exp.GT(this=exp.StrPosition(this=a, substr=b), expression=exp.Literal.number(0))
+
+    # dates: PostgreSQL stores 4713 BC to 5874897 AD (dates) and 4713 BC to 294276 AD
+    # (timestamps), plus ±infinity; DuckDB's TIMESTAMP ends in 294247 AD.
+    WINDOW_YEARS = (-4711, 294246)
+
+    def temporal_literal(self, year, month, day, t, *, start):
+        """PostgreSQL writes 1 BC (astronomical year 0) as ``0001-… BC``."""
+        if year >= 1:
+            return super().temporal_literal(year, month, day, t, start=start)
+        text = f"{1 - year:04d}-{month:02d}-{day:02d}" + (
+            "" if t == "date" else " 00:00:00" if start else " 23:59:59.999999") + " BC"
+        return exp.Cast(this=exp.Literal.string(text), to=self.temporal_datatype(t))
+
+    def extract(self, part, a, t):
+        """PostgreSQL's EXTRACT is NUMERIC (fractional seconds, ±Infinity for infinite dates,
+        an error for the hour of a date) and has no year 0 (1 BC is −1; DuckDB's 0): cast to
+        BIGINT, whole seconds, years before 1 AD shifted by one, NULL for ±infinity."""
+        value = super().extract(part, a, t)
+        if t == "date" and part in ("hour", "minute", "second"):
+            return value
+        if part == "year":
+            value = exp.Case(ifs=[exp.If(this=exp.LT(this=value.copy(), expression=exp.Literal.number(0)),
+                                         true=exp.Add(this=value.copy(), expression=exp.Literal.number(1)))],
+                             default=value)
+        kind = "DATE" if t == "date" else "TIMESTAMP"
+        finite = exp.and_(
+            exp.GT(this=a.copy(), expression=exp.Cast(this=exp.Literal.string("-infinity"),
+                                                       to=exp.DataType.build(kind))),
+            exp.LT(this=a.copy(), expression=exp.Cast(this=exp.Literal.string("infinity"),
+                                                       to=exp.DataType.build(kind))))
+        return self.guarded(finite, value)
+
+    def date_trunc(self, unit, a, t):
+        """``date_trunc`` of a date through a TIMESTAMP (PostgreSQL would pick TIMESTAMPTZ, in the
+        session's time zone), NULL outside the window (the cast of a later date would raise)."""
+        ts = exp.Cast(this=a.copy(), to=exp.DataType.build("timestamp")) if t == "date" else a.copy()
+        return self.guarded(self.window(a, t), exp.TimestampTrunc(this=ts, unit=exp.var(unit.upper())))
 
 
 class PostgresEngine:
@@ -374,12 +428,19 @@ class PostgresEngine:
                 value = self._unit_expression(table, name, pg_type, src)
             else:
                 col = table.column(name)
+                if col.type not in COMPATIBLE:  # a type the policy knows and this engine does not
+                    err = table_error(table, f"column {name!r} is declared {col.type}, which the PostgreSQL engine "
+                                             f"does not read (it reads {', '.join(COMPATIBLE)})")
+                    err.details["column"] = name
+                    raise err
                 allowed, target = COMPATIBLE[col.type]
                 if not _type_matches(pg_type, allowed):
                     err = table_error(table, f"column {name!r} is stored as {pg_type}, which is not compatible "
                                              f"with its declared type {col.type} (allowed: {', '.join(allowed)})")
                     err.details["column"] = name
                     raise err
+                if col.type == "timestamp" and _type_matches(pg_type, ("timestamp with time zone",)):
+                    src = exp.AtTimeZone(this=src, zone=exp.Literal.string("UTC"))
                 value = exp.Cast(this=src, to=exp.DataType.build(target, dialect="postgres"))
                 if col.type == "float" and _type_matches(pg_type, ("numeric",)):
                     # a NUMERIC beyond the double range would raise when cast: NULL instead
@@ -435,8 +496,7 @@ class PostgresEngine:
         try:
             with self._conn() as conn:
                 with conn.transaction():
-                    conn.execute(pgsql.SQL("SET LOCAL statement_timeout = {}").format(
-                        pgsql.Literal(int(self.timeout_s * 1000))))
+                    _local_settings(conn, self.timeout_s)
                     cur = conn.execute(text)
                     rows = cur.fetchall()
         except psycopg.errors.QueryCanceled:
@@ -513,8 +573,7 @@ class PostgresEngine:
         try:
             with self._conn() as conn:
                 with conn.transaction():
-                    conn.execute(pgsql.SQL("SET LOCAL statement_timeout = {}").format(
-                        pgsql.Literal(int(self.timeout_s * 1000))))
+                    _local_settings(conn, self.timeout_s)
                     conn.execute("EXPLAIN " + text)
         except psycopg.errors.QueryCanceled:
             raise QueryTimeout(f"planning the query took longer than {self.timeout_s:g} s",
@@ -543,8 +602,7 @@ class PostgresEngine:
         try:
             with self._conn() as conn:
                 with conn.transaction():
-                    conn.execute(pgsql.SQL("SET LOCAL statement_timeout = {}").format(
-                        pgsql.Literal(int(self.timeout_s * 1000))))
+                    _local_settings(conn, self.timeout_s)
                     # the whole result is read: plan the cursor for all rows, not PostgreSQL's default
                     # first 10 % (which picks nested loops; a partition selection over the reddit
                     # table's 98,000 rows then ran for minutes)

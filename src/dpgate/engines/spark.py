@@ -10,8 +10,9 @@ The only module of dpgate that imports pyspark (an optional extra:
   path or glob (the files matched at load time are pinned: a changed file is
   refused until the dataset is reloaded) — as a temporary view
   ``__dpg_<dataset>__<table>`` projecting the declared columns cast to their
-  canonical types (int → BIGINT, float → DOUBLE, text → STRING, bool → BOOLEAN)
-  and the privacy unit as stored (see :mod:`dpgate.engines.base`); loading checks
+  canonical types (int → BIGINT, float → DOUBLE, text → STRING, bool → BOOLEAN,
+  date → DATE, timestamp → TIMESTAMP_NTZ: naive, a TIMESTAMP column read in the
+  session's UTC) and the privacy unit as stored (see :mod:`dpgate.engines.base`); loading checks
   the schema only (no copy), plus one uniqueness scan of the unit for Parquet files;
 * renders the bounded query in Spark's dialect with sqlglot (see
   :meth:`SparkEngine.render`) and runs it with a timeout (the job group is
@@ -72,6 +73,9 @@ COMPATIBLE: dict[str, tuple[tuple[str, ...], str]] = {
     "float": (("float", "double", "tinyint", "smallint", "int", "bigint", "decimal"), "DOUBLE"),
     "text": (("string", "varchar", "char"), "STRING"),
     "bool": (("boolean",), "BOOLEAN"),
+    "date": (("date",), "DATE"),
+    # timestamps are naive (UTC): a TIMESTAMP (local time zone) is read in the session's UTC
+    "timestamp": (("timestamp_ntz", "timestamp"), "TIMESTAMP_NTZ"),
 }
 _LOSSY_UNIT = ("float", "double", "boolean")
 
@@ -130,6 +134,32 @@ class _SparkPredicates(PredicateRewriter):
         if not (isinstance(pattern, exp.Literal) and pattern.is_string):
             raise self.refuse(op(this=a, expression=pattern))
         return op(this=a, expression=exp.Literal.string(pattern.this.replace("\\", "\\\\")))
+
+    # dates: Spark's DATE holds ±5.8 million years, its timestamps (µs in 64 bits) ±290,000:
+    # reading a later date as a timestamp raises an overflow (date_trunc, + INTERVAL, <).
+    WINDOW_YEARS = (-290000, 290000)
+
+    def temporal_datatype(self, t):
+        """DATE, or TIMESTAMP_NTZ (naive, as the views expose timestamps)."""
+        return exp.DataType.build("timestamp_ntz" if t == "timestamp" else "date", dialect="spark")
+
+    def extract(self, part, a, t):
+        """Spark's DOW counts Sunday as 1 (DuckDB 0), its ISO day of the week is DAYOFWEEK_ISO,
+        its SECOND a DECIMAL with the fraction: DuckDB's BIGINT values."""
+        if t == "date" and part in ("hour", "minute", "second"):
+            return super().extract(part, a, t)
+        name = {"dow": "DOW", "isodow": "DAYOFWEEK_ISO", "doy": "DOY"}.get(part, part.upper())
+        value: exp.Expression = exp.Extract(this=exp.var(name), expression=a)
+        if part == "dow":
+            value = exp.Sub(this=value, expression=exp.Literal.number(1))
+        if part == "second":
+            value = exp.Floor(this=value)
+        return exp.Cast(this=value, to=exp.DataType.build("bigint"))
+
+    def date_as_timestamp(self, a):
+        """A date read as TIMESTAMP_NTZ inside the window (a later date would overflow)."""
+        return self.guarded(self.window(a, "date"),
+                            exp.Cast(this=a.copy(), to=self.temporal_datatype("timestamp")))
 
     def floor_ceil(self, op, a, t):
         """FLOOR/CEIL of a double kept a double (Spark returns BIGINT)."""
@@ -235,6 +265,11 @@ class SparkEngine:
                 value = self._unit_expression(table, name, st, src)
             else:
                 col = table.column(name)
+                if col.type not in COMPATIBLE:  # a type the policy knows and this engine does not
+                    err = table_error(table, f"column {name!r} is declared {col.type}, which the Spark engine "
+                                             f"does not read (it reads {', '.join(COMPATIBLE)})")
+                    err.details["column"] = name
+                    raise err
                 allowed, target = COMPATIBLE[col.type]
                 if not _type_matches(st, allowed):
                     err = table_error(table, f"column {name!r} is stored as {st}, which is not compatible "

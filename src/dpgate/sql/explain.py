@@ -1,5 +1,11 @@
 """Explain a query without running it: the plan, its hash, the bounded SQL template and
 the sensitivities. Reads no data and charges nothing.
+
+:func:`explain_query` is the planner's view from the policy alone (no data, no ledger). The
+gateway's explain (:meth:`dpgate.service.Gateway.explain`, ``POST /v1/queries/explain`` and
+``dpgate explain``) adds what needs the loaded data and the ledger — the keys of public
+tables, the calibrated noise and the charge — and shares :func:`released_columns` and
+:func:`contribution` with it.
 """
 
 from __future__ import annotations
@@ -10,7 +16,9 @@ from typing import Any
 from dpgate.policy import DatasetPolicy
 from dpgate.sensitivity import sensitivities
 from dpgate.sql.bound import bounded_sql_template
+from dpgate.sql.joins import policy_for
 from dpgate.sql.parse import parse_query
+from dpgate.sql.plan import QueryPlan
 from dpgate.sql.public import exact_sql, reads_public_only, releases_public_keys_only
 from dpgate.sql.quantile import histogram_sql_template
 
@@ -44,13 +52,13 @@ def explain_query(sql: str, policy: DatasetPolicy, *, dialect: str | None = None
             :func:`~dpgate.sql.parse.parse_query` (the refusal; nothing is charged).
     """
     plan = parse_query(sql, policy, dialect=dialect)
-    table = policy.table(plan.table)
+    policy = policy_for(plan.table, policy)  # a join or a per-unit subquery: the plan's own table
     doc: dict[str, Any] = {
         "dataset": plan.dataset,
         "table": plan.table,
         "canonical_sql": plan.canonical_sql,
         "plan_hash": plan.plan_hash,
-        "columns": [o.label for o in plan.visible_outputs],
+        "columns": released_columns(plan),
         "computed_keys": [
             {"name": k.name, "expression": k.expression, "rule": k.rule, "type": k.type,
              "domain_size": len(k.domain)}
@@ -61,19 +69,11 @@ def explain_query(sql: str, policy: DatasetPolicy, *, dialect: str | None = None
     if reads_public_only(plan, policy):
         # nothing to protect: the exact answer, free (its keys are the public table's values)
         return {**doc, "public": True, "exact_sql": exact_sql(plan, policy), "bounded_sql": None,
-                "sensitivities": {}, "contribution": {
-                    "privacy_unit": None, "record_level": False, "public": True,
-                    "max_groups_per_unit": None, "max_rows_per_unit": None, "groups": None}}
+                "sensitivities": {}, "contribution": contribution(plan, policy)}
     quantiles = [p for p in plan.primitives if p.kind == "quantile"]
     noisy = replace(plan, primitives=tuple(p for p in plan.primitives if p.kind != "quantile")) if quantiles else plan
     doc.update({
-        "contribution": {
-            "privacy_unit": table.privacy_unit,
-            "record_level": table.record_level,
-            "max_groups_per_unit": table.max_groups_per_unit,
-            "max_rows_per_unit": table.max_rows_per_unit,
-            "groups": plan.key_combinations(table),
-        },
+        "contribution": contribution(plan, policy),
         "bounded_sql": bounded_sql_template(noisy, policy) if noisy.primitives else None,
         "sensitivities": ({k: v.to_dict() for k, v in sensitivities(noisy, policy).items()}
                           if noisy.primitives else {}),
@@ -83,3 +83,35 @@ def explain_query(sql: str, policy: DatasetPolicy, *, dialect: str | None = None
     if quantiles:
         doc["quantiles"] = {p.id: histogram_sql_template(plan, policy, p.column) for p in quantiles}
     return doc
+
+
+def released_columns(plan: QueryPlan) -> list[str]:
+    """The labels of the columns a release of ``plan`` has, in order."""
+    return [o.label for o in plan.visible_outputs]
+
+
+def contribution(plan: QueryPlan, policy: DatasetPolicy) -> dict[str, Any]:
+    """How one privacy unit's contribution is bounded: ``privacy_unit`` (None when record-level
+    or public), ``record_level``, ``max_groups_per_unit`` (k), ``max_rows_per_unit`` (m),
+    ``groups`` (the key combinations released; None when keys are selected privately, whose
+    number the data decides) and ``selected_keys`` (the group keys without public keys, chosen
+    by private partition selection); ``public`` True and the bounds None for a query of public
+    tables only.
+
+    Args:
+        plan: the plan.
+        policy: the plan's policy (:func:`dpgate.sql.joins.policy_for`: a join or a per-unit
+            subquery is a table of it).
+    """
+    if reads_public_only(plan, policy):
+        return {"privacy_unit": None, "record_level": False, "public": True,
+                "max_groups_per_unit": None, "max_rows_per_unit": None, "groups": None, "selected_keys": []}
+    table = policy.table(plan.table)
+    return {
+        "privacy_unit": table.privacy_unit,
+        "record_level": table.record_level,
+        "max_groups_per_unit": table.max_groups_per_unit,
+        "max_rows_per_unit": table.max_rows_per_unit,
+        "groups": None if plan.selected_keys else plan.key_combinations(table, plan.public_group_by),
+        "selected_keys": list(plan.selected_keys),
+    }

@@ -310,7 +310,42 @@ def parse_statement(sql: str, dialect: str | None = None) -> exp.Select:
                 f"{stmt.key.upper()} statements are not supported: only a single SELECT is", stmt
             )
         raise InvalidSql("the SQL does not parse: expected a single SELECT statement")
-    return stmt
+    return plain_divisions(stmt)
+
+
+def plain_divisions(tree: exp.Expression) -> exp.Expression:
+    """Drop sqlglot's NULL-safe mark from every ``a / b`` (in place; returns ``tree``).
+
+    Spark, Databricks and MySQL read ``a / b`` as a NULL-safe division (NULL when b = 0):
+    sqlglot marks the node ``safe`` and renders it for DuckDB as ``a / NULLIF(b, 0)``, which the
+    planner then refused as a crash (``ValueError: NULLIF(…) is not a bounded numeric
+    expression``, HTTP 500; issue 19, item 7). The planner admits a division only where it
+    cannot divide by zero — inside an aggregate when the divisor's range, from the policy's
+    bounds, excludes 0 (:meth:`dpgate.sql.bind.Binder._divide`: the same interval analysis
+    for every dialect); division in WHERE is refused; post-processing (HAVING, ORDER BY) divides
+    by zero as NULL. Where a division runs, the NULL-safe and the plain division are therefore
+    the same, and the query gets the plan (and plan hash) of its DuckDB spelling.
+
+    Likewise a division that a dialect types (PostgreSQL, T-SQL, Trino: integer by integer is
+    truncated; :func:`dpgate.sql.bind._check_typed_division`) is a fraction when an operand is a
+    decimal literal (``age / 2.0``, ``10.0 / (age + 1)``: NUMERIC or DECIMAL division there): its
+    mark is dropped here, before ``2.0`` is canonicalised to ``2`` (which made the planner refuse
+    it as an integer division).
+    """
+    for node in tree.find_all(exp.Div):
+        if node.args.get("safe"):
+            node.set("safe", None)
+        if node.args.get("typed") and any(_decimal_literal(x) for x in (node.this, node.expression)):
+            node.set("typed", None)
+    return tree
+
+
+def _decimal_literal(node: exp.Expression) -> bool:
+    """A numeric literal written with a fraction or an exponent (``2.0``, ``1e3``), maybe negated
+    or parenthesised."""
+    while isinstance(node, (exp.Paren, exp.Neg)):
+        node = node.this
+    return isinstance(node, exp.Literal) and not node.is_string and any(c in str(node.this) for c in ".eE")
 
 
 # --- scope and column resolution ------------------------------------------------------------
