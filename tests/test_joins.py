@@ -40,6 +40,7 @@ max_groups_per_unit = 1
 max_rows_per_unit = 1
 
 [tables.members.columns]
+id = { type = "int" }
 edu = { type = "text", public_keys = ["hs", "ba", "ma"] }
 age = { type = "int", lower = 0, upper = 120 }
 
