@@ -512,7 +512,10 @@ def rewrite_joins(stmt: exp.Select, policy: DatasetPolicy) -> tuple[exp.Select, 
         name=canonical, dataset=policy.name, source="", privacy_unit=unit_name,
         max_groups_per_unit=k, max_rows_per_unit=m, columns=MappingProxyType(columns),
         path=pairs[0][0].table.path, public=not protected, join_sql=join_sql,
-        sources=tuple(s.table.name for s in sources), unit_graph=unit_graph, conditions=tuple(typed))
+        sources=tuple(s.table.name for s in sources), unit_graph=unit_graph, conditions=tuple(typed),
+        # several columns of one public table joined: the combinations that occur in it (issue 19)
+        key_tuples=tuple(kt.renamed({c: names[(s.alias, c)] for c in kt.columns})
+                         for s in sources if s.table.public for kt in s.table.key_tuples))
 
     # the statement over the joined table; an unqualified name that no joined table declares
     # but a SELECT item is titled with (GROUP BY binned_age) stays: the planner reads it as
