@@ -293,3 +293,61 @@ def test_date_is_never_joined_to_a_timestamp(tmp_path):
         r = gw.query("jt", "SELECT COUNT(*) FROM visits v JOIN calendar c ON v.day = c.day", consumer="analysts",
                      budget=QueryBudget(rho=0.001))
         assert r["charge"] is not None and _charges(gw) == 1
+
+
+WIDE = """
+[tables.wa]
+source = "duckdb:{db}:wa"
+privacy_unit = "u"
+max_groups_per_unit = 1
+max_rows_per_unit = 3
+
+[tables.wa.columns]
+u = {{ type = "int" }}
+
+[tables.wb]
+source = "duckdb:{db}:wb"
+privacy_unit = "u"
+max_groups_per_unit = 1
+max_rows_per_unit = 3
+
+[tables.wb.columns]
+u = {{ type = "int" }}
+"""
+
+
+@pytest.mark.parametrize("a_type, b_type", [("HUGEINT", "UHUGEINT"), ("DECIMAL(38, 0)", "HUGEINT"),
+                                            ("UBIGINT", "DECIMAL(20, 0)")])
+def test_int_units_stored_as_wide_integers_join_exactly(tmp_path, a_type, b_type):
+    """DuckDB compares HUGEINT with UHUGEINT as doubles (2**60 and 2**60 + 1 become one unit) and
+    DECIMAL(38, 0) with HUGEINT through a cast that can fail: a unit declared int is loaded as
+    BIGINT (every id checked to fit), so two tables' int units compare exactly."""
+    import duckdb
+
+    db = tmp_path / "wide.duckdb"
+    with duckdb.connect(str(db)) as con:
+        con.execute(f"CREATE TABLE wa AS SELECT CAST(u AS {a_type}) AS u FROM (VALUES (1152921504606846976), (5)) t(u)")
+        con.execute(f"CREATE TABLE wb AS SELECT CAST(u AS {b_type}) AS u FROM (VALUES (1152921504606846977), (5)) t(u)")
+    folder = write_policy(tmp_path, "jt", 'data_version = "v1"\n', WIDE.format(db=db))
+    with Gateway.open(Settings(policies=folder, home=tmp_path / "home")) as gw:
+        assert _exact(gw, "SELECT COUNT(*) FROM wa JOIN wb ON wa.u = wb.u") == [[1]]  # only 5 = 5
+
+
+@pytest.mark.parametrize("create, words", [
+    ("CREATE TABLE wa AS SELECT CAST(1180591620717411303424 AS HUGEINT) AS u", "not canonical integers"),
+    ("CREATE TYPE ids AS ENUM ('7', '07'); CREATE TABLE wa AS SELECT CAST('07' AS ids) AS u",
+     "declared int but stored as ENUM"),
+    ("CREATE TABLE wa AS SELECT DATE '2020-01-01' AS u", "declared int but stored as DATE"),
+])
+def test_int_units_stored_otherwise_are_refused_at_load(tmp_path, create, words):
+    import duckdb
+
+    from dpgate.errors import PolicyError
+
+    db = tmp_path / "wide.duckdb"
+    with duckdb.connect(str(db)) as con:
+        con.execute(create)
+        con.execute("CREATE TABLE wb AS SELECT 1::BIGINT AS u")
+    folder = write_policy(tmp_path, "jt", 'data_version = "v1"\n', WIDE.format(db=db))
+    with pytest.raises(PolicyError, match=words):
+        Gateway.open(Settings(policies=folder, home=tmp_path / "home"))
