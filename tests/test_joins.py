@@ -337,6 +337,12 @@ def test_unconnected_protected_tables_are_refused(gw, sql, table, words):
      "compares no column of g"),
     ("SELECT COUNT(*) FROM (SELECT member_id, COUNT(*) AS n FROM checkouts GROUP BY member_id) u "
      "JOIN genres g ON u.n = g.genre", "a per-unit subquery cannot be joined"),
+    # the LEFT-joined table's unit is not the joined rows' unit where it has no row: an anti-join
+    # (WHERE c.member_id IS NULL) would have become "the unit is NULL" (every row dropped)
+    ("SELECT m.edu, COUNT(*) FROM members m LEFT JOIN checkouts c ON c.member_id = m.id "
+     "WHERE c.member_id IS NULL GROUP BY m.edu", "c.member_id is the privacy unit of a LEFT-joined table"),
+    ("SELECT COUNT(c.member_id) FROM members m LEFT JOIN checkouts c ON c.member_id = m.id",
+     "c.member_id is the privacy unit of a LEFT-joined table"),
 ])
 def test_joins_whose_meaning_the_rewrite_would_change_are_refused(gw, sql, words):
     with pytest.raises(UnsupportedQuery) as e:

@@ -53,8 +53,9 @@ involving a protected table, a join whose ON compares nothing of the table it jo
 non-equality conditions, equalities of columns of different types, RIGHT/FULL joins, a
 protected table not connected to the first one by unit equalities (only through a public
 table, or only through a LEFT JOIN that may leave it out), a condition in a LEFT JOIN that
-compares two earlier tables (or one that would move into a LEFT JOIN's ON), record-level
-tables and per-unit subqueries joined to others. Tables of other datasets (hence other
+compares two earlier tables (or one that would move into a LEFT JOIN's ON), a reference to
+the privacy unit of a LEFT-joined table outside ON (it is NULL where that table has no row,
+the joined rows' unit is not), record-level tables and per-unit subqueries joined to others. Tables of other datasets (hence other
 populations) are unknown to the query's dataset and refused as such.
 """
 
@@ -528,6 +529,13 @@ def rewrite_joins(stmt: exp.Select, policy: DatasetPolicy) -> tuple[exp.Select, 
                     and not any(_find(s, node.name) is not None for s in sources)):
                 return node
             s, c = resolve(node)
+            if is_unit(s, c) and s.side == "LEFT" and s is not protected[0]:
+                # the joined rows carry the first protected table's unit; this table's unit is
+                # NULL where the LEFT JOIN found no row of it, so the two differ there
+                raise _refuse(f"{s.written}.{c} is the privacy unit of a LEFT-joined table: the joined rows "
+                              f"carry one unit (that of {protected[0].label}), and it is not NULL where "
+                              f"{s.written} has no row; refer to another column of {s.written} (COUNT of it "
+                              "counts the matched rows)", node)
             return exp.column(unit_name if is_unit(s, c) else names[(s.alias, c)], quoted=True)
         return node
 
