@@ -198,3 +198,15 @@ def test_selection_with_a_public_key_first_keeps_candidates_in_order(gw):
         assert len(set(tags[i:i + 5])) == 1 and len(set(units[i:i + 5])) == 1
     r = gw.query("tpch", sql, consumer="analysts", budget=QueryBudget(rho=10.0))
     assert sorted({t for _, t, _ in r["rows"]}) == ["t0", "t1", "t2"]
+
+
+def test_quantiles_and_public_only_queries_release_the_tuples(gw):
+    pairs = sorted({(nation(k), region(k)) for k in range(1, SUPPLIERS + 1)})
+    r = gw.query("tpch", f"SELECT s.s_nation, s.s_region, MEDIAN(l.revenue) AS med {JOIN} "
+                 "GROUP BY s.s_nation, s.s_region", consumer="analysts", budget=QueryBudget(rho=1.0))
+    assert sorted((a, b) for a, b, _ in r["rows"]) == pairs and all(0 <= m <= 1000 for *_, m in r["rows"])
+    # no join: a public table alone is answered exactly from its own rows, free
+    for sql in ("SELECT s_nation, s_region, COUNT(*) FROM supplier GROUP BY s_nation, s_region",
+                "SELECT s_nation, s_region FROM supplier GROUP BY s_nation, s_region"):
+        p = gw.query("tpch", sql, consumer="analysts")
+        assert p["charge"] is None and sorted((row[0], row[1]) for row in p["rows"]) == pairs
