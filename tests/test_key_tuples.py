@@ -133,9 +133,9 @@ def test_tuples_mix_with_other_public_keys_computed_keys_and_keys_only(gw):
     assert {(a, b) for a, b, *_ in r["rows"]} == set(pairs)
     b = bounded(gw, sql)
     truth = {(a, r_, f, g): n for f, a, r_, g, n in zip(b["l_flag"], b["s_nation"], b["s_region"], b["g0"], b["p0"])}
-    assert sum(truth.values()) > 1000  # the joined rows reach the released cells
-    sigma = r["accuracy"]["n"]["sigma"]
-    assert all(abs(n - truth[(a, r_, f, g)]) <= 5 * sigma + 1 for a, r_, f, g, n in r["rows"])
+    # the bounded SQL enumerates the same cells and the joined rows reach them (values: the corpus,
+    # tu-cat-06/08, where k does not truncate; here which k groups a unit keeps depends on the salt)
+    assert set(truth) == {(a, r_, f, g) for a, r_, f, g, _ in r["rows"]} and sum(truth.values()) > 1000
     # keys only: the tuples themselves, free
     k = gw.query("tpch", f"SELECT s.s_region, s.s_nation {JOIN} GROUP BY s.s_nation, s.s_region",
                  consumer="analysts")
