@@ -40,6 +40,7 @@ max_groups_per_unit = 1
 max_rows_per_unit = 1
 
 [tables.members.columns]
+id = { type = "int" }
 edu = { type = "text", public_keys = ["hs", "ba", "ma"] }
 age = { type = "int", lower = 0, upper = 120 }
 
@@ -239,3 +240,124 @@ def test_public_key_source_without_declared_keys(tmp_path):
         assert "pages" in r2["partition_selection"]["selected_keys"]
     finally:
         g.close()
+
+
+# --- the unit graph (issue 19 item 1) ------------------------------------------------------------
+
+#: The audit's query: c2 and c3 (one member's rows) are linked to c1 only through the public genres
+#: table, so every c1 member of the genre was credited with them.
+AUDIT = ("SELECT COUNT(*), COUNT(DISTINCT c1.member_id) FROM checkouts c1 JOIN genres g ON c1.genre = g.genre "
+         "JOIN checkouts c2 ON c2.genre = g.genre JOIN checkouts c3 ON c3.member_id = c2.member_id "
+         "WHERE c2.pages = 999")
+
+
+def test_the_audit_query_is_refused_before_the_charge_naming_the_table(gw):
+    """Before the fix: adding one member with one checkout (genre fantasy, 999 pages) moved the exact
+    bounded COUNT(*) from 0 to 101 and COUNT(DISTINCT c1.member_id) from 0 to 51 (the 50 members'
+    2 fantasy checkouts each, and its own), against stated sensitivities 3 and 1 (m = 3)."""
+    before = gw.ledger.spend("members").charges
+    with pytest.raises(UnsupportedQuery) as e:
+        gw.query("lib", AUDIT, consumer="analysts", budget=QueryBudget(rho=1.0))
+    assert "protected table checkouts (c2) must be joined to the other protected tables on the privacy unit" \
+        in e.value.message and "through a public table" in e.value.message
+    assert e.value.details["table"] == "checkouts (c2)" and e.value.details["charged"] is False
+    assert gw.ledger.spend("members").charges == before
+
+
+def test_the_audit_numbers_are_what_the_old_join_released(tmp_path):
+    """The rows the refused join would have produced, computed by hand on the same data: what one
+    member added (so the refusal is not a matter of taste). c1 is credited with c2's rows."""
+    con = duckdb.connect()
+    _load(con, checkouts_rows(300), members_rows(), GENRES)
+    sql = ("SELECT COUNT(*), COUNT(DISTINCT c1.member_id) FROM (SELECT c1.member_id FROM lib.checkouts c1 "
+           "JOIN lib.genres g ON c1.genre = g.genre JOIN lib.checkouts c2 ON c2.genre = g.genre "
+           "JOIN lib.checkouts c3 ON c3.member_id = c2.member_id WHERE c2.pages = 999 "
+           "QUALIFY row_number() OVER (PARTITION BY c1.member_id) <= 3) c1")
+    assert con.execute(sql).fetchall() == [(0, 0)]
+    con.execute("INSERT INTO lib.checkouts VALUES (999, 'fantasy', 999)")
+    assert con.execute(sql).fetchall() == [(101, 51)]  # vs sensitivities m = 3 and 1
+
+
+@pytest.mark.parametrize("sql", [
+    # a chain of any length on the unit, through a public table too
+    "SELECT COUNT(*) FROM checkouts c1 JOIN checkouts c2 ON c2.member_id = c1.member_id "
+    "JOIN checkouts c3 ON c3.member_id = c2.member_id JOIN checkouts c4 ON c4.member_id = c3.member_id "
+    "JOIN members m ON m.id = c4.member_id",
+    "SELECT COUNT(*) FROM checkouts c1 JOIN genres g ON c1.genre = g.genre "
+    "JOIN checkouts c2 ON c2.genre = g.genre AND c2.member_id = c1.member_id",
+    # c3 (INNER) is unit-equal to c1 and c2 on every joined row
+    "SELECT COUNT(*) FROM checkouts c1 JOIN genres g ON c1.genre = g.genre JOIN checkouts c2 ON c2.genre = g.genre "
+    "JOIN checkouts c3 ON c3.member_id = c1.member_id AND c3.member_id = c2.member_id",
+    "SELECT COUNT(*) FROM checkouts c LEFT JOIN members m ON m.id = c.member_id "
+    "LEFT JOIN checkouts d ON d.member_id = m.id",
+    "SELECT COUNT(*) FROM genres g LEFT JOIN checkouts c ON c.genre = g.genre LEFT JOIN members m "
+    "ON m.id = c.member_id",
+    "SELECT COUNT(*) FROM checkouts a JOIN checkouts b USING (member_id) JOIN checkouts c ON c.member_id = b.member_id",
+])
+def test_connected_joins_are_accepted(tmp_path, sql):
+    pol = policy(tmp_path)
+    plan = parse_query(sql, pol)
+    joined = policy_for(plan.table, pol).table(plan.table)
+    assert joined.unit_graph is not None and joined.unit_graph.unconnected() is None
+
+
+@pytest.mark.parametrize("sql, table, words", [
+    (AUDIT, "checkouts (c2)", "through a public table"),
+    ("SELECT COUNT(*) FROM checkouts c JOIN genres g ON c.genre = g.genre JOIN members m ON m.edu = g.category",
+     "members (m)", "through a public table"),
+    # a self-join through a public table (LEFT or not)
+    ("SELECT COUNT(*) FROM checkouts a JOIN genres g ON a.genre = g.genre JOIN checkouts b ON b.genre = g.genre",
+     "checkouts (b)", "through a public table"),
+    ("SELECT COUNT(*) FROM checkouts a JOIN genres g USING (genre) LEFT JOIN checkouts b ON b.genre = g.genre",
+     "checkouts (b)", "through a public table"),
+    # c2 and c1 meet only through a LEFT-joined c3: where c3 has no row, their units are not compared
+    ("SELECT COUNT(*) FROM checkouts c1 JOIN genres g ON c1.genre = g.genre JOIN checkouts c2 ON c2.genre = g.genre "
+     "LEFT JOIN checkouts c3 ON c3.member_id = c1.member_id AND c3.member_id = c2.member_id", "checkouts (c2)",
+     "LEFT JOIN"),
+    # the last table of a long chain is linked to the chain only through the public table
+    ("SELECT COUNT(*) FROM checkouts c1 JOIN members m ON m.id = c1.member_id JOIN checkouts c2 "
+     "ON c2.member_id = m.id JOIN genres g ON g.genre = c2.genre JOIN checkouts c3 ON c3.genre = g.genre",
+     "checkouts (c3)", "through a public table"),
+])
+def test_unconnected_protected_tables_are_refused(gw, sql, table, words):
+    before = gw.ledger.spend("members").charges
+    with pytest.raises(UnsupportedQuery) as e:
+        gw.query("lib", sql, consumer="analysts", budget=QueryBudget(rho=1.0))
+    assert e.value.details["table"] == table and words in e.value.message
+    assert gw.ledger.spend("members").charges == before
+
+
+@pytest.mark.parametrize("sql, words", [
+    # a LEFT JOIN's condition on two earlier tables decides matches, not rows
+    ("SELECT COUNT(*) FROM checkouts c JOIN genres g ON c.genre = g.genre LEFT JOIN genres h "
+     "ON h.genre = c.genre AND g.category = c.genre", "in the ON of LEFT JOIN genres (h)"),
+    ("SELECT COUNT(*) FROM checkouts c LEFT JOIN genres g ON g.genre = c.genre JOIN genres h "
+     "ON h.genre = c.genre AND g.genre = c.genre", "would move into the ON of LEFT JOIN genres (g)"),
+    ("SELECT COUNT(*) FROM checkouts c JOIN members m ON m.id = c.member_id JOIN genres g ON m.id = c.member_id",
+     "compares no column of g"),
+    ("SELECT COUNT(*) FROM (SELECT member_id, COUNT(*) AS n FROM checkouts GROUP BY member_id) u "
+     "JOIN genres g ON u.n = g.genre", "a per-unit subquery cannot be joined"),
+    # the LEFT-joined table's unit is not the joined rows' unit where it has no row: an anti-join
+    # (WHERE c.member_id IS NULL) would have become "the unit is NULL" (every row dropped)
+    ("SELECT m.edu, COUNT(*) FROM members m LEFT JOIN checkouts c ON c.member_id = m.id "
+     "WHERE c.member_id IS NULL GROUP BY m.edu", "c.member_id is the privacy unit of a LEFT-joined table"),
+    ("SELECT COUNT(c.member_id) FROM members m LEFT JOIN checkouts c ON c.member_id = m.id",
+     "c.member_id is the privacy unit of a LEFT-joined table"),
+])
+def test_joins_whose_meaning_the_rewrite_would_change_are_refused(gw, sql, words):
+    with pytest.raises(UnsupportedQuery) as e:
+        gw.query("lib", sql, consumer="analysts", budget=QueryBudget(rho=1.0))
+    assert words in e.value.message and gw.ledger.spend("members").charges == 0
+
+
+def test_unit_graph_is_checked_when_it_is_built():
+    from dpgate.sql.joins import UnitGraph
+
+    UnitGraph((("a", "a"), ("b", "b"), ("c", "c")), frozenset(), (("a", "b"), ("b", "c")))
+    UnitGraph((("a", "a"), ("b", "b"), ("c", "c")), frozenset(), (("a", "c"), ("b", "c")))  # c INNER: a hub
+    UnitGraph((("a", "a"), ("b", "b")), frozenset({"b"}), (("a", "b"),))  # b LEFT-joined to a
+    with pytest.raises(UnsupportedQuery, match="protected table b must be joined"):
+        UnitGraph((("a", "a"), ("b", "b"), ("c", "c")), frozenset({"c"}), (("a", "c"), ("b", "c")))
+    with pytest.raises(UnsupportedQuery, match="protected table c must be joined"):
+        UnitGraph((("a", "a"), ("b", "b"), ("c", "c")), frozenset(), (("a", "b"),))
+    assert UnitGraph(()).unconnected() is None

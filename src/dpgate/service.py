@@ -51,7 +51,7 @@ from dpgate.errors import (
 from dpgate.ledger import Ledger, open_ledger
 from dpgate.ledger.base import FINITE_ORDERS, PolicyDrift
 from dpgate.mechanisms import calibrate, ci95_halfwidth, mechanism_name, sample
-from dpgate.policy import MECHANISMS, DatasetPolicy, load_policies
+from dpgate.policy import MECHANISMS, DatasetPolicy, KeyTuples, load_policies
 from dpgate.postprocess import check_postprocess_expression, finalize, output_unit
 from dpgate.postprocess.calibration import CellTarget, ci95_rules, scales_for_ci95
 from dpgate.releases import (
@@ -447,15 +447,23 @@ class Gateway:
         return policy_for(plan.table, policy), plan  # joins hook: the plan's joined table
 
     def _with_public_table_keys(self, policy: DatasetPolicy) -> DatasetPolicy:
-        """The policy with each public table's key-less text/int/bool columns keyed by their values.
+        """The policy with each public table's key-less text/int/bool columns keyed by their
+        values, and the combinations of its key columns that occur together (issue 19 item 5).
 
         A public table holds nothing to protect, so its distinct values (read from the
         policy's data source, NULLs left out, at most :data:`MAX_PUBLIC_TABLE_KEYS`) are
         public keys: grouping a protected aggregate by a joined public table's column
-        releases every one of them (empty groups as noisy zeros). Cached per data version.
+        releases every one of them (empty groups as noisy zeros). Its distinct rows over the
+        columns with public keys (at most as many; NULLs kept) are its
+        :class:`~dpgate.policy.KeyTuples`: grouping by several of its columns releases those
+        combinations, never the product of the columns' keys. Cached per data version.
         """
-        targets = [t for t in policy.tables.values() if t.public and any(
-            c.public_keys is None and c.type in ("text", "int", "bool") for c in t.columns.values())]
+        def keyed(c) -> bool:
+            return c.public_keys is not None or c.type in ("text", "int", "bool")
+
+        targets = [t for t in policy.tables.values() if t.public and (any(
+            c.public_keys is None and c.type in ("text", "int", "bool") for c in t.columns.values())
+            or sum(keyed(c) for c in t.columns.values()) > 1)]
         if not targets:
             return policy
         version = self.data_versions.get(policy.name)
@@ -475,7 +483,16 @@ class Gateway:
                     if 0 < len(keys) <= MAX_PUBLIC_TABLE_KEYS:
                         col = dataclasses.replace(col, public_keys=keys)
                 cols[name] = col
-            tables[t.name] = dataclasses.replace(t, columns=MappingProxyType(cols))
+            key_tuples = ()
+            keyed_names = [n for n, c in cols.items() if c.public_keys is not None]
+            if len(keyed_names) > 1:
+                refs = ", ".join(quote_identifier(n) for n in keyed_names)
+                values = self.engine.execute(
+                    f"SELECT DISTINCT {refs} FROM {t.relation} LIMIT {MAX_PUBLIC_TABLE_KEYS + 1}")
+                columns = [[_plain(v) for v in np.asarray(values[n]).tolist()] for n in keyed_names]
+                rows = tuple(zip(*columns)) if columns else ()
+                key_tuples = (KeyTuples(tuple(keyed_names), rows if len(rows) <= MAX_PUBLIC_TABLE_KEYS else None),)
+            tables[t.name] = dataclasses.replace(t, columns=MappingProxyType(cols), key_tuples=key_tuples)
         out = dataclasses.replace(policy, tables=MappingProxyType(tables))
         if version is not None:
             cache[(policy.name, version)] = out

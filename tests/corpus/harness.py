@@ -7,7 +7,10 @@
   reported noise scale (σ, b or sd) of the exact value; approximate cells (AVG, VAR, STDDEV,
   derived) within 5 × the widest 95 % half-width of their column (a cell clamped to a bound
   reports a narrow interval even when its parts' noise is wide). A released group absent from the exact answer is a public key without data:
-  its exact counts and sums are 0 (as is SQL's NULL SUM of no rows). LIMIT/TOP is checked against the exact answer without the
+  its exact counts and sums are 0 (as is SQL's NULL SUM of no rows). With ``keys`` (an SQL
+  query over the raw tables), the released key combinations must be exactly its rows (columns
+  in the release's key order): several columns of one public table release the tuples that
+  occur in it, not the product of their keys (issue 19 item 5). LIMIT/TOP is checked against the exact answer without the
   limit (ties may be broken differently). VAR/STDDEV are compared with the population
   estimates (the gateway answers those; docs/DESIGN_NOTES.md).
 * **refuse** items: the gateway must raise the expected error code and charge nothing.
@@ -49,7 +52,7 @@ QUERY_RHO = QueryBudget.MAX_RHO  # the largest ρ a request may name
 #: Datasets read from ../shared/data/smartnoise.
 SHARED_DATASETS = frozenset({"pums", "pums_dup", "pums_null", "reddit", "d1"})
 ISSUES = (10, 11, 12, 15)
-_FIELDS = {"id", "source", "dataset", "sql", "label", "issue", "code", "dialect", "check", "pending", "note"}
+_FIELDS = {"id", "source", "dataset", "sql", "label", "issue", "code", "dialect", "check", "pending", "note", "keys"}
 _DUCKDB_TYPES = {"int": "BIGINT", "float": "DOUBLE", "text": "VARCHAR", "bool": "BOOLEAN", "date": "DATE",
                  "timestamp": "TIMESTAMP"}
 
@@ -69,6 +72,7 @@ class CorpusQuery:
     check: str = "values"
     pending: bool = False
     note: str = ""
+    keys: str | None = None
 
 
 def load_corpus(path: Path = CORPUS_FILE) -> list[CorpusQuery]:
@@ -88,6 +92,7 @@ def load_corpus(path: Path = CORPUS_FILE) -> list[CorpusQuery]:
         assert (q.code is not None) == (q.label == "refuse"), f"{q.id}: code iff refuse"
         assert q.check in ("values", "shape"), q.id
         assert q.source.strip(), q.id
+        assert q.keys is None or q.label == "answer", f"{q.id}: keys only for answer"
         out.append(q)
     return out
 
@@ -308,6 +313,13 @@ class CorpusRunner:
                 acc = accuracy[rel_cols[i]]
                 if not acc.get("approximate") and not self._close(0, row[i], acc, r, None):
                     raise Mismatch(f"row {key} is absent from the exact answer but {rel_cols[i]} = {row[i]}")
+        if q.keys is not None:  # the released key combinations, exactly (issue 19 item 5)
+            expected = {tuple(_key(_norm(v)) for v in row)
+                        for row in self.exact_connection(q.dataset).execute(q.keys).fetchall()}
+            released = {tuple(_key(_norm(row[i])) for i in keys) for row in rel_rows}
+            if released != expected:
+                raise Mismatch(f"released keys differ from `{q.keys}`: {len(released - expected)} extra "
+                               f"(e.g. {sorted(released - expected)[:3]}), {len(expected - released)} missing")
         left = [k for k, rows in buckets.items() for _ in rows]
         tree = sqlglot.parse_one(q.sql, read=q.dialect)
         having = isinstance(tree, exp.Select) and tree.args.get("having") is not None

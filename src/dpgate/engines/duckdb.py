@@ -103,6 +103,13 @@ _LOCKDOWN = (
 _INTEGER_TYPES = {"TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT",
                   "UINTEGER", "UBIGINT", "UHUGEINT"}
 _TEXT_TYPES = {"VARCHAR"}
+#: Integer types a unit declared int keeps as stored: each holds only values of BIGINT, so any two
+#: compare exactly (their common type is at most BIGINT).
+_NARROW_INT_TYPES = {"TINYINT", "SMALLINT", "INTEGER", "BIGINT", "UTINYINT", "USMALLINT", "UINTEGER"}
+#: Exact integer types wider than BIGINT: a unit declared int stored so is cast to BIGINT after a
+#: check that every id fits (compared as stored, HUGEINT with UHUGEINT goes through DOUBLE and
+#: merges ids, DECIMAL(38, 0) with HUGEINT can fail: issue 19 item 2).
+_WIDE_INT_TYPES = {"UBIGINT", "HUGEINT", "UHUGEINT"}
 
 
 def evaluate_tableless(sql: str) -> tuple[list[tuple], str]:
@@ -378,11 +385,26 @@ class DuckDBEngine:
         stored_type = stored[src_name].upper()
         if _lossy_type(stored_type):
             raise lossy_unit_error(table, name, stored_type)
+        declared = table.find_column(name)
         if stored_type not in _TEXT_TYPES:
-            return src  # integers and other exact types stay native
+            if declared is None or declared.type != "int" or stored_type in _NARROW_INT_TYPES:
+                return src  # integers and other exact types stay native
+            # a unit declared int is an exact integer of BIGINT's range on every engine, so that
+            # two tables' int units compare without an implicit cast (sql/joins.py)
+            if stored_type not in _WIDE_INT_TYPES and not stored_type.startswith("DECIMAL"):
+                err = table_error(
+                    table, f"the privacy unit column {name!r} is declared int but stored as {stored_type}: "
+                    "declare it { type = \"text\" } (ids kept exactly as stored) or store it as an integer type")
+                err.details["column"] = name
+                raise err
+            bad = self._con.execute(
+                f"SELECT count(*) FROM {relation} WHERE {src} IS NOT NULL AND TRY_CAST({src} AS BIGINT) IS NULL"
+            ).fetchone()[0]
+            if bad:
+                raise non_canonical_unit_error(table, name, int(bad))
+            return f"CAST({src} AS BIGINT)"
         nulls = ", ".join(_sql_string(s) for s in NULL_LIKE_UNITS)
         guarded = f"CASE WHEN lower(trim({src})) IN ({nulls}) THEN NULL ELSE {src} END"
-        declared = table.find_column(name)
         if declared is None or declared.type != "int":
             return guarded
         bad = self._con.execute(

@@ -249,6 +249,42 @@ def _key_relation(col: ColumnPolicy, i: int) -> str:
     return f"(VALUES {values}) AS {q(f'{_PREFIX}k{i}')}({o}, {g})"
 
 
+def _key_relations(plan: QueryPlan, table: TablePolicy, keys: list[ColumnPolicy],
+                   names: tuple[str, ...] | None = None) -> tuple[list[str], dict[int, str], list[str]]:
+    """The public-key domain of group keys ``names`` (default every group key) as SQL.
+
+    Returns ``(relations, refs, order)``: one FROM item per block of :meth:`QueryPlan.key_domain`
+    (a key's VALUES list or ``range``, as :func:`_key_relation`; for several columns of one public
+    table, one VALUES list of the tuples that occur in it, never their product), the reference
+    of each key's value by its position in ``plan.group_by``, and the ORDER BY items (public-key
+    order, the first block slowest). ``keys``: the group keys' columns, by position.
+    """
+    names = plan.group_by if names is None else names
+    index = [plan.group_by.index(n) for n in names]
+    relations: list[str] = []
+    refs: dict[int, str] = {}
+    order: list[str] = []
+    for block, values in plan.key_domain(table, names):
+        positions = [index[b] for b in block]
+        i = positions[0]
+        k, o = q(f"{_PREFIX}k{i}"), q(f"{_PREFIX}o{i}")
+        if len(positions) == 1:
+            relations.append(_key_relation(keys[i], i))
+        else:
+            cols = ", ".join(q(f"{_PREFIX}g{j}") for j in positions)
+            if values:
+                rows = ", ".join("(" + ", ".join([str(r)] + [_literal(v, keys[j].type) for v, j in zip(t, positions)])
+                                 + ")" for r, t in enumerate(values))
+                relations.append(f"(VALUES {rows}) AS {k}({o}, {cols})")
+            else:  # no row of the public table has its values among the keys: nothing is released
+                nulls = ", ".join(f"CAST(NULL AS {keys[j].duckdb_type}) AS {q(f'{_PREFIX}g{j}')}" for j in positions)
+                relations.append(f"(SELECT 0 AS {o}, {nulls} WHERE FALSE) AS {k}")
+        for j in positions:
+            refs[j] = f"{k}.{q(f'{_PREFIX}g{j}')}"
+        order.append(f"{k}.{o}")
+    return relations, refs, order
+
+
 def _hash_key(col: ColumnPolicy, ref: str) -> str:
     """What the group-choosing hash reads of one key: the key itself, or for a float key
     its ordinal among the public keys (the text of a double differs between engines,
@@ -467,7 +503,8 @@ def _render(plan: QueryPlan, policy: DatasetPolicy, salt: str, *, unit_unique: b
 
     if plan.selected_keys:  # issue 11 hook: private partition selection (sql/partition_selection.py)
         ctes.append(selection.units_cte(plan, source, record_level))
-        return "WITH " + ",\n".join(ctes) + "\n" + selection.final_sql(plan, keys, _key_relation)
+        return "WITH " + ",\n".join(ctes) + "\n" + selection.final_sql(
+            plan, keys, _key_relations(plan, table, keys, plan.public_group_by))
 
     grp = q(_PREFIX + "groups")
     outs = [
@@ -476,16 +513,13 @@ def _render(plan: QueryPlan, policy: DatasetPolicy, salt: str, *, unit_unique: b
     if not keys:
         final = f"SELECT {', '.join(outs)}\nFROM {grp}"
     else:
-        key_outs = [
-            f"CAST({q(f'{_PREFIX}k{i}')}.{g[i]} AS {c.duckdb_type}) AS {q(c.name)}"
-            for i, c in enumerate(keys)
-        ]
-        joins = " CROSS JOIN ".join(_key_relation(c, i) for i, c in enumerate(keys))
+        relations, refs, orders = _key_relations(plan, table, keys)
+        key_outs = [f"CAST({refs[i]} AS {c.duckdb_type}) AS {q(c.name)}" for i, c in enumerate(keys)]
+        joins = " CROSS JOIN ".join(relations)
         on = " AND ".join(
-            f"{q(f'{_PREFIX}k{i}')}.{g[i]} "
-            f"{'IS NOT DISTINCT FROM' if _has_null(c) else '='} {grp}.{g[i]}"
+            f"{refs[i]} {'IS NOT DISTINCT FROM' if _has_null(c) else '='} {grp}.{g[i]}"
             for i, c in enumerate(keys))
-        order = ", ".join(f"{q(f'{_PREFIX}k{i}')}.{q(f'{_PREFIX}o{i}')}" for i in range(len(keys)))
+        order = ", ".join(orders)
         final = (
             f"SELECT {', '.join(key_outs + outs)}\nFROM {joins}\n"
             f"LEFT JOIN {grp} ON {on}\nORDER BY {order}"

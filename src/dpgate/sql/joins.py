@@ -24,12 +24,39 @@ to at most k groups, and the sensitivity is the one of a single table (Wilson et
 row carries the unit of its protected rows, which is what makes "one unit's rows" well
 defined after the join.
 
+**The unit graph** (issue 19 item 1; :class:`UnitGraph`). Its nodes are the protected table
+occurrences of the FROM, its edges the unit equalities between two of them (a public table is
+never an edge: two protected rows that meet through a public row may belong to two units).
+Every protected occurrence must reach the first one (whose unit is the joined table's unit)
+through edges, so that on every joined row all protected rows present carry the same unit. An
+edge carried by the ON of an INNER JOIN holds on every joined row; one carried by the ON of a
+LEFT JOIN holds only where the LEFT-joined table has a row, so it links that table to the one
+before it and not the other way round (:meth:`UnitGraph.unconnected`). The graph is built and
+checked once, when the joined table is built: a :class:`JoinedTable` always has a connected one.
+
+**Types of join equalities** (issue 19 item 2; :class:`JoinCondition`). The two sides of each
+equality are of one type family: numbers (int, float: compared as numbers), text, bool,
+date, timestamp — a date is never compared with a timestamp (the implicit cast of a date to a
+timestamp fails for dates outside the timestamp range: an error that would depend on the data).
+Every engine exposes a declared non-unit column with its declared type, so the equality runs
+without an implicit cast. A privacy unit is exposed *as stored*: a unit the policy declares
+``int`` is an exact integer on every engine (the loads refuse anything else), and two int units
+are compared as they are; a unit declared ``text``, or whose type the policy does not declare
+(kept as stored: its ids are compared by their text), is compared through ``CAST(… AS
+VARCHAR)`` on both sides, which can neither fail nor merge two ids, whatever each source stores
+(an integer column, text, an enum). An int unit is never joined to a text (or undeclared)
+unit: '7', '07', '+7' and ' 7' are four units of a text table and would all meet unit 7.
+
 Refused, with the reason: joins of protected tables on anything but the unit (one row would
 then mix two units), self-joins on non-unit columns, cross joins or joins without ON/USING
-involving a protected table, non-equality conditions, RIGHT/FULL joins, a protected table
-connected to the others only through a public table, record-level tables joined to others.
-Tables of other datasets (hence other populations) are unknown to the query's dataset and
-refused as such.
+involving a protected table, a join whose ON compares nothing of the table it joins,
+non-equality conditions, equalities of columns of different types, RIGHT/FULL joins, a
+protected table not connected to the first one by unit equalities (only through a public
+table, or only through a LEFT JOIN that may leave it out), a condition in a LEFT JOIN that
+compares two earlier tables (or one that would move into a LEFT JOIN's ON), a reference to
+the privacy unit of a LEFT-joined table outside ON (it is NULL where that table has no row,
+the joined rows' unit is not), record-level tables and per-unit subqueries joined to others. Tables of other datasets (hence other
+populations) are unknown to the query's dataset and refused as such.
 """
 
 from __future__ import annotations
@@ -47,6 +74,181 @@ from dpgate.policy import ColumnPolicy, DatasetPolicy, TablePolicy, quote_identi
 JOIN_MARK = "JOIN "
 
 
+#: Type families of join equalities: two columns compare only within one family.
+_FAMILIES = {"int": "number", "float": "number", "text": "text", "bool": "bool", "date": "date",
+             "timestamp": "timestamp"}
+
+
+@dataclass(frozen=True)
+class JoinColumn:
+    """One side of a join equality: a column of one table occurrence of the FROM.
+
+    Attributes:
+        alias: the occurrence's canonical alias (``checkouts``, ``checkouts_2`` …).
+        written: how the query names the occurrence (its alias, else the table name).
+        table: the declared table.
+        column: the declared column (or the privacy unit column).
+        type: the declared type; ``"text"`` for a privacy unit whose type the policy does not
+            declare (it is kept as stored, and its ids compare by their text).
+        declared: False for such an undeclared unit.
+        unit: the column is the table's privacy unit.
+        protected: the table is protected (not public).
+    """
+
+    alias: str
+    written: str
+    table: str
+    column: str
+    type: str
+    declared: bool
+    unit: bool
+    protected: bool
+
+    @property
+    def label(self) -> str:
+        return f"{self.written}.{self.column}"
+
+    def describe(self) -> str:
+        """``c.member_id (int, the privacy unit of checkouts)`` — for messages."""
+        what = self.type if self.declared else "type not declared: its ids are kept as stored and compared as text"
+        if self.unit:
+            what = f"the privacy unit of {self.table}, {what}"
+        return f"{self.label} ({what})"
+
+
+@dataclass(frozen=True)
+class JoinCondition:
+    """One equality of a join, ``left = right``, its sides in FROM order (module docstring).
+
+    Built only with both sides of one type family (checked at construction, before any
+    charge); :meth:`sql` renders it so that no implicit cast can fail or merge two ids.
+
+    Raises:
+        UnsupportedQuery: (at construction) the two sides' types differ, naming both columns.
+    """
+
+    left: JoinColumn
+    right: JoinColumn
+
+    def __post_init__(self) -> None:
+        self.check_types()
+
+    @property
+    def unit_edge(self) -> bool:
+        """True for an equality between two protected tables (then on their units)."""
+        return self.left.protected and self.right.protected
+
+    def check_types(self) -> None:
+        """Refuse sides of different type families (int/float, text, bool, date, timestamp)."""
+        a, b = self.left, self.right
+        if _FAMILIES[a.type] == _FAMILIES[b.type]:
+            return
+        if a.unit and b.unit:
+            why = ("two tables' privacy units join only when the policy gives both the same type "
+                   "({ type = \"int\" } in both tables, or { type = \"text\" } in both): compared as "
+                   "integers, the text ids '7', '07', '+7' and ' 7' (four units) would all meet unit 7")
+        elif {a.type, b.type} == {"date", "timestamp"}:
+            why = ("a date is not compared with a timestamp: the implicit cast of a date to a timestamp "
+                   "fails for dates outside the timestamp range")
+        else:
+            why = ("the two sides of a join equality must have the same type (int and float compare as "
+                   "numbers; text, bool, date and timestamp only with their own type): the implicit cast "
+                   "would fail on some values, or make different values equal")
+        raise UnsupportedQuery(
+            f"the join condition {a.label} = {b.label} compares {a.describe()} with {b.describe()}; {why}",
+            {"construct": f"{a.label} = {b.label}", "left": a.label, "left_type": a.type,
+             "right": b.label, "right_type": b.type})
+
+    def sql(self) -> str:
+        """The equality in DuckDB SQL over the occurrences' canonical aliases.
+
+        Two different tables' text (or undeclared) units compare as ``CAST(… AS VARCHAR)``:
+        each side may be stored as text, an integer or an enum, and the text form is total and
+        one-to-one on every type, so the comparison can neither fail nor merge ids.
+        """
+        a = f"{q(self.left.alias)}.{q(self.left.column)}"
+        b = f"{q(self.right.alias)}.{q(self.right.column)}"
+        if self.unit_edge and self.left.table != self.right.table and self.left.type == "text":
+            return f"CAST({a} AS VARCHAR) = CAST({b} AS VARCHAR)"
+        return f"{a} = {b}"
+
+
+@dataclass(frozen=True)
+class UnitGraph:
+    """The unit graph of a join (module docstring; issue 19 item 1).
+
+    Nodes are the protected table occurrences, edges the unit equalities between two of them;
+    public tables are not in the graph. Built once per joined table and checked at
+    construction: a :class:`UnitGraph` is always connected.
+
+    Attributes:
+        tables: ``(alias, label)`` of each protected occurrence in FROM order; the first one's
+            unit is the joined table's unit (``label``: ``checkouts (c2)`` for messages).
+        optional: aliases of the occurrences joined with LEFT JOIN (they may be missing from a
+            joined row).
+        edges: ``(earlier alias, later alias)`` per unit equality; the later table's ON holds it.
+
+    Raises:
+        UnsupportedQuery: (at construction) a protected occurrence is not connected, naming it.
+    """
+
+    tables: tuple[tuple[str, str], ...]
+    optional: frozenset[str] = frozenset()
+    edges: tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self) -> None:
+        self.check_connected()
+
+    def unconnected(self) -> tuple[str, str] | None:
+        """The first protected occurrence that does not reach the first one, or None.
+
+        An edge ``(a, b)`` says "where b has a row, a has one with the same unit"; when b is
+        joined INNER it has a row on every joined row, so it also says the converse. A table
+        reaches the first one when a chain of such implications leads there: then, on every
+        joined row, its row (if any) has the unit of the first table's row.
+        """
+        if not self.tables:
+            return None
+        implies: dict[str, set[str]] = {alias: set() for alias, _ in self.tables}
+        for a, b in self.edges:
+            implies[b].add(a)
+            if b not in self.optional:
+                implies[a].add(b)
+        reached = {self.tables[0][0]}
+        grown = True
+        while grown:
+            grown = False
+            for alias, targets in implies.items():
+                if alias not in reached and targets & reached:
+                    reached.add(alias)
+                    grown = True
+        return next(((a, label) for a, label in self.tables if a not in reached), None)
+
+    def check_connected(self) -> None:
+        """Refuse a protected occurrence not connected to the first one (see :meth:`unconnected`)."""
+        bad = self.unconnected()
+        if bad is None:
+            return
+        alias, label = bad
+        undirected = {a: set() for a, _ in self.tables}
+        for a, b in self.edges:
+            undirected[a].add(b)
+            undirected[b].add(a)
+        seen, todo = {self.tables[0][0]}, [self.tables[0][0]]
+        while todo:
+            for n in undirected[todo.pop()] - seen:
+                seen.add(n)
+                todo.append(n)
+        how = ("its unit equalities are in the ON of a LEFT JOIN, which links the LEFT-joined table to the "
+               "tables before it only (where the LEFT-joined table has no row, the others' units are not "
+               "compared)" if alias in seen else
+               "joined only through a public table (or not at all), its rows would meet other units' rows")
+        raise UnsupportedQuery(
+            f"protected table {label} must be joined to the other protected tables on the privacy unit: "
+            f"{how}; add an equality of the privacy units to its ON",
+            {"table": label, "construct": label})
+
+
 @dataclass(frozen=True)
 class JoinedTable(TablePolicy):
     """A :class:`TablePolicy` whose rows are a join of declared tables (module docstring).
@@ -54,10 +256,15 @@ class JoinedTable(TablePolicy):
     Attributes (besides :class:`TablePolicy`'s):
         join_sql: the DuckDB subquery producing the joined rows, columns named as declared here.
         sources: the declared tables joined, in FROM order.
+        unit_graph: the join's unit graph (connected: checked when it is built), or None for a
+            per-unit table.
+        conditions: the join's equalities (their types checked when they are built).
     """
 
     join_sql: str = ""
     sources: tuple[str, ...] = ()
+    unit_graph: UnitGraph | None = None
+    conditions: tuple[JoinCondition, ...] = ()
 
     @property
     def relation(self) -> str:
@@ -76,6 +283,13 @@ class _Source:
     alias: str  # canonical alias: the table name, then name_2, name_3 …
     names: set[str]  # how the query refers to it (alias or table name), casefolded
     side: str  # "" for the FROM table and inner joins, "LEFT"
+    written: str = ""  # how the query names it (its alias, else the table name), for messages
+
+    @property
+    def label(self) -> str:
+        """``checkouts (c2)``, or ``checkouts`` when the query uses the table's name."""
+        return self.table.name if self.written.casefold() == self.table.name.casefold() \
+            else f"{self.table.name} ({self.written})"
 
 
 def _sources(stmt: exp.Select, policy: DatasetPolicy) -> list[tuple[_Source, exp.Join | None]]:
@@ -94,6 +308,9 @@ def _sources(stmt: exp.Select, policy: DatasetPolicy) -> list[tuple[_Source, exp
                                f"cannot be joined; this query runs on dataset {policy.name!r}",
                                {"dataset": db.name})
         table = policy.table(node.name)
+        if isinstance(table, JoinedTable):  # a per-unit subquery (sql/per_unit.py) in a join
+            raise _refuse("a per-unit subquery cannot be joined to other tables (nor contain a join): it "
+                          "aggregates one declared table per unit", node)
         seen[table.name] = seen.get(table.name, 0) + 1
         alias = table.name if seen[table.name] == 1 else f"{table.name}_{seen[table.name]}"
         names = {node.alias.casefold()} if node.alias else {table.name.casefold()}
@@ -108,7 +325,7 @@ def _sources(stmt: exp.Select, policy: DatasetPolicy) -> list[tuple[_Source, exp
                               "(a cross join of protected tables would pair different units' rows)", join)
             if join.args.get("method") or kind not in ("", "INNER", "OUTER"):
                 raise _refuse(f"{join.sql()[:60]}: only INNER and LEFT joins are supported", join)
-        out.append((_Source(table, alias, names, side), join))
+        out.append((_Source(table, alias, names, side, node.alias or node.name), join))
     return out
 
 
@@ -185,9 +402,15 @@ def rewrite_joins(stmt: exp.Select, policy: DatasetPolicy) -> tuple[exp.Select, 
             raise _refuse(f"column {col.name!r} is ambiguous in this join: qualify it with its table or alias", col)
         return hits[0]
 
+    def side(s: _Source, column: str) -> JoinColumn:
+        col = s.table.find_column(column)
+        return JoinColumn(alias=s.alias, written=s.written, table=s.table.name, column=column,
+                          type=col.type if col is not None else "text", declared=col is not None,
+                          unit=is_unit(s, column), protected=not s.table.public)
+
     # join conditions
-    connected = {protected[0].alias} if protected else set()
     conditions: list[tuple[_Source, str, _Source, str]] = []
+    typed: list[JoinCondition] = []
     for s, join in pairs[1:]:
         eqs: list[tuple[tuple[_Source, str], tuple[_Source, str]]] = []
         if join.args.get("using"):
@@ -219,7 +442,6 @@ def rewrite_joins(stmt: exp.Select, policy: DatasetPolicy) -> tuple[exp.Select, 
                         f"{what} must be on the privacy unit ({a.table.name}.{a.table.privacy_unit} = "
                         f"{b.table.name}.{b.table.privacy_unit}), not {a.alias}.{ca} = {b.alias}.{cb}: a joined "
                         "row would combine rows of two different units", join)
-                connected.update({a.alias, b.alias})
             else:
                 # a public table joined on the privacy unit would turn the unit into a group key
                 # (a public row per unit id: one released cell per person), which grouping by the
@@ -232,12 +454,28 @@ def rewrite_joins(stmt: exp.Select, policy: DatasetPolicy) -> tuple[exp.Select, 
                             "unit is refused; join public tables on other columns", join)
             if sources.index(a) > sources.index(b):  # canonical: the earlier table first
                 a, ca, b, cb = b, cb, a, ca
+            # The equality is placed in the ON of its later table (below). That keeps the query's
+            # meaning unless a LEFT JOIN is involved: a LEFT JOIN's condition on two earlier
+            # tables decides matches, not rows, and an inner condition moved into a LEFT JOIN's
+            # ON would stop filtering rows.
+            if b is not s and (s.side == "LEFT" or b.side == "LEFT"):
+                where = (f"the ON of LEFT JOIN {s.label}" if s.side == "LEFT"
+                         else f"the ON of JOIN {s.label} (it would move into the ON of LEFT JOIN {b.label})")
+                raise _refuse(f"the condition {a.written}.{ca} = {b.written}.{cb} in {where} does not compare "
+                              f"{s.written} with a table before it: write each condition in the ON of the "
+                              "later table it compares", join)
+            cond = JoinCondition(side(a, ca), side(b, cb))  # checks the two sides' types
             if (a, ca, b, cb) not in conditions:
                 conditions.append((a, ca, b, cb))
-    for s in protected:
-        if s.alias not in connected:
-            raise _refuse(f"protected table {s.table.name!r} must be joined to the other protected tables on the "
-                          "privacy unit (joined only through a public table, its rows would meet other units' rows)")
+                typed.append(cond)
+    for s in sources[1:]:
+        if not any(b is s for _a, _ca, b, _cb in conditions):
+            raise _refuse(f"the ON of JOIN {s.label} compares no column of {s.written} with a table before it: "
+                          "it would be a cross join (every join needs an equality with the tables before it)")
+    unit_graph = UnitGraph(  # refuses a protected table not connected by unit equalities
+        tables=tuple((s.alias, s.label) for s in protected),
+        optional=frozenset(s.alias for s in protected if s.side == "LEFT"),
+        edges=tuple((c.left.alias, c.right.alias) for c in typed if c.unit_edge))
 
     # the joined table
     columns: dict[str, ColumnPolicy] = {}
@@ -254,8 +492,7 @@ def rewrite_joins(stmt: exp.Select, policy: DatasetPolicy) -> tuple[exp.Select, 
         select.insert(0, f"{q(first.alias)}.{q(first.table.privacy_unit)} AS {q(unit_name)}")
     from_sql = f"{pairs[0][0].table.relation} AS {q(pairs[0][0].alias)}"
     for s, _join in pairs[1:]:
-        on = [f"{q(a.alias)}.{q(ca)} = {q(b.alias)}.{q(cb)}" for a, ca, b, cb in conditions if s in (a, b)
-              and (sources.index(a) <= sources.index(s) and sources.index(b) <= sources.index(s))]
+        on = [c.sql() for (a, ca, b, cb), c in zip(conditions, typed) if b is s]
         from_sql += (f" {'LEFT ' if s.side == 'LEFT' else ''}JOIN {s.table.relation} AS {q(s.alias)} "
                      f"ON {' AND '.join(on)}")
     join_sql = f"SELECT {', '.join(select)} FROM {from_sql}"
@@ -268,8 +505,7 @@ def rewrite_joins(stmt: exp.Select, policy: DatasetPolicy) -> tuple[exp.Select, 
         + [f"{'LEFT ' if s.side == 'LEFT' else ''}JOIN {ident(s.table.name)}"
            + (f" AS {ident(s.alias)}" if s.alias != s.table.name else "")
            + " ON " + " AND ".join(f"{ident(a.alias)}.{ident(ca)} = {ident(b.alias)}.{ident(cb)}"
-                                   for a, ca, b, cb in conditions if s in (a, b)
-                                   and sources.index(a) <= sources.index(s) and sources.index(b) <= sources.index(s))
+                                   for a, ca, b, cb in conditions if b is s)
            for s, _ in pairs[1:]])
     k = max((s.table.max_groups_per_unit for s in protected), default=1)
     m = max((s.table.max_rows_per_unit for s in protected), default=1)
@@ -277,7 +513,10 @@ def rewrite_joins(stmt: exp.Select, policy: DatasetPolicy) -> tuple[exp.Select, 
         name=canonical, dataset=policy.name, source="", privacy_unit=unit_name,
         max_groups_per_unit=k, max_rows_per_unit=m, columns=MappingProxyType(columns),
         path=pairs[0][0].table.path, public=not protected, join_sql=join_sql,
-        sources=tuple(s.table.name for s in sources))
+        sources=tuple(s.table.name for s in sources), unit_graph=unit_graph, conditions=tuple(typed),
+        # several columns of one public table joined: the combinations that occur in it (issue 19)
+        key_tuples=tuple(kt.renamed({c: names[(s.alias, c)] for c in kt.columns})
+                         for s in sources if s.table.public for kt in s.table.key_tuples))
 
     # the statement over the joined table; an unqualified name that no joined table declares
     # but a SELECT item is titled with (GROUP BY binned_age) stays: the planner reads it as
@@ -290,6 +529,13 @@ def rewrite_joins(stmt: exp.Select, policy: DatasetPolicy) -> tuple[exp.Select, 
                     and not any(_find(s, node.name) is not None for s in sources)):
                 return node
             s, c = resolve(node)
+            if is_unit(s, c) and s.side == "LEFT" and s is not protected[0]:
+                # the joined rows carry the first protected table's unit; this table's unit is
+                # NULL where the LEFT JOIN found no row of it, so the two differ there
+                raise _refuse(f"{s.written}.{c} is the privacy unit of a LEFT-joined table: the joined rows "
+                              f"carry one unit (that of {protected[0].label}), and it is not NULL where "
+                              f"{s.written} has no row; refer to another column of {s.written} (COUNT of it "
+                              "counts the matched rows)", node)
             return exp.column(unit_name if is_unit(s, c) else names[(s.alias, c)], quoted=True)
         return node
 

@@ -66,6 +66,7 @@ import json
 import math
 import re
 from dataclasses import dataclass, replace
+from typing import Mapping
 
 import sqlglot
 from sqlglot import exp
@@ -77,6 +78,7 @@ from dpgate.policy import (
     ColumnPolicy,
     DatasetPolicy,
     TablePolicy,
+    key_domain,
     quote_identifier,
 )
 from dpgate.sql import partition_selection as selection
@@ -1140,7 +1142,7 @@ def refuse_constant_plan(plan: QueryPlan) -> None:
         )
 
 
-def _policy_digest(table: TablePolicy, columns: set[str]) -> str:
+def _policy_digest(table: TablePolicy, columns: set[str], tuples: Mapping[str, tuple] | None = None) -> str:
     payload = {
         "privacy_unit": table.privacy_unit,
         "max_groups_per_unit": table.max_groups_per_unit,
@@ -1149,6 +1151,10 @@ def _policy_digest(table: TablePolicy, columns: set[str]) -> str:
     }
     if table.public:
         payload["public"] = True
+    if tuples:  # keys from several columns of one public table: the tuples released (issue 19)
+        payload["key_tuples"] = {
+            names: hashlib.sha256(json.dumps(values, default=str).encode()).hexdigest()
+            for names, values in tuples.items()}
     text = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -1286,8 +1292,9 @@ def _plan(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
         outputs.add_agg(agg, _agg_label(agg, scope), hidden=True)
 
     selected_keys = selection.selected_columns(table, group_by)  # issue 11 hook
-    n_groups = 1 if table.public else math.prod(
-        len(keys.column(n, table).public_keys) for n in group_by if n not in selected_keys)
+    public_keys = [n for n in group_by if n not in selected_keys]
+    domain = [] if table.public else key_domain(table, public_keys, [keys.column(n, table) for n in public_keys])
+    n_groups = math.prod(len(values) for _, values in domain)
     if n_groups > MAX_GROUPS:
         raise UnsupportedQuery(
             f"the GROUP BY releases {n_groups:,} key combinations (the product of its keys' "
@@ -1295,6 +1302,13 @@ def _plan(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
             "(nothing was charged)",
             {"groups": n_groups},
         )
+    # several columns of one public table (issue 19 item 5): the tuples that occur in it
+    tuples = {",".join(public_keys[i] for i in block): values for block, values in domain if len(block) > 1}
+    for names, values in tuples.items():
+        if not values:
+            raise UnsupportedQuery(
+                f"no row of the public table has values of {names} among their public keys: the GROUP "
+                "BY would release nothing (nothing was charged)", {"columns": names.split(",")})
 
     outputs.check_labels()
     outputs.assign_names()
@@ -1346,7 +1360,7 @@ def _plan(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
         having=having,
         order_by=order_by,
         limit=limit,
-        policy_digest=_policy_digest(table, referenced),
+        policy_digest=_policy_digest(table, referenced, tuples),
         values=tuple(values.values()),
         selected_keys=selected_keys,
         computed_keys=tuple(keys.computed),

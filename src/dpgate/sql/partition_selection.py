@@ -83,30 +83,32 @@ def units_cte(plan: QueryPlan, source: str, record_level: bool) -> str:
             f"  FROM {source}\n  GROUP BY {', '.join(sel)}\n)")
 
 
-def final_sql(plan: QueryPlan, keys: list[ColumnPolicy], key_relation) -> str:
+def final_sql(plan: QueryPlan, keys: list[ColumnPolicy],
+              public: tuple[list[str], dict[int, str], list[str]]) -> str:
     """The final SELECT of a selecting query: every candidate × every public-key combination.
 
     Columns: the group keys (named as in ``plan.group_by``), one integer per primitive (0 for
     an empty group), and :data:`UNITS_COLUMN`. Rows are ordered by candidate (selected keys,
-    NULLs last), then public-key order, so each candidate's rows are consecutive.
+    NULLs last), then public-key order, so each candidate's rows are consecutive (whatever
+    the keys' order in ``plan.group_by``).
 
     Args:
-        key_relation: :func:`dpgate.sql.bound._key_relation` (public keys' VALUES/range).
+        public: the public keys' domain as SQL, :func:`dpgate.sql.bound._key_relations` of
+            ``plan.public_group_by`` (several columns of one public table: their tuples).
     """
     grp, cand = q(_PREFIX + "groups"), q(_PREFIX + "cand")
     g = [q(f"{_PREFIX}g{i}") for i in range(len(keys))]
-    out, joins, on, order = [], [], [], []
+    joins, refs, public_order = public
+    out, on, order = [], [], []
     for i, c in enumerate(keys):
         if c.name in plan.selected_keys:
             out.append(f"CAST({cand}.{g[i]} AS {c.duckdb_type}) AS {q(c.name)}")
             on.append(f"{cand}.{g[i]} IS NOT DISTINCT FROM {grp}.{g[i]}")
             order.append(f"{cand}.{g[i]} NULLS LAST")
         else:
-            k = q(f"{_PREFIX}k{i}")
-            out.append(f"CAST({k}.{g[i]} AS {c.duckdb_type}) AS {q(c.name)}")
-            joins.append(key_relation(c, i))
-            on.append(f"{k}.{g[i]} = {grp}.{g[i]}")
-            order.append(f"{k}.{q(f'{_PREFIX}o{i}')}")
+            out.append(f"CAST({refs[i]} AS {c.duckdb_type}) AS {q(c.name)}")
+            on.append(f"{refs[i]} = {grp}.{g[i]}")
+    order += public_order
     out += [f"COALESCE({grp}.{q(_PREFIX + p.id)}, 0) AS {q(p.id)}" for p in plan.primitives]
     out.append(f"{cand}.{q(_PREFIX + 'n')} AS {q(UNITS_COLUMN)}")
     frm = " CROSS JOIN ".join([cand] + joins)

@@ -339,19 +339,30 @@ class QueryPlan:
         key = self.computed_key(name)
         return key.as_column() if key is not None else table.column(name)
 
+    def key_domain(self, table, names: tuple[str, ...] | None = None) -> list[tuple[tuple[int, ...], Any]]:
+        """The released combinations of the group keys ``names`` (default: every group key) as
+        blocks of positions in ``names`` with their values (:func:`dpgate.policy.key_domain`):
+        a key's public keys or computed domain, or, for several columns of one public table,
+        the tuples that occur in it (never the product of their keys).
+
+        Raises:
+            ValueError: a key has no public keys (a selected key).
+        """
+        from dpgate.policy import key_domain
+
+        names = self.group_by if names is None else names
+        return key_domain(table, names, [self.key_column(table, n) for n in names])
+
     def key_combinations(self, table, names: tuple[str, ...] | None = None) -> int:
         """Number of combinations of the group keys ``names`` (default: every group key; 1 when
-        none), each counted with its public keys or its computed domain.
+        none): the product over :meth:`key_domain`'s blocks of their sizes.
 
         Raises:
             ValueError: a key has no public keys (a selected key).
         """
         total = 1
-        for name in self.group_by if names is None else names:
-            col = self.key_column(table, name)
-            if col.public_keys is None:
-                raise ValueError(f"group key {name!r} has no public keys")
-            total *= len(col.public_keys)
+        for _, values in self.key_domain(table, names):
+            total *= len(values)
         return total
 
     def canonical_dict(self) -> dict:

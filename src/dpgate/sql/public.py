@@ -59,20 +59,22 @@ def releases_public_keys_only(plan: QueryPlan, policy: DatasetPolicy) -> bool:
 
 def public_key_columns(plan: QueryPlan, policy: DatasetPolicy) -> dict[str, np.ndarray]:
     """Group-key column → one value per row: every combination of the keys' public values
-    (declared keys in policy order, the first key varying slowest), the rows a keys-only
-    release holds before HAVING / ORDER BY / LIMIT.
+    (declared keys in policy order, the first key varying slowest; several columns of one
+    public table: the tuples that occur in it, :meth:`QueryPlan.key_domain`), the rows a
+    keys-only release holds before HAVING / ORDER BY / LIMIT.
 
     Raises:
         ValueError: a group key has no public keys (a selected key: not a keys-only plan).
     """
     table = policy.table(plan.table)
-    domains = []
-    for name in plan.group_by:
-        keys = plan.key_column(table, name).public_keys
-        if keys is None:
-            raise ValueError(f"group key {name!r} has no public keys")
-        domains.append(list(keys))
-    rows = list(itertools.product(*domains))
+    blocks = plan.key_domain(table)
+    rows = []
+    for combo in itertools.product(*[[v if len(pos) > 1 else (v,) for v in values] for pos, values in blocks]):
+        row: list = [None] * len(plan.group_by)
+        for (pos, _), values in zip(blocks, combo):
+            for i, v in zip(pos, values):
+                row[i] = v
+        rows.append(row)
     out: dict[str, np.ndarray] = {}
     for i, name in enumerate(plan.group_by):
         column = np.empty(len(rows), dtype=object)

@@ -41,7 +41,7 @@ from sqlglot import exp
 from dpgate.errors import UnsupportedQuery
 from dpgate.policy import DatasetPolicy, quote_identifier as q
 from dpgate.quantiles import Grid, alpha_fraction, grid_for
-from dpgate.sql.bound import SALT_PLACEHOLDER, _fixed_point, _key_filter, _key_relation, _where
+from dpgate.sql.bound import SALT_PLACEHOLDER, _fixed_point, _key_filter, _key_relations, _where
 from dpgate.sql.plan import QueryPlan
 
 _PREFIX = "__dpg_"
@@ -209,11 +209,11 @@ def histogram_sql(plan: QueryPlan, policy: DatasetPolicy, column: str, *, salt: 
         final = (f"SELECT 0 AS {r}, COALESCE({cnt}.{b}, -1) AS {b}, COALESCE({cnt}.{n}, 0) AS {n}\n"
                  f"FROM (SELECT 1) AS {q(_PREFIX + 'one')}(x) LEFT JOIN {cnt} ON TRUE\nORDER BY {b}")
     else:
-        key_outs = [f"CAST({q(f'{_PREFIX}k{i}')}.{g[i]} AS {c.duckdb_type}) AS {q(c.name)}"
-                    for i, c in enumerate(keys)]
-        joins = " CROSS JOIN ".join(_key_relation(c, i) for i, c in enumerate(keys))
-        on = " AND ".join(f"{q(f'{_PREFIX}k{i}')}.{g[i]} = {cnt}.{g[i]}" for i in range(len(keys)))
-        order = ", ".join(f"{q(f'{_PREFIX}k{i}')}.{q(f'{_PREFIX}o{i}')}" for i in range(len(keys)))
+        relations, refs, orders = _key_relations(plan, table, keys)
+        key_outs = [f"CAST({refs[i]} AS {c.duckdb_type}) AS {q(c.name)}" for i, c in enumerate(keys)]
+        joins = " CROSS JOIN ".join(relations)
+        on = " AND ".join(f"{refs[i]} = {cnt}.{g[i]}" for i in range(len(keys)))
+        order = ", ".join(orders)
         final = (f"SELECT {', '.join(key_outs)}, dense_rank() OVER (ORDER BY {order}) - 1 AS {r}, "
                  f"COALESCE({cnt}.{b}, -1) AS {b}, COALESCE({cnt}.{n}, 0) AS {n}\n"
                  f"FROM {joins}\nLEFT JOIN {cnt} ON {on}\nORDER BY {r}, {b}")
