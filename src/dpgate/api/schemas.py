@@ -191,6 +191,27 @@ class QueryRequest(RequestModel):
     search_id: Annotated[str, StringConstraints(min_length=1, max_length=64)] | None = Field(
         default=None, description="a selection query's search record (issue 15): it must be open; the "
                                   "selection is recorded in it")
+    fallback: Literal["proxy", "none"] | None = Field(
+        default=None, description="POST /v1/queries only: when the budget refuses the query, \"proxy\" answers the "
+        "same plan on the dataset's proxy (exact, free, labelled source = proxy, dp = false, never cached); "
+        "\"none\" never falls back; absent: the policy's proxy_default_for decides (issue 23)")
+    trial: bool | None = Field(
+        default=None, description="POST /v1/queries/explain only: also run the plan on the dataset's proxy (free) and "
+        "show the answer it would give with each cell's ± at the requested budget (issue 23)")
+
+
+class DpSgdRequest(RequestModel):
+    """A DP-SGD run described by its parameters (the gateway computes the RDP curve)."""
+
+    q: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] = Field(description="sampling rate per step")
+    noise_multiplier: Annotated[float, Field(gt=0, le=1e6, allow_inf_nan=False)] = Field(
+        description="noise standard deviation over the clipping norm")
+    steps: Annotated[int, Field(ge=1, le=100_000_000)]
+    sampler: Literal["poisson", "shuffle", "fixed_batches", "with_replacement"] = Field(
+        description="how batches were drawn; only poisson is amplified by subsampling")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"q": self.q, "noise_multiplier": self.noise_multiplier, "steps": self.steps, "sampler": self.sampler}
 
 
 class ExternalChargeRequest(RequestModel):
@@ -225,9 +246,22 @@ class ExternalChargeRequest(RequestModel):
     attempt: Annotated[int, Field(ge=1, le=10_000)] | None = Field(
         default=None, description="with search_id: attempt number of a retried run")
     note: Annotated[str, StringConstraints(min_length=1, max_length=2000)] | None = None
+    dp_sgd: DpSgdRequest | None = Field(
+        default=None, description="a DP-SGD run by its parameters {q, noise_multiplier, steps, sampler}: the gateway "
+        "computes its RDP curve (Poisson-subsampled Gaussian for poisson, no amplification otherwise); with curve, "
+        "the caller's curve must be at least the gateway's (issue 23)")
+    cohorts: Annotated[list[Annotated[str, StringConstraints(min_length=1, max_length=200)]],
+                       Field(min_length=1, max_length=10_000)] | None = Field(
+        default=None, description="for a population with cohorts: the cohorts whose units the run read (default: "
+        "every cohort its policies declare)")
 
     @model_validator(mode="after")
     def _consistent(self) -> "ExternalChargeRequest":
+        if self.dp_sgd is not None and self.curve is None:
+            if self.rho is not None or self.orders is not None:
+                raise ValueError("dp_sgd alone describes the run: give neither rho nor orders (or give a curve to "
+                                 "have it checked against the gateway's)")
+            return self
         if self.kind == "rdp":
             if self.curve is None or self.rho is not None:
                 raise ValueError('kind "rdp" needs curve (and optionally orders), not rho')
@@ -301,6 +335,12 @@ class SearchList(ResponseModel):
     """``GET /v1/searches``: newest first."""
 
     searches: list[dict[str, Any]]
+
+
+class RenewalRequest(RequestModel):
+    """``POST /v1/admin/populations/{p}/renew``: always refused (409 ``renewal_refused``), with the arithmetic."""
+
+    reason: Text
 
 
 class CapChangeRequest(RequestModel):

@@ -27,6 +27,10 @@ def register(subparsers) -> None:
     parser.add_argument("--dataset", required=True, help="dataset name (a policy file)")
     parser.add_argument("sql", help="the SQL query (quote it)")
     add_dialect_option(parser)
+    parser.add_argument("--trial", action="store_true",
+                        help="also run the query on the dataset's proxy (free) and show the answer it would give "
+                             "with each cell's ± at the budget (loads the proxy's data)")
+    parser.add_argument("--rho", type=float, help="with --trial: the release's zCDP rho (default: the policy's)")
     add_common_options(parser)
     parser.set_defaults(func=run)
 
@@ -42,6 +46,8 @@ def run(args: argparse.Namespace, settings) -> int:
         UnknownDataset: no policy declares the dataset.
         InvalidSql, UnsupportedQuery, UnknownTable, UnknownColumn: the query is refused.
     """
+    if getattr(args, "trial", False):
+        return _run_trial(args, settings)
     policies = load_policies(settings.policies)
     policy = policies.get(args.dataset)
     if policy is None:
@@ -98,3 +104,25 @@ def _num(value: float) -> str:
     if float(value).is_integer() and abs(value) < 1e15:
         return str(int(value))
     return f"{value:.6g}"
+
+
+def _run_trial(args: argparse.Namespace, settings) -> int:
+    """``--trial``: the gateway's explain with a free run on the proxy (issue 23 item 6)."""
+    from dpgate.cli.query import format_release
+    from dpgate.service import Gateway, QueryBudget
+
+    budget = QueryBudget(rho=args.rho) if args.rho is not None else None
+    with Gateway.open(settings, progress=None) as gw:
+        result = gw.explain(args.dataset, args.sql, budget=budget, dialect=args.dialect, trial=True)
+    if args.json:
+        print_json(result)
+        return 0
+    trial = result["trial"]
+    cost = result["cost"]
+    print(f"trial on proxy {trial['proxy']['dataset']!r} ({trial['proxy']['provenance']}): exact values of the "
+          "same plan, ± as the DP release would state them")
+    format_release(trial)
+    print()
+    print(f"the DP release would cost rho = {cost['rho']:.6g} (epsilon = {cost['epsilon_at_delta']:.4g} at "
+          f"delta = {cost['delta']:g}); {cost['message']}")
+    return 0
