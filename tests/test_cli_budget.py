@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
+from pathlib import Path
 
 import pytest
 from _budget_project import COHORTS, write_project
@@ -85,3 +87,44 @@ def test_query_fallback_and_explain_trial(where, capsys):
                        "SELECT region, COUNT(*) AS n FROM orders GROUP BY region", *where)
     assert code == 0
     assert "trial on proxy 'shop_synthetic'" in out and "42 ±" in out
+
+
+def test_proxy_build_fits_released_marginals_and_the_proxy_serves_fallbacks(where, tmp_path, capsys):
+    from dpgate.service import Gateway, QueryBudget
+    from dpgate.settings import Settings
+
+    policies, home = Path(where[1]), Path(where[3])
+    with Gateway.open(Settings(policies=policies, home=home)) as gw:
+        by_region = gw.query("club", "SELECT region, COUNT(*) AS n FROM orders GROUP BY region",
+                             consumer="analysts", budget=QueryBudget(rho=0.02))
+        by_signup = gw.query("club", "SELECT signup, COUNT(*) AS n FROM orders GROUP BY signup",
+                             consumer="analysts", budget=QueryBudget(rho=0.02))
+        spent = gw.ledger.spend("members").charges
+    out_dir = tmp_path / "proxy"
+    code, out, _ = run(capsys, "proxy", "build", "--dataset", "club", "--output", str(out_dir), "--json", *where)
+    assert code == 0, out
+    built = json.loads(out)
+    table = built["tables"]["orders"]
+    assert table["marginals"] == {"signup": by_signup["release_id"], "region": by_region["release_id"]}
+    # the synthetic table reproduces each released (noisy, clamped at 0) marginal up to rounding
+    import csv as _csv
+
+    rows = list(_csv.DictReader(open(table["file"], encoding="utf-8")))
+    n = len(rows)
+    noisy = {r[0]: max(0, r[1]) for r in by_region["rows"]}
+    for key, count in noisy.items():
+        got = sum(1 for r in rows if r["region"] == key)
+        assert abs(got - count * n / sum(noisy.values())) <= 1
+    # building read no data and charged nothing
+    with Gateway.open(Settings(policies=policies, home=home)) as gw:
+        assert gw.ledger.spend("members").charges == spent
+    # the built policy is a valid proxy: use it for club
+    shutil.copy(built["policy_file"], policies / Path(built["policy_file"]).name)
+    club = policies / "club.toml"
+    club.write_text(club.read_text().replace('data_version = "v1"', 'data_version = "v1"\nproxy = "club_synthetic"'))
+    with Gateway.open(Settings(policies=policies, home=home)) as gw:
+        assert gw.dataset("club_synthetic")["tables"]["orders"]["public"] is True
+        ans = gw.query("club", "SELECT region, COUNT(*) AS n FROM orders GROUP BY region", consumer="analysts",
+                       budget=QueryBudget(rho=10.0), fallback="proxy")
+        assert ans["source"] == "proxy" and ans["proxy"]["provenance"].startswith("synthetic: independent")
+        assert sum(r[1] for r in ans["rows"]) == n

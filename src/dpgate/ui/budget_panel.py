@@ -46,8 +46,13 @@ def budget_panel(gateway: Any, population: str, anchor: str,
     if spent_bound is not None and spent_bound["epsilon"] != 0.0:
         series.append(Series("spent so far" + (" (most spent cohort)" if cohorts else ""),
                              list(spent_bound["fprs"]), list(spent_bound["tightest"]["curve"])))
+    from dpgate.ledger.renewal import renewal_arithmetic
+
+    arith = renewal_arithmetic(cap.rho_cap, cap.rho_delta)
     out: dict[str, Any] = {"renewal": views.get("renewal"), "cohorts": cohorts,
-                           "cohort_column": views.get("cohort_column"), "preview": None}
+                           "cohort_column": views.get("cohort_column"), "preview": None,
+                           "renewal_cost": {a["periods"]: a["epsilon"] for a in arith["after"]},
+                           "period_epsilon": arith["per_period"]["epsilon"]}
     tpr = {"cap": cap_bound["tightest"]["tpr"], "spent": spent_bound["tightest"]["tpr"] if spent_bound else 0.01}
     if preview is not None:
         try:

@@ -722,6 +722,7 @@ def _console_context(gateway: Gateway, principal: Principal, req: Mapping[str, A
         "mine": [{"release": r, "view": release_view(r, charts=False)} for r in mine],
         "explanation": None,
         "result": None,
+        "trial": None,
         "error": None,
         "explained": False,
     }
@@ -787,15 +788,18 @@ async def console_submit(request: Request, principal: Annotated[Principal, Depen
             if principal.consumer:
                 mine = recent_releases(await run_in_threadpool(gateway.releases, None, limit=100), principal.consumer)
                 context["mine"] = [{"release": r, "view": release_view(r, charts=False)} for r in mine]
-        elif action == "explain":
-            explanation = await run_in_threadpool(lambda: gateway.explain(req["dataset"], req["sql"], **kwargs))
+        elif action in ("explain", "trial"):  # trial (issue 23): explain plus a free run on the proxy
+            trial = action == "trial"
+            explanation = await run_in_threadpool(lambda: gateway.explain(req["dataset"], req["sql"], trial=trial,
+                                                                          **kwargs))
+            context["trial"] = explanation.get("trial")
             session.remember_explained(_digest(req))
             context["explanation"] = {"doc": explanation,
                                       "view": explanation_view(explanation, context["dataset_info"] or {},
                                                                context["remaining"])}
             context["explained"] = True
         else:
-            raise InvalidRequest("action must be explain or run")
+            raise InvalidRequest("action must be explain, trial or run")
     except Forbidden:
         raise
     except DpgateError as exc:
