@@ -170,3 +170,11 @@ def test_renewal_arithmetic_of_the_seed():
     assert round(periods_epsilon(0.1, 36, 1e-6), 2) == 17.70
     # the tighter conversion the ledger reports spend with is smaller, never larger
     assert periods_epsilon(0.1, 12, 1e-6, "tight") < periods_epsilon(0.1, 12, 1e-6)
+
+
+def test_attack_curves_equal_the_pointwise_bounds():
+    fprs = [0.0, 0.001, 0.01, 0.2, 1.0]
+    assert accounting.zcdp_attack_curve(0.3, fprs).tolist() == [zcdp_true_positive_rate(0.3, f) for f in fprs]
+    curve = [a * 0.3 for a in FINITE]
+    assert accounting.rdp_attack_curve(curve, fprs, FINITE).tolist() == \
+        [rdp_true_positive_rate(curve, f, FINITE) for f in fprs]

@@ -98,6 +98,8 @@ __all__ = [
     "gdp_true_positive_rate",
     "rdp_true_positive_rate",
     "zcdp_true_positive_rate",
+    "rdp_attack_curve",
+    "zcdp_attack_curve",
     "periods_epsilon",
 ]
 
@@ -1431,6 +1433,19 @@ def _family_tpr(eps_of_delta: Callable[[float], float], f: float, upper: float) 
     return best
 
 
+def _family_table(eps_of_delta: Callable[[float], float]) -> list[tuple[float, float]]:
+    """(δ', ε(δ')) for every δ' of :data:`_ATTACK_DELTAS` (computed once for a whole curve)."""
+    return [(d, eps_of_delta(d)) for d in _ATTACK_DELTAS]
+
+
+def _table_tpr(table: Sequence[tuple[float, float]], f: float, upper: float) -> float:
+    best = upper
+    for d, e in table:
+        if d < best:
+            best = min(best, max_true_positive_rate(e, d, f))
+    return best
+
+
 def rdp_true_positive_rate(curve: Sequence[float], false_positive_rate: float,
                            orders: Sequence[float] = ORDERS) -> float:
     """An upper bound on the TPR of any membership test at a given FPR against a release
@@ -1473,6 +1488,57 @@ def rdp_true_positive_rate(curve: Sequence[float], false_positive_rate: float,
     if np.isfinite(c[fin]).any():
         best = _family_tpr(lambda d: rdp_epsilon_tight(c[fin], d, a[fin]), f, best)
     return max(f, best)
+
+
+def rdp_attack_curve(curve: Sequence[float], false_positive_rates: Sequence[float],
+                     orders: Sequence[float] = ORDERS) -> np.ndarray:
+    """:func:`rdp_true_positive_rate` at each FPR (the (ε(δ'), δ') family converted once).
+
+    Raises:
+        ValueError: as :func:`rdp_true_positive_rate`.
+    """
+    a = _orders(orders)
+    c = _curve(curve, a)
+    fin = np.isfinite(a)
+    table = _family_table(lambda d: rdp_epsilon_tight(c[fin], d, a[fin])) if np.isfinite(c[fin]).any() else []
+    out = []
+    for fpr in false_positive_rates:
+        f = _real("false_positive_rate", fpr)
+        if not 0.0 <= f <= 1.0:
+            raise ValueError(f"false_positive_rate must be in [0, 1], got {f!r}")
+        if f in (0.0, 1.0):
+            out.append(f)
+            continue
+        best = 1.0
+        for alpha, e in zip(a.tolist(), c.tolist()):
+            if not math.isinf(e):
+                expo = 1.0 if math.isinf(alpha) else (alpha - 1.0) / alpha
+                best = min(best, math.exp(min(0.0, expo * (e + math.log(f)))))
+        out.append(max(f, _table_tpr(table, f, best)))
+    return np.asarray(out)
+
+
+def zcdp_attack_curve(rho: float, false_positive_rates: Sequence[float]) -> np.ndarray:
+    """:func:`zcdp_true_positive_rate` at each FPR (the (ε(δ'), δ') family converted once).
+
+    Raises:
+        ValueError: as :func:`zcdp_true_positive_rate`.
+    """
+    r = _nonneg("rho", rho)
+    table = _family_table(lambda d: zcdp_epsilon_tight(r, d)) if r > 0 else []
+    out = []
+    for fpr in false_positive_rates:
+        f = _real("false_positive_rate", fpr)
+        if not 0.0 <= f <= 1.0:
+            raise ValueError(f"false_positive_rate must be in [0, 1], got {f!r}")
+        if f in (0.0, 1.0) or r == 0.0:
+            out.append(f)
+            continue
+        log_f = math.log(f)
+        alpha = max(1.0 + 1e-12, math.sqrt(-log_f / r))
+        best = math.exp(min(0.0, (alpha - 1.0) * (r + log_f / alpha)))
+        out.append(max(f, _table_tpr(table, f, best)))
+    return np.asarray(out)
 
 
 def zcdp_true_positive_rate(rho: float, false_positive_rate: float) -> float:

@@ -25,7 +25,9 @@ for it here. The ``tightest`` figure is the smallest *valid* bound.
 
 from __future__ import annotations
 
+import copy
 import math
+from functools import lru_cache
 from typing import Any, Sequence
 
 from dpgate import accounting
@@ -63,7 +65,8 @@ def attack_bound(epsilon: float, delta: float, *, rho: float | None = None, curv
         ``{fpr, epsilon, delta, dp: {tpr, curve}, [zcdp|rdp|gdp: {…, tpr, curve}], tightest: {tpr,
         bound, curve}, fprs, source}`` (TPRs in [0, 1]; ∞ as "inf").
     """
-    grid = list(fprs)
+    grid = sorted(set(fprs) | {fpr})
+    at = grid.index(fpr)
     eps_ok = math.isfinite(epsilon)
     dp = [accounting.max_true_positive_rate(epsilon, delta, f) if eps_ok else 1.0 for f in grid]
     out: dict[str, Any] = {
@@ -76,16 +79,15 @@ def attack_bound(epsilon: float, delta: float, *, rho: float | None = None, curv
     }
     candidates = {"dp": out["dp"]}
     if rho is not None and math.isfinite(rho):
-        zc = [_clip(accounting.zcdp_true_positive_rate(rho, f) + extra_delta) for f in grid]
-        out["zcdp"] = {"rho": rho, "tpr": _clip(accounting.zcdp_true_positive_rate(rho, fpr) + extra_delta),
+        zc = [_clip(v + extra_delta) for v in accounting.zcdp_attack_curve(rho, grid).tolist()]
+        out["zcdp"] = {"rho": rho, "tpr": zc[at],
                        "curve": zc, "extra_delta": extra_delta,
                        "source": "rho-zCDP: Mironov 2017 Prop. 10 and the (epsilon(delta'), delta') regions "
                                  "(Canonne, Kamath & Steinke 2020, Cor. 13)"}
         candidates["zcdp"] = out["zcdp"]
     if curve is not None and orders is not None:
-        rc = [_clip(accounting.rdp_true_positive_rate(curve, f, orders) + extra_delta) for f in grid]
-        out["rdp"] = {"orders": list(orders), "tpr": _clip(accounting.rdp_true_positive_rate(curve, fpr, orders)
-                                                           + extra_delta),
+        rc = [_clip(v + extra_delta) for v in accounting.rdp_attack_curve(curve, grid, orders).tolist()]
+        out["rdp"] = {"orders": list(orders), "tpr": rc[at],
                       "curve": rc, "extra_delta": extra_delta,
                       "source": "RDP at the cap's checked orders: Mironov 2017 Prop. 10 and the (epsilon(delta'), "
                                 "delta') regions (Balle et al. 2020, Thm. 21)"}
@@ -102,13 +104,18 @@ def attack_bound(epsilon: float, delta: float, *, rho: float | None = None, curv
     return out
 
 
-def cap_attack_bound(cap: Any) -> dict[str, Any]:
-    """The bound of a cap (:class:`~dpgate.ledger.caps.CapSpec`): its (ε, δ), and the RDP budget
-    B(α) = α·ρ_cap at the orders its filter checks (every admitted history meets it), plus the
-    selection δ."""
+@lru_cache(maxsize=256)
+def _cap_bound(cap: Any) -> dict[str, Any]:
     orders = list(cap.checked_orders)
     return attack_bound(cap.epsilon, cap.delta, curve=[a * cap.rho_cap for a in orders], orders=orders,
                         extra_delta=cap.selection_delta)
+
+
+def cap_attack_bound(cap: Any) -> dict[str, Any]:
+    """The bound of a cap (:class:`~dpgate.ledger.caps.CapSpec`): its (ε, δ), and the RDP budget
+    B(α) = α·ρ_cap at the orders its filter checks (every admitted history meets it), plus the
+    selection δ. Memoised per cap (a copy is returned)."""
+    return copy.deepcopy(_cap_bound(cap))
 
 
 def spend_attack_bound(report: Any) -> dict[str, Any]:
@@ -116,13 +123,16 @@ def spend_attack_bound(report: Any) -> dict[str, Any]:
     (ε spent, δ) always; the zCDP bound for a history of ρ-costs (``conversion`` "zcdp"); the
     Gaussian trade-off for continuous Gaussians only ("gaussian"); plus the selection δ spent."""
     d = report.cap.rho_delta if report.cap is not None else report.delta
-    extra = report.selection_delta_spent
-    eps = report.spent_epsilon
-    if report.conversion == "none":
+    return copy.deepcopy(_spend_bound(report.conversion, report.spent_epsilon, report.spent_rho, d,
+                                      report.selection_delta_spent))
+
+
+@lru_cache(maxsize=1024)
+def _spend_bound(conversion: str, eps: float, rho: float, d: float, extra: float) -> dict[str, Any]:
+    if conversion == "none":
         return attack_bound(0.0, 0.0)
-    if report.conversion == "zcdp":
-        return attack_bound(eps, d + extra, rho=report.spent_rho, extra_delta=extra)
-    if report.conversion == "gaussian":
-        return attack_bound(eps, d + extra, rho=report.spent_rho, mu=accounting.gdp_mu(report.spent_rho),
-                            extra_delta=extra)
+    if conversion == "zcdp":
+        return attack_bound(eps, d + extra, rho=rho, extra_delta=extra)
+    if conversion == "gaussian":
+        return attack_bound(eps, d + extra, rho=rho, mu=accounting.gdp_mu(rho), extra_delta=extra)
     return attack_bound(eps, d + extra)
