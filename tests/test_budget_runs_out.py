@@ -359,3 +359,27 @@ def test_external_charges_on_a_cohort_population_draw_on_the_declared_cohorts(ga
         gateway.charge_external("members", "analysts", rho=0.01, kind="gaussian", purpose="run", actor="t",
                                 cohorts=["1999-01"])
     assert [_cohort_rho(gateway, c) for c in COHORTS] == [0.01, 0.01, 0.02]
+
+
+def test_cohorts_added_to_a_charged_population_stay_drift_and_cannot_be_adopted(project, tmp_path):
+    from dpgate.service import apply_policies
+    from dpgate.policy import load_policies
+
+    home = tmp_path / "state"
+    with Gateway.open(Settings(policies=project, home=home)) as gw:
+        gw.query("shop", BY_REGION, consumer="analysts", budget=QueryBudget(rho=0.01))
+    shop = project / "shop.toml"  # an edit that would hand every signup month a fresh budget
+    shop.write_text(shop.read_text().replace("[budget]", '[population]\ncohort_column = "signup"\n\n[budget]', 1))
+    with Gateway.open(Settings(policies=project, home=home)) as gw:
+        drift = gw.dataset("shop")["policy_drift"]
+        assert drift["drifted"] and drift["cohort_column"] == {"ledger": None, "policy": "signup"}
+        # the ledger's rule holds: the whole population is charged, and says so
+        rel = gw.query("shop", "SELECT COUNT(*) FROM orders WHERE signup = '2026-01'", consumer="analysts",
+                       budget=QueryBudget(rho=0.01))
+        assert rel["guarantee"]["renewal"] == "fixed cap, no renewal" and "cohorts" not in rel["guarantee"]
+        assert gw.ledger.spend("plain").spent_rho == pytest.approx(0.02)
+        assert gw.dataset("shop")["renewal"].startswith("fixed cap, no renewal")
+        with pytest.raises(RenewalRefused, match="switching population 'plain' to cohorts"):
+            apply_policies(gw.ledger, load_policies(project), actor="ops", reason="monthly budgets",
+                           population="plain")
+        assert gw.ledger.cohort_column("plain") is None

@@ -39,7 +39,7 @@ def cohort_table(ledger: Any, policy: DatasetPolicy) -> dict[str, dict[str, Any]
     """Cohort → ``{spent {rho, epsilon}, remaining {rho, epsilon}, charges, fresh, consumers}`` for
     every cohort the policy declares and every cohort charged (None without cohorts)."""
     cohorts = getattr(policy, "cohorts", None)
-    if cohorts is None:
+    if cohorts is None or ledger.cohort_column(policy.population) != cohorts.column:
         return None
     reports = ledger.cohort_spend(policy.population)
     cap = ledger.cap(policy.population)
@@ -76,8 +76,9 @@ def budget_cohort_views(ledger: Any, policy: DatasetPolicy) -> dict[str, Any]:
     (every cohort's spend) and ``worst_cohort`` (the most spent; a unit's guarantee is its cohort's)."""
     cap = ledger.cap(policy.population)
     cohorts = getattr(policy, "cohorts", None)
-    if cohorts is None:
-        return {"renewal": guarantee_statement(cap, None)}
+    if cohorts is None or ledger.cohort_column(policy.population) != cohorts.column:  # the ledger's rule holds
+        column = ledger.cohort_column(policy.population)
+        return {"renewal": guarantee_statement(cap, column)}
     table = cohort_table(ledger, policy) or {}
     worst, _ = _worst(ledger, policy)
     spent = {c: {"epsilon": v["spent"]["epsilon"]} for c, v in table.items() if not v["fresh"]}

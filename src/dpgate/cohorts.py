@@ -31,7 +31,7 @@ from sqlglot import exp
 from dpgate.errors import UnsupportedQuery
 from dpgate.policy import CohortPolicy, DatasetPolicy, TablePolicy
 
-__all__ = ["cohort_scope", "scope_signature", "population_cohorts", "release_guarantee"]
+__all__ = ["cohort_scope", "charge_scope", "scope_signature", "population_cohorts", "release_guarantee"]
 
 _PORTABLE = (exp.EQ, exp.NEQ, exp.In)
 
@@ -112,6 +112,32 @@ def cohort_scope(policy: DatasetPolicy, plan: Any) -> tuple[str, ...] | None:
     return tuple(sorted(cohorts.key_text(cohorts.keys[i]) for i in keep))
 
 
+def charge_scope(ledger: Any, policy: DatasetPolicy, plan: Any) -> tuple[str, ...] | None:
+    """The cohorts a charge for ``plan`` draws on, under the rule *the ledger* enforces (it owns it):
+    None when the ledger keeps one budget for the population — also while a policy file's new
+    ``cohort_column`` is only drift (then the whole population is charged, which is conservative) —
+    else :func:`cohort_scope`.
+
+    Raises:
+        Conflict: the ledger has a cohort column the policy does not declare (run ``dpgate caps
+            show``; the cohort rule of a charged population cannot change).
+        UnsupportedQuery: as :func:`cohort_scope`.
+    """
+    from dpgate.errors import Conflict
+
+    column = ledger.cohort_column(policy.population) if hasattr(ledger, "cohort_column") else None
+    if column is None:
+        return None
+    cohorts = getattr(policy, "cohorts", None)
+    if cohorts is None or cohorts.column != column:
+        raise Conflict(
+            f"population {policy.population!r} keeps one budget per cohort of {column!r} in the ledger, but the "
+            f"policy of {policy.name!r} declares {'no cohorts' if cohorts is None else repr(cohorts.column)}: "
+            "declare the ledger's cohort column again (`dpgate caps show` shows the drift); nothing was charged",
+            {"population": policy.population, "cohort_column": column})
+    return cohort_scope(policy, plan)
+
+
 def scope_signature(scope: Iterable[str] | None) -> str:
     """The cohort scope as a short text for release-cache keys ('' without cohorts), so that a
     release is served again only for the same cohorts."""
@@ -141,9 +167,9 @@ def release_guarantee(policy: DatasetPolicy, receipt: Any) -> dict[str, Any]:
     cohort", "cohort_column", "cohorts": the cohorts the release drew on, "statement"}``.
     """
     cohorts = getattr(policy, "cohorts", None)
-    if cohorts is None:
-        return {"renewal": "fixed cap, no renewal"}
     drew = list(getattr(receipt, "cohorts", None) or ())
+    if cohorts is None or (receipt is not None and not drew):  # the ledger charged the whole population
+        return {"renewal": "fixed cap, no renewal"}
     return {
         "renewal": "per cohort",
         "cohort_column": cohorts.column,

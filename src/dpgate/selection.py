@@ -57,7 +57,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from dpgate import accounting
-from dpgate.cohorts import cohort_scope, release_guarantee, scope_signature
+from dpgate.cohorts import charge_scope, release_guarantee, scope_signature
 from dpgate.errors import DpgateError, ExecutionError, InvalidBudget, MechanismError, UnsupportedQuery
 from dpgate.mechanisms import select_top_k, top_k_rho
 from dpgate.policy import DatasetPolicy
@@ -267,7 +267,7 @@ def run_selection(gateway: Any, dataset: str, policy: DatasetPolicy, sel: Select
     plan = sel.plan
     resolved = resolve_selection_budget(policy, budget)
     version = gateway._data_version(dataset)
-    scope = cohort_scope(policy, plan)  # cohorts hook (issue 23)
+    scope = charge_scope(gateway.ledger, policy, plan)  # cohorts hook (issue 23)
     keys = CacheKeys.of(plan_hash=plan.plan_hash, noise_signature=_noise_signature(sel) + scope_signature(scope),
                         data_version=version, mechanism=MECHANISM, budget=resolved, post_processing={})
     with gateway.release_cache.flight(keys) as flight:

@@ -50,7 +50,7 @@ from dpgate.errors import (
     UnsupportedQuery,
 )
 from dpgate.budget_views import budget_cohort_views, dataset_budget_views
-from dpgate.cohorts import cohort_scope, population_cohorts, release_guarantee, scope_signature
+from dpgate.cohorts import charge_scope, population_cohorts, release_guarantee, scope_signature
 from dpgate.ledger import Ledger, open_ledger
 from dpgate.ledger.base import FINITE_ORDERS, PolicyDrift
 from dpgate.mechanisms import calibrate, ci95_halfwidth, mechanism_name, sample
@@ -635,7 +635,7 @@ class Gateway:
         cal, sens = self._calibrate(policy, plan, mech, resolved)
         delta = self.ledger.cap(policy.population).rho_delta
         extra: dict[str, Any] = {}
-        scope = cohort_scope(policy, plan)  # cohorts hook (issue 23)
+        scope = charge_scope(self.ledger, policy, plan)  # cohorts hook (issue 23)
         if scope is not None:
             extra["cohorts"] = {"column": policy.cohorts.column, "drew_on": list(scope)}
         if trial:  # utility trial on the proxy (issue 23 item 6): free, reads only the proxy
@@ -691,7 +691,7 @@ class Gateway:
              scope: tuple[str, ...] | None = None) -> dict[str, Any]:
         """Whether ``cost`` fits what is left (the ledger's spend report), as explain reports it.
         With cohorts: against the cohort of ``scope`` (None: every declared cohort) with the least left."""
-        if getattr(policy, "cohorts", None) is not None:
+        if getattr(policy, "cohorts", None) is not None and self.ledger.cohort_column(policy.population):
             from dpgate.budget_views import cohort_remaining  # cohorts hook (issue 23)
 
             left, who = cohort_remaining(self.ledger, policy, consumer, scope or policy.cohorts.names)
@@ -776,7 +776,7 @@ class Gateway:
                                          search_id=search_id)
         mech = self._mechanism(policy, mechanism)
         resolved = self._resolve_selection(policy, plan, self._resolve_budget(policy, mech, budget), budget)
-        scope = cohort_scope(policy, plan)  # cohorts hook (issue 23): the cohorts this charge draws on
+        scope = charge_scope(self.ledger, policy, plan)  # cohorts hook (issue 23): the cohorts this charge draws on
         version = self._data_version(dataset)
         # Two keys: the noise key names the noisy primitives (what is charged and noised:
         # table, filter, grouping, primitives, bounds, budget, mechanism, data version); the
@@ -1239,6 +1239,8 @@ class Gateway:
             InvalidRequest: cohorts for a population without, or a cohort no policy declares.
         """
         declared = population_cohorts(self.policies, population)
+        if self.ledger.cohort_column(population) is None:  # the ledger's rule holds (policy cohorts: drift)
+            declared = None
         if declared is None:
             if cohorts is not None:
                 raise InvalidRequest(f"population {population!r} has no cohorts: do not name any",
