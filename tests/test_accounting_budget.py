@@ -178,3 +178,11 @@ def test_attack_curves_equal_the_pointwise_bounds():
     curve = [a * 0.3 for a in FINITE]
     assert accounting.rdp_attack_curve(curve, fprs, FINITE).tolist() == \
         [rdp_true_positive_rate(curve, f, FINITE) for f in fprs]
+
+
+@pytest.mark.parametrize("q,sigma,steps", SETTINGS)
+def test_poisson_subsampled_gaussian_matches_opacus_where_installed(q, sigma, steps):
+    rdp = pytest.importorskip("opacus.accountants.analysis.rdp", reason="Opacus (and torch) not installed")
+    ours = dp_sgd_rdp(q, sigma, steps, "poisson")[:-1]
+    theirs = np.asarray(rdp.compute_rdp(q=q, noise_multiplier=sigma, steps=steps, orders=FINITE))
+    np.testing.assert_allclose(ours, theirs, rtol=1e-6, atol=1e-6)

@@ -494,6 +494,16 @@ class DatasetInfo(ResponseModel):
     tables: dict[str, TableInfo]
     policy_drift: dict[str, Any] | None = Field(
         default=None, description="how the policy file differs from the ledger's cap and allocations, which hold")
+    renewal: str | None = Field(
+        default=None, description='the renewal rule in force: "fixed cap, no renewal: …" or "per cohort …" (issue 23)')
+    cohorts: dict[str, Any] | None = Field(
+        default=None, description="for a population with cohorts: the column, the most spent cohort and every "
+                                  "cohort's spend (a cohort never charged has the whole cap)")
+    attack_bound: dict[str, Any] | None = Field(
+        default=None, description="membership-attack bound (largest TPR at FPR = 1 % and the curve over FPR) of the "
+                                  "cap and of what has been spent")
+    proxy: dict[str, Any] | None = Field(
+        default=None, description="the dataset answering refused queries with fallback = proxy, and its provenance")
 
 
 class DatasetList(ResponseModel):
