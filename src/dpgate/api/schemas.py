@@ -389,6 +389,9 @@ class Release(ResponseModel):
     ``charge`` names the ledger charge that paid for the release (ρ and ε of that
     charge alone at the cap's δ), or is null when none applies; ``cached`` is
     true when this response served a stored release and spent nothing.
+    ``guarantee.renewal`` states the renewal rule (and, with cohorts, the cohorts drawn on).
+    A proxy answer (``fallback: "proxy"`` after a budget refusal) has ``source: "proxy"``,
+    ``dp: false``, ``proxy {dataset, provenance}``, ``refused`` and ``stored: false``.
     """
 
     release_id: str
@@ -545,7 +548,9 @@ class BudgetReport(ResponseModel):
 
 
 class ChargeReceipt(ResponseModel):
-    """A ledger charge: id, population, consumer, cost, ρ, ε of this charge alone at the cap's δ."""
+    """A ledger charge: id, population, consumer, cost, ρ, ε of this charge alone at the cap's δ.;
+    ``accountant`` ("gateway" for a DP-SGD run charged from its parameters, with ``dp_sgd`` and
+    ``formula``; "caller" for a supplied curve) and ``cohorts`` (each charged its full cost)."""
 
     charge_id: str
     population: str
