@@ -548,7 +548,7 @@ class BudgetReport(ResponseModel):
 
 
 class ChargeReceipt(ResponseModel):
-    """A ledger charge: id, population, consumer, cost, ρ, ε of this charge alone at the cap's δ.;
+    """A ledger charge: id, population, consumer, cost, ρ, ε of this charge alone at the cap's δ;
     ``accountant`` ("gateway" for a DP-SGD run charged from its parameters, with ``dp_sgd`` and
     ``formula``; "caller" for a supplied curve) and ``cohorts`` (each charged its full cost)."""
 
