@@ -170,10 +170,11 @@ def release_guarantee(policy: DatasetPolicy, receipt: Any) -> dict[str, Any]:
     drew = list(getattr(receipt, "cohorts", None) or ())
     if cohorts is None or (receipt is not None and not drew):  # the ledger charged the whole population
         return {"renewal": "fixed cap, no renewal"}
+    charged = (f"this release drew on {len(drew)} cohort(s) and was charged in full to each of them" if drew
+               else "this release was not charged (it releases nothing that depends on a unit)")
     return {
         "renewal": "per cohort",
         "cohort_column": cohorts.column,
         "cohorts": drew,
-        "statement": (f"per cohort: the units of each cohort of {cohorts.column!r} have their own cap; this "
-                      f"release drew on {len(drew)} cohort(s) and was charged in full to each of them"),
+        "statement": f"per cohort: the units of each cohort of {cohorts.column!r} have their own cap; {charged}",
     }
