@@ -134,6 +134,9 @@ def test_the_release_cache_key_includes_the_cohort_scope(project, tmp_path):
         first = gw.query("club", BY_REGION, consumer="analysts", budget=QueryBudget(rho=0.01))
         again = gw.query("club", BY_REGION, consumer="analysts", budget=QueryBudget(rho=0.01))
         assert again["cached"] is True and again["release_id"] == first["release_id"]
+        # a query differing only in post-processing is derived (and stored under its own release key)
+        derived = gw.query("club", BY_REGION + " ORDER BY n DESC", consumer="analysts", budget=QueryBudget(rho=0.01))
+        assert derived["cached"] is True and derived["derived_from"] == first["release_id"]
     # a new cohort is declared (same data version): the query now draws on four cohorts, so the
     # stored release (which drew on three) is not served for it
     (project / "club.toml").write_text((project / "club.toml").read_text()
@@ -141,6 +144,9 @@ def test_the_release_cache_key_includes_the_cohort_scope(project, tmp_path):
     with Gateway.open(Settings(policies=project, home=home)) as gw:
         new = gw.query("club", BY_REGION, consumer="analysts", budget=QueryBudget(rho=0.01))
         assert new["cached"] is False and new["guarantee"]["cohorts"] == COHORTS + ["2026-04"]
+        # the derived release of the old scope is not served for the new one either
+        again = gw.query("club", BY_REGION + " ORDER BY n DESC", consumer="analysts", budget=QueryBudget(rho=0.01))
+        assert again["release_id"] != derived["release_id"] and again["guarantee"]["cohorts"] == COHORTS + ["2026-04"]
 
 
 def test_explain_names_the_cohorts_and_fits_against_them(gateway):

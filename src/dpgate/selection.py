@@ -268,7 +268,8 @@ def run_selection(gateway: Any, dataset: str, policy: DatasetPolicy, sel: Select
     resolved = resolve_selection_budget(policy, budget)
     version = gateway._data_version(dataset)
     scope = charge_scope(gateway.ledger, policy, plan)  # cohorts hook (issue 23)
-    keys = CacheKeys.of(plan_hash=plan.plan_hash, noise_signature=_noise_signature(sel) + scope_signature(scope),
+    keys = CacheKeys.of(plan_hash=plan.plan_hash + scope_signature(scope),
+                        noise_signature=_noise_signature(sel) + scope_signature(scope),
                         data_version=version, mechanism=MECHANISM, budget=resolved, post_processing={})
     with gateway.release_cache.flight(keys) as flight:
         hit = flight.lookup()

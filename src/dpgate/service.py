@@ -783,7 +783,8 @@ class Gateway:
         # release key names this exact query, post-processing (outputs, HAVING, ORDER BY,
         # LIMIT) and display settings included. Queries that differ only in post-processing
         # share one charge.
-        keys = CacheKeys.of(plan_hash=plan.plan_hash, noise_signature=_noise_signature(plan, cell_targets="ci95" in resolved)
+        keys = CacheKeys.of(plan_hash=plan.plan_hash + scope_signature(scope),
+                            noise_signature=_noise_signature(plan, cell_targets="ci95" in resolved)
                             + scope_signature(scope),
                             data_version=version, mechanism=mech, budget=resolved,
                             post_processing=post_processing_settings(policy))
