@@ -186,3 +186,14 @@ def test_poisson_subsampled_gaussian_matches_opacus_where_installed(q, sigma, st
     ours = dp_sgd_rdp(q, sigma, steps, "poisson")[:-1]
     theirs = np.asarray(rdp.compute_rdp(q=q, noise_multiplier=sigma, steps=steps, orders=FINITE))
     np.testing.assert_allclose(ours, theirs, rtol=1e-6, atol=1e-6)
+
+
+def test_the_attack_bound_survives_huge_epsilons():
+    # the API fuzz found e^ε overflowing a double in the (ε(δ'), δ') family at δ = 0.5: TPR ≤ 1, no error
+    assert max_true_positive_rate(5000.0, 1e-6, 0.01) == 1.0
+    assert max_true_positive_rate(5000.0, 1e-6, 0.0) == 1e-6  # at FPR = 0 the bound is δ, for any ε
+    from dpgate.attack import cap_attack_bound
+    from dpgate.ledger.caps import validate_cap
+
+    bound = cap_attack_bound(validate_cap(1.0, 0.5))
+    assert 0.0 <= bound["tightest"]["tpr"] <= 1.0

@@ -1179,8 +1179,10 @@ def max_true_positive_rate(epsilon: float, delta: float, false_positive_rate: fl
     if not 0.0 <= f <= 1.0:
         raise ValueError(f"false_positive_rate must be in [0, 1], got {f!r}")
     if math.isinf(e):
-        return 1.0
-    a = math.exp(e) * f + d
+        return 1.0  # no guarantee at all
+    if f == 0.0:
+        return d  # TPR ≤ e^ε·0 + δ, for any finite ε
+    a = math.exp(e) * f + d if e < 700.0 else math.inf  # e^ε overflows a double above ~709.78
     b = 1.0 - math.exp(-e) * (1.0 - d - f)
     return max(0.0, min(1.0, a, b))
 
