@@ -14,6 +14,8 @@ from typing import Any, Mapping
 
 from dpgate.attack import cap_attack_bound, spend_attack_bound
 from dpgate.budget_views import budget_cohort_views, cap_change_preview
+from markupsafe import Markup
+
 from dpgate.ui.charts import Series, line_chart
 
 __all__ = ["budget_panel"]
@@ -68,8 +70,10 @@ def budget_panel(gateway: Any, population: str, anchor: str,
                               "before": pv["before"]["attack_bound"]["tightest"]["tpr"],
                               "after": after["tightest"]["tpr"], "after_cap": pv["after"]["cap"]}
     series.append(Series("no information (TPR = FPR)", list(cap_bound["fprs"]), list(cap_bound["fprs"]), dashed=True))
-    out["chart"] = line_chart(series, ident=f"{anchor}-attack", title="Membership-attack bound",
-                              x_label="false-positive rate", y_label="largest true-positive rate")
+    chart = line_chart(series, ident=f"{anchor}-attack", title="Membership-attack bound",
+                       x_label="false-positive rate", y_label="largest true-positive rate")
+    # its own class: the population's "chart" is its burn-down (pages and tests count those)
+    out["chart"] = Markup(str(chart).replace('class="chart"', 'class="chart-attack"', 1))
     out["rows"] = [{"fpr": f, **{s.name: s.y[i] for s in series[:-1]}} for i, f in enumerate(cap_bound["fprs"])]
     out["series"] = [s.name for s in series[:-1]]
     out["tpr_at_1pct"] = tpr
