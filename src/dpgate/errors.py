@@ -167,6 +167,16 @@ class BudgetExhausted(DpgateError):
     http_status = 409
 
 
+class RenewalRefused(DpgateError):
+    """An attempt to restore spent budget for the same units (a reset, a renewal, a dataset moved
+    to a fresh population, cohorts switched on after charges) is refused: the units have lost
+    what they spent, whatever the ledger says next. ``details`` carries the arithmetic: what a
+    unit present in every period loses after 12 and 36 periods at the cap's rate."""
+
+    code = "renewal_refused"
+    http_status = 409
+
+
 class Conflict(DpgateError):
     """The request conflicts with the current state (e.g. a release still being computed)."""
 

@@ -492,6 +492,14 @@ class DatasetPolicy:
             version (published only as a keyed hash); live engines only.
         load: DuckDB load mode ``"memory"``, ``"in_place"`` or ``"auto"`` (None: the
             setting ``DPGATE_DUCKDB_LOAD``).
+        cohorts: the population's cohorts (``[population] cohort_column``, issue 23): one
+            budget per cohort; None: one budget for the whole population, never renewed.
+        proxy: the dataset answering refused queries exactly and for free (``[dataset] proxy``),
+            or None.
+        provenance: for a proxy dataset, ``"public"`` or ``"synthetic: how it was made"``; None
+            for a dataset that is not a proxy.
+        proxy_default_for: consumers whose queries refused for budget fall back to the proxy
+            unless the request says otherwise (``[dataset] proxy_default_for``, e.g. dashboards).
     """
 
     name: str
@@ -505,6 +513,10 @@ class DatasetPolicy:
     connection: str | None = field(default=None, compare=False, repr=False)
     version_sql: str | None = None
     load: str | None = None
+    cohorts: "CohortPolicy | None" = None
+    proxy: str | None = None
+    provenance: str | None = None
+    proxy_default_for: tuple[str, ...] = ()
 
     def table(self, name: str) -> TablePolicy:
         """The declared table ``name`` (exact, else case-insensitive match).
@@ -567,6 +579,8 @@ def load_policies(folder: Path) -> dict[str, DatasetPolicy]:
                     " cap or allocations; datasets of one population must publish the same cap",
                 )
         out[policy.name] = policy
+    check_proxies(out)  # issue 23: a proxy has the same schema and a provenance
+    check_population_cohorts(out)
     return out
 
 
@@ -1122,9 +1136,10 @@ def _selection_deltas(b: Mapping[str, Any], delta: float, path: Path) -> tuple[f
 
 
 def _parse_policy(raw: Mapping[str, Any], path: Path) -> DatasetPolicy:
-    _check_keys(raw, {"dataset", "budget", "allocations", "tables"}, path, "the file")
+    _check_keys(raw, {"dataset", "budget", "allocations", "tables", "population"}, path, "the file")
     ds = _section(raw, "dataset", path)
-    _check_keys(ds, {"name", "population", "data_version", "engine", "connection", "version_sql", "load"},
+    _check_keys(ds, {"name", "population", "data_version", "engine", "connection", "version_sql", "load",
+                     "proxy", "provenance", "proxy_default_for"},
                 path, "[dataset]")
     name = _name(ds.get("name"), "dataset name", path)
     population = _name(ds.get("population"), "population", path, strict=False)
@@ -1189,6 +1204,8 @@ def _parse_policy(raw: Mapping[str, Any], path: Path) -> DatasetPolicy:
         if any(t.casefold() == tname.casefold() for t in tables):
             raise _policy_error(path, "two tables differ only in case", tname)
         tables[tname] = _parse_table(tname, traw, path, name, engine)
+    cohorts = _parse_cohorts(_section(raw, "population", path, required=False), tables, path)
+    proxy, provenance, proxy_default_for = _parse_proxy(ds, tables, name, path)
     return DatasetPolicy(
         name=name,
         population=population,
@@ -1201,6 +1218,10 @@ def _parse_policy(raw: Mapping[str, Any], path: Path) -> DatasetPolicy:
         connection=connection,
         version_sql=version_sql,
         load=load_mode,
+        cohorts=cohorts,
+        proxy=proxy,
+        provenance=provenance,
+        proxy_default_for=proxy_default_for,
     )
 
 
@@ -1235,3 +1256,172 @@ def _parse_engine(ds: Mapping[str, Any], path: Path, data_version: str | None):
         if load_mode not in LOAD_MODES:
             raise _policy_error(path, f"[dataset] load must be one of {', '.join(LOAD_MODES)} (got {load_mode!r})")
     return engine, connection, version_sql, load_mode
+
+
+# --- cohorts and proxies (issue 23) ------------------------------------------------------
+
+#: Most cohorts a population may declare (each is one budget in the ledger).
+MAX_COHORTS = 10_000
+#: Column types a cohort column may have (its public keys name the cohorts).
+COHORT_TYPES: tuple[str, ...] = ("text", "int", "bool")
+
+
+@dataclass(frozen=True)
+class CohortPolicy:
+    """The cohorts of a population (``[population] cohort_column = "signup_month"``).
+
+    Every unit belongs to exactly one cohort — the value of ``column`` on each of its rows,
+    the same on every row and every table, one of the column's public keys (the engines
+    check it when the data loads). The ledger keeps one budget per (population, cohort);
+    since the cohorts' units are disjoint, a query is charged its full cost on every cohort
+    it can touch (parallel composition), and a cohort declared later starts with the whole
+    cap. A unit's cohort must never change (e.g. the month the unit first appeared): the
+    gateway checks each data version, not across versions.
+
+    Attributes:
+        column: the cohort column (declared, with public keys, in every protected table).
+        type: its declared type (one of :data:`COHORT_TYPES`).
+        keys: the cohorts (the column's public keys, in declaration order).
+    """
+
+    column: str
+    type: str
+    keys: tuple
+
+    def key_text(self, value: Any) -> str:
+        """A cohort's name in the ledger: the key as text (``true``/``false`` for booleans)."""
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        return str(value)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Every cohort's ledger name, in declaration order."""
+        return tuple(self.key_text(k) for k in self.keys)
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{column, type, cohorts}`` (the public part: the cohorts are public keys)."""
+        return {"column": self.column, "type": self.type, "cohorts": list(self.names)}
+
+
+def _parse_cohorts(section: Mapping[str, Any], tables: Mapping[str, TablePolicy], path: Path) -> CohortPolicy | None:
+    """``[population] cohort_column``: validated against every protected table's declaration."""
+    _check_keys(section, {"cohort_column"}, path, "[population]")
+    column = section.get("cohort_column")
+    if column is None:
+        return None
+    if not isinstance(column, str) or not _NAME_RE.match(column):
+        raise _policy_error(path, "[population] cohort_column must be a column name")
+    protected = [t for t in tables.values() if not t.public]
+    if not protected:
+        raise _policy_error(path, "[population] cohort_column needs a protected table (every table is public)")
+    found: CohortPolicy | None = None
+    for table in protected:
+        col = table.find_column(column)
+        if col is None:
+            raise _policy_error(path, f"[population] cohort_column {column!r}: every protected table must declare "
+                                      "it (each unit's cohort is read from its rows)", table.name, column)
+        if table.privacy_unit is not None and col.name.casefold() == table.privacy_unit.casefold():
+            raise _policy_error(path, "the cohort column cannot be the privacy unit", table.name, column)
+        if col.type not in COHORT_TYPES:
+            raise _policy_error(path, f"a cohort column must be of type {', '.join(COHORT_TYPES)} "
+                                      f"(got {col.type})", table.name, column)
+        if col.public_keys is None:
+            raise _policy_error(path, "the cohort column must declare its cohorts as public_keys", table.name, column)
+        keys = tuple(col.public_keys)
+        if len(keys) > MAX_COHORTS:
+            raise _policy_error(path, f"more than {MAX_COHORTS:,} cohorts", table.name, column)
+        here = CohortPolicy(col.name, col.type, keys)
+        if found is None:
+            found = here
+        elif (found.type, found.keys) != (here.type, here.keys):
+            raise _policy_error(path, "the cohort column must have the same type and public keys in every "
+                                      "protected table", table.name, column)
+    return found
+
+
+#: What ``provenance`` may say: ``"public"`` or ``"synthetic: <how it was made>"``.
+_PROVENANCE_RE = re.compile(r"^(public|synthetic:\s*\S.*)$", re.S)
+
+
+def _parse_proxy(ds: Mapping[str, Any], tables: Mapping[str, TablePolicy], name: str,
+                 path: Path) -> tuple[str | None, str | None, tuple[str, ...]]:
+    """``[dataset] proxy``, ``provenance`` and ``proxy_default_for`` (checked across files by
+    :func:`check_proxies`)."""
+    proxy = ds.get("proxy")
+    if proxy is not None and (not isinstance(proxy, str) or not _NAME_RE.match(proxy)):
+        raise _policy_error(path, "[dataset] proxy must name a dataset")
+    if proxy is not None and proxy == name:
+        raise _policy_error(path, "[dataset] proxy cannot name the dataset itself")
+    provenance = ds.get("provenance")
+    if provenance is not None:
+        if not isinstance(provenance, str) or not _PROVENANCE_RE.match(provenance.strip()):
+            raise _policy_error(path, '[dataset] provenance must be "public" or "synthetic: <how it was made>"')
+        provenance = provenance.strip()
+        private = sorted(t.name for t in tables.values() if not t.public)
+        if private:
+            raise _policy_error(path, "a dataset with a provenance (a proxy: public or synthetic data) must "
+                                      f"declare every table public = true (not: {', '.join(private)})")
+        if proxy is not None:
+            raise _policy_error(path, "a proxy dataset cannot have a proxy of its own")
+    default_for = ds.get("proxy_default_for", [])
+    if not isinstance(default_for, list) or not all(isinstance(c, str) and c for c in default_for):
+        raise _policy_error(path, "[dataset] proxy_default_for must be a list of consumer names")
+    if default_for and proxy is None:
+        raise _policy_error(path, "[dataset] proxy_default_for needs [dataset] proxy")
+    return proxy, provenance, tuple(default_for)
+
+
+def check_proxies(policies: Mapping[str, DatasetPolicy]) -> None:
+    """Every ``proxy`` names a loaded dataset with a ``provenance`` and the same schema: for each
+    protected table, a table of the same name declaring the same columns with the same types,
+    and the privacy unit column (a proxy's tables are public, so the unit is a plain column).
+
+    Raises:
+        PolicyError: naming the dataset, the proxy and the first difference.
+    """
+    for policy in policies.values():
+        if policy.proxy is None:
+            continue
+        proxy = policies.get(policy.proxy)
+        if proxy is None:
+            raise _policy_error(policy.path, f"[dataset] proxy {policy.proxy!r} names no dataset of the "
+                                             "policies folder")
+        if proxy.provenance is None:
+            raise _policy_error(policy.path, f"proxy {proxy.name!r} declares no provenance "
+                                             '("public" or "synthetic: …" in its [dataset])')
+        for table in policy.tables.values():
+            if table.public:
+                continue
+            twin = proxy.tables.get(table.name)
+            if twin is None:
+                raise _policy_error(policy.path, f"proxy {proxy.name!r} has no table {table.name!r} (a proxy has "
+                                                 "the same schema)", table.name)
+            needed = dict((c.name, c.type) for c in table.columns.values())
+            for cname, ctype in needed.items():
+                other = twin.find_column(cname)
+                if other is None or other.type != ctype:
+                    raise _policy_error(policy.path, f"proxy {proxy.name!r}: column {cname!r} of {table.name!r} "
+                                                     f"must be declared there with type {ctype}", table.name, cname)
+            if table.privacy_unit is not None and twin.find_column(table.privacy_unit) is None:
+                raise _policy_error(policy.path, f"proxy {proxy.name!r}: table {table.name!r} must declare the "
+                                                 f"privacy unit column {table.privacy_unit!r}", table.name)
+
+
+def check_population_cohorts(policies: Mapping[str, DatasetPolicy]) -> None:
+    """Datasets of one population agree on its cohort column (or all have none).
+
+    Raises:
+        PolicyError: two datasets of one population declare different cohort columns.
+    """
+    seen: dict[str, DatasetPolicy] = {}
+    for policy in policies.values():
+        if policy.provenance is not None:
+            continue  # a proxy never charges its population
+        other = seen.setdefault(policy.population, policy)
+        a = None if other.cohorts is None else other.cohorts.column
+        b = None if policy.cohorts is None else policy.cohorts.column
+        if a != b:
+            raise _policy_error(policy.path, f"population {policy.population!r} is also used by {other.path} "
+                                             f"with cohort column {a!r}, here {b!r}: one population has one "
+                                             "cohort rule")

@@ -57,6 +57,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from dpgate import accounting
+from dpgate.cohorts import charge_scope, release_guarantee, scope_signature
 from dpgate.errors import DpgateError, ExecutionError, InvalidBudget, MechanismError, UnsupportedQuery
 from dpgate.mechanisms import select_top_k, top_k_rho
 from dpgate.policy import DatasetPolicy
@@ -266,8 +267,10 @@ def run_selection(gateway: Any, dataset: str, policy: DatasetPolicy, sel: Select
     plan = sel.plan
     resolved = resolve_selection_budget(policy, budget)
     version = gateway._data_version(dataset)
-    keys = CacheKeys.of(plan_hash=plan.plan_hash, noise_signature=_noise_signature(sel), data_version=version,
-                        mechanism=MECHANISM, budget=resolved, post_processing={})
+    scope = charge_scope(gateway.ledger, policy, plan)  # cohorts hook (issue 23)
+    keys = CacheKeys.of(plan_hash=plan.plan_hash + scope_signature(scope),
+                        noise_signature=_noise_signature(sel) + scope_signature(scope),
+                        data_version=version, mechanism=MECHANISM, budget=resolved, post_processing={})
     with gateway.release_cache.flight(keys) as flight:
         hit = flight.lookup()
         if hit is not None:
@@ -282,7 +285,8 @@ def run_selection(gateway: Any, dataset: str, policy: DatasetPolicy, sel: Select
                 metadata["search_id"] = search_id
             return gateway.ledger.charge(policy.population, consumer, cal.cost,
                                          purpose=f"selection on {dataset}: {plan.canonical_sql}"[:500],
-                                         release_key=release_key, metadata=metadata)
+                                         release_key=release_key, metadata=metadata,
+                                         **({"cohorts": scope} if scope is not None else {}))
 
         release, fresh = flight.run(
             charge=charge,
@@ -347,7 +351,7 @@ def _compute(gateway: Any, policy: DatasetPolicy, sel: SelectionQuery, cal: Sele
                         for c, col in table.columns.items() if col.bounded},
         },
         "guarantee": {"population": policy.population, "privacy_unit": table.privacy_unit or "record",
-                      "cap": cap},
+                      "cap": cap, **release_guarantee(policy, receipt)},
     }
     return Release(release_id, key, policy.name, plan.plan_hash, created, document, None)
 

@@ -39,6 +39,7 @@ import numpy as np
 from dpgate import accounting, limits, partition_selection
 from dpgate.engines import EngineOptions, EngineSet
 from dpgate.errors import (
+    BudgetExhausted,
     Conflict,
     DpgateError,
     ExecutionError,
@@ -48,6 +49,8 @@ from dpgate.errors import (
     UnknownPopulation,
     UnsupportedQuery,
 )
+from dpgate.budget_views import budget_cohort_views, dataset_budget_views
+from dpgate.cohorts import charge_scope, population_cohorts, release_guarantee, scope_signature
 from dpgate.ledger import Ledger, open_ledger
 from dpgate.ledger.base import FINITE_ORDERS, PolicyDrift
 from dpgate.mechanisms import calibrate, ci95_halfwidth, mechanism_name, sample
@@ -236,6 +239,7 @@ class Gateway:
         self.release_store = releases
         timeout = getattr(engine, "timeout_s", None)
         self.release_cache = ReleaseCache(releases, lease_s=(timeout or 30.0) + RELEASE_LEASE_MARGIN_S)
+        check_population_moves(ledger, self.policies)  # issue 23: no renewal by renaming a population
         for drift in ensure_populations(ledger, self.policies).values():
             if drift.message():
                 log.warning("%s", drift.message())
@@ -354,6 +358,7 @@ class Gateway:
             "default_mechanism": policy.budget.mechanism,
             "default_query_rho": policy.budget.default_query_rho,
             "tables": tables,
+            **dataset_budget_views(self, policy, drift.ledger_cap),  # issue 23: renewal, cohorts, attack bound, proxy
         }
 
     def budget(self, dataset: str) -> dict[str, Any]:
@@ -363,6 +368,7 @@ class Gateway:
         report = self.ledger.spend(policy.population).to_dict()
         report["dataset"] = dataset
         report["policy_drift"] = self.policy_drift(dataset).to_dict()
+        report.update(budget_cohort_views(self.ledger, policy))  # issue 23: spend per cohort
         return report
 
     def _serving(self, name: str) -> dict[str, Any]:
@@ -606,7 +612,7 @@ class Gateway:
 
     def explain(self, dataset: str, sql: str, *, budget: QueryBudget | None = None,
                 mechanism: str | None = None, consumer: str | None = None,
-                dialect: str | None = None) -> dict[str, Any]:
+                dialect: str | None = None, trial: bool = False) -> dict[str, Any]:
         """Plan, bounded SQL (salt hidden), sensitivities and cost of a query.
 
         Reads no data and charges nothing. Raises the same errors as :meth:`query`
@@ -615,7 +621,14 @@ class Gateway:
         report: a charge that does not fit is refused by :meth:`query` with
         ``budget_exhausted`` and nothing is written. A ``ci95`` budget adds
         ``accuracy_target``: each cell's rule and the half-width it will report.
-        ``dialect`` is as for :meth:`query`.
+        ``dialect`` is as for :meth:`query`. With ``trial``, the plan also runs on the dataset's
+        proxy (free; :func:`dpgate.proxy.trial`): ``trial`` holds what the answer would look like
+        and the ± each cell would carry at the requested budget (issue 23 item 6). For a
+        population with cohorts, ``cohorts`` lists the cohorts the charge would draw on and
+        ``cost.fits`` is checked against each of them.
+
+        Raises:
+            as :meth:`query` before its charge; InvalidRequest: ``trial`` without a proxy.
         """
         policy, plan = self._plan(dataset, sql, dialect)
         # what dpgate explain prints as well: the released columns and the contribution bounds
@@ -642,6 +655,13 @@ class Gateway:
         cal, sens = self._calibrate(policy, plan, mech, resolved)
         delta = self.ledger.cap(policy.population).rho_delta
         extra: dict[str, Any] = {}
+        scope = charge_scope(self.ledger, policy, plan)  # cohorts hook (issue 23)
+        if scope is not None:
+            extra["cohorts"] = {"column": policy.cohorts.column, "drew_on": list(scope)}
+        if trial:  # utility trial on the proxy (issue 23 item 6): free, reads only the proxy
+            from dpgate.proxy import trial as proxy_trial
+
+            extra["trial"] = proxy_trial(self, policy, plan, cal)
         if getattr(cal, "selection", None) is not None:  # issue 11: threshold, δ and the units a key needs
             extra["partition_selection"] = partition_selection.describe(plan, cal, resolved["selection_delta"])
         if "ci95" in resolved:
@@ -683,18 +703,25 @@ class Gateway:
                 "epsilon_at_delta": accounting.cost_epsilon(cal.cost, delta),
                 "delta": delta,
                 **({"selection_delta": cal.selection.delta} if getattr(cal, "selection", None) is not None else {}),
-                **self._fit(policy, cal.cost, consumer),
+                **self._fit(policy, cal.cost, consumer, scope),
             },
             **extra,
         }
 
-    def _fit(self, policy: DatasetPolicy, cost: accounting.Cost, consumer: str | None) -> dict[str, Any]:
-        """Whether ``cost`` fits what is left (the ledger's spend report), as explain reports it."""
-        report = self.ledger.spend(policy.population)
-        if consumer is not None and consumer in report.consumers:
-            left, who = report.consumers[consumer].remaining_rho, f"consumer {consumer!r}"
+    def _fit(self, policy: DatasetPolicy, cost: accounting.Cost, consumer: str | None,
+             scope: tuple[str, ...] | None = None) -> dict[str, Any]:
+        """Whether ``cost`` fits what is left (the ledger's spend report), as explain reports it.
+        With cohorts: against the cohort of ``scope`` (None: every declared cohort) with the least left."""
+        if getattr(policy, "cohorts", None) is not None and self.ledger.cohort_column(policy.population):
+            from dpgate.budget_views import cohort_remaining  # cohorts hook (issue 23)
+
+            left, who = cohort_remaining(self.ledger, policy, consumer, scope or policy.cohorts.names)
         else:
-            left, who = report.remaining_rho, f"population {policy.population!r}"
+            report = self.ledger.spend(policy.population)
+            if consumer is not None and consumer in report.consumers:
+                left, who = report.consumers[consumer].remaining_rho, f"consumer {consumer!r}"
+            else:
+                left, who = report.remaining_rho, f"population {policy.population!r}"
         need = cost.rho_bound()  # ρ for a zCDP charge; for a pure-ε curve, the ρ it is at most
         fits = bool(need <= left)
         verdict = "fits" if fits else "does NOT fit: the query would be refused with budget_exhausted"
@@ -705,7 +732,33 @@ class Gateway:
 
     def query(self, dataset: str, sql: str, *, consumer: str, budget: QueryBudget | None = None,
               mechanism: str | None = None, dialect: str | None = None,
-              search_id: str | None = None) -> dict[str, Any]:
+              search_id: str | None = None, fallback: str | None = None) -> dict[str, Any]:
+        """Answer ``sql`` with a DP release (:meth:`_answer`); when the budget refuses it and
+        ``fallback`` is ``"proxy"`` (or None and the policy's ``proxy_default_for`` names the
+        consumer), answer the same plan on the dataset's proxy instead: exact, free, labelled
+        ``"source": "proxy"``, ``"dp": false``, never stored in the release cache
+        (:mod:`dpgate.proxy`, issue 23). ``fallback = "none"`` never falls back.
+
+        Raises:
+            as :meth:`_answer`; InvalidRequest: ``fallback`` not "proxy"/"none", or "proxy" for a
+            dataset without a proxy (checked before anything is charged).
+        """
+        from dpgate.proxy import check_fallback, fallback_answer  # proxy hook (issue 23)
+
+        check_fallback(self.policy(dataset), fallback)
+        try:
+            return self._answer(dataset, sql, consumer=consumer, budget=budget, mechanism=mechanism,
+                                dialect=dialect, search_id=search_id)
+        except BudgetExhausted as refusal:
+            answer = fallback_answer(self, dataset, sql, consumer=consumer, dialect=dialect, fallback=fallback,
+                                     refusal=refusal)
+            if answer is None:
+                raise
+            return answer
+
+    def _answer(self, dataset: str, sql: str, *, consumer: str, budget: QueryBudget | None = None,
+                mechanism: str | None = None, dialect: str | None = None,
+                search_id: str | None = None) -> dict[str, Any]:
         """Answer ``sql`` on ``dataset`` with a DP release, charged to ``consumer``'s allocation.
 
         Args:
@@ -744,13 +797,16 @@ class Gateway:
                                          search_id=search_id)
         mech = self._mechanism(policy, mechanism)
         resolved = self._resolve_selection(policy, plan, self._resolve_budget(policy, mech, budget), budget)
+        scope = charge_scope(self.ledger, policy, plan)  # cohorts hook (issue 23): the cohorts this charge draws on
         version = self._data_version(dataset)
         # Two keys: the noise key names the noisy primitives (what is charged and noised:
         # table, filter, grouping, primitives, bounds, budget, mechanism, data version); the
         # release key names this exact query, post-processing (outputs, HAVING, ORDER BY,
         # LIMIT) and display settings included. Queries that differ only in post-processing
         # share one charge.
-        keys = CacheKeys.of(plan_hash=plan.plan_hash, noise_signature=_noise_signature(plan, cell_targets="ci95" in resolved),
+        keys = CacheKeys.of(plan_hash=plan.plan_hash + scope_signature(scope),
+                            noise_signature=_noise_signature(plan, cell_targets="ci95" in resolved)
+                            + scope_signature(scope),
                             data_version=version, mechanism=mech, budget=resolved,
                             post_processing=post_processing_settings(policy))
         display = [o.label or o.name for o in plan.outputs if not o.hidden]
@@ -785,6 +841,7 @@ class Gateway:
                     metadata={"dataset": dataset, "plan_hash": plan.plan_hash, "data_version": version},
                     # issue 11: the δ OpenDP's threshold map gives, against the cap's selection_delta
                     **({"selection_delta": cal.selection.delta} if getattr(cal, "selection", None) is not None else {}),
+                    **({"cohorts": scope} if scope is not None else {}),
                 )
 
             # ---- once charged, nothing refunds the charge (a failed attempt stays charged) ----
@@ -956,6 +1013,7 @@ class Gateway:
                 "population": policy.population,
                 "privacy_unit": table_policy.privacy_unit or "record",
                 "cap": cap,
+                **release_guarantee(policy, receipt),  # issue 23: renewal rule, cohorts drawn on
             },
         }
         # the noisy primitives themselves (DP outputs), so that queries differing only in
@@ -1076,8 +1134,11 @@ class Gateway:
                         orders: list[float] | None = None, rho: float | None = None, kind: str = "rdp",
                         purpose: str, actor: str, search_id: str | None = None, candidate: str | None = None,
                         step: str | None = None, outcome: str | None = None, attempt: int | None = None,
-                        note: str | None = None, any_search: bool = False) -> dict[str, Any]:
-        """Charge a cost computed by an external accountant (e.g. a DP-SGD run).
+                        note: str | None = None, any_search: bool = False,
+                        dp_sgd: Mapping[str, Any] | None = None,
+                        cohorts: list[str] | None = None) -> dict[str, Any]:
+        """Charge a cost computed by an external accountant, or a DP-SGD run described by its
+        parameters (``dp_sgd``: the gateway computes the curve, :mod:`dpgate.training`).
 
         A curve may be given on the caller's own order grid (the orders its accountant
         used): it is mapped onto the ledger's grid conservatively by
@@ -1094,6 +1155,11 @@ class Gateway:
                 :data:`~dpgate.accounting.ORDERS`) for ``kind = "rdp"``; total for this charge.
             orders: the caller's ascending orders α > 1 (``inf`` allowed), or None.
             rho: total ρ for ``kind = "zcdp"`` or ``"gaussian"`` (continuous Gaussian).
+            dp_sgd: ``{q, noise_multiplier, steps, sampler}``: the gateway computes the run's curve
+                (amplified only for ``sampler = "poisson"``); with ``curve`` too, the caller's curve
+                ("caller's accountant") must be at least the gateway's (:func:`dpgate.training.external_cost`).
+            cohorts: for a population with cohorts, the cohorts whose units the run read (default:
+                every cohort the population's policies declare).
             purpose, actor: recorded with the charge.
             search_id: the search this charge is a step of (issue 15): it must be open and spend
                 ``population``; the step records ``candidate`` (declared in the search),
@@ -1132,28 +1198,17 @@ class Gateway:
             metadata.update({"search_id": search_id, "search_step": step})
             if candidate is not None:
                 metadata["candidate"] = candidate
-        try:
-            if kind == "rdp":
-                if curve is None:
-                    raise ValueError("curve is required for kind 'rdp'")
-                if orders is None or tuple(float(a) for a in orders) == accounting.ORDERS:
-                    cost = accounting.Cost.rdp(list(curve))
-                    accounting.check_nondecreasing(cost.curve, accounting.ORDERS)
-                else:
-                    cost = accounting.Cost.rdp_on_orders(list(curve), [float(a) for a in orders])
-                    enc = lambda v: "inf" if math.isinf(v) else float(v)  # noqa: E731
-                    metadata["caller_orders"] = [enc(a) for a in orders]
-                    metadata["caller_curve"] = [enc(v) for v in curve]
-            elif kind in ("zcdp", "gaussian"):
-                if rho is None:
-                    raise ValueError(f"rho is required for kind {kind!r}")
-                cost = accounting.Cost.zcdp(rho) if kind == "zcdp" else accounting.Cost.continuous_gaussian(rho)
-            else:
-                raise ValueError("kind must be 'rdp', 'zcdp' or 'gaussian'")
-        except ValueError as exc:
-            raise InvalidBudget(str(exc), {"kind": kind}) from None
-        receipt = self.ledger.charge(population, consumer, cost, purpose=purpose, metadata=metadata)
+        from dpgate.training import external_cost  # training-runs hook (issue 23)
+
+        cost, how = external_cost(kind=kind, curve=curve, orders=orders, rho=rho, dp_sgd=dp_sgd)
+        metadata.update(how)
+        scope = self._external_cohorts(population, cohorts)  # cohorts hook (issue 23)
+        receipt = self.ledger.charge(population, consumer, cost, purpose=purpose, metadata=metadata,
+                                     **({"cohorts": scope} if scope is not None else {}))
         out = receipt.to_dict()
+        out["accountant"] = how["accountant"]
+        if "dp_sgd" in how:
+            out.update(dp_sgd=how["dp_sgd"], formula=how["formula"])
         if search_id is not None:
             recorded = self.searches.record_charge(search_id, out, step=step or "training", candidate=candidate,
                                                    outcome=outcome, attempt=attempt, note=note)
@@ -1209,6 +1264,44 @@ class Gateway:
             raise UnknownPopulation(f"unknown population {population!r}", {"population": population})
         return self.ledger.set_cap(population, epsilon=epsilon, delta=delta, actor=actor, reason=reason)
 
+    def _external_cohorts(self, population: str, cohorts: list[str] | None) -> tuple[str, ...] | None:
+        """The cohorts an external charge draws on: None for a population without cohorts; else the
+        named ones (each declared by a policy of the population) or, by default, every declared one.
+
+        Raises:
+            InvalidRequest: cohorts for a population without, or a cohort no policy declares.
+        """
+        declared = population_cohorts(self.policies, population)
+        if self.ledger.cohort_column(population) is None:  # the ledger's rule holds (policy cohorts: drift)
+            declared = None
+        if declared is None:
+            if cohorts is not None:
+                raise InvalidRequest(f"population {population!r} has no cohorts: do not name any",
+                                     {"field": "cohorts"})
+            return None
+        if cohorts is None:
+            return declared
+        unknown = sorted(set(cohorts) - set(declared))
+        if unknown:
+            raise InvalidRequest(f"population {population!r} declares no cohort {unknown[0]!r}",
+                                 {"field": "cohorts", "declared": list(declared)})
+        return tuple(sorted(set(cohorts)))
+
+    def renew(self, population: str, *, actor: str, reason: str) -> dict[str, Any]:
+        """A request to renew (reset) a population's spent budget: always refused (issue 23 item 2).
+
+        Raises:
+            UnknownPopulation: no such population.
+            RenewalRefused: with the arithmetic of renewing at the cap's rate (12 and 36 periods), or,
+                for a population with cohorts, that it renews only by opening new cohorts.
+        """
+        from dpgate.ledger.renewal import renewal_refused
+
+        if population not in self.ledger.populations():
+            raise UnknownPopulation(f"unknown population {population!r}", {"population": population})
+        raise renewal_refused(population, self.ledger.cap(population), f"renewing population {population!r}",
+                              cohort_column=self.ledger.cohort_column(population))
+
     def ledger_orders(self) -> dict[str, Any]:
         """The ledger's RDP order grid and, per population, the orders its filter checks.
 
@@ -1250,7 +1343,8 @@ def population_policies(policies: Mapping[str, DatasetPolicy]) -> dict[str, Data
     """One policy per population (the policy loader already checks that datasets of one
     population state the same cap and allocations)."""
     out: dict[str, DatasetPolicy] = {}
-    for name in sorted(policies):
+    # a proxy dataset (provenance set, every table public) never charges: the protected dataset speaks
+    for name in sorted(policies, key=lambda n: (getattr(policies[n], "provenance", None) is not None, n)):
         out.setdefault(policies[name].population, policies[name])
     return out
 
@@ -1262,6 +1356,9 @@ def _cap_arguments(policy: DatasetPolicy) -> dict[str, Any]:
     selection = getattr(policy.budget, "selection_delta", None)
     if selection is not None:
         args["selection_delta"] = selection
+    cohorts = getattr(policy, "cohorts", None)
+    if cohorts is not None:  # issue 23: one budget per cohort
+        args["cohort_column"] = cohorts.column
     return args
 
 
@@ -1303,11 +1400,37 @@ def apply_policies(ledger: Ledger, policies: Mapping[str, DatasetPolicy], *, act
             raise UnknownPopulation(f"no policy file names population {population!r}",
                                     {"population": population, "populations": sorted(chosen)})
         chosen = {population: chosen[population]}
+    check_population_moves(ledger, {n: p for n, p in policies.items() if p.population in chosen})
     out = []
     for pop, policy in chosen.items():
         ledger.ensure_population(pop, **_cap_arguments(policy), reason=f"policy file {policy.path}")
         out.append(ledger.apply_policy(pop, **_cap_arguments(policy), actor=actor, reason=reason))
     return out
+
+
+def check_population_moves(ledger: Ledger, policies: Mapping[str, DatasetPolicy]) -> None:
+    """Refuse a policy edit that moves a dataset with charges to a population the ledger lacks
+    (a renamed ``[dataset] population``): the new population would give the same units a fresh
+    budget (issue 23 item 2, :mod:`dpgate.ledger.renewal`). One read of the population names; the
+    charges are searched only for a population about to be created.
+
+    Raises:
+        RenewalRefused: naming the dataset, the old and the new population, with the arithmetic.
+    """
+    from dpgate.ledger.renewal import renewal_refused
+
+    existing = set(ledger.populations())
+    for name, policy in sorted(policies.items()):
+        if policy.population in existing or getattr(policy, "provenance", None) is not None:
+            continue
+        finder = getattr(ledger, "populations_charged_for", None)
+        old = [p for p in (finder(name) if finder is not None else []) if p != policy.population]
+        if old:
+            raise renewal_refused(
+                old[0], ledger.cap(old[0]),
+                f"moving dataset {name!r} from population {old[0]!r} (where it has charges) to the new population "
+                f"{policy.population!r} (if the dataset now holds different people, give it a new dataset name)",
+                cohort_column=ledger.cohort_column(old[0]) if hasattr(ledger, "cohort_column") else None)
 
 
 def check_representable(plan: QueryPlan, policy: DatasetPolicy) -> None:

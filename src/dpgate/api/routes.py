@@ -21,7 +21,7 @@ from dpgate.api import schemas
 from dpgate.api.errors import json_safe
 from dpgate.api.authn import authenticate
 from dpgate.auth import Permission, Principal, Role
-from dpgate.errors import Forbidden, Internal, InvalidRequest, LedgerUnavailable
+from dpgate.errors import Forbidden, Internal, InvalidRequest, LedgerUnavailable, UnknownPopulation
 from dpgate.service import Gateway, QueryBudget
 
 _bearer = HTTPBearer(auto_error=False, description="`Authorization: Bearer <API key>`")
@@ -152,6 +152,9 @@ def run_query(
     with ``requested``, ``spent``, ``cap`` and ``remaining`` (ρ and ε at the
     cap's δ) and no rows.
     """
+    if body.trial is not None:
+        raise InvalidRequest("trial goes with POST /v1/queries/explain (a free run on the proxy), not with a query",
+                             {"field": "trial"})
     release = gateway.query(
         body.dataset,
         body.sql,
@@ -160,6 +163,7 @@ def run_query(
         mechanism=body.mechanism,
         dialect=body.dialect,
         search_id=body.search_id,
+        fallback=body.fallback,
     )
     return json_safe(release)
 
@@ -177,8 +181,11 @@ def explain_query(
 ) -> dict[str, Any]:
     """Show the plan, the bounded SQL template, the sensitivities and the cost a query would
     charge. Reads no data and charges nothing."""
+    if body.fallback is not None:
+        raise InvalidRequest("fallback goes with POST /v1/queries (explain charges nothing, so nothing is refused)",
+                             {"field": "fallback"})
     explanation = gateway.explain(body.dataset, body.sql, budget=_budget(body.budget), mechanism=body.mechanism,
-                                  consumer=principal.consumer, dialect=body.dialect)
+                                  consumer=principal.consumer, dialect=body.dialect, trial=bool(body.trial))
     return json_safe(explanation)
 
 
@@ -288,6 +295,8 @@ def post_external_charge(
         attempt=body.attempt,
         note=body.note,
         any_search=principal.role is Role.ADMIN,  # an admin sees every search; its consumer still pays
+        dp_sgd=None if body.dp_sgd is None else body.dp_sgd.to_dict(),
+        cohorts=body.cohorts,
     )
     return json_safe(receipt)
 
@@ -450,3 +459,42 @@ def set_cap(
         population, epsilon=body.epsilon, delta=body.delta, actor=principal.name, reason=body.reason
     )
     return json_safe(event)
+
+
+@v1.post(
+    "/admin/populations/{population}/renew",
+    tags=["admin"],
+    status_code=409,
+    summary="Renew (reset) a population's spent budget: always refused, with the arithmetic",
+)
+def renew_population(
+    population: Annotated[str, Path(min_length=1, max_length=128)],
+    body: schemas.RenewalRequest,
+    gateway: GatewayDep,
+    principal: Annotated[Principal, Depends(require(Permission.SET_CAP))],
+) -> dict[str, Any]:
+    """Spent budget is never restored to the same units (issue 23): 409 ``renewal_refused`` with what a unit
+    present in every period would lose after 12 and 36 periods at the cap's rate; a population with cohorts
+    renews only by opening new cohorts. Raising the cap stays possible (``POST …/cap``, a recorded decision)."""
+    gateway.renew(population, actor=principal.name, reason=body.reason)
+    raise AssertionError("unreachable")  # pragma: no cover - renew always raises
+
+
+@v1.get(
+    "/admin/populations/{population}/cap-preview",
+    tags=["admin"],
+    summary="The membership-attack bound of the cap in force and of a proposed cap (changes nothing)",
+)
+def cap_preview(
+    population: Annotated[str, Path(min_length=1, max_length=128)],
+    gateway: GatewayDep,
+    principal: Annotated[Principal, Depends(require(Permission.SET_CAP))],
+    epsilon: Annotated[float, Query(gt=0, le=1e3, allow_inf_nan=False)],
+    delta: Annotated[float, Query(gt=0, lt=1, allow_inf_nan=False)],
+) -> dict[str, Any]:
+    """TPR bound at FPR = 1 % and the curve over FPR, before and after the proposed (ε, δ) (issue 23)."""
+    from dpgate.budget_views import cap_change_preview
+
+    if population not in gateway.ledger.populations():
+        raise UnknownPopulation(f"unknown population {population!r}", {"population": population})
+    return json_safe(cap_change_preview(gateway.ledger, population, epsilon, delta))

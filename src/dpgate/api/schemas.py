@@ -192,6 +192,27 @@ class QueryRequest(RequestModel):
         default=None, description="a selection query's search record (issue 15): it must be open and the "
                                   "key's consumer's own (another consumer's is 404 not_found); the "
                                   "selection is recorded in it")
+    fallback: Literal["proxy", "none"] | None = Field(
+        default=None, description="POST /v1/queries only: when the budget refuses the query, \"proxy\" answers the "
+        "same plan on the dataset's proxy (exact, free, labelled source = proxy, dp = false, never cached); "
+        "\"none\" never falls back; absent: the policy's proxy_default_for decides (issue 23)")
+    trial: bool | None = Field(
+        default=None, description="POST /v1/queries/explain only: also run the plan on the dataset's proxy (free) and "
+        "show the answer it would give with each cell's ± at the requested budget (issue 23)")
+
+
+class DpSgdRequest(RequestModel):
+    """A DP-SGD run described by its parameters (the gateway computes the RDP curve)."""
+
+    q: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] = Field(description="sampling rate per step")
+    noise_multiplier: Annotated[float, Field(gt=0, le=1e6, allow_inf_nan=False)] = Field(
+        description="noise standard deviation over the clipping norm")
+    steps: Annotated[int, Field(ge=1, le=100_000_000)]
+    sampler: Literal["poisson", "shuffle", "fixed_batches", "with_replacement"] = Field(
+        description="how batches were drawn; only poisson is amplified by subsampling")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"q": self.q, "noise_multiplier": self.noise_multiplier, "steps": self.steps, "sampler": self.sampler}
 
 
 class ExternalChargeRequest(RequestModel):
@@ -228,9 +249,22 @@ class ExternalChargeRequest(RequestModel):
     attempt: Annotated[int, Field(ge=1, le=10_000)] | None = Field(
         default=None, description="with search_id: attempt number of a retried run")
     note: Annotated[str, StringConstraints(min_length=1, max_length=2000)] | None = None
+    dp_sgd: DpSgdRequest | None = Field(
+        default=None, description="a DP-SGD run by its parameters {q, noise_multiplier, steps, sampler}: the gateway "
+        "computes its RDP curve (Poisson-subsampled Gaussian for poisson, no amplification otherwise); with curve, "
+        "the caller's curve must be at least the gateway's (issue 23)")
+    cohorts: Annotated[list[Annotated[str, StringConstraints(min_length=1, max_length=200)]],
+                       Field(min_length=1, max_length=10_000)] | None = Field(
+        default=None, description="for a population with cohorts: the cohorts whose units the run read (default: "
+        "every cohort its policies declare)")
 
     @model_validator(mode="after")
     def _consistent(self) -> "ExternalChargeRequest":
+        if self.dp_sgd is not None and self.curve is None:
+            if self.rho is not None or self.orders is not None:
+                raise ValueError("dp_sgd alone describes the run: give neither rho nor orders (or give a curve to "
+                                 "have it checked against the gateway's)")
+            return self
         if self.kind == "rdp":
             if self.curve is None or self.rho is not None:
                 raise ValueError('kind "rdp" needs curve (and optionally orders), not rho')
@@ -306,6 +340,12 @@ class SearchList(ResponseModel):
     searches: list[dict[str, Any]]
 
 
+class RenewalRequest(RequestModel):
+    """``POST /v1/admin/populations/{p}/renew``: always refused (409 ``renewal_refused``), with the arithmetic."""
+
+    reason: Text
+
+
 class CapChangeRequest(RequestModel):
     """``POST /v1/admin/populations/{p}/cap``: a new (ε, δ) cap with the reason for the change."""
 
@@ -361,6 +401,9 @@ class Release(ResponseModel):
     ``charge`` names the ledger charge that paid for the release (ρ and ε of that
     charge alone at the cap's δ), or is null when none applies; ``cached`` is
     true when this response served a stored release and spent nothing.
+    ``guarantee.renewal`` states the renewal rule (and, with cohorts, the cohorts drawn on).
+    A proxy answer (``fallback: "proxy"`` after a budget refusal) has ``source: "proxy"``,
+    ``dp: false``, ``proxy {dataset, provenance}``, ``refused`` and ``stored: false``.
     """
 
     release_id: str
@@ -473,6 +516,16 @@ class DatasetInfo(ResponseModel):
     tables: dict[str, TableInfo]
     policy_drift: dict[str, Any] | None = Field(
         default=None, description="how the policy file differs from the ledger's cap and allocations, which hold")
+    renewal: str | None = Field(
+        default=None, description='the renewal rule in force: "fixed cap, no renewal: …" or "per cohort …" (issue 23)')
+    cohorts: dict[str, Any] | None = Field(
+        default=None, description="for a population with cohorts: the column, the most spent cohort and every "
+                                  "cohort's spend (a cohort never charged has the whole cap)")
+    attack_bound: dict[str, Any] | None = Field(
+        default=None, description="membership-attack bound (largest TPR at FPR = 1 % and the curve over FPR) of the "
+                                  "cap and of what has been spent")
+    proxy: dict[str, Any] | None = Field(
+        default=None, description="the dataset answering refused queries with fallback = proxy, and its provenance")
 
 
 class DatasetList(ResponseModel):
@@ -514,7 +567,9 @@ class BudgetReport(ResponseModel):
 
 
 class ChargeReceipt(ResponseModel):
-    """A ledger charge: id, population, consumer, cost, ρ, ε of this charge alone at the cap's δ."""
+    """A ledger charge: id, population, consumer, cost, ρ, ε of this charge alone at the cap's δ;
+    ``accountant`` ("gateway" for a DP-SGD run charged from its parameters, with ``dp_sgd`` and
+    ``formula``; "caller" for a supplied curve) and ``cohorts`` (each charged its full cost)."""
 
     charge_id: str
     population: str

@@ -5,6 +5,10 @@
   Cor. 13) and exact (continuous Gaussians only, [BW18] Thm. 8). Instead of
   ``--rho``, ``--sigma S [--l2-sensitivity D] [--releases N]`` gives
   ρ = N·D²/(2S²).
+* ``dpgate accounting attack --epsilon 4 --delta 1e-6 [--rho R | --mu M] [--fpr 0.01]`` prints
+  the membership-attack bound: the largest true-positive rate of any test at each false-positive
+  rate, TPR ≤ e^ε·FPR + δ ([KOV15] Thm. 2.1), tighter with a ρ-zCDP or μ-GDP guarantee
+  (:mod:`dpgate.attack`).
 * ``dpgate accounting rho --epsilon 4 --delta 1e-6`` prints the largest total ρ
   (ρ_cap) meeting the cap by each conversion; with ``--releases N`` also the
   per-release ρ and σ (for ``--l2-sensitivity``, default 1) of N equal releases,
@@ -116,6 +120,39 @@ def _rho(args: argparse.Namespace, settings) -> int:
     return 0
 
 
+def _attack(args: argparse.Namespace, settings) -> int:
+    from dpgate.attack import FPR_GRID, attack_bound
+    from dpgate.cli import print_json, print_table
+
+    try:
+        if args.rho is not None and args.mu is not None:
+            raise ValueError("give at most one of --rho and --mu")
+        if not 0.0 < args.fpr < 1.0:
+            raise ValueError(f"fpr must be in (0, 1), got {args.fpr}")
+        fprs = sorted(set(FPR_GRID) | {args.fpr})
+        out = attack_bound(args.epsilon, args.delta, rho=args.rho, mu=args.mu, fpr=args.fpr, fprs=fprs)
+    except ValueError as exc:
+        raise InvalidBudget(str(exc), {"command": "accounting attack"}) from None
+    if args.json:
+        print_json(out)
+        return 0
+    print(f"membership attack at (epsilon = {args.epsilon:g}, delta = {args.delta:g})"
+          + (f", rho = {args.rho:g}" if args.rho is not None else "")
+          + (f", mu = {args.mu:g}" if args.mu is not None else "")
+          + f": at FPR = {args.fpr:g} any test has TPR <= {out['tightest']['tpr']:.4g} "
+          f"({out['tightest']['bound']} bound; TPR <= e^epsilon * FPR + delta = {out['dp']['tpr']:.4g})")
+    headers = ["FPR", "TPR <= (eps, delta)"] + [f"TPR <= {k}" for k in ("zcdp", "gdp") if k in out]
+    rows = []
+    for i, f in enumerate(out["fprs"]):
+        row = [f"{f:g}", f"{out['dp']['curve'][i]:.4g}"] + [f"{out[k]['curve'][i]:.4g}" for k in ("zcdp", "gdp")
+                                                           if k in out]
+        rows.append(row)
+    print_table(headers, rows)
+    print("sources: Kairouz, Oh & Viswanath 2015 Thm. 2.1 (epsilon, delta); Mironov 2017 Prop. 10 with "
+          "Canonne, Kamath & Steinke 2020 Cor. 13 (zCDP); Dong, Roth & Su 2022 Def. 2.6 (GDP: continuous Gaussians only)")
+    return 0
+
+
 def register(subparsers) -> None:
     """Add the ``accounting`` command with its ``epsilon`` and ``rho`` sub-commands."""
     from dpgate.cli import add_common_options
@@ -146,3 +183,12 @@ def register(subparsers) -> None:
     p_rho.add_argument("--l2-sensitivity", type=float, default=1.0, help="L2 sensitivity for sigma (default 1)")
     add_common_options(p_rho)
     p_rho.set_defaults(func=_rho)
+
+    p_att = sub.add_parser("attack", help="membership-attack bound: largest TPR at each FPR for (epsilon, delta)")
+    p_att.add_argument("--epsilon", type=float, required=True, help="total epsilon (of a cap or a spend)")
+    p_att.add_argument("--delta", type=float, required=True, help="total delta in [0, 1)")
+    p_att.add_argument("--rho", type=float, help="also a total rho-zCDP guarantee (tighter curve)")
+    p_att.add_argument("--mu", type=float, help="also a mu-GDP guarantee (continuous Gaussians only)")
+    p_att.add_argument("--fpr", type=float, default=0.01, help="the false-positive rate to quote (default 0.01)")
+    add_common_options(p_att)
+    p_att.set_defaults(func=_attack)

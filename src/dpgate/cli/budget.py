@@ -34,6 +34,17 @@ def print_report(report: dict) -> None:
         rows.append([name, "any" if c["share"] is None else f"{c['share']:g}", f"{c['cap_rho']:.6g}", f"{c['spent_rho']:.6g}",
                      f"{c['spent_epsilon']:.4g}", f"{c['remaining_rho']:.6g}", c["charges"]])
     print_table(["allocation", "share", "cap ρ", "spent ρ", "spent ε", "remaining ρ", "charges"], rows)
+    if report.get("renewal"):
+        print()
+        print(f"guarantee: {report['renewal']}")
+    cohorts = report.get("cohorts")
+    if cohorts:  # issue 23: a unit's guarantee is its cohort's spend
+        print()
+        print(f"per cohort of {report['cohort_column']!r} (the rows above sum every charge once over all cohorts; "
+              "each unit has spent only its cohort's):")
+        crow = [[name, f"{c['spent']['rho']:.6g}", f"{c['spent']['epsilon']:.4g}", f"{c['remaining']['rho']:.6g}",
+                 c["charges"], "fresh: whole cap" if c["fresh"] else ""] for name, c in sorted(cohorts.items())]
+        print_table(["cohort", "spent ρ", "spent ε", "remaining ρ", "charges", ""], crow)
 
 
 def run(args: argparse.Namespace, settings) -> int:
@@ -52,6 +63,9 @@ def run(args: argparse.Namespace, settings) -> int:
     try:
         drift = ensure_populations(ledger, {args.dataset: policy})[policy.population]
         report = ledger.spend(policy.population).to_dict()
+        from dpgate.budget_views import budget_cohort_views
+
+        report.update(budget_cohort_views(ledger, policy))
     finally:
         ledger.close()
     report["dataset"] = args.dataset

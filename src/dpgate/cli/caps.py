@@ -11,8 +11,14 @@ restarts, deploys and other commands never put a policy file's values back.
   and said so (every further charge is then refused); charges are never refunded. Caps
   fixed by an earlier dpgate (every RDP order checked) are re-fixed by the α_cap rule.
 
-``--json`` prints JSON instead of tables. Exit status 0; 2 on an error (e.g. no policy
-names the population).
+* ``dpgate caps renew --population P --reason "…"`` — always refused (issue 23): spent budget is
+  never restored to the same units. The refusal states what a unit present in every period would
+  lose after 12 and 36 periods at the cap's rate; a population with cohorts renews only by opening
+  new cohorts. Raising the cap (``caps apply`` of a larger ε, or the admin form) stays possible.
+
+``caps apply`` prints the membership-attack bound (TPR at FPR = 1 %) of each changed cap before
+and after. ``--json`` prints JSON instead of tables. Exit status 0; 2 on an error (e.g. no
+policy names the population, or a refused renewal).
 """
 
 from __future__ import annotations
@@ -45,6 +51,13 @@ def register(subparsers: Any) -> None:
     apply.add_argument("--reason", required=True, help="why the values are adopted (recorded with the event)")
     apply.add_argument("--actor", help="who adopts them (default: cli:<user>@<host>)")
     apply.set_defaults(func=cmd_apply)
+
+    renew = actions.add_parser("renew", help="renew (reset) a population's spent budget: always refused, with why")
+    add_common_options(renew)
+    renew.add_argument("--population", required=True)
+    renew.add_argument("--reason", required=True)
+    renew.add_argument("--actor", help="who asks (default: cli:<user>@<host>)")
+    renew.set_defaults(func=cmd_renew)
 
 
 def _actor(args: argparse.Namespace) -> str:
@@ -119,12 +132,21 @@ def cmd_apply(args: argparse.Namespace, settings: Any) -> int:
     from dpgate.policy import load_policies
     from dpgate.service import apply_policies
 
+    from dpgate.attack import cap_attack_bound
+
     policies = load_policies(settings.policies)
     settings.home.mkdir(parents=True, exist_ok=True)
     ledger = open_ledger(settings.resolved_ledger_url())
     try:
+        before = {p: ledger.cap(p) for p in ledger.populations()}
         results = apply_policies(ledger, policies, actor=_actor(args), reason=args.reason,
                                  population=args.population)
+        for r in results:  # issue 23: the attack bound before and after each cap change
+            old = before.get(r["population"])
+            if old is not None and r["changed"]:
+                r["attack_bound"] = {"before": cap_attack_bound(old)["tightest"]["tpr"],
+                                     "after": cap_attack_bound(ledger.cap(r["population"]))["tightest"]["tpr"],
+                                     "fpr": 0.01}
     finally:
         ledger.close()
     if args.json:
@@ -137,7 +159,28 @@ def cmd_apply(args: argparse.Namespace, settings: Any) -> int:
     for r in results:
         if r["over_by"] is not None or r["exhausted"]:
             print(f"warning: {r['message']}")
+        if "attack_bound" in r:
+            a = r["attack_bound"]
+            print(f"{r['population']}: at FPR = 1 % a membership test has TPR <= {a['before']:.4g} under the old cap, "
+                  f"<= {a['after']:.4g} under the new one")
     return 0
 
 
-__all__ = ["register", "cmd_show", "cmd_apply"]
+def cmd_renew(args: argparse.Namespace, settings: Any) -> int:
+    """Refuse a renewal with the arithmetic (raises RenewalRefused; ``dpgate`` prints it, exit 2)."""
+    from dpgate.errors import UnknownPopulation
+    from dpgate.ledger import open_ledger
+    from dpgate.ledger.renewal import renewal_refused
+
+    settings.home.mkdir(parents=True, exist_ok=True)
+    ledger = open_ledger(settings.resolved_ledger_url())
+    try:
+        if args.population not in ledger.populations():
+            raise UnknownPopulation(f"no population {args.population!r} in the ledger", {"population": args.population})
+        raise renewal_refused(args.population, ledger.cap(args.population), f"renewing population {args.population!r}",
+                              cohort_column=ledger.cohort_column(args.population))
+    finally:
+        ledger.close()
+
+
+__all__ = ["register", "cmd_show", "cmd_apply", "cmd_renew"]

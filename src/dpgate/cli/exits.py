@@ -14,7 +14,7 @@ status  meaning                                                              err
 2       the command line or the request is wrong (argparse usage errors too) 400, 413
 3       not allowed                                                          401, 403
 4       something named does not exist                                       404
-5       refused: budget exhausted, or a conflicting request                  409
+5       refused: budget exhausted, a renewal, or a conflicting request       409
 6       timed out                                                            408, 504
 7       configuration: a policy, the keys file, the ledger, the bind address ``invalid_policy``, ``ledger_error``,
                                                                              ``ledger_unavailable``
@@ -52,7 +52,7 @@ MEANINGS: tuple[tuple[int, str], ...] = (
     (NOT_ALLOWED, "not allowed: `unauthenticated`, `forbidden`"),
     (NOT_FOUND, "something named does not exist: `unknown_dataset`, `unknown_population`, "
                 "`unknown_consumer`, `not_found`"),
-    (REFUSED, "refused: `budget_exhausted`, `conflict`"),
+    (REFUSED, "refused: `budget_exhausted`, `renewal_refused`, `conflict`"),
     (TIMEOUT, "timed out: `query_timeout`, `request_timeout`"),
     (CONFIGURATION, "configuration: `invalid_policy` (policies, keys file), `ledger_error`, "
                     "`ledger_unavailable` (locked or unreachable: try again), the bind address is taken"),

@@ -45,6 +45,9 @@ def register(subparsers) -> None:
                         help="δ spent on private partition selection (GROUP BY keys without public keys)")
     parser.add_argument("--mechanism", choices=tuple(MECHANISMS))
     add_dialect_option(parser)
+    parser.add_argument("--trial", action="store_true",
+                        help="also run the query on the dataset's proxy (free) and show the answer it would give "
+                             "with each cell's ± at the budget (loads the proxy's data)")
     add_common_options(parser)
     parser.set_defaults(func=run)
 
@@ -70,6 +73,8 @@ def run(args: argparse.Namespace, settings) -> int:
     if any(v is not None for v in (args.rho, args.epsilon, args.ci95, args.expected_count, args.delta)):
         budget = QueryBudget(rho=args.rho, epsilon=args.epsilon, ci95=args.ci95,
                              expected_count=args.expected_count, delta=args.delta)
+    if args.trial:
+        return _run_trial(args, settings, budget)
     # loading lines go to stderr: stdout holds the explanation only (or its JSON document)
     with Gateway.open(settings, progress=None if args.json else lambda line: print(line, file=sys.stderr)) as gw:
         doc = gw.explain(args.dataset, args.sql, budget=budget, mechanism=args.mechanism,
@@ -159,3 +164,26 @@ def _num(value: Any) -> str:
     if float(value).is_integer() and abs(value) < 1e15:
         return str(int(value))
     return f"{value:.6g}"
+
+
+def _run_trial(args: argparse.Namespace, settings, budget) -> int:
+    """``--trial``: the gateway's explain with a free run on the proxy (issue 23 item 6);
+    ``budget`` is the request's :class:`~dpgate.service.QueryBudget` (None: the policy's)."""
+    from dpgate.cli.query import format_release
+    from dpgate.service import Gateway
+
+    with Gateway.open(settings, progress=None) as gw:
+        result = gw.explain(args.dataset, args.sql, budget=budget, mechanism=args.mechanism,
+                            consumer=args.consumer, dialect=args.dialect, trial=True)
+    if args.json:
+        print_json(result)
+        return 0
+    trial = result["trial"]
+    cost = result["cost"]
+    print(f"trial on proxy {trial['proxy']['dataset']!r} ({trial['proxy']['provenance']}): exact values of the "
+          "same plan, ± as the DP release would state them")
+    format_release(trial)
+    print()
+    print(f"the DP release would cost rho = {cost['rho']:.6g} (epsilon = {cost['epsilon_at_delta']:.4g} at "
+          f"delta = {cost['delta']:g}); {cost['message']}")
+    return 0

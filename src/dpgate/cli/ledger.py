@@ -11,8 +11,16 @@
   each line without its ``hash`` field equals that field, and each ``prev_hash``
   is the previous line's ``hash``.
 
-All read-only: they never create a ledger (a missing file is an error) and never
-write to one. ``--json`` prints JSON instead of tables.
+* ``dpgate ledger charge --population P --consumer C --purpose "…" --q Q --noise-multiplier S
+  --steps T --sampler poisson|shuffle|fixed_batches|with_replacement [--curve-file F]
+  [--cohort K …]`` — charge a DP-SGD run described by its parameters (issue 23): the gateway
+  computes its RDP curve (amplified for ``poisson`` only); ``--curve-file`` (JSON ``{"orders",
+  "curve"}`` or a list on the ledger's grid) is the caller's own accountant, checked to be at
+  least the gateway's. The same as ``POST /v1/ledger/charges`` with ``dp_sgd``.
+
+``show``, ``verify`` and ``export`` are read-only: they never create a ledger (a missing file
+is an error) and never write to one; ``charge`` appends one charge (or is refused and writes
+nothing). ``--json`` prints JSON instead of tables.
 """
 
 from __future__ import annotations
@@ -43,6 +51,24 @@ def register(subparsers: Any) -> None:
     verify = actions.add_parser("verify", help="check the hash chain and recompute the spend (exit 1 on problems)")
     add_common_options(verify)
     verify.set_defaults(func=cmd_verify)
+
+    charge = actions.add_parser("charge", help="charge a DP-SGD run described by its parameters (or a curve)")
+    add_common_options(charge)
+    charge.add_argument("--population", required=True)
+    charge.add_argument("--consumer", required=True, help="the allocation that pays")
+    charge.add_argument("--purpose", required=True, help="recorded with the charge (e.g. the run's name)")
+    charge.add_argument("--q", type=float, help="sampling rate per step (batch size / dataset size)")
+    charge.add_argument("--noise-multiplier", type=float, help="noise standard deviation / clipping norm")
+    charge.add_argument("--steps", type=int, help="noisy gradient steps")
+    charge.add_argument("--sampler", choices=("poisson", "shuffle", "fixed_batches", "with_replacement"),
+                        help="how batches were drawn (only poisson is amplified)")
+    charge.add_argument("--curve-file", help="your accountant's RDP curve: JSON {orders, curve} or a list on the "
+                                             "ledger's grid (checked against the parameters if given)")
+    charge.add_argument("--cohort", action="append", dest="cohorts",
+                        help="for a population with cohorts: a cohort the run read (repeat; default: every "
+                             "cohort the population's policies declare)")
+    charge.add_argument("--actor", help="who charges (default: cli:<user>@<host>)")
+    charge.set_defaults(func=cmd_charge)
 
     export = actions.add_parser("export", help="every entry and event as JSON lines, in chain order")
     add_common_options(export)
@@ -173,5 +199,65 @@ def cmd_export(args: argparse.Namespace, settings: Any) -> int:
     return 0
 
 
-__all__ = ["register", "cmd_show", "cmd_verify", "cmd_export"]
+def cmd_charge(args: argparse.Namespace, settings: Any) -> int:
+    """Charge a DP-SGD run (or a caller's curve) to the ledger; print the receipt."""
+    import json
+
+    from dpgate.cli.caps import _actor
+    from dpgate.cohorts import population_cohorts
+    from dpgate.errors import InvalidBudget, InvalidRequest, UnknownPopulation
+    from dpgate.policy import load_policies
+    from dpgate.training import external_cost
+
+    params = {"q": args.q, "noise_multiplier": args.noise_multiplier, "steps": args.steps, "sampler": args.sampler}
+    given = {k: v for k, v in params.items() if v is not None}
+    if given and len(given) < 4:
+        missing = sorted(set(params) - set(given))
+        raise InvalidBudget(f"a DP-SGD run needs --q, --noise-multiplier, --steps and --sampler (missing: "
+                            f"{', '.join('--' + m.replace('_', '-') for m in missing)})", {"missing": missing})
+    curve = orders = None
+    if args.curve_file:
+        try:
+            with open(args.curve_file, encoding="utf-8") as fh:
+                data = json.load(fh)
+        except (OSError, ValueError) as exc:
+            raise InvalidRequest(f"cannot read the curve file: {exc}", {"field": "curve_file"}) from None
+        dec = lambda v: float("inf") if v in ("inf", "Infinity") else v  # noqa: E731
+        if isinstance(data, dict):
+            curve, orders = [dec(v) for v in data.get("curve", [])], data.get("orders")
+            orders = None if orders is None else [dec(a) for a in orders]
+        else:
+            curve = [dec(v) for v in data]
+    if not given and curve is None:
+        raise InvalidBudget("describe the run (--q, --noise-multiplier, --steps, --sampler) or give --curve-file", {})
+    cost, how = external_cost(curve=curve, orders=orders, dp_sgd=params if given else None)
+    declared = None
+    try:
+        declared = population_cohorts(load_policies(settings.policies), args.population)
+    except Exception:  # noqa: BLE001 - no policies folder: the ledger alone decides (cohorts must be given)
+        declared = None
+    cohorts = args.cohorts or (list(declared) if declared else None)
+    led = _open(settings)
+    try:
+        if args.population not in led.populations():
+            raise UnknownPopulation(f"no population {args.population!r} in the ledger", {"population": args.population})
+        receipt = led.charge(args.population, args.consumer, cost, purpose=args.purpose,
+                             metadata={"actor": _actor(args), "external": True, **how}, cohorts=cohorts)
+    finally:
+        led.close()
+    out = {**receipt.to_dict(), **{k: how[k] for k in ("accountant", "dp_sgd", "formula") if k in how}}
+    if args.json:
+        print_json(out)
+        return 0
+    print(f"charged {out['charge_id']} to {args.population}/{args.consumer}: rho (at the checked orders) = "
+          f"{_fmt(receipt.rho_checked)}, epsilon alone = {_fmt(receipt.epsilon_at_delta, 4)} at delta = "
+          f"{receipt.delta:g} ({how['accountant']}'s accountant)")
+    if "formula" in how:
+        print(f"curve: {how['formula']}")
+    if receipt.cohorts:
+        print(f"cohorts: {', '.join(receipt.cohorts)} (each charged the full cost)")
+    return 0
+
+
+__all__ = ["register", "cmd_show", "cmd_verify", "cmd_export", "cmd_charge"]
 

@@ -34,6 +34,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--mechanism", choices=tuple(MECHANISMS))
     add_dialect_option(p)
     p.add_argument("--search-id", help="record this selection query in an open search (dpgate search)")
+    p.add_argument("--fallback", choices=("proxy", "none"),
+                   help="when the budget refuses the query: 'proxy' answers it exactly on the dataset's proxy "
+                        "(free, not DP, not stored); 'none' never falls back (default: the policy's "
+                        "proxy_default_for)")
     add_common_options(p)
     p.set_defaults(func=run)
 
@@ -82,7 +86,8 @@ def run(args: argparse.Namespace, settings) -> int:
         consumer = consumer or "analysts"
         try:
             release = gw.query(args.dataset, args.sql, consumer=consumer, budget=budget,
-                               mechanism=args.mechanism, dialect=args.dialect, search_id=args.search_id)
+                               mechanism=args.mechanism, dialect=args.dialect, search_id=args.search_id,
+                               fallback=args.fallback)
         except UnknownConsumer as e:  # the default consumer is a guess: say how to name the right one
             names = _allocations(gw, args.dataset)
             e.message += (f"; pass --consumer NAME (this dataset's allocations: {', '.join(names)})" if names
@@ -92,6 +97,14 @@ def run(args: argparse.Namespace, settings) -> int:
         report = None if args.json else gw.budget(args.dataset)
     if args.json:
         print_json(release)  # the same document as the HTTP API's answer
+        return 0
+    if release.get("source") == "proxy":  # issue 23: a proxy answer, not a DP release
+        proxy = release["proxy"]
+        print(f"refused for budget: {release['refused']['message']}")
+        print()
+        print(f"answered instead on proxy {proxy['dataset']!r} ({proxy['provenance']}): exact, free, NOT a "
+              "differentially private release of the protected data, not stored")
+        format_release(release)
         return 0
     format_release(release)
     if release.get("kind") == "selection":

@@ -22,6 +22,7 @@ import numpy as np
 from sqlglot import exp
 
 from dpgate.engines.base import Engine, EngineOptions, LoadReport, Query, parse_bounded, relations
+from dpgate.engines.cohorts import check_cohort_rule
 from dpgate.errors import ExecutionError, PolicyError, UnknownDataset
 from dpgate.policy import DatasetPolicy
 
@@ -123,6 +124,7 @@ class EngineSet:
                 engine = self._factory(policies[name], self.options)
                 try:
                     report = engine.load(progress)
+                    check_cohort_rule(engine, policies[name])  # issue 23: each unit in one cohort
                 except BaseException:
                     engine.close()
                     raise
@@ -156,6 +158,7 @@ class EngineSet:
             engine = self._factory(policy, self.options)
             try:
                 report = engine.load(progress)
+                check_cohort_rule(engine, policy)  # issue 23: each unit in one cohort
             except BaseException:
                 engine.close()
                 raise

@@ -168,9 +168,12 @@ class Ledger(Protocol):
         reason: str,
         rho_cap: float | None = None,
         selection_delta: float | None = None,
+        cohort_column: str | None = None,
     ) -> dict[str, Any]:
         """Adopt a policy file's cap and allocations for an existing population as recorded
-        governance events (``cap_changed``, ``allocations_changed``; nothing if equal).
+        governance events (``cap_changed``, ``allocations_changed``, ``cohorts_changed``;
+        nothing if equal). A different cohort column after a charge is refused
+        (``RenewalRefused``: it would give the same units fresh budgets).
 
         Returns:
             ``{population, changed, events, cap, allocations, exhausted, spent, remaining,
@@ -220,6 +223,7 @@ class Ledger(Protocol):
         release_key: str | None = None,
         metadata: Mapping[str, Any] | None = None,
         selection_delta: float = 0.0,
+        cohorts: Any = None,
     ) -> ChargeReceipt:
         """Atomically check the filters and append one charge (never refunded).
 
@@ -232,6 +236,9 @@ class Ledger(Protocol):
                 returned with ``duplicate=True``.
             metadata: JSON-serialisable mapping stored with the entry.
             selection_delta: δ_q spent on partition selection (approximate zCDP).
+            cohorts: the cohorts the charge draws on — required for a population with cohorts
+                (each cohort's filters run and each is charged the full cost, all or nothing),
+                None otherwise.
 
         Raises:
             InvalidBudget: invalid cost, or a curve with no claim at a checked order.
@@ -244,6 +251,14 @@ class Ledger(Protocol):
 
     def spend(self, population: str) -> SpendReport:
         """The population's spend report (read-only). Raises UnknownPopulation."""
+        ...
+
+    def cohort_column(self, population: str) -> str | None:
+        """The population's cohort column, or None (read-only)."""
+        ...
+
+    def cohort_spend(self, population: str) -> dict[str, SpendReport]:
+        """Cohort → its spend report, for the cohorts charged so far (read-only)."""
         ...
 
     def entries(self, population: str | None = None, *, limit: int | None = None) -> list[dict[str, Any]]:

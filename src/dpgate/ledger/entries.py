@@ -25,6 +25,7 @@ from typing import Any, Iterable, Iterator, Mapping
 
 from dpgate.accounting import Cost
 from dpgate.errors import InvalidBudget, InvalidRequest
+from dpgate.ledger.cohorts import cohorts_json, validate_cohorts
 from dpgate.ledger.validation import is_utf8, real, validate_cost, validate_name, validate_text
 
 __all__ = [
@@ -56,9 +57,10 @@ CHARGE_COLUMNS: tuple[str, ...] = (
     "cost", "purpose", "release_key", "metadata", "created_at", "prev_hash", "hash",
 )  # fmt: skip
 
-#: Columns of a stored charge that are part of an entry only when set (schema version 2):
-#: ``selection_delta`` — the δ_q the charge spent on partition selection.
-OPTIONAL_CHARGE_COLUMNS: tuple[str, ...] = ("selection_delta",)
+#: Columns of a stored charge that are part of an entry only when set: ``selection_delta``
+#: (schema version 2) — the δ_q the charge spent on partition selection; ``cohorts`` (schema
+#: version 5, :mod:`dpgate.ledger.cohorts`) — the cohorts it drew on, a compact sorted JSON list.
+OPTIONAL_CHARGE_COLUMNS: tuple[str, ...] = ("selection_delta", "cohorts")
 
 #: Every stored charge column, in storage order.
 STORED_CHARGE_COLUMNS: tuple[str, ...] = CHARGE_COLUMNS + OPTIONAL_CHARGE_COLUMNS
@@ -115,6 +117,7 @@ class ChargeRequest:
         rho: the cost's ρ (or ρ-bound of an RDP curve over every finite grid order,
             ``Cost.rho_bound``; may be ∞), stored in the ``rho`` column.
         selection_delta: δ_q spent on partition selection (0: none).
+        cohorts: the cohorts the charge draws on (sorted), or None for a population without cohorts.
     """
 
     population: str
@@ -126,6 +129,7 @@ class ChargeRequest:
     cost_json: str
     rho: float
     selection_delta: float = 0.0
+    cohorts: tuple[str, ...] | None = None
 
 
 def prepare_charge(
@@ -137,6 +141,7 @@ def prepare_charge(
     release_key: Any = None,
     metadata: Any = None,
     selection_delta: Any = 0.0,
+    cohorts: Any = None,
 ) -> ChargeRequest:
     """Validate the arguments of :meth:`Ledger.charge` before any store access.
 
@@ -146,6 +151,7 @@ def prepare_charge(
             not JSON-serialisable, NaN or ∞).
         InvalidBudget: invalid cost (:func:`~dpgate.ledger.validation.validate_cost`), or a
             selection δ not a finite number in [0, 1).
+        InvalidRequest: bad cohorts (:func:`dpgate.ledger.cohorts.validate_cohorts`).
     """
     validate_name(population, "population")
     validate_name(consumer, "consumer")
@@ -166,7 +172,8 @@ def prepare_charge(
     if not is_utf8(meta_json):
         raise InvalidRequest("metadata must be valid Unicode (no lone surrogates)", {})
     cost_json, rho = _cost_json_rho(cost)
-    return ChargeRequest(population, consumer, cost, purpose, release_key, meta_json, cost_json, rho, sel)
+    return ChargeRequest(population, consumer, cost, purpose, release_key, meta_json, cost_json, rho, sel,
+                         validate_cohorts(cohorts))
 
 
 def new_charge_entry(
@@ -206,6 +213,8 @@ def new_charge_entry(
     }
     if request.selection_delta:
         entry["selection_delta"] = request.selection_delta
+    if request.cohorts is not None:
+        entry["cohorts"] = cohorts_json(request.cohorts)
     entry["hash"] = entry_hash(entry)
     return entry
 
@@ -270,6 +279,8 @@ def display_charge(entry: Mapping[str, Any]) -> dict[str, Any]:
     d = dict(entry)
     d["cost"] = json.loads(d["cost"])
     d["metadata"] = json.loads(d["metadata"])
+    if isinstance(d.get("cohorts"), str):
+        d["cohorts"] = json.loads(d["cohorts"])
     for name in ("epsilon_at_delta", "rho"):
         if isinstance(d.get(name), float) and math.isinf(d[name]):
             d[name] = "inf"

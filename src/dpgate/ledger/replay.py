@@ -55,6 +55,7 @@ class VerifyReport:
 class _PopState:
     cap: CapSpec
     allocations: dict[str, float]
+    cohort_column: str | None = None
 
 
 class Replay:
@@ -86,11 +87,18 @@ class Replay:
         self.charges = 0
         self.events = 0
         self.release_keys: set[tuple[str, str]] = set()
+        #: (population, cohort, consumer or "") → Totals of the charges that drew on the cohort
+        self.cohort_totals: dict[tuple[str, str, str], Totals] = {}
 
     @property
     def populations(self) -> dict[str, dict[str, Any]]:
         """name → ``{"cap": CapSpec, "allocations": dict}`` as replayed."""
         return {n: {"cap": s.cap, "allocations": dict(s.allocations)} for n, s in self._pops.items()}
+
+    @property
+    def cohort_columns(self) -> dict[str, str]:
+        """population → cohort column, for the populations with cohorts, as replayed."""
+        return {n: s.cohort_column for n, s in self._pops.items() if s.cohort_column is not None}
 
     def feed(self, entry: Mapping[str, Any]) -> None:
         """Check and apply one entry (see the class docstring)."""
@@ -124,7 +132,8 @@ class Replay:
         if kind == "population_created":
             if pop in self._pops:
                 self.problems.append(f"{where}: population {pop!r} created twice")
-            self._pops[pop] = _PopState(CapSpec.from_dict(new["cap"]), dict(new["allocations"]))
+            self._pops[pop] = _PopState(CapSpec.from_dict(new["cap"]), dict(new["allocations"]),
+                                        new.get("cohort_column"))
             return
         state = self._pops.get(pop)
         if state is None:
@@ -139,6 +148,12 @@ class Replay:
             if old is not None and dict(old["allocations"]) != state.allocations:
                 self.problems.append(f"{where}: the event's old allocations are not those in force")
             state.allocations = dict(new["allocations"])
+        elif kind == "cohorts_changed":
+            if old is not None and old.get("cohort_column") != state.cohort_column:
+                self.problems.append(f"{where}: the event's old cohort column is not the one in force")
+            if any(p == pop for p, _ in self.totals):
+                self.problems.append(f"{where}: the cohort rule of {pop!r} changed after it was charged")
+            state.cohort_column = new.get("cohort_column")
         else:
             self.problems.append(f"{where}: unknown event kind {kind!r}")
 
@@ -167,17 +182,33 @@ class Replay:
         pt = self.totals.get((pop, ""), Totals())
         ct = self.totals.get((pop, consumer), Totals())
         cap = state.cap
+        cohorts = json.loads(c["cohorts"]) if c.get("cohorts") is not None else None
+        if (cohorts is None) != (state.cohort_column is None):
+            self.problems.append(f"{where}: a charge {'without' if cohorts is None else 'with'} cohorts for population "
+                                 f"{pop!r}, which {'has' if state.cohort_column else 'has no'} cohorts")
+        if cohorts is not None and (not cohorts or cohorts != sorted(set(cohorts))):
+            self.problems.append(f"{where}: the charge's cohorts are not a sorted list of distinct names")
+        # the scopes whose filters admitted the charge: the population's, or each cohort's
+        scopes = [(pt, ct, f"population {pop!r}")] if cohorts is None else [
+            (self.cohort_totals.get((pop, k, ""), Totals()), self.cohort_totals.get((pop, k, consumer), Totals()),
+             f"cohort {k!r} of population {pop!r}") for k in cohorts]
         try:
             validate_cost(cost)
         except DpgateError as exc:
             self.problems.append(f"{where}: invalid cost ({exc.message})")
         else:
-            if not filter_decision(pt, cost, BudgetCurve.of(cap), selection_delta=sel).ok:
-                self.problems.append(f"{where}: charge exceeded population {pop!r}'s budget when written")
-            if not filter_decision(ct, cost, BudgetCurve.of(cap, share), selection_delta=sel).ok:
-                self.problems.append(f"{where}: charge exceeded consumer {consumer!r}'s budget when written")
+            for spt, sct, label in scopes:
+                if not filter_decision(spt, cost, BudgetCurve.of(cap), selection_delta=sel).ok:
+                    self.problems.append(f"{where}: charge exceeded {label}'s budget when written")
+                if not filter_decision(sct, cost, BudgetCurve.of(cap, share), selection_delta=sel).ok:
+                    self.problems.append(f"{where}: charge exceeded consumer {consumer!r}'s budget in {label} "
+                                         "when written")
         self.totals[(pop, "")] = pt.add(cost, sel)
         self.totals[(pop, consumer)] = ct.add(cost, sel)
+        for k in cohorts or ():
+            for who in ("", consumer):
+                key = (pop, k, who)
+                self.cohort_totals[key] = self.cohort_totals.get(key, Totals()).add(cost, sel)
 
 
 def stored_state_problems(
@@ -190,6 +221,8 @@ def stored_state_problems(
     required_triggers: Iterable[str],
     versions: Iterable[int],
     required_versions: Iterable[int],
+    cohort_columns: Mapping[str, str] | None = None,
+    cohort_totals: Mapping[tuple[str, str, str], Totals] | None = None,
 ) -> list[str]:
     """Compare a backend's stored derived state with a :class:`Replay` of its entries.
 
@@ -202,6 +235,8 @@ def stored_state_problems(
         required_triggers: the names that must be present.
         versions: the schema migration versions recorded.
         required_versions: the versions this dpgate applies.
+        cohort_columns: population → stored cohort column (None: not compared).
+        cohort_totals: (population, cohort, consumer or "") → stored Totals (None: not compared).
 
     Returns:
         The replay's problems followed by one sentence per difference (empty: consistent).
@@ -245,4 +280,13 @@ def stored_state_problems(
         got = totals.get(key)
         if want is None or got is None or tuple(got) != want.to_row():
             problems.append(f"{label}: the stored spend totals differ from the sum of its entries")
+    if cohort_columns is not None and dict(cohort_columns) != replay.cohort_columns:
+        problems.append("the stored cohort columns of the populations differ from their events")
+    if cohort_totals is not None:
+        for key in sorted(set(cohort_totals) | set(replay.cohort_totals)):
+            want, got = replay.cohort_totals.get(key), cohort_totals.get(key)
+            if want is None or got is None or got.to_row() != want.to_row():
+                who = f" consumer {key[2]!r}" if key[2] else ""
+                problems.append(f"population {key[0]!r} cohort {key[1]!r}{who}: the stored cohort totals differ "
+                                "from the sum of the charges that drew on it")
     return problems

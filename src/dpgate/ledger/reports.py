@@ -59,6 +59,8 @@ class ChargeReceipt:
         seq: the entry's position in the ledger's hash chain.
         cap: the cap the ledger enforced when it answered (None if unknown).
         selection_delta: the δ_q the charge spent on partition selection.
+        cohorts: the cohorts the charge drew on (each charged its full cost), or None for a
+            population without cohorts.
     """
 
     charge_id: str
@@ -74,6 +76,7 @@ class ChargeReceipt:
     seq: int | None = None
     cap: CapSpec | None = None
     selection_delta: float = 0.0
+    cohorts: tuple[str, ...] | None = None
 
     @property
     def rho_checked(self) -> float:
@@ -101,6 +104,7 @@ class ChargeReceipt:
             "release_key": self.release_key,
             "seq": self.seq,
             "cap": None if self.cap is None else self.cap.public(),
+            **({"cohorts": list(self.cohorts)} if self.cohorts is not None else {}),
         }
 
 
@@ -274,6 +278,7 @@ def receipt_from_entry(entry: Mapping[str, Any], *, duplicate: bool, cost: Cost 
         seq=entry["seq"],
         cap=cap,
         selection_delta=entry.get("selection_delta") or 0.0,
+        cohorts=None if entry.get("cohorts") is None else tuple(json.loads(entry["cohorts"])),
     )
 
 
@@ -343,6 +348,8 @@ class PolicyDrift:
         policy_cap, policy_allocations: what the policy file states (its cap fixed by the
             current rule, as ``dpgate caps apply`` would adopt it).
         created: True if the population was created from this policy file just now.
+        ledger_cohort_column, policy_cohort_column: the cohort column the ledger enforces and
+            the one the file states (None: no cohorts; issue 23).
     """
 
     population: str
@@ -351,6 +358,13 @@ class PolicyDrift:
     policy_cap: CapSpec
     policy_allocations: Mapping[str, float]
     created: bool = False
+    ledger_cohort_column: str | None = None
+    policy_cohort_column: str | None = None
+
+    @property
+    def cohorts_differ(self) -> bool:
+        """The file states another cohort column (or cohorts on/off) than the ledger enforces."""
+        return self.ledger_cohort_column != self.policy_cohort_column
 
     @property
     def cap_differs(self) -> bool:
@@ -369,8 +383,8 @@ class PolicyDrift:
 
     @property
     def drifted(self) -> bool:
-        """The file's values differ from the ledger's (cap or allocations)."""
-        return self.cap_differs or self.allocations_differ
+        """The file's values differ from the ledger's (cap, allocations or cohort column)."""
+        return self.cap_differs or self.allocations_differ or self.cohorts_differ
 
     def differences(self) -> list[str]:
         """One sentence per difference (empty: none)."""
@@ -384,6 +398,10 @@ class PolicyDrift:
         if self.allocations_differ:
             out.append(f"allocations: the policy file states {dict(self.policy_allocations)}; "
                        f"the ledger enforces {dict(self.ledger_allocations)}")
+        if self.cohorts_differ:
+            out.append(f"cohorts: the policy file states cohort_column = {self.policy_cohort_column!r}; "
+                       f"the ledger enforces {self.ledger_cohort_column!r} (one budget "
+                       f"{'per cohort' if self.ledger_cohort_column else 'for the whole population'})")
         return out
 
     def message(self) -> str:
@@ -407,5 +425,6 @@ class PolicyDrift:
             "differences": self.differences(),
             "ledger": {"cap": self.ledger_cap.public(), "allocations": dict(self.ledger_allocations)},
             "policy": {"cap": self.policy_cap.public(), "allocations": dict(self.policy_allocations)},
+            "cohort_column": {"ledger": self.ledger_cohort_column, "policy": self.policy_cohort_column},
             "message": self.message(),
         }

@@ -39,8 +39,9 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Iterable, Iterator, Mapping
 
 from dpgate.accounting import ORDERS, Cost
-from dpgate.errors import LedgerError
+from dpgate.errors import InvalidRequest, LedgerError, PolicyError
 from dpgate.ledger.browse import LedgerBrowsing
+from dpgate.ledger.cohorts import CohortStore, check_cohort_charge, cohort_refusal_error, totals_from_text
 from dpgate.ledger.caps import POPULATION_COLUMNS, CapSpec, population_from_row, validate_cap, validate_population
 from dpgate.ledger.entries import (
     EVENT_COLUMNS,
@@ -216,7 +217,7 @@ class SqlTransaction:
         self._head = (seq, hash_)
 
 
-class SqlLedger(LedgerBrowsing):
+class SqlLedger(LedgerBrowsing, CohortStore):
     """The ledger's operations on the common SQL layout (implements :class:`dpgate.ledger.base.Ledger`
     together with a backend subclass that provides the hooks listed in :mod:`dpgate.ledger.sql`).
 
@@ -344,6 +345,7 @@ class SqlLedger(LedgerBrowsing):
         reason: str = "policy file",
         rho_cap: float | None = None,
         selection_delta: float | None = None,
+        cohort_column: str | None = None,
     ) -> PolicyDrift:
         """Create population ``name`` from a policy file's values if it is absent; never change
         an existing population.
@@ -368,6 +370,8 @@ class SqlLedger(LedgerBrowsing):
             actor, reason: recorded with the creation event (non-empty).
             rho_cap: the budget in ρ (total), instead of ε.
             selection_delta: the part of δ reserved for partition selection (default 0).
+            cohort_column: the population's cohort column (one budget per cohort,
+                :mod:`dpgate.ledger.cohorts`), or None; recorded in the creation event.
 
         Returns:
             :class:`~dpgate.ledger.reports.PolicyDrift`: the file's values against the
@@ -379,8 +383,11 @@ class SqlLedger(LedgerBrowsing):
         """
         cap, allocs = validate_population(name, epsilon, delta, allocations, actor, reason, rho_cap,
                                           selection_delta)
+        if cohort_column is not None:
+            validate_name(cohort_column, "cohort_column", PolicyError)
         with self._tx(write=False) as tx:  # the common case (it exists) takes no write lock
             current = self._population_row(tx, name)
+            ledger_column = None if current is None else self._cohort_column(tx, name)
         created = False
         if current is None:
             with self._tx(write=True) as tx:
@@ -390,12 +397,17 @@ class SqlLedger(LedgerBrowsing):
                                (name, cap.epsilon, cap.delta, cap.rho_cap, cap.alpha_star,
                                 self._flag(cap.rho_stated), canonical_json(allocs), cap.alpha_cap,
                                 cap.selection_delta, utc_now()))
-                    self._append_event(tx, name, "population_created", actor, reason, None,
-                                       {"cap": cap.to_dict(), "allocations": allocs})
-                    current, created = (cap, allocs), True
+                    new: dict[str, Any] = {"cap": cap.to_dict(), "allocations": allocs}
+                    if cohort_column is not None:  # only when set: earlier events hash as they were
+                        new["cohort_column"] = cohort_column
+                        self._set_cohort_column(tx, name, cohort_column)
+                    self._append_event(tx, name, "population_created", actor, reason, None, new)
+                    current, created, ledger_column = (cap, allocs), True, cohort_column
+                else:
+                    ledger_column = self._cohort_column(tx, name)
         ledger_cap, ledger_allocs = current
         self._delta_hint[name] = ledger_cap.rho_delta
-        return PolicyDrift(name, ledger_cap, ledger_allocs, cap, allocs, created)
+        return PolicyDrift(name, ledger_cap, ledger_allocs, cap, allocs, created, ledger_column, cohort_column)
 
     def apply_policy(
         self,
@@ -408,6 +420,7 @@ class SqlLedger(LedgerBrowsing):
         reason: str,
         rho_cap: float | None = None,
         selection_delta: float | None = None,
+        cohort_column: str | None = None,
     ) -> dict[str, Any]:
         """Adopt a policy file's cap and allocations for population ``name`` (``dpgate caps
         apply``): a ``cap_changed`` event if the cap differs (also when only its rule does: a
@@ -421,6 +434,9 @@ class SqlLedger(LedgerBrowsing):
             epsilon, delta, rho_cap, selection_delta: the file's cap (see :meth:`ensure_population`).
             allocations: the file's allocations.
             actor: who adopts them (non-empty). reason: why (non-empty).
+            cohort_column: the file's cohort column: adopted (``cohorts_changed`` event) only
+                while the population has no charge; after one it would renew spent budget and
+                is refused (:func:`dpgate.ledger.renewal.renewal_refused`).
 
         Returns:
             ``{population, changed, events, cap, allocations, exhausted, spent, remaining,
@@ -430,16 +446,31 @@ class SqlLedger(LedgerBrowsing):
         Raises:
             PolicyError: invalid values. InvalidRequest: empty actor or reason.
             UnknownPopulation: no such population. LedgerError: the store failed.
+            RenewalRefused: the cohort column differs and the population has charges.
         """
         validate_governance(actor, reason)
         cap, allocs = validate_population(name, epsilon, delta, allocations, actor, reason, rho_cap,
                                           selection_delta)
+        if cohort_column is not None:
+            validate_name(cohort_column, "cohort_column", PolicyError)
         events: list[dict[str, Any]] = []
         with self._tx(write=True) as tx:
             current = self._population_row(tx, name)
             if current is None:
                 raise unknown_population(name)
             old_cap, old_allocs = current
+            old_column = self._cohort_column(tx, name)
+            if old_column != cohort_column:  # cohorts hook (issue 23): never renews spent budget
+                if self._has_charges(tx, name):
+                    from dpgate.ledger.renewal import renewal_refused
+
+                    what = (f"switching population {name!r} to cohorts ({cohort_column!r})" if old_column is None
+                            else f"changing the cohort rule of population {name!r} from {old_column!r} to "
+                                 f"{cohort_column!r}")
+                    raise renewal_refused(name, old_cap, what + " after it was charged", cohort_column=old_column)
+                self._set_cohort_column(tx, name, cohort_column)
+                events.append(self._append_event(tx, name, "cohorts_changed", actor, reason,
+                                                 {"cohort_column": old_column}, {"cohort_column": cohort_column}))
             if not old_cap.same_cap(cap):
                 events.append(self._apply_cap(tx, name, old_cap, cap, actor, reason))
             else:
@@ -450,7 +481,7 @@ class SqlLedger(LedgerBrowsing):
         self._delta_hint[name] = cap.rho_delta
         standing = cap_standing(cap, pt)
         out: dict[str, Any] = {
-            "population": name, "changed": bool(events),
+            "population": name, "changed": bool(events), "cohort_column": cohort_column,
             "events": [{"event_id": e["event_id"], "kind": e["kind"]} for e in events],
             "cap": cap.to_dict(), "allocations": allocs, "actor": actor, "reason": reason,
         }
@@ -548,6 +579,7 @@ class SqlLedger(LedgerBrowsing):
         release_key: str | None = None,
         metadata: Mapping[str, Any] | None = None,
         selection_delta: float = 0.0,
+        cohorts: Iterable[str] | None = None,
     ) -> ChargeReceipt:
         """Atomically check the consumer's and the population's filter and append one charge.
 
@@ -573,6 +605,10 @@ class SqlLedger(LedgerBrowsing):
             release_key: single-flight key (e.g. the release cache key), or None.
             metadata: JSON-serialisable mapping stored with the entry (no NaN/inf).
             selection_delta: δ_q spent on private partition selection (default 0).
+            cohorts: for a population with cohorts (:mod:`dpgate.ledger.cohorts`), the cohorts
+                the charge draws on (required, non-empty): each cohort's own filters run instead
+                of the population's (all must admit it) and each is charged the full cost. None
+                for a population without cohorts.
 
         Returns:
             :class:`~dpgate.ledger.reports.ChargeReceipt` (``duplicate=True`` if
@@ -581,7 +617,8 @@ class SqlLedger(LedgerBrowsing):
         Raises:
             InvalidBudget: invalid cost (NaN, negative, zero, wrong grid), or a curve with no
                 claim (∞) at an order the population's cap checks.
-            InvalidRequest: invalid name, purpose, release_key or metadata.
+            InvalidRequest: invalid name, purpose, release_key, metadata or cohorts; cohorts
+                missing for a population with cohorts, or given for one without.
             UnknownPopulation: no such population.
             UnknownConsumer: the population allocates nothing to ``consumer``.
             BudgetExhausted: a filter refuses (details: the rule, the order that failed and
@@ -592,11 +629,12 @@ class SqlLedger(LedgerBrowsing):
                 "unknown"`` when the commit itself failed (the charge may or may not exist).
         """
         req = prepare_charge(population, consumer, cost, purpose=purpose, release_key=release_key,
-                             metadata=metadata, selection_delta=selection_delta)
+                             metadata=metadata, selection_delta=selection_delta, cohorts=cohorts)
         cost = req.cost
         hint = self._delta_hint.get(population)
         eps = charge_epsilon(cost, hint) if hint is not None else None  # outside the write transaction
         refusal = None
+        cohort_refusal = None
         receipt: ChargeReceipt | None = None
         with self._tx(write=True) as tx:
             current = self._population_row(tx, population)
@@ -604,14 +642,29 @@ class SqlLedger(LedgerBrowsing):
                 raise unknown_population(population)
             cap, allocs = current
             share = allocation_share(population, consumer, allocs)
+            column = self._cohort_column(tx, population)  # cohorts hook (issue 23)
+            if (column is None) != (req.cohorts is None):
+                raise InvalidRequest(
+                    f"population {population!r} has cohorts ({column!r}): a charge names the cohorts it draws on"
+                    if column is not None else
+                    f"population {population!r} has no cohorts: a charge to it names none",
+                    {"population": population, "cohort_column": column})
             if release_key is not None:
                 row = tx.execute(self._sql.charge_by_release_key, (population, release_key)).fetchone()
                 if row is not None:
                     receipt = receipt_from_entry(charge_entry(row), duplicate=True, cap=cap)
             if receipt is None:
                 pt, ct = self._totals(tx, population, consumer)
-                pt_after, ct_after, refusal = check_charge(population, consumer, cost, cap, share, pt, ct,
-                                                           req.selection_delta)
+                cohort_after = None
+                if req.cohorts is None:
+                    pt_after, ct_after, refusal = check_charge(population, consumer, cost, cap, share, pt, ct,
+                                                               req.selection_delta)
+                else:  # each cohort's filters, all or nothing; the population's totals only add up
+                    pt_after, ct_after = pt.add(cost, req.selection_delta), ct.add(cost, req.selection_delta)
+                    cohort_after, cohort_refusal = check_cohort_charge(
+                        population, consumer, cost, cap, share,
+                        self._cohort_totals(tx, population, consumer, req.cohorts), req.selection_delta)
+                    refusal = None if cohort_refusal is None else cohort_refusal[1]
                 if refusal is None:
                     if eps is None or hint != cap.rho_delta:
                         eps = charge_epsilon(cost, cap.rho_delta)
@@ -621,9 +674,13 @@ class SqlLedger(LedgerBrowsing):
                     tx.execute(self._sql.insert_charge, tuple(entry.get(c) for c in STORED_CHARGE_COLUMNS))
                     tx.executemany(self._sql.upsert_totals, [(population, "", *pt_after.to_row()),
                                                              (population, consumer, *ct_after.to_row())])
+                    if cohort_after is not None:
+                        self._store_cohort_totals(tx, population, consumer, cohort_after)
                     self._move_head(tx, entry)
                     receipt = receipt_from_entry(entry, duplicate=False, cost=cost, cap=cap)
         self._delta_hint[population] = cap.rho_delta
+        if cohort_refusal is not None:
+            raise cohort_refusal_error(cohort_refusal[0], req.cohorts or (), cohort_refusal[1])
         if refusal is not None:
             raise refusal.error()
         assert receipt is not None
@@ -750,6 +807,9 @@ class SqlLedger(LedgerBrowsing):
             stored_totals = {(r[0], r[1]): r[2:] for r in tx.execute(self._sql.all_totals)}
             triggers = self._trigger_names(tx)
             versions = {r[0] for r in tx.execute("SELECT version FROM schema_migrations")}
+            cohort_columns = {r[0]: r[1] for r in tx.execute("SELECT population, cohort_column FROM population_cohorts")}
+            cohort_totals = {(r[0], r[1], r[2]): totals_from_text(r[3]) for r in
+                             tx.execute("SELECT population, cohort, consumer, totals FROM cohort_totals")}
         problems = stored_state_problems(
             replay,
             head=None if head is None else (head[0], head[1]),
@@ -759,5 +819,7 @@ class SqlLedger(LedgerBrowsing):
             required_triggers=self._REQUIRED_TRIGGERS,
             versions=versions,
             required_versions=[v for v, _, _ in self._MIGRATIONS],
+            cohort_columns=cohort_columns,
+            cohort_totals=cohort_totals,
         )
         return VerifyReport(not problems, problems, replay.count, replay.head, replay.charges, replay.events)

@@ -352,7 +352,10 @@ def datasets(request: Request, principal: Annotated[Principal, Depends(signed_in
 # ------------------------------------------------------------------------------- admin
 
 
-def _admin_context(request: Request, gateway: Gateway, *, zoom: bool = False) -> dict[str, Any]:
+def _admin_context(request: Request, gateway: Gateway, *, zoom: bool = False,
+                   preview: tuple[str, dict[str, float]] | None = None) -> dict[str, Any]:
+    from dpgate.ui.budget_panel import budget_panel  # issue 23: renewal, cohorts, attack bound
+
     populations = populations_overview(gateway)
     cache = _burndowns(request)
     for p in populations:
@@ -360,17 +363,28 @@ def _admin_context(request: Request, gateway: Gateway, *, zoom: bool = False) ->
         p["events"] = list(reversed(events))[:5]
         p["burndown"] = cache.chart(gateway.ledger, p["name"], p["report"], events, zoom=zoom)
         p["anchor"] = "pop-" + format(zlib.crc32(p["name"].encode()), "08x")
+        p["budget"] = budget_panel(gateway, p["name"], p["anchor"],
+                                   preview[1] if preview is not None and preview[0] == p["name"] else None)
     return {"active": "admin", "populations": populations, "form_error": None, "zoom": zoom}
 
 
 @router.get("/admin")
 def admin(request: Request, principal: Annotated[Principal, Depends(signed_in(Permission.READ_LEDGER))],
-          zoom: bool = False) -> Response:
+          zoom: bool = False, preview: str | None = None, epsilon: str | None = None,
+          delta: str | None = None) -> Response:
     """Populations: cap, spend per allocation, burn-down, recent governance events, cap form.
 
     ``zoom=true`` scales the burn-down charts to the spend instead of the cap.
+    ``preview=<population>&epsilon=…&delta=…`` shows the membership-attack bound of that proposed
+    cap beside the current one (issue 23: the bound before and after, before the cap is changed).
     """
-    return page(request, "admin.html", _admin_context(request, _gateway(request), zoom=zoom))
+    proposed = None
+    if preview is not None:
+        try:
+            proposed = (preview, {"epsilon": float(epsilon or "nan"), "delta": float(delta or "nan")})
+        except ValueError:
+            proposed = (preview, {"epsilon": float("nan"), "delta": float("nan")})
+    return page(request, "admin.html", _admin_context(request, _gateway(request), zoom=zoom, preview=proposed))
 
 
 @router.post("/admin/populations/{population:path}/cap")
@@ -708,6 +722,7 @@ def _console_context(gateway: Gateway, principal: Principal, req: Mapping[str, A
         "mine": [{"release": r, "view": release_view(r, charts=False)} for r in mine],
         "explanation": None,
         "result": None,
+        "trial": None,
         "error": None,
         "explained": False,
     }
@@ -773,15 +788,18 @@ async def console_submit(request: Request, principal: Annotated[Principal, Depen
             if principal.consumer:
                 mine = recent_releases(await run_in_threadpool(gateway.releases, None, limit=100), principal.consumer)
                 context["mine"] = [{"release": r, "view": release_view(r, charts=False)} for r in mine]
-        elif action == "explain":
-            explanation = await run_in_threadpool(lambda: gateway.explain(req["dataset"], req["sql"], **kwargs))
+        elif action in ("explain", "trial"):  # trial (issue 23): explain plus a free run on the proxy
+            trial = action == "trial"
+            explanation = await run_in_threadpool(lambda: gateway.explain(req["dataset"], req["sql"], trial=trial,
+                                                                          **kwargs))
+            context["trial"] = explanation.get("trial")
             session.remember_explained(_digest(req))
             context["explanation"] = {"doc": explanation,
                                       "view": explanation_view(explanation, context["dataset_info"] or {},
                                                                context["remaining"])}
             context["explained"] = True
         else:
-            raise InvalidRequest("action must be explain or run")
+            raise InvalidRequest("action must be explain, trial or run")
     except Forbidden:
         raise
     except DpgateError as exc:
