@@ -109,6 +109,42 @@ def test_burndown_zoom_leaves_out_the_cap_above_the_spend():
     assert "cap above the chart" in zoomed and 'stroke-dasharray="8 4"><title>' not in zoomed
 
 
+def test_the_burn_down_cap_line_steps_at_each_recorded_cap_change(tmp_path):
+    from dpgate.accounting import Cost
+    from dpgate.ledger import open_ledger
+    from dpgate.ui.data import BurndownCache, cap_history, governance_change
+
+    led = open_ledger(f"sqlite:///{tmp_path / 'ledger.sqlite'}")
+    try:
+        led.ensure_population("p", epsilon=4.0, delta=1e-6, allocations={"a": 1.0})
+        first = led.cap("p").rho_cap
+        led.charge("p", "a", Cost.zcdp(0.01), purpose="q1")
+        led.set_cap("p", epsilon=2.0, delta=1e-6, actor="root", reason="lower")
+        second = led.cap("p").rho_cap
+        led.charge("p", "a", Cost.zcdp(0.01), purpose="q2")
+        led.set_cap("p", epsilon=1.0, delta=1e-6, actor="root", reason="lower again")
+        third = led.cap("p").rho_cap
+        events = led.events("p")
+        # cap_changed stores the cap itself as `new` (population_created stores {"cap", "allocations"})
+        assert [rho for _, rho in cap_history(events)] == [first, second, third]
+        assert first > second > third
+        chart = BurndownCache().chart(led, "p", led.spend("p").to_dict(), events)
+    finally:
+        led.close()
+    root = _parse(chart["svg"])
+    (cap,) = [p for p in root.iter(SVG + "path") if p.get("stroke") == "#B00020"]
+    d = cap.get("d")
+    assert d.count("V") == 2  # the line steps down at each of the two changes
+    ys = [float(y) for y in re.findall(r"V([\d.]+)", d)]
+    assert ys[0] < ys[1]  # each step goes down the chart's value (up the page's y)
+    change = governance_change(events[-1])
+    assert change["before"] == f"ε 2, δ 1e-6 (ρ {fmt_number(second)})"
+    assert change["after"] == change["cap_after"] == f"ε 1, δ 1e-6 (ρ {fmt_number(third)})"
+    created = governance_change(events[0])
+    assert created["cap_after"] == f"ε 4, δ 1e-6 (ρ {fmt_number(first)})" and "allocations a 100 %" in created["after"]
+    assert "{" not in change["before"] + change["after"] + created["after"]  # no raw JSON
+
+
 def test_meter_fraction_and_colour():
     assert 'width="109.0"' in str(meter(1, 2, label="x", width=220))
     assert "#B00020" in str(meter(3, 2, label="x")) and "#8F6A00" in str(meter(0.9, 1, label="x"))

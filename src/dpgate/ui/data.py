@@ -30,12 +30,15 @@ import numpy as np
 from markupsafe import Markup
 
 from dpgate import accounting
+from dpgate.ledger.entries import event_cap, event_old_cap
 from dpgate.mechanisms import ci95_halfwidth
 from dpgate.ui.charts import Series, bar_chart, burndown_chart, fmt_number, line_chart, meter
 
 __all__ = [
     "BurndownCache",
+    "cap_text",
     "drift_warning",
+    "governance_change",
     "explanation_view",
     "populations_overview",
     "release_view",
@@ -214,11 +217,7 @@ class BurndownCache:
         """
         pop = self._refresh(ledger, population)
         now = time.time() if now is None else now
-        cap_steps: list[tuple[float, float]] = []
-        for e in events:
-            cap = (e.get("new") or {}).get("cap")
-            if e.get("kind") in ("population_created", "cap_changed") and cap and _number(cap.get("rho_cap")):
-                cap_steps.append((_epoch(e["created_at"]), float(cap["rho_cap"])))
+        cap_steps = cap_history(events)
         first = [float(pop.total.times[0])] if len(pop.total.times) else []
         t0 = min([t for t, _ in cap_steps] + first + [now])
         t1 = max(now, float(pop.total.times[-1]) if len(pop.total.times) else now, t0 + 1.0)
@@ -248,6 +247,55 @@ class BurndownCache:
                              title=f"Budget burn-down of population {population}", t0=t0, t1=t1,
                              right_ticks=right, zoom=zoom)
         return {"svg": svg, "rows": rows, "charges": int(len(pop.total.times))}
+
+
+def cap_history(events: Sequence[Mapping[str, Any]]) -> list[tuple[float, float]]:
+    """``(epoch seconds, ρ_cap)`` at the population's creation and at each recorded cap change,
+    in ledger order (the cap line of the burn-down steps at each)."""
+    steps: list[tuple[float, float]] = []
+    for e in events:
+        cap = event_cap(e)
+        if cap is not None and _number(cap.get("rho_cap")) is not None and e.get("created_at"):
+            steps.append((_epoch(e["created_at"]), float(cap["rho_cap"])))
+    return steps
+
+
+def cap_text(cap: Mapping[str, Any] | None) -> str:
+    """A cap as the pages write it: ``ε 3.5, δ 1e-6 (ρ 0.2465)`` (empty for None)."""
+    if not cap:
+        return ""
+    text = f"ε {fmt_number(_number(cap.get('epsilon')))}, δ {fmt_number(_number(cap.get('delta')))}"
+    rho = _number(cap.get("rho_cap", cap.get("rho")))
+    return text + (f" (ρ {fmt_number(rho)})" if rho is not None else "")
+
+
+def _allocations_text(allocations: Any) -> str:
+    if not isinstance(allocations, Mapping):
+        return ""
+    if not allocations:
+        return "open (no allocations)"
+    return "allocations " + ", ".join(
+        f"{name} {fmt_number(share * 100, 3)} %" if _number(share) is not None else f"{name} {share}"
+        for name, share in sorted(allocations.items()))
+
+
+def governance_change(event: Mapping[str, Any]) -> dict[str, str]:
+    """A governance event's before and after in the pages' number format (no raw JSON):
+    ``{"before", "after", "cap_after"}``; ``cap_after`` is the cap in force after the event
+    (empty for an allocation change)."""
+    kind = event.get("kind")
+    new = event.get("new") if isinstance(event.get("new"), Mapping) else {}
+    old = event.get("old") if isinstance(event.get("old"), Mapping) else {}
+    after_cap, before_cap = event_cap(event), event_old_cap(event)
+    if kind == "population_created":
+        after = "; ".join(t for t in (cap_text(after_cap), _allocations_text(new.get("allocations"))) if t)
+        return {"before": "", "after": after, "cap_after": cap_text(after_cap)}
+    if kind == "cap_changed":
+        return {"before": cap_text(before_cap), "after": cap_text(after_cap), "cap_after": cap_text(after_cap)}
+    if kind == "allocations_changed":
+        return {"before": _allocations_text(old.get("allocations")),
+                "after": _allocations_text(new.get("allocations")), "cap_after": ""}
+    return {"before": "", "after": "", "cap_after": ""}
 
 
 def _sampled(times: np.ndarray, cum: np.ndarray, t0: float, t1: float) -> tuple[list[float], list[float | None]]:

@@ -52,7 +52,15 @@ from dpgate.ledger.browse import MAX_PAGE_SIZE, normalise_time
 from dpgate.ledger.reports import entry_rho_checked
 from dpgate.service import Gateway, QueryBudget
 from dpgate.sql.parse import DIALECTS as PLANNER_DIALECTS, check_dialect
-from dpgate.ui.data import BurndownCache, drift_warning, explanation_view, populations_overview, recent_releases, release_view
+from dpgate.ui.data import (
+    BurndownCache,
+    drift_warning,
+    explanation_view,
+    governance_change,
+    populations_overview,
+    recent_releases,
+    release_view,
+)
 from dpgate.ui.render import PAGE_HEADERS, error_page, page
 from dpgate.ui.sessions import COOKIE_NAME, Session, SessionStore, csrf_matches
 
@@ -357,7 +365,7 @@ def _admin_context(request: Request, gateway: Gateway, *, zoom: bool = False) ->
     cache = _burndowns(request)
     for p in populations:
         events = gateway.ledger_events(p["name"])
-        p["events"] = list(reversed(events))[:5]
+        p["events"] = [{**e, "change": governance_change(e)} for e in list(reversed(events))[:5]]
         p["burndown"] = cache.chart(gateway.ledger, p["name"], p["report"], events, zoom=zoom)
         p["anchor"] = "pop-" + format(zlib.crc32(p["name"].encode()), "08x")
     return {"active": "admin", "populations": populations, "form_error": None, "zoom": zoom}
@@ -486,6 +494,8 @@ def ledger(
     if show == "charges":  # an RDP curve is shown with the ρ the cap check used, not the stored ∞ bound
         caps = {p: gateway.ledger.cap(p) for p in {e["population"] for e in entries if e.get("kind") == "rdp"}}
         entries = [{**e, "rho_checked": entry_rho_checked(e, caps.get(e["population"]))} for e in entries]
+    else:
+        entries = [{**e, "change": governance_change(e)} for e in entries]
     context = {
         "active": "ledger",
         "filters": f,
