@@ -82,6 +82,7 @@ from dpgate.policy import (
 from dpgate.sql import partition_selection as selection
 from dpgate.sql.keys import KeyDomain, canonical_date_key, derive_key_domain, width_bucket_to_case
 from dpgate.sql.joins import JOIN_MARK, rewrite_joins
+from dpgate.sql.narrow import narrow_keys
 from dpgate.sql.quantile import QUANTILE_FUNCTIONS, is_quantile_call, quantile_call, quantile_name, quantile_sql
 from dpgate.sql.rules import MAX_NESTING, apply_statement_rules, inline_ctes, nesting_refusal
 from dpgate.sql.per_unit import rewrite_per_unit
@@ -1251,8 +1252,14 @@ def _plan(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
         outputs.add_agg(agg, _agg_label(agg, scope), hidden=True)
 
     selected_keys = selection.selected_columns(table, group_by)  # issue 11 hook
+    # a WHERE on a key column narrows its released keys, evaluated on the public key list
+    # alone (issue 24; sql/narrow.py)
+    narrowed = () if table.public else narrow_keys(
+        where, table, [n for n in keys.columns if n not in selected_keys])
+    narrowed_of = {k.column: k for k in narrowed}
     n_groups = 1 if table.public else math.prod(
-        len(keys.column(n, table).public_keys) for n in group_by if n not in selected_keys)
+        len(narrowed_of[n].public_keys) if n in narrowed_of else len(keys.column(n, table).public_keys)
+        for n in group_by if n not in selected_keys)
     if n_groups > MAX_GROUPS:
         raise UnsupportedQuery(
             f"the GROUP BY releases {n_groups:,} key combinations (the product of its keys' "
@@ -1315,6 +1322,7 @@ def _plan(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
         values=tuple(values.values()),
         selected_keys=selected_keys,
         computed_keys=tuple(keys.computed),
+        narrowed_keys=narrowed,
     )
     if plan.computed_keys and any(p.kind == "quantile" for p in plan.primitives):
         raise UnsupportedQuery(
