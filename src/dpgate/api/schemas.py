@@ -368,6 +368,12 @@ class Release(ResponseModel):
         default=None,
         description="per primitive: {kind, column, in (the unit in words), unit (output units per integer step; "
                     "null for a quantile), value_scale (noise_scales × unit, in the output's units)}")
+    value_ranges: dict[str, dict[str, Any]] | None = Field(
+        default=None,
+        description="per aggregate column: {lower, upper (null: unbounded), clamped, rule}: the range its true "
+                    "value lies in, from the declared bounds (a count >= 0, an AVG or quantile in [lower, upper], "
+                    "a STDDEV in [0, (upper-lower)/2]); clamped: the released value is clamped into it, so a value "
+                    "on a bound was at or beyond it before clamping. Error bars may be clipped to it.")
     charge: ChargeSummary | None = None
     cached: bool
     data_version: str | None = None
