@@ -111,7 +111,8 @@ def expected_accuracy(explanation: Mapping[str, Any]) -> dict[str, Any]:
         fn = o.get("function")
         out = {"name": name, "label": labels.get(name) or name, "function": fn, "ci95": None,
                "approximate": False, "note": ""}
-        cell = target.get(name) if isinstance(target.get(name), Mapping) else None
+        cell = target.get(out["label"], target.get(name))  # the target's cells are named as released
+        cell = cell if isinstance(cell, Mapping) else None
         if "expression" in o:
             out["note"] = "computed from released values after the run (post-processing)"
         elif not ids:
