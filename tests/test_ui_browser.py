@@ -17,9 +17,13 @@ CSRF token, requests of the wrong role, and a cross-site form post from another
 origin. Hostile strings (public keys, SQL, output names, a cap reason) stay
 inert even with the pages' Content-Security-Policy switched off. The pages work
 with JavaScript disabled, load nothing from elsewhere, and ``/docs`` renders
-offline. Screenshots of the three main pages go to ``DPGATE_SCREENSHOT_DIR``
-(default ``.artifacts/screenshots``; the ones in ``docs/`` were made with
-``DPGATE_SCREENSHOT_DIR=docs/screenshots``).
+offline. Issue 24: the burn-down steps at each of two cap changes, error bars
+and axes stop at the declared bounds, every page fits a 390 px viewport with
+readable chart text, an explanation names outputs by their aliases and says each
+thing once, and a release is pinned to (and unpinned from) a dashboard.
+Screenshots (``shot``/``shot_narrow``) go to ``DPGATE_SCREENSHOT_DIR`` (default
+``.artifacts/screenshots``); ``docs/screenshots/regenerate.sh`` writes the
+README's into ``docs/screenshots`` (never made by hand).
 """
 
 from __future__ import annotations

@@ -311,6 +311,13 @@ class CapChangeRequest(RequestModel):
     reason: Text
 
 
+class PinRequest(RequestModel):
+    """``PUT /v1/dashboards/{name}/pins/{release_id}``: the title shown on the dashboard (empty:
+    the page derives one from the release's column names)."""
+
+    title: Annotated[str, Field(default="", max_length=200)] = ""
+
+
 # --- responses -------------------------------------------------------------------------
 
 
@@ -378,6 +385,23 @@ class Release(ResponseModel):
     cached: bool
     data_version: str | None = None
     created_at: str
+
+
+class Pin(ResponseModel):
+    """A release pinned to a dataset's dashboard."""
+
+    dashboard: str
+    release_id: str
+    title: str
+    pinned_by: str
+    pinned_at: str
+    release: Release | None = None
+
+
+class PinList(ResponseModel):
+    """``GET /v1/dashboards/{name}/pins``: oldest first."""
+
+    pins: list[Pin]
 
 
 class ReleaseList(ResponseModel):

@@ -574,19 +574,19 @@ def explanation_view(explanation: Mapping[str, Any], dataset_info: Mapping[str, 
     rho = _number(cost.get("rho"))
     fits = explanation.get("fits", cost.get("fits"))
     left = _number(cost.get("remaining_rho"))
-    who = cost.get("consumer")
+    holder = f"allocation {cost['consumer']}" if cost.get("consumer") else "the population"
     if not isinstance(fits, bool):
-        fits, left, who = None, None, None
+        fits, left = None, None
         if remaining is not None and rho is not None:
             mine = _number(remaining.get("remaining_rho"))
             pop = _number(remaining.get("population_remaining_rho"))
-            candidates = [(v, n) for v, n in ((mine, remaining.get("consumer")), (pop, None)) if v is not None]
+            named = f"allocation {remaining['consumer']}" if remaining.get("consumer") else "your allocation"
+            candidates = [(v, n) for v, n in ((mine, named), (pop, "the population")) if v is not None]
             if candidates:
-                left, who = min(candidates, key=lambda c: c[0])
+                left, holder = min(candidates, key=lambda c: c[0])
                 fits = rho <= left * (1 + 1e-12)
     fits_note = ""
     if rho is not None and left is not None and fits is not None:
-        holder = f"allocation {who}" if who else "the population"
         if fits:
             fits_note = f"This release costs ρ {fmt_number(rho)}; {holder} has ρ {fmt_number(left)} left."
         else:
