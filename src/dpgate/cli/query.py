@@ -38,7 +38,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _value(value) -> str:
-    return f"{value:.6g}" if isinstance(value, float) else str(value)
+    """A released value: 6 significant digits; whole thousands separated from 10⁶ on (no exponent)."""
+    if isinstance(value, float):
+        return f"{value:,.0f}" if 1e6 <= abs(value) < 1e15 else f"{value:.6g}"
+    return str(value)
 
 
 def _pm(x: float) -> str:
