@@ -8,6 +8,7 @@ the WHERE, or every row sits in a dropped key) and on empty data, and get the sa
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import duckdb
@@ -188,6 +189,40 @@ def test_narrow_keys_skips_what_it_cannot_evaluate(planner):
 
 
 # --------------------------------------------------------------------------- neighbouring data
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(weeks=st.lists(st.integers(0, 51), min_size=1, max_size=4, unique=True),
+       other=st.lists(st.tuples(st.integers(2, 40), st.integers(0, 51), st.integers(0, 8000)), max_size=40),
+       heavy=st.lists(st.integers(0, 51), min_size=1, max_size=52))
+def test_a_unit_moves_narrowed_aggregates_by_at_most_the_derived_sensitivity(planner, weeks, other, heavy):
+    """Adversarial neighbours: unit 1 has rows in many weeks (inside and outside the narrowed set);
+    removing it moves the bounded COUNT and SUM per released week by at most their sensitivities
+    (which use min(k, G) with G the narrowed weeks), and the released weeks stay the same."""
+    from test_bound import load
+
+    from dpgate.sensitivity import sensitivities
+    from dpgate.sql.bound import bounded_sql
+
+    listed = ", ".join(str(w) for w in weeks)
+    sql = f"SELECT week, COUNT(*) AS n, SUM(tokens) AS t FROM prompts WHERE week IN ({listed}) GROUP BY week"
+    plan = parse_query(sql, planner)
+    sens = sensitivities(plan, planner)
+    rows = [{"user_id": u, "region": "eu", "week": w, "tokens": float(t)} for u, w, t in other]
+    unit = [{"user_id": 1, "region": "eu", "week": w, "tokens": 8000.0} for w in heavy for _ in range(7)]
+    con = duckdb.connect()
+    out = []
+    for data in (rows + unit, rows):
+        load(con, planner, "prompts", data)
+        res = con.execute(bounded_sql(plan, planner, salt=3))
+        out.append({r[0]: r[1:] for r in res.fetchall()})
+    con.close()
+    assert list(out[0]) == list(out[1]) == sorted(weeks)  # the same released keys on D and D′
+    ids = [p.id for p in plan.primitives]
+    for j, pid in enumerate(ids):
+        moved = [abs(out[0][w][j] - out[1][w][j]) for w in out[0]]
+        assert sum(moved) <= sens[pid].l1 + 1e-9 and math.sqrt(sum(m * m for m in moved)) <= sens[pid].l2 + 1e-9
+        assert max(moved) <= sens[pid].linf + 1e-9
 
 
 def test_the_released_key_set_never_depends_on_the_data(tmp_path):
