@@ -145,6 +145,16 @@ latency = { type = "float", lower = 0, upper = 10, resolution = 0.5 }
     assert not (tmp_path / "state").exists()  # no budget: the ledger is not opened
 
 
+def test_explain_of_a_query_with_selected_keys_says_so(settings, capsys):
+    # GROUP BY a key without public keys (private partition selection): explain crashed with a
+    # ValueError counting the groups; it now says the selected keys multiply the public ones
+    sql = "SELECT model, COUNT(*) AS n FROM prompts GROUP BY model"
+    code, out, _ = _cli(capsys, "explain", "--dataset", "usage", sql, *_common(settings))
+    assert code == 0 and "1 public key combination(s) × the keys of model that private partition selection" in out
+    code, out, _ = _cli(capsys, "explain", "--dataset", "usage", sql, "--rho", "0.01", *_common(settings))
+    assert code == 0 and re.search(r"^model +group key chosen by private partition selection", out, re.M)
+
+
 # --------------------------------------------------------------------------- query output
 
 

@@ -127,8 +127,10 @@ def run(args: argparse.Namespace, settings) -> int:
         return 0
     unit = "record-level (each row is a unit)" if c["record_level"] else c["privacy_unit"]
     print(f"privacy unit  {unit}")
+    groups = (f"{c['groups']} public key combination(s) × the keys of {', '.join(c['selected_keys'])} that "
+              "private partition selection releases" if c.get("selected_keys") else f"{c['groups']} group(s) released")
     print(f"bounds        k = {c['max_groups_per_unit']} groups per unit, "
-          f"m = {c['max_rows_per_unit']} rows per unit and group; {c['groups']} group(s) released")
+          f"m = {c['max_rows_per_unit']} rows per unit and group; {groups}")
     print()
     sens = result["sensitivities"]
     rows = []

@@ -115,6 +115,9 @@ def expected_accuracy(explanation: Mapping[str, Any]) -> dict[str, Any]:
         cell = cell if isinstance(cell, Mapping) else None
         if "expression" in o:
             out["note"] = "computed from released values after the run (post-processing)"
+        elif not ids and o.get("column") in (plan.get("selected_keys") or ()):
+            out["note"] = ("group key chosen by private partition selection: only keys that enough units "
+                           "share are released")
         elif not ids:
             out["note"] = "group key (public)"
         elif fn in ("quantile", "min", "max"):

@@ -72,7 +72,9 @@ def explain_query(sql: str, policy: DatasetPolicy, *, dialect: str | None = None
             "record_level": table.record_level,
             "max_groups_per_unit": table.max_groups_per_unit,
             "max_rows_per_unit": table.max_rows_per_unit,
-            "groups": plan.key_combinations(table),
+            # public-key combinations; keys chosen by partition selection multiply them at run time
+            "groups": plan.key_combinations(table, plan.public_group_by),
+            **({"selected_keys": list(plan.selected_keys)} if plan.selected_keys else {}),
         },
         "bounded_sql": bounded_sql_template(noisy, policy) if noisy.primitives else None,
         "sensitivities": ({k: v.to_dict() for k, v in sensitivities(noisy, policy).items()}
