@@ -259,3 +259,24 @@ def test_the_demo_policy_releases_the_four_weeks_it_asks_for(tmp_path):
     (sql,) = [q for _, q, _ in DEMO_QUERIES if "week < 4" in q]
     plan = parse_query(sql, policies["usage"])
     assert plan.key_combinations(policies["usage"].table("prompts")) == 4
+
+
+def test_the_planners_duckdb_reads_nothing_is_locked_and_kept_per_thread():
+    import threading
+
+    from dpgate.engines import duckdb as engine
+
+    engine.evaluate_tableless("SELECT 1")
+    con = engine._TABLELESS.con
+    engine.evaluate_tableless("SELECT 2")
+    assert engine._TABLELESS.con is con  # kept: opening one costs tens of milliseconds
+    with pytest.raises(ValueError, match="disabled by configuration"):
+        engine.evaluate_tableless("SELECT * FROM read_csv('/etc/passwd')")
+    assert engine._TABLELESS.con is None  # dropped after a failure
+    with pytest.raises(ValueError, match="locked"):
+        engine.evaluate_tableless("SET enable_external_access = true")
+    seen = []
+    t = threading.Thread(target=lambda: (engine.evaluate_tableless("SELECT 3"), seen.append(engine._TABLELESS.con)))
+    t.start()
+    t.join()
+    assert seen and seen[0] is not engine._TABLELESS.con
