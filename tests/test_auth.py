@@ -107,7 +107,8 @@ def test_corrupt_keys_file_is_a_clear_error(tmp_path):
 
 def test_role_table():
     """The design's HTTP table, row by row."""
-    assert ROLE_PERMISSIONS[Role.DASHBOARD] == {Permission.READ_RELEASES, Permission.READ_DATASETS}
+    assert ROLE_PERMISSIONS[Role.DASHBOARD] == {Permission.READ_RELEASES, Permission.READ_DATASETS,
+                                                Permission.CURATE_DASHBOARDS}  # pins (issue 24): no spending
     assert Permission.QUERY in ROLE_PERMISSIONS[Role.ANALYST]
     assert Permission.QUERY not in ROLE_PERMISSIONS[Role.ADMIN]
     assert Permission.SET_CAP not in ROLE_PERMISSIONS[Role.ANALYST]

@@ -72,7 +72,8 @@ def test_rho_table(capsys):
 )
 def test_bad_input_is_an_error_shape(capsys, argv, word):
     status, out, err = run(capsys, *argv, "--json")
-    assert status == 2 and out == ""
+    assert status == 2
+    assert json.loads(out) == json.loads(err)  # on stdout too, for `| jq` (issue 24)
     error = json.loads(err)["error"]
     assert error["code"] == "invalid_budget"
     assert word in error["message"]

@@ -11,7 +11,8 @@ from dpgate import accounting
 from dpgate.accounting import Cost
 from dpgate.cli import main
 from dpgate.ledger import open_ledger
-from dpgate.ledger.base import entry_hash
+from dpgate.ledger.base import canonical_json, entry_hash
+from dpgate.ledger.entries import hashed_entry
 
 DELTA = 1e-6
 
@@ -116,13 +117,42 @@ def test_export_json_lines_are_a_verifiable_chain(url, capsys, tmp_path):
     assert [e["seq"] for e in lines] == list(range(1, 10))
     prev = "0" * 64
     for e in lines:  # an auditor's check, with the documented canonical serialisation
-        assert e["prev_hash"] == prev and entry_hash(e) == e["hash"]
+        assert e["prev_hash"] == prev and entry_hash(hashed_entry(e)) == e["hash"]
         prev = e["hash"]
+    # the stored JSON fields are objects, not JSON strings inside JSON (issue 24)
+    events = [e for e in lines if e["type"] == "event"]
+    assert events[0]["kind"] == "population_created" and events[0]["old"] is None
+    assert events[0]["new"]["cap"]["epsilon"] == 4.0 and events[0]["new"]["allocations"] == {"dash": 0.6,
+                                                                                              "analysts": 0.4}
+    charges = [e for e in lines if e["type"] == "charge"]
+    assert all(isinstance(c["cost"], dict) and isinstance(c["metadata"], dict) for c in charges)
     target = tmp_path / "export.jsonl"
     code, out, _ = run(capsys, "ledger", "export", "--ledger-url", url, "--output", str(target), "--json")
     assert code == 0 and json.loads(out) == {"output": str(target), "entries": 9, "head": prev}
     assert target.read_text().splitlines() == [json.dumps(e, sort_keys=True, separators=(",", ":"),
                                                           ensure_ascii=False) for e in lines]
+
+
+def test_export_after_cap_changes_writes_objects_and_old_exports_still_check(url, capsys):
+    led = open_ledger(url)
+    led.set_cap("users", epsilon=3.0, delta=DELTA, actor="root", reason="lower")
+    led.set_cap("users", epsilon=2.5, delta=DELTA, actor="root", reason="lower again")
+    old_format = [canonical_json(e) for e in led.chain()]  # what exports wrote before issue 24
+    led.close()
+    code, out, _ = run(capsys, "ledger", "export", "--ledger-url", url)
+    assert code == 0
+    lines = [json.loads(line) for line in out.splitlines()]
+    changes = [e for e in lines if e.get("kind") == "cap_changed"]
+    assert [(c["old"]["epsilon"], c["new"]["epsilon"]) for c in changes] == [(4.0, 3.0), (3.0, 2.5)]
+    assert all(isinstance(c["new"]["rho_cap"], float) for c in changes)
+    for text in old_format:  # the old form (JSON text inside JSON) checks with the same function
+        e = json.loads(text)
+        assert isinstance(e.get("new", e.get("cost")), str)
+        assert entry_hash(hashed_entry(e)) == e["hash"]
+    for e in lines:  # a tampered object breaks the hash
+        if e.get("kind") == "cap_changed":
+            e["new"]["epsilon"] = 40.0
+            assert entry_hash(hashed_entry(e)) != e["hash"]
 
 
 def test_cli_reads_change_nothing(url, capsys, tmp_path):

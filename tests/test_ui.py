@@ -501,6 +501,32 @@ def test_console_errors_are_shown_on_the_form(client):
     assert r.status_code == 200 and "Does not fit what is left" in r.text
 
 
+def test_the_pin_form_needs_the_csrf_token_and_the_curate_permission(client, server):
+    gw = server.app_state.gateway
+    release_id = gw.releases("usage", limit=1)[0]["release_id"]
+    url = "/ui/dashboard/usage/pins"
+    wall = client("dashboard")
+    r = wall.post(url, data={"release_id": release_id, "action": "pin", "title": "no token"})
+    assert r.status_code == 403 and gw.dashboard_pins("usage") == []
+    token = csrf_token(wall.get("/ui/dashboard/usage").text)
+    r = wall.post(url, data={"csrf_token": token, "release_id": release_id, "action": "pin", "title": XSS_SCRIPT})
+    assert r.status_code == 303 and r.headers["location"] == "/ui/dashboard/usage"
+    page = wall.get("/ui/dashboard/usage").text
+    _inert(page)
+    assert str(escape(XSS_SCRIPT)) in page and "<h2>Pinned</h2>" in page  # the title, escaped
+    assert [p["title"] for p in gw.dashboard_pins("usage")] == [XSS_SCRIPT]
+    for bad in ({"release_id": "", "action": "pin"}, {"release_id": release_id, "action": "drop"},
+                {"release_id": release_id, "action": "pin", "title": "x" * 201}):
+        assert wall.post(url, data={"csrf_token": token, **bad}).status_code == 400
+    analyst = client("analyst")
+    a_token = csrf_token(analyst.get("/ui/dashboard/usage").text)
+    assert 'class="row pin"' not in analyst.get("/ui/dashboard/usage").text  # no form without the permission
+    r = analyst.post(url, data={"csrf_token": a_token, "release_id": release_id, "action": "unpin"})
+    assert r.status_code == 403 and gw.dashboard_pins("usage")
+    r = wall.post(url, data={"csrf_token": token, "release_id": release_id, "action": "unpin"})
+    assert r.status_code == 303 and gw.dashboard_pins("usage") == []
+
+
 # --------------------------------------------------------------------------- / and /docs
 
 

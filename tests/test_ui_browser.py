@@ -17,9 +17,13 @@ CSRF token, requests of the wrong role, and a cross-site form post from another
 origin. Hostile strings (public keys, SQL, output names, a cap reason) stay
 inert even with the pages' Content-Security-Policy switched off. The pages work
 with JavaScript disabled, load nothing from elsewhere, and ``/docs`` renders
-offline. Screenshots of the three main pages go to ``DPGATE_SCREENSHOT_DIR``
-(default ``.artifacts/screenshots``; the ones in ``docs/`` were made with
-``DPGATE_SCREENSHOT_DIR=docs/screenshots``).
+offline. Issue 24: the burn-down steps at each of two cap changes, error bars
+and axes stop at the declared bounds, every page fits a 390 px viewport with
+readable chart text, an explanation names outputs by their aliases and says each
+thing once, and a release is pinned to (and unpinned from) a dashboard.
+Screenshots (``shot``/``shot_narrow``) go to ``DPGATE_SCREENSHOT_DIR`` (default
+``.artifacts/screenshots``); ``docs/screenshots/regenerate.sh`` writes the
+README's into ``docs/screenshots`` (never made by hand).
 """
 
 from __future__ import annotations
@@ -242,7 +246,7 @@ def test_dashboard_viewer_sees_error_bars_and_no_admin_pages(new_page, keys, ser
         assert page.get_by_role("heading", level=1).inner_text() == "403 · Forbidden"
     # a release's own page: its guarantee
     page.goto("/ui/dashboard/usage")
-    page.locator("main h2 a").first.click()
+    page.locator("main h3 a").first.click()
     text = page.locator("main").inner_text()
     for fact in ("Population", "product-users", "Privacy unit", "user_id", "Mechanism", "Charge"):
         assert fact in text
@@ -270,9 +274,217 @@ def test_analyst_explains_then_runs(new_page, keys, server):
     result = page.locator("section", has=page.get_by_role("heading", name="Result"))
     assert "Charged ρ 0.004" in result.inner_text()
     assert result.locator("svg.chart").count() == 2 and result.locator("path.err").count() > 0
-    assert result.locator("table tbody tr").count() == 52  # every public week, as a table too
+    assert result.locator("table tbody tr").count() == 12  # weeks 0-11 (the WHERE narrows the keys), as a table too
     shot(page, "console")
     assert server.gateway.budget("usage")["consumers"]["analysts"]["spent_rho"] == pytest.approx(spent0 + 0.004)
+
+
+def test_the_explanation_names_outputs_as_written_and_says_each_thing_once(new_page, keys, server):
+    page = new_page()
+    sign_in(page, keys["analyst"])
+    page.get_by_label("Dataset").select_option("usage")
+    page.get_by_label("SQL", exact=True).fill(
+        "SELECT region, COUNT(*) AS n_prompts, MEDIAN(tokens) AS med_tokens FROM prompts GROUP BY region")
+    page.get_by_label("Budget", exact=True).select_option("rho")
+    page.get_by_label("Budget value").fill("0.002")
+    page.get_by_role("button", name="Explain (free)").click()
+    explanation = page.locator("section", has=page.get_by_role("heading", name="Explanation"))
+    expected = explanation.locator("table").first.locator("tbody th")
+    assert [expected.nth(i).inner_text() for i in range(expected.count())] == ["region", "n_prompts", "med_tokens"]
+    prims = explanation.locator("table").nth(1).locator("tbody tr")
+    assert prims.count() == 2  # the count and the quantile (the quantile's row was missing)
+    quantile = prims.nth(1).inner_text()
+    assert "quantile(tokens, 0.5)" in quantile and "rank scale" in quantile and "ranks" in quantile
+    assert "rows" in prims.nth(0).inner_text()  # a sensitivity carries its unit
+    text = explanation.inner_text()
+    assert "This release costs ρ 0.002; allocation analysts has ρ " in text and " left." in text
+    page.get_by_role("button", name="Run (charges your allocation)").click()
+    result = page.locator("section", has=page.get_by_role("heading", name="Result"))
+    assert result.inner_text().count("a DP quantile's accuracy is a rank error") == 1  # said once
+
+
+def test_the_burn_down_steps_at_each_of_two_cap_changes(new_page, keys, server):
+    page = new_page()
+    sign_in(page, keys["admin"])
+
+    def cap_path():
+        section = page.locator("section", has=page.get_by_role("heading", name="Population product-users"))
+        return section, section.locator("svg.chart path[stroke='#B00020']").get_attribute("d")
+
+    section, before = cap_path()
+    changes = [e for e in server.gateway.ledger_events("product-users") if e["kind"] == "cap_changed"]
+    assert before.count("V") == len(changes)  # one step per change recorded so far
+    for epsilon, reason in (("3.2", "first cut of the quarter"), ("3.0", "second cut of the quarter")):
+        section.get_by_label("ε").fill(epsilon)
+        section.get_by_label("Reason (recorded in the ledger)").fill(reason)
+        section.get_by_role("button", name="Change cap").click()
+        page.wait_for_load_state()
+        section, _ = cap_path()
+    section, after = cap_path()
+    assert after.count("V") == before.count("V") + 2  # the cap line steps twice more
+    steps = [float(y) for y in re.findall(r"V([\d.]+)", after)]
+    assert steps[-2] < steps[-1]  # each cut moves the line down the chart (larger pixel y)
+    assert server.gateway.dataset("usage")["cap"]["epsilon"] == 3.0
+    events = section.locator("table").nth(2).locator("tbody tr")
+    assert events.nth(0).locator("td").nth(4).inner_text().startswith("ε 3, δ 1e-6 (ρ ")  # cap after
+    assert events.nth(1).locator("td").nth(4).inner_text().startswith("ε 3.2, δ 1e-6 (ρ ")
+    shot(page, "admin-cap-changes", start=section)
+    page.goto("/ui/admin/ledger?show=events&population=product-users")
+    table = page.locator("main table").inner_text()
+    assert "ε 3.2, δ 1e-6 (ρ " in table and "{" not in table  # before/after as numbers, no raw JSON
+    assert not re.search(r"\d\.\d{9,}", table)  # no 17-digit floats
+
+
+def test_error_bars_are_clipped_to_the_declared_bounds(new_page, keys, server):
+    # a tiny budget: the AVG's and the count's 95 % intervals reach far past [0, 8000] and below 0
+    release = server.gateway.query(
+        "usage", "SELECT region, COUNT(*) AS n, AVG(tokens) AS avg_tokens FROM prompts WHERE week = 20 GROUP BY region",
+        consumer="dashboard", budget=QueryBudget(rho=0.00002))
+    acc = release["accuracy"]
+    assert any(v - e < 0 or v + e > 8000 for (_, _, v), e in zip(release["rows"], acc["avg_tokens"]["ci95_rows"]))
+    page = new_page()
+    sign_in(page, keys["dashboard"])
+    page.goto(f"/ui/releases/{release['release_id']}")
+    charts = page.locator("svg.chart")
+    assert charts.count() == 2
+    for i, (lo, hi) in enumerate(((0, None), (0, 8000))):
+        chart = charts.nth(i)
+        ticks = [t for t in chart.locator("text").all_text_contents() if re.fullmatch(r"−?-?[\d.,]+k?", t)]
+        values = [float(t.replace("k", "e3").replace(",", "").replace("−", "-")) for t in ticks]
+        assert min(values) >= lo and (hi is None or max(values) <= hi), values  # the axis stops at the bounds
+        assert "error bars clipped to" in chart.inner_html()  # said in the chart's legend …
+        assert chart.locator("path.err").count() == 5
+    captions = page.locator("figcaption").all_inner_texts()
+    assert any("clipped to [0, 8,000]" in c for c in captions) and any("clipped to ≥ 0" in c for c in captions)
+    svg_box = charts.nth(1).bounding_box()
+    for box in (charts.nth(1).locator("path.err").nth(j).bounding_box() for j in range(5)):
+        assert box["y"] >= svg_box["y"] and box["y"] + box["height"] <= svg_box["y"] + svg_box["height"]
+
+
+#: Every page, by role, for the narrow-screen test.
+NARROW_PAGES = {
+    None: ["/ui/login"],
+    "admin": ["/ui/admin", "/ui/admin/ledger", "/ui/admin/ledger?show=events", "/ui/datasets", "/ui/dashboard",
+              "/ui/dashboard/usage", "/ui/dashboard/hostile", "/ui/logout", "/ui/no-such-page"],
+    "dashboard": ["/ui/dashboard/usage", "RELEASE", "/ui/admin"],
+    "analyst": ["/ui/console", "CONSOLE"],
+}
+
+
+def _overflowing(page) -> list[str]:
+    """Elements that stick out of the viewport's width (outside a scrolling table or chart box)."""
+    return page.evaluate("""() => {
+        const w = document.documentElement.clientWidth, out = [];
+        for (const e of document.querySelectorAll('body *')) {
+            if (e.closest('.scroll, figure, pre, .skip')) continue;  // scroll boxes; the skip link hides off-screen
+            const r = e.getBoundingClientRect();
+            if (r.width > 0 && (r.right > w + 0.5 || r.left < -0.5)) out.push(e.tagName.toLowerCase() + '.' + e.className);
+        }
+        return out.slice(0, 10);
+    }""")
+
+
+@pytest.mark.parametrize("role", list(NARROW_PAGES))
+def test_every_page_fits_a_390_px_viewport(browser, server, keys, role):
+    ctx = browser.new_context(viewport={"width": 390, "height": 844}, base_url=server.url, device_scale_factor=1)
+    try:
+        page = ctx.new_page()
+        page.set_default_timeout(60_000)
+        if role:
+            sign_in(page, keys[role])
+        for path in NARROW_PAGES[role]:
+            if path == "RELEASE":
+                page.goto("/ui/dashboard/usage")
+                page.locator("main h3 a").first.click()
+                page.wait_for_load_state()
+            elif path == "CONSOLE":
+                page.goto("/ui/console?dataset=usage")
+                page.get_by_label("SQL", exact=True).fill(
+                    "SELECT week, COUNT(*) AS prompts, MEDIAN(tokens) AS med FROM prompts WHERE week < 6 GROUP BY week")
+                page.get_by_role("button", name="Explain (free)").click()
+                assert page.locator("section", has=page.get_by_role("heading", name="Explanation")).count() == 1
+                sizes = (page.evaluate("[document.documentElement.scrollWidth, document.documentElement.clientWidth]"),
+                         _overflowing(page))
+                assert sizes[0][0] <= sizes[0][1] and not sizes[1], ("explanation", sizes)
+                page.get_by_role("button", name="Run (charges your allocation)").click()
+                page.wait_for_load_state()
+            else:
+                page.goto(path)
+            where = page.url
+            width, client = page.evaluate("[document.documentElement.scrollWidth, document.documentElement.clientWidth]")
+            assert width <= client, f"{where}: the page is {width} px wide in a {client} px viewport"
+            assert not _overflowing(page), f"{where}: {_overflowing(page)}"
+            # chart text stays readable at 1x: every tick label at least 9 px high on the screen
+            small = [t for t in chart_text_sizes(page) if t[1] < 9]
+            assert not small, f"{where}: chart text smaller than 9 px: {small[:5]}"
+            if path in ("CONSOLE", "/ui/dashboard/usage") and role == "analyst" or path == "RELEASE":
+                shot_narrow(page, f"narrow-{'console' if path == 'CONSOLE' else 'release'}")
+    finally:
+        ctx.close()
+
+
+def chart_text_sizes(page) -> list[tuple[str, float]]:
+    """(text, font size in screen pixels) of every text of every chart on the page: its font size
+    in the chart's user units times the chart's scale on the screen (viewBox to displayed width)."""
+    return [tuple(x) for x in page.evaluate("""() => [...document.querySelectorAll('svg.chart text')].map(t => {
+        const svg = t.closest('svg'), scale = svg.getBoundingClientRect().width / svg.viewBox.baseVal.width;
+        return [t.textContent, parseFloat(getComputedStyle(t).fontSize) * scale]; })""")]
+
+
+def shot_narrow(page, name: str, height: int = 1600) -> None:
+    """A 390 px wide screenshot of the top of the page (``SHOTS/name.png``)."""
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    full = page.evaluate("document.documentElement.scrollHeight")
+    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True,
+                    clip={"x": 0, "y": 0, "width": 390, "height": min(full, height)})
+
+
+def test_chart_text_is_readable_at_1x_on_a_desktop(new_page, keys):
+    page = new_page(device_scale_factor=1)
+    sign_in(page, keys["dashboard"])
+    page.goto("/ui/dashboard/usage")
+    sizes = chart_text_sizes(page)
+    assert sizes and min(s for _, s in sizes) >= 10, min(sizes, key=lambda t: t[1])
+
+
+def test_pinning_a_release_to_a_dashboard(new_page, keys, server):
+    server.gateway.query("usage", "SELECT COUNT(DISTINCT user_id) AS active_users FROM prompts WHERE week = 30",
+                         consumer="dashboard", budget=QueryBudget(rho=0.002))
+    page = new_page()
+    sign_in(page, keys["dashboard"])
+    page.goto("/ui/dashboard/usage")
+    assert page.get_by_role("heading", name="Pinned").count() == 0
+    # the newest card: a single value, shown as a number card (not a one-bar chart)
+    card = page.locator("section.card", has=page.get_by_role("heading", name="active_users, where week = 30"))
+    assert card.locator(".number .big").count() == 1 and card.locator("svg.chart").count() == 0
+    weekly = page.locator("section.card", has=page.get_by_role("heading", name="users by region, where week = 3"))
+    release_id = weekly.locator("input[name=release_id]").get_attribute("value")
+    weekly.get_by_label("Title on the dashboard (optional)").fill("Weekly active users <b>by region</b>, week 3")
+    weekly.get_by_role("button", name="Pin").click()
+    page.wait_for_load_state()
+    assert "Pinned" in page.locator(".flash.ok").inner_text()
+    pinned = page.locator("h2:text-is('Pinned') + .cards section.card")
+    assert pinned.count() == 1
+    assert pinned.locator("h3").inner_text() == "Weekly active users <b>by region</b>, week 3"  # escaped text
+    assert pinned.locator("input[name=release_id]").get_attribute("value") == release_id
+    assert "pinned by wall" in pinned.inner_text()
+    assert page.locator("main h3").first.inner_text().startswith("Weekly active users")  # pinned first
+    assert server.gateway.dashboard_pins("usage")[0]["release_id"] == release_id
+    shot(page, "dashboard-pinned")
+    # an analyst sees it pinned but cannot curate (no form; a forged POST is refused)
+    analyst = new_page()
+    sign_in(analyst, keys["analyst"])
+    analyst.goto("/ui/dashboard/usage")
+    assert analyst.locator("h2:text-is('Pinned') + .cards h3").inner_text().startswith("Weekly active users")
+    assert analyst.locator("form.pin").count() == 0
+    token = analyst.locator("input[name=csrf_token]").first.get_attribute("value")
+    r = analyst.request.post("/ui/dashboard/usage/pins", form={"csrf_token": token, "release_id": release_id,
+                                                              "action": "unpin"})
+    assert r.status == 403 and server.gateway.dashboard_pins("usage")
+    # unpin
+    pinned.get_by_role("button", name="Unpin").click()
+    page.wait_for_load_state()
+    assert page.get_by_role("heading", name="Pinned").count() == 0 and not server.gateway.dashboard_pins("usage")
 
 
 # --------------------------------------------------------------------------- refused requests
@@ -350,7 +562,7 @@ def test_stored_xss_is_inert_even_without_the_csp(new_page, keys, server):
     page = new_page(bypass_csp=True)
     sign_in(page, keys["dashboard"])
     page.goto("/ui/dashboard/hostile")
-    page.locator("main h2 a").first.click()
+    page.locator("main h3 a").first.click()
     assert page.evaluate("window.__xss") is None
     assert not dialogs
 
@@ -368,8 +580,9 @@ def test_pages_work_without_javascript_and_load_nothing_from_elsewhere(new_page,
     page.get_by_role("link", name="JSON lines").count()
     page.goto("/ui/dashboard/usage")
     assert page.locator("path.err").count() > 0
-    page.locator("summary").first.click()  # <details> opens without script
-    assert page.locator("details table").first.is_visible()
+    table = page.locator("details", has=page.locator("summary", has_text="Table")).first
+    table.locator("summary").click()  # <details> opens without script
+    assert table.locator("table").is_visible()
     assert hosts == {urlsplit(server.url).netloc}
 
 

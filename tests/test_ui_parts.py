@@ -109,6 +109,42 @@ def test_burndown_zoom_leaves_out_the_cap_above_the_spend():
     assert "cap above the chart" in zoomed and 'stroke-dasharray="8 4"><title>' not in zoomed
 
 
+def test_the_burn_down_cap_line_steps_at_each_recorded_cap_change(tmp_path):
+    from dpgate.accounting import Cost
+    from dpgate.ledger import open_ledger
+    from dpgate.ui.data import BurndownCache, cap_history, governance_change
+
+    led = open_ledger(f"sqlite:///{tmp_path / 'ledger.sqlite'}")
+    try:
+        led.ensure_population("p", epsilon=4.0, delta=1e-6, allocations={"a": 1.0})
+        first = led.cap("p").rho_cap
+        led.charge("p", "a", Cost.zcdp(0.01), purpose="q1")
+        led.set_cap("p", epsilon=2.0, delta=1e-6, actor="root", reason="lower")
+        second = led.cap("p").rho_cap
+        led.charge("p", "a", Cost.zcdp(0.01), purpose="q2")
+        led.set_cap("p", epsilon=1.0, delta=1e-6, actor="root", reason="lower again")
+        third = led.cap("p").rho_cap
+        events = led.events("p")
+        # cap_changed stores the cap itself as `new` (population_created stores {"cap", "allocations"})
+        assert [rho for _, rho in cap_history(events)] == [first, second, third]
+        assert first > second > third
+        chart = BurndownCache().chart(led, "p", led.spend("p").to_dict(), events)
+    finally:
+        led.close()
+    root = _parse(chart["svg"])
+    (cap,) = [p for p in root.iter(SVG + "path") if p.get("stroke") == "#B00020"]
+    d = cap.get("d")
+    assert d.count("V") == 2  # the line steps down at each of the two changes
+    ys = [float(y) for y in re.findall(r"V([\d.]+)", d)]
+    assert ys[0] < ys[1]  # each step goes down the chart's value (up the page's y)
+    change = governance_change(events[-1])
+    assert change["before"] == f"ε 2, δ 1e-6 (ρ {fmt_number(second)})"
+    assert change["after"] == change["cap_after"] == f"ε 1, δ 1e-6 (ρ {fmt_number(third)})"
+    created = governance_change(events[0])
+    assert created["cap_after"] == f"ε 4, δ 1e-6 (ρ {fmt_number(first)})" and "allocations a 100 %" in created["after"]
+    assert "{" not in change["before"] + change["after"] + created["after"]  # no raw JSON
+
+
 def test_meter_fraction_and_colour():
     assert 'width="109.0"' in str(meter(1, 2, label="x", width=220))
     assert "#B00020" in str(meter(3, 2, label="x")) and "#8F6A00" in str(meter(0.9, 1, label="x"))
@@ -239,6 +275,12 @@ def test_explanation_view_gives_the_output_half_widths():
     assert out["a"]["ci95"] is None and "after the run" in out["a"]["note"]
     assert out["region"]["note"] == "group key (public)"
     assert v["fits"] is False  # 0.01 > 0.005 left in the allocation
+    assert v["fits_note"] == ("This release costs ρ 0.01, but your allocation has only ρ 0.005 left: running it "
+                              "would be refused (budget_exhausted) and charge nothing.")  # a sentence (issue 24)
+    verdict = explanation_view({**explanation, "cost": {"rho": 0.004, "fits": True, "remaining_rho": 0.0527,
+                                                        "consumer": "analysts"}}, info, None)
+    assert verdict["fits_note"] == "This release costs ρ 0.004; allocation analysts has ρ 0.0527 left."
+    assert [o["label"] for o in v["outputs"]] == ["region", "n", "s", "a"]
     assert explanation_view(explanation, info, {"remaining_rho": 0.5, "population_remaining_rho": 1.0})["fits"] is True
     assert explanation_view(explanation, info, None)["fits"] is None
     assert explanation_view({**explanation, "fits": True}, info, None)["fits"] is True  # the gateway's verdict wins
@@ -298,3 +340,96 @@ def test_drift_warning_reads_the_gateway_report_and_degrades():
     legacy = drift_warning({"name": "u", "policy_drift": {"drifted": False, "message": "re-fix the cap"}})
     assert legacy["message"] == "re-fix the cap"
     assert drift_warning({"name": "u", "policy_drift": True})["message"] == "True"
+
+
+# --------------------------------------------------------------------------- issue 24: pages that read right
+
+
+def test_error_bars_and_the_axis_stop_at_the_clip_range_and_say_so():
+    # an AVG in [0, 10] released as 9 ± 4 and 1 ± 4: its true value cannot pass 10 or go below 0
+    svg = bar_chart(["a", "b"], [9.0, 1.0], [4.0, 4.0], ident="c", title="t", y_label="avg", clip=(0.0, 10.0))
+    root = _parse(svg)
+    ticks = [float(t.text) for t in root.iter(SVG + "text") if t.text and re.fullmatch(r"[\d.]+", t.text)]
+    assert min(ticks) == 0 and max(ticks) == 10  # nice_ticks(0, 13) would have reached 14
+    frame_top, frame_bottom = charts.MT, charts.H - charts.MB
+    for d in (p.get("d") for p in root.iter(SVG + "path") if p.get("class") == "err"):
+        lo, hi = map(float, re.match(r"M[\d.]+,([\d.]+)V([\d.]+)", d).groups())
+        assert frame_top - 0.05 <= hi <= lo <= frame_bottom + 0.05  # inside the plot: cut at 10 and at 0
+    assert "error bars clipped to [0, 10]" in str(svg)
+    unclipped = str(bar_chart(["a"], [5.0], [1.0], ident="u", title="t", clip=(0.0, 10.0)))
+    assert "clipped" not in unclipped  # said only when a bar was cut
+    # without a clip range the whisker extends past the bound, as before
+    assert max(float(t.text) for t in _parse(bar_chart(["a"], [9.0], [4.0], ident="n", title="t")).iter(SVG + "text")
+               if t.text and re.fullmatch(r"[\d.]+", t.text)) > 10
+
+
+def test_release_view_clips_to_value_ranges_and_marks_clamped_values():
+    release = {"release_id": "rel_x", "dataset": "usage", "columns": ["region", "n", "avg_tokens"],
+               "rows": [["eu", 0, 8000.0], ["us", 12, 10.0]],
+               "accuracy": {"n": {"ci95": 50.0}, "avg_tokens": {"ci95": 9000.0, "ci95_rows": [9000.0, 5.0],
+                                                                 "approximate": True}},
+               "value_ranges": {"n": {"lower": 0, "upper": None, "clamped": True, "rule": "a count is at least 0"},
+                                "avg_tokens": {"lower": 0.0, "upper": 8000.0, "clamped": True,
+                                               "rule": "tokens's declared bounds"}},
+               "canonical_sql": 'SELECT "region", COUNT(*) AS "count", AVG("tokens") AS "avg_tokens" FROM "prompts" '
+                                'WHERE "week" = 7 GROUP BY "region"'}
+    v = release_view(release)
+    assert [c["clip"] for c in v["charts"]] == ["≥ 0", "[0, 8,000]"]
+    assert "error bars clipped to [0, 8,000]" in str(v["charts"][1]["svg"])
+    cells = [[c.get("clamped") for c in row if c["kind"] == "value"] for row in v["rows"]]
+    assert cells == [[True, True], [False, False]]
+    assert set(v["clamped"]) == {"n", "avg_tokens"}
+    assert v["title"] == "n, avg_tokens by region, where week = 7"  # the analyst's names and the filter
+
+
+def test_a_single_value_is_a_number_card_and_date_keys_are_a_line():
+    one = {"release_id": "rel_1", "dataset": "d", "columns": ["users"], "rows": [[1234]],
+           "accuracy": {"users": {"ci95": 12.0}}, "canonical_sql": 'SELECT COUNT(*) AS "users" FROM "t"'}
+    v = release_view(one)
+    assert v["charts"] == [] and v["numbers"] == [{"column": "users", "value": 1234, "ci95": 12.0, "rank_error": None,
+                                                   "approximate": False, "clamped": False}]
+    dated = {"release_id": "rel_2", "dataset": "d", "columns": ["month", "n"],
+             "rows": [["2024-03-01", 5], ["2024-01-01", 3], ["2024-02-01", 4]], "accuracy": {"n": {"ci95": 1.0}}}
+    (chart,) = release_view(dated)["charts"]
+    root = _parse(chart["svg"])
+    assert len(list(root.iter(SVG + "circle"))) == 3  # a line with its points, in date order
+    labels = [t.text for t in root.iter(SVG + "text")]
+    assert "2024-01-01" in labels and "2024-03-01" in labels
+    tips = [c.find(SVG + "title").text for c in root.iter(SVG + "circle")]
+    assert tips[0].startswith("n, 2024-01-01: 3") and tips[-1].startswith("n, 2024-03-01: 5")
+
+
+def test_value_ranges_follow_the_declared_bounds():
+    from dpgate.policy import load_policy
+    from dpgate.postprocess.ranges import clamped_at_bound, value_ranges
+    from dpgate.sql.parse import parse_query
+    from pathlib import Path
+
+    policy = load_policy(Path(__file__).parent / "fixtures" / "policies" / "planner.toml")
+    plan = parse_query("SELECT region, COUNT(*) AS n, SUM(latency) AS s, SUM(tokens) AS t, AVG(latency) AS a, "
+                       "VAR_POP(latency) AS v, STDDEV(latency) AS sd, MEDIAN(tokens) AS med, SUM(tokens) * 2 AS x "
+                       "FROM prompts GROUP BY region", policy)
+    r = value_ranges(plan, policy)
+    # latency in [-10, 100]: a variance ≤ (100 + 10)²/4 = 3025, a standard deviation ≤ 110/2 = 55 (Popoviciu)
+    assert (r["a"]["lower"], r["a"]["upper"], r["a"]["clamped"]) == (-10.0, 100.0, True)
+    assert (r["v"]["lower"], r["v"]["upper"]) == (0.0, 3025.0) and (r["sd"]["lower"], r["sd"]["upper"]) == (0.0, 55.0)
+    assert (r["n"]["lower"], r["n"]["upper"], r["n"]["clamped"]) == (0, None, True)
+    assert (r["t"]["lower"], r["t"]["upper"], r["t"]["clamped"]) == (0.0, None, False)  # tokens ≥ 0
+    assert "s" not in r and "x" not in r  # latency may be negative; derived outputs have none
+    assert (r["med"]["lower"], r["med"]["upper"], r["med"]["clamped"]) == (0.0, 8000.0, False)
+    assert clamped_at_bound(100.0, r["a"]) and clamped_at_bound(0, r["n"]) and not clamped_at_bound(5.0, r["a"])
+    assert not clamped_at_bound(8000.0, r["med"])  # a quantile on the grid's end is not a clamp
+
+
+def test_the_readme_screenshots_are_the_ones_the_browser_tests_take():
+    """docs/screenshots/*.png come from tests/test_ui_browser.py (docs/screenshots/regenerate.sh)."""
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    shown = set(re.findall(r"docs/screenshots/([\w-]+)\.png", (repo / "README.md").read_text()))
+    taken = set(re.findall(r'shot(?:_narrow)?\(page, f?"([\w{}\'=: -]+)"', (repo / "tests" / "test_ui_browser.py").read_text()))
+    taken = {t for t in taken if "{" not in t} | {"narrow-console", "narrow-release"}
+    assert shown and shown <= taken, shown - taken
+    script = repo / "docs" / "screenshots" / "regenerate.sh"
+    assert script.is_file() and "DPGATE_SCREENSHOT_DIR=docs/screenshots" in script.read_text()
+    assert all((repo / "docs" / "screenshots" / f"{name}.png").is_file() for name in shown)

@@ -21,10 +21,11 @@ role          permissions
 analyst       run queries and explain them, charged to the key's consumer (the consumer
               always comes from the key, never from the request); read releases and
               datasets; read budgets; declare, read and close search records
-dashboard     read stored releases (free post-processing) and datasets; nothing else
+dashboard     read stored releases (free post-processing) and datasets; pin and unpin
+              stored releases on dashboards (curation; spends nothing)
 admin         read releases, datasets, every budget and the ledger; explain queries;
               change a population's cap (a governance event with a reason); post
-              external charges for any consumer; search records
+              external charges for any consumer; search records; curate dashboards
 service       post external charges (for its own consumer only, if the key names one);
               read datasets; declare, read and close search records
 ============  ============================================================================
@@ -86,6 +87,7 @@ class Permission(str, enum.Enum):
     SET_CAP = "set_cap"  #: POST /v1/admin/populations/{p}/cap
     RELOAD_DATASETS = "reload_datasets"  #: POST /v1/admin/datasets/{name}/reload
     SEARCH = "search"  #: POST/GET /v1/searches, POST /v1/searches/{id}/close (issue 15)
+    CURATE_DASHBOARDS = "curate_dashboards"  #: pin/unpin stored releases on a dashboard (issue 24)
 
 
 class Role(str, enum.Enum):
@@ -109,7 +111,7 @@ ROLE_PERMISSIONS: dict[Role, frozenset[Permission]] = {
             Permission.SEARCH,
         }
     ),
-    Role.DASHBOARD: frozenset({Permission.READ_RELEASES, Permission.READ_DATASETS}),
+    Role.DASHBOARD: frozenset({Permission.READ_RELEASES, Permission.READ_DATASETS, Permission.CURATE_DASHBOARDS}),
     Role.ADMIN: frozenset(
         {
             Permission.EXPLAIN,
@@ -121,6 +123,7 @@ ROLE_PERMISSIONS: dict[Role, frozenset[Permission]] = {
             Permission.RELOAD_DATASETS,
             Permission.CHARGE_EXTERNAL,
             Permission.SEARCH,
+            Permission.CURATE_DASHBOARDS,
         }
     ),
     Role.SERVICE: frozenset({Permission.CHARGE_EXTERNAL, Permission.READ_DATASETS, Permission.SEARCH}),

@@ -231,8 +231,9 @@ class KeyTuples:
         from dpgate.errors import UnsupportedQuery
 
         key = tuple(c.name for c in columns)
-        if key in self._projected:
-            return self._projected[key]
+        cache_key = tuple((c.name, c.public_keys) for c in columns)  # narrowed keys project differently
+        if cache_key in self._projected:
+            return self._projected[cache_key]
         if self.rows is None:
             raise UnsupportedQuery(
                 f"the group keys {', '.join(key)} come from one public table with more distinct rows "
@@ -255,7 +256,7 @@ class KeyTuples:
             if None not in order:
                 found[order] = values
         out = tuple(found[o] for o in sorted(found))
-        self._projected[key] = out
+        self._projected[cache_key] = out
         return out
 
 

@@ -193,7 +193,7 @@ def calibrate_plan(plan: QueryPlan, policy: DatasetPolicy, mechanism: str, resol
     if not (math.isfinite(total) and total > 0):
         raise InvalidBudget(f"the budget must be finite and > 0, got {total!r}")
     table = policy.table(plan.table)
-    groups = table.key_combinations(plan.group_by)
+    groups = plan.key_combinations(table)
     qprims = [p for p in plan.primitives if p.kind == "quantile"]
     for p in qprims:
         cells = groups * grid_for(table.column(p.column)).size
@@ -254,7 +254,7 @@ def run(plan: QueryPlan, policy: DatasetPolicy, cal: PlanCalibration, execute: C
     Returns (group keys, primitive id → candidate index per group).
     """
     table = policy.table(plan.table)
-    n_groups = table.key_combinations(plan.group_by)
+    n_groups = plan.key_combinations(table)
     by_column: dict[str, Mapping[str, np.ndarray]] = {}
     out: dict[str, np.ndarray] = {}
     keys: dict[str, np.ndarray] = {}

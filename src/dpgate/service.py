@@ -45,6 +45,7 @@ from dpgate.errors import (
     ExecutionError,
     InvalidBudget,
     InvalidRequest,
+    NotFound,
     UnknownDataset,
     UnknownPopulation,
     UnsupportedQuery,
@@ -56,7 +57,9 @@ from dpgate.ledger.base import FINITE_ORDERS, PolicyDrift
 from dpgate.mechanisms import calibrate, ci95_halfwidth, mechanism_name, sample
 from dpgate.policy import MECHANISMS, DatasetPolicy, KeyTuples, load_policies
 from dpgate.postprocess import check_postprocess_expression, finalize, output_unit
+from dpgate.postprocess.expected import expected_accuracy
 from dpgate.postprocess.calibration import CellTarget, ci95_rules, scales_for_ci95
+from dpgate.postprocess.ranges import value_ranges
 from dpgate.releases import (
     CacheKeys,
     NoisyPrimitives,
@@ -613,6 +616,17 @@ class Gateway:
     def explain(self, dataset: str, sql: str, *, budget: QueryBudget | None = None,
                 mechanism: str | None = None, consumer: str | None = None,
                 dialect: str | None = None, trial: bool = False) -> dict[str, Any]:
+        """:meth:`_explain`'s document with ``expected_accuracy``: each primitive's sensitivity in
+        its unit and each output's expected 95 % half-width
+        (:func:`dpgate.postprocess.expected.expected_accuracy`, from the document alone)."""
+        doc = self._explain(dataset, sql, budget=budget, mechanism=mechanism, consumer=consumer,
+                            dialect=dialect, trial=trial)
+        doc["expected_accuracy"] = expected_accuracy(doc)
+        return doc
+
+    def _explain(self, dataset: str, sql: str, *, budget: QueryBudget | None = None,
+                 mechanism: str | None = None, consumer: str | None = None,
+                 dialect: str | None = None, trial: bool = False) -> dict[str, Any]:
         """Plan, bounded SQL (salt hidden), sensitivities and cost of a query.
 
         Reads no data and charges nothing. Raises the same errors as :meth:`query`
@@ -686,6 +700,9 @@ class Gateway:
             "plan_hash": plan.plan_hash,
             **shown,
             "plan": plan.canonical_dict(),
+            # the analyst's names of the outputs (the plan's canonical form leaves labels out)
+            "columns": [o.label or o.name for o in plan.visible_outputs],
+            "labels": {o.name: o.label or o.name for o in plan.outputs},
             "bounded_sql": _bounded_template(plan, policy),
             "computed_keys": [
                 {"name": k.name, "expression": k.expression, "rule": k.rule, "type": k.type,
@@ -710,22 +727,28 @@ class Gateway:
 
     def _fit(self, policy: DatasetPolicy, cost: accounting.Cost, consumer: str | None,
              scope: tuple[str, ...] | None = None) -> dict[str, Any]:
-        """Whether ``cost`` fits what is left (the ledger's spend report), as explain reports it.
-        With cohorts: against the cohort of ``scope`` (None: every declared cohort) with the least left."""
+        """Whether ``cost`` fits what is left (the ledger's spend report), as explain reports it:
+        within the consumer's allocation (when ``consumer`` has one) *and* the population's cap,
+        as the ledger's filter checks at run time. ``remaining_rho`` is the binding one (the
+        smaller), ``consumer`` the allocation it names (None: the population's). With cohorts:
+        against the cohort of ``scope`` (None: every declared cohort) with the least left."""
+        report = self.ledger.spend(policy.population)
         if getattr(policy, "cohorts", None) is not None and self.ledger.cohort_column(policy.population):
             from dpgate.budget_views import cohort_remaining  # cohorts hook (issue 23)
 
             left, who = cohort_remaining(self.ledger, policy, consumer, scope or policy.cohorts.names)
+            named = consumer if consumer is not None and consumer in report.consumers else None
         else:
-            report = self.ledger.spend(policy.population)
+            left, who, named = report.remaining_rho, f"population {policy.population!r}", None
             if consumer is not None and consumer in report.consumers:
-                left, who = report.consumers[consumer].remaining_rho, f"consumer {consumer!r}"
-            else:
-                left, who = report.remaining_rho, f"population {policy.population!r}"
+                mine = report.consumers[consumer].remaining_rho
+                if mine <= left:
+                    left, who, named = mine, f"consumer {consumer!r}", consumer
         need = cost.rho_bound()  # ρ for a zCDP charge; for a pure-ε curve, the ρ it is at most
         fits = bool(need <= left)
         verdict = "fits" if fits else "does NOT fit: the query would be refused with budget_exhausted"
-        return {"fits": fits, "remaining_rho": left,
+        return {"fits": fits, "remaining_rho": left, "consumer": named,
+                "population_remaining_rho": report.remaining_rho,
                 "message": f"this release costs rho={need:.6g}; {who} has rho={left:.6g} left: it {verdict}"}
 
     # ----------------------------------------------------------------- query
@@ -1005,6 +1028,9 @@ class Gateway:
                     for c, col in table_policy.columns.items() if col.bounded
                 },
             },
+            # the range each aggregate's true value lies in, and whether the value is clamped to it
+            # (issue 24: error bars clipped to the declared bounds, clamped values marked)
+            "value_ranges": value_ranges(plan, policy),
             "post_processing": post_processing_settings(policy),
             **({"partition_selection": partition_selection.describe(plan, cal, resolved["selection_delta"])}
                if getattr(cal, "selection", None) is not None else {}),
@@ -1127,6 +1153,42 @@ class Gateway:
         if dataset is not None:
             self.policy(dataset)
         return [r.to_dict(cached=True) for r in self.release_store.list(dataset, limit=limit)]
+
+    # ----------------------------------------------------------------- dashboards
+
+    def dashboard_pins(self, dashboard: str) -> list[dict[str, Any]]:
+        """The releases pinned to the dashboard of dataset ``dashboard``, oldest first: each pin
+        (``release_id``, ``title``, ``pinned_by``, ``pinned_at``) with its ``release`` document
+        (free: stored releases only). Raises UnknownDataset."""
+        self.policy(dashboard)
+        out = []
+        for pin in self.release_store.pins(dashboard):
+            try:
+                out.append({**pin, "release": self.release(pin["release_id"])})
+            except NotFound:  # pragma: no cover - releases are never deleted
+                continue
+        return out
+
+    def pin_release(self, dashboard: str, release_id: str, *, title: str, actor: str) -> dict[str, Any]:
+        """Pin a stored release of dataset ``dashboard`` to its dashboard, with a title in the
+        pinner's words (empty: the page derives one from the release's column names).
+
+        Raises:
+            UnknownDataset: no such dataset. NotFound: no such release.
+            InvalidRequest: the release is of another dataset, the title is too long, or the
+                dashboard has :data:`dpgate.releases.store.MAX_PINS` pins.
+        """
+        self.policy(dashboard)
+        release = self.release_store.get(release_id)
+        if release.dataset != dashboard:
+            raise InvalidRequest(f"release {release_id} is of dataset {release.dataset!r}, not {dashboard!r}",
+                                 {"release_id": release_id, "dataset": release.dataset})
+        return self.release_store.pin(dashboard, release_id, title=title, actor=actor)
+
+    def unpin_release(self, dashboard: str, release_id: str) -> bool:
+        """Remove a release from the dashboard of dataset ``dashboard``; True if it was pinned."""
+        self.policy(dashboard)
+        return self.release_store.unpin(dashboard, release_id)
 
     # ----------------------------------------------------------------- ledger
 

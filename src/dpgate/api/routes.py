@@ -21,7 +21,7 @@ from dpgate.api import schemas
 from dpgate.api.errors import json_safe
 from dpgate.api.authn import authenticate
 from dpgate.auth import Permission, Principal, Role
-from dpgate.errors import Forbidden, Internal, InvalidRequest, LedgerUnavailable, UnknownPopulation
+from dpgate.errors import Forbidden, Internal, InvalidRequest, LedgerUnavailable, NotFound, UnknownPopulation
 from dpgate.service import Gateway, QueryBudget
 
 _bearer = HTTPBearer(auto_error=False, description="`Authorization: Bearer <API key>`")
@@ -211,6 +211,48 @@ def list_releases(
 ) -> dict[str, Any]:
     """Stored releases, newest first, optionally of one dataset. Free."""
     return json_safe({"releases": gateway.releases(dataset, limit=limit)})
+
+
+# --- dashboards (curation: pins; spends nothing) ------------------------------------------
+
+
+@v1.get("/dashboards/{name}/pins", response_model=schemas.PinList, tags=["releases"],
+        summary="The releases pinned to a dataset's dashboard (free)")
+def list_pins(
+    name: DatasetName,
+    gateway: GatewayDep,
+    principal: Annotated[Principal, Depends(require(Permission.READ_RELEASES))],
+) -> dict[str, Any]:
+    """The pins of the dashboard of dataset ``name``, oldest first, each with its stored release."""
+    return json_safe({"pins": gateway.dashboard_pins(name)})
+
+
+@v1.put("/dashboards/{name}/pins/{release_id}", response_model=schemas.Pin, tags=["releases"],
+        summary="Pin a stored release to a dataset's dashboard")
+def put_pin(
+    name: DatasetName,
+    release_id: Annotated[str, Path(min_length=1, max_length=128)],
+    body: schemas.PinRequest,
+    gateway: GatewayDep,
+    principal: Annotated[Principal, Depends(require(Permission.CURATE_DASHBOARDS))],
+) -> dict[str, Any]:
+    """Pin (or re-title) a stored release of dataset ``name`` on its dashboard; the key's name is
+    recorded as ``pinned_by``. Curation only: it reads and spends nothing."""
+    return json_safe(gateway.pin_release(name, release_id, title=body.title, actor=principal.name))
+
+
+@v1.delete("/dashboards/{name}/pins/{release_id}", tags=["releases"], summary="Unpin a release")
+def delete_pin(
+    name: DatasetName,
+    release_id: Annotated[str, Path(min_length=1, max_length=128)],
+    gateway: GatewayDep,
+    principal: Annotated[Principal, Depends(require(Permission.CURATE_DASHBOARDS))],
+) -> dict[str, Any]:
+    """Remove a release from the dashboard of dataset ``name``; 404 if it was not pinned."""
+    if not gateway.unpin_release(name, release_id):
+        raise NotFound(f"release {release_id} is not pinned to the dashboard of {name}",
+                       {"release_id": release_id, "dashboard": name})
+    return {"unpinned": release_id, "dashboard": name}
 
 
 # --- datasets --------------------------------------------------------------------------

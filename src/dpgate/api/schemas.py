@@ -354,6 +354,13 @@ class CapChangeRequest(RequestModel):
     reason: Text
 
 
+class PinRequest(RequestModel):
+    """``PUT /v1/dashboards/{name}/pins/{release_id}``: the title shown on the dashboard (empty:
+    the page derives one from the release's column names)."""
+
+    title: Annotated[str, Field(default="", max_length=200)] = ""
+
+
 # --- responses -------------------------------------------------------------------------
 
 
@@ -423,10 +430,33 @@ class Release(ResponseModel):
         default=None,
         description="per primitive: {kind, column, in (the unit in words), unit (output units per integer step; "
                     "null for a quantile), value_scale (noise_scales × unit, in the output's units)}")
+    value_ranges: dict[str, dict[str, Any]] | None = Field(
+        default=None,
+        description="per aggregate column: {lower, upper (null: unbounded), clamped, rule}: the range its true "
+                    "value lies in, from the declared bounds (a count >= 0, an AVG or quantile in [lower, upper], "
+                    "a STDDEV in [0, (upper-lower)/2]); clamped: the released value is clamped into it, so a value "
+                    "on a bound was at or beyond it before clamping. Error bars may be clipped to it.")
     charge: ChargeSummary | None = None
     cached: bool
     data_version: str | None = None
     created_at: str
+
+
+class Pin(ResponseModel):
+    """A release pinned to a dataset's dashboard."""
+
+    dashboard: str
+    release_id: str
+    title: str
+    pinned_by: str
+    pinned_at: str
+    release: Release | None = None
+
+
+class PinList(ResponseModel):
+    """``GET /v1/dashboards/{name}/pins``: oldest first."""
+
+    pins: list[Pin]
 
 
 class ReleaseList(ResponseModel):

@@ -5,7 +5,9 @@ Each sub-command lives in its own module of this package and exposes
 -> int`` (the exit status). Commands print human-readable tables by default and
 JSON with ``--json``. A :class:`~dpgate.errors.DpgateError` is printed on stderr
 as one sentence (``dpgate: error: <message> [<code>]``), or with ``--json`` as
-the documented error shape ``{"error": {"code", "message", "details"}}``; the
+the documented error shape ``{"error": {"code", "message", "details"}}`` on stdout
+*and* stderr (so ``dpgate … --json | jq`` sees the error object too); usage errors
+(``invalid_request``) and invalid settings take the same shape with ``--json``. The
 exit status comes from one table, :mod:`dpgate.cli.exits`. Output cut short by
 a closed pipe (``dpgate ledger show | head``) ends quietly.
 """
@@ -20,7 +22,7 @@ import sys
 from typing import Sequence
 
 from dpgate.cli import exits
-from dpgate.errors import DpgateError
+from dpgate.errors import DpgateError, InvalidRequest
 from dpgate.jsonsafe import json_safe
 
 #: Sub-command modules, in help order. A module that is not present is skipped.
@@ -81,11 +83,34 @@ def print_json(obj) -> None:
 
 
 def print_error(error: DpgateError, *, as_json: bool = False) -> None:
-    """Print ``error`` on stderr: one sentence, or the documented JSON shape with ``as_json``."""
+    """Print ``error``: one sentence on stderr, or with ``as_json`` the documented JSON shape
+    on stdout (for ``| jq``) and on stderr (for a terminal or a log)."""
     if as_json:
-        print(json.dumps(json_safe(error.to_dict()), indent=2, default=str), file=sys.stderr)
+        text = json.dumps(json_safe(error.to_dict()), indent=2, default=str)
+        try:
+            print(text, flush=True)
+        except (BrokenPipeError, ValueError):  # the reader went away: stderr still gets it
+            pass
+        print(text, file=sys.stderr)
     else:
         print(f"dpgate: error: {error.message} [{error.code}]", file=sys.stderr)
+
+
+class _UsageError(Exception):
+    """A command-line usage error (argparse's ``error``), raised instead of exiting so that
+    ``main`` can print it in the shape ``--json`` asks for."""
+
+    def __init__(self, parser: argparse.ArgumentParser, message: str) -> None:
+        super().__init__(message)
+        self.parser, self.message = parser, message
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, whose usage errors reach ``main`` as :class:`_UsageError`."""
+
+    def error(self, message: str):  # type: ignore[override]
+        """Raise :class:`_UsageError` (argparse would print and exit 2)."""
+        raise _UsageError(self, message)
 
 
 def print_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
@@ -116,7 +141,7 @@ def _merge_global_options(args: argparse.Namespace) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with every available sub-command registered."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="dpgate", description="Differentially private SQL gateway with a privacy-budget ledger."
     )
     # the common options may also come before the sub-command (`dpgate --home H ledger show`);
@@ -158,14 +183,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     from pydantic import ValidationError
 
     parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = parser.parse_args(argv)
+    except _UsageError as exc:
+        if "--json" in argv:
+            print_error(InvalidRequest(f"{exc.parser.prog}: {exc.message}", {"usage": exc.parser.format_usage().strip()}),
+                        as_json=True)
+        else:
+            exc.parser.print_usage(sys.stderr)
+            print(f"{exc.parser.prog}: error: {exc.message}", file=sys.stderr)
+        raise SystemExit(exits.USAGE)  # as argparse does (callers of main() see the same)
     _merge_global_options(args)
     as_json = bool(getattr(args, "json", False))
     try:
         try:
             settings = settings_from_args(args)
         except ValidationError as exc:
-            print(f"dpgate: error: {_settings_error(exc)}", file=sys.stderr)
+            if as_json:
+                print_error(InvalidRequest(_settings_error(exc), {"kind": "settings"}), as_json=True)
+            else:
+                print(f"dpgate: error: {_settings_error(exc)}", file=sys.stderr)
             return exits.CONFIGURATION
         status = int(args.func(args, settings) or 0)
         sys.stdout.flush()

@@ -1,16 +1,22 @@
-"""``dpgate explain --dataset NAME "SQL" [--consumer C] [--rho R | --epsilon E | --ci95 W] …``: show what a query would do.
+"""``dpgate explain --dataset NAME "SQL" [--rho R | --epsilon E | --ci95 W [--expected-count N]] [--delta D] [--consumer C] [--mechanism M] [--trial]``.
 
-Prints the canonical SQL, plan hash, released columns, contribution bounds (and the
-join or per-unit subquery it bounds), the noisy primitives with their sensitivities
-and noise scales, the bounded SQL template (salt hidden) and the charge it would make
-— or the refusal as one sentence (the documented error shape with ``--json``; exit
-status from :mod:`dpgate.cli.exits`). Charges nothing.
+Shows what a query would do without running it: the canonical SQL, plan hash,
+released columns, keys narrowed by the WHERE, contribution bounds (and the join or
+per-unit subquery it bounds), the noisy primitives with their sensitivities *and their
+unit* (rows, or integer steps of the column's resolution, with the figure in the
+column's own units), the bounded SQL template (salt hidden), the cost (ρ, and ε of this
+release alone), whether it fits what is left for the consumer's allocation and the
+population, and the expected ± (95 %) of each output, named as the query names it; or
+the refusal as one sentence (the documented error shape with ``--json``; exit status
+from :mod:`dpgate.cli.exits`). Reads no protected rows and charges nothing.
 
 It goes through the same path as ``POST /v1/queries/explain``
 (:meth:`dpgate.service.Gateway.explain`): the gateway is opened as for ``dpgate query``
-(policies, data sources, ledger; its loading lines go to stderr), so joins, per-unit subqueries, the keys of public
-tables and the remaining budget are those a query would meet, and ``--json`` prints the
-HTTP answer's document. The budget flags are those of ``dpgate query``.
+(policies, data sources, ledger; its loading lines go to stderr), so joins, per-unit
+subqueries, the keys of public tables and the remaining budget are those a query would
+meet, and ``--json`` prints the HTTP answer's document (with ``expected_accuracy``). The
+budget flags are those of ``dpgate query`` (the same validator as the HTTP API's
+``budget``, :class:`dpgate.service.QueryBudget`).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from typing import Any
 from dpgate.cli import add_common_options, add_dialect_option, print_json, print_table
 from dpgate.errors import UnknownDataset
 from dpgate.policy import MECHANISMS, load_policies
+from dpgate.postprocess.expected import expected_accuracy
 
 
 def register(subparsers) -> None:
@@ -34,7 +41,7 @@ def register(subparsers) -> None:
     parser.add_argument("--dataset", required=True, help="dataset name (a policy file)")
     parser.add_argument("sql", help="the SQL query (quote it)")
     parser.add_argument("--consumer", help="the allocation whose remaining budget the cost is checked "
-                        "against (default: the population's)")
+                        "against (default: analysts when the dataset has it, else the population's)")
     g = parser.add_mutually_exclusive_group()
     g.add_argument("--rho", type=float, help="zCDP ρ of the release (total over its primitives)")
     g.add_argument("--epsilon", type=float, help="standalone ε of the release at the cap's δ")
@@ -52,6 +59,30 @@ def register(subparsers) -> None:
     parser.set_defaults(func=run)
 
 
+def _budget(args: argparse.Namespace):
+    """The requested budget (:class:`QueryBudget`, the API's validator), or None without flags.
+
+    Raises:
+        InvalidBudget: as the API refuses the same values.
+    """
+    from dpgate.service import QueryBudget
+
+    fields = {"rho": args.rho, "epsilon": args.epsilon, "ci95": args.ci95,
+              "expected_count": args.expected_count, "delta": args.delta}
+    if all(v is None for v in fields.values()):
+        return None
+    return QueryBudget(**fields)
+
+
+def _consumer(args: argparse.Namespace, policy) -> str | None:
+    """The allocation the cost is checked against: ``--consumer``, else ``analysts`` when the
+    dataset has that allocation (``dpgate explain`` is an analyst's tool), else None (the
+    population's remaining budget)."""
+    if args.consumer:
+        return args.consumer
+    return "analysts" if "analysts" in policy.allocations else None
+
+
 def run(args: argparse.Namespace, settings) -> int:
     """Explain ``args.sql`` on ``args.dataset`` through :meth:`~dpgate.service.Gateway.explain`.
 
@@ -64,21 +95,18 @@ def run(args: argparse.Namespace, settings) -> int:
         InvalidSql, UnsupportedQuery, UnknownTable, UnknownColumn, InvalidBudget: the query is
             refused (nothing is charged).
     """
-    from dpgate.service import Gateway, QueryBudget
+    from dpgate.service import Gateway
 
+    budget = _budget(args)  # a bad budget is refused before anything is read (invalid_budget, exit 2)
     policies = load_policies(settings.policies)
     if args.dataset not in policies:  # before loading any data: a typo answers at once
         raise UnknownDataset.named(args.dataset, policies)
-    budget = None
-    if any(v is not None for v in (args.rho, args.epsilon, args.ci95, args.expected_count, args.delta)):
-        budget = QueryBudget(rho=args.rho, epsilon=args.epsilon, ci95=args.ci95,
-                             expected_count=args.expected_count, delta=args.delta)
     if args.trial:
         return _run_trial(args, settings, budget)
     # loading lines go to stderr: stdout holds the explanation only (or its JSON document)
     with Gateway.open(settings, progress=None if args.json else lambda line: print(line, file=sys.stderr)) as gw:
         doc = gw.explain(args.dataset, args.sql, budget=budget, mechanism=args.mechanism,
-                         consumer=args.consumer, dialect=args.dialect)
+                         consumer=_consumer(args, policies[args.dataset]), dialect=args.dialect)
     if args.json:
         print_json(doc)  # the same document as POST /v1/queries/explain answers
         return 0
@@ -92,6 +120,10 @@ def print_explanation(doc: dict[str, Any]) -> None:
     print(f"canonical SQL {doc['canonical_sql']}")
     print(f"plan hash     {doc['plan_hash']}")
     print(f"columns       {', '.join(doc.get('columns', []))}")
+    for key in (doc.get("plan") or {}).get("narrowed_keys", []):
+        kept = (f"{key['range'][0]} … {key['range'][1] - 1}" if key.get("range")
+                else ", ".join(str(k) for k in key.get("keys", [])))
+        print(f"keys narrowed {key['column']}: {kept} (the WHERE, evaluated on the policy's key list, not on data)")
     for key in doc.get("computed_keys", []):
         print(f"computed key  {key['name']} = {key['expression']} ({key['rule']}, "
               f"{key['domain_size']} key(s))")
@@ -126,13 +158,20 @@ def print_explanation(doc: dict[str, Any]) -> None:
     print()
     sens = doc.get("sensitivity", {})
     scales = doc.get("noise_scales", {})
-    rows = [
-        [p["id"], p["kind"], p["column"] or "", _num(sens[p["id"]].get("linf")),
-         _num(sens[p["id"]].get("l1")), _num(sens[p["id"]].get("l2")), _num(scales.get(p["id"]))]
-        for p in doc["plan"]["primitives"] if p["id"] in sens
-    ]
+    units = {p["id"]: p for p in (doc.get("expected_accuracy") or expected_accuracy(doc))["primitives"]}
+    rows = []
+    for p in doc["plan"]["primitives"]:
+        if p["id"] not in sens:
+            continue
+        u = units.get(p["id"], {})
+        in_units = (f"{_num(u['l1_value'])} / {_num(u['l2_value'])}"
+                    if u.get("l1_value") is not None and u.get("l1_value") != u.get("l1") else "")
+        rows.append([p["id"], p["kind"], p["column"] or "", _num(sens[p["id"]].get("linf")),
+                     _num(sens[p["id"]].get("l1")), _num(sens[p["id"]].get("l2")), u.get("unit", ""), in_units,
+                     _num(scales.get(p["id"]))])
     if rows:
-        print_table(["primitive", "kind", "column", "linf", "l1", "l2", "noise scale"], rows)
+        print_table(["primitive", "kind", "column", "linf", "l1", "l2", "in", "l1 / l2 in the column's units",
+                     "noise scale"], rows)
         print()
     for pid, q in (doc.get("quantiles") or {}).items():
         print(f"quantile {pid}: OpenDP's exponential mechanism over the bounded per-candidate "
@@ -143,10 +182,42 @@ def print_explanation(doc: dict[str, Any]) -> None:
         print("bounded SQL (salt hidden):")
         print(doc["bounded_sql"])
         print()
-    cost = doc.get("cost") or {}
-    if cost:
+    if doc.get("cost"):
         print(f"mechanism     {doc.get('mechanism')}")
-        print(f"cost          {cost.get('message', '')}")
+        print_cost(doc)
+
+
+def print_cost(doc: dict) -> None:
+    """The cost section of ``dpgate explain`` (``doc``: :meth:`Gateway.explain` with
+    ``expected_accuracy``): cost, whether it fits, the expected ± per output."""
+    cost = doc.get("cost") or {}
+    budget = doc.get("budget") or {}
+    asked = ", ".join(f"{k} {_num(v)}" for k, v in budget.items() if isinstance(v, (int, float))) or "policy default"
+    print(f"budget        {asked}")
+    rho, eps = cost.get("rho"), cost.get("epsilon_at_delta")
+    line = f"cost          ρ {_num(rho)}" if isinstance(rho, (int, float)) else "cost          0"
+    if isinstance(cost.get("epsilon"), (int, float)):
+        line += f" (pure ε {_num(cost['epsilon'])})"
+    if isinstance(eps, (int, float)) and isinstance(cost.get("delta"), (int, float)):
+        line += f"; ε {_num(eps)} at δ {cost['delta']:g} for this release alone"
+    print(line)
+    left = cost.get("remaining_rho")
+    who = f"allocation {cost['consumer']}" if cost.get("consumer") else "the population"
+    if cost.get("fits") is True:
+        print(f"fits          yes: {who} has ρ {_num(left)} left" if isinstance(left, (int, float))
+              else "fits          yes")
+    elif cost.get("fits") is False:
+        print(f"fits          NO: {who} has only ρ {_num(left)} left; running it would be refused "
+              "(budget_exhausted) and charge nothing")
+    if cost.get("message") and cost.get("fits") is None:
+        print(f"              {cost['message']}")
+    outputs = (doc.get("expected_accuracy") or {}).get("outputs") or []
+    if outputs:
+        print()
+        print("expected accuracy (95 %):")
+        print_table(["output", "±", "note"],
+                    [[o["label"], "" if o["ci95"] is None else ("± ~" if o.get("approximate") else "± ") + _num(o["ci95"]),
+                      o["note"]] for o in outputs])
 
 
 def _short(value: Any) -> str:
@@ -156,14 +227,12 @@ def _short(value: Any) -> str:
     return str(value)
 
 
-def _num(value: Any) -> str:
-    if value is None:
-        return ""
-    if not isinstance(value, (int, float)):
-        return str(value)
+def _num(value) -> str:
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return "" if value is None else str(value)
     if float(value).is_integer() and abs(value) < 1e15:
-        return str(int(value))
-    return f"{value:.6g}"
+        return f"{int(value):,}" if abs(value) >= 10000 else str(int(value))
+    return f"{value:.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
 
 
 def _run_trial(args: argparse.Namespace, settings, budget) -> int:
@@ -174,7 +243,8 @@ def _run_trial(args: argparse.Namespace, settings, budget) -> int:
 
     with Gateway.open(settings, progress=None) as gw:
         result = gw.explain(args.dataset, args.sql, budget=budget, mechanism=args.mechanism,
-                            consumer=args.consumer, dialect=args.dialect, trial=True)
+                            consumer=_consumer(args, load_policies(settings.policies)[args.dataset]),
+                            dialect=args.dialect, trial=True)
     if args.json:
         print_json(result)
         return 0

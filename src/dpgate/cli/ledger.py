@@ -6,10 +6,15 @@
 * ``dpgate ledger verify`` — recompute the spend from the entries and check the
   hash chain; exit status 1 if a problem is found.
 * ``dpgate ledger export [--output FILE]`` — every entry (charges and governance
-  events) as JSON lines, in chain order, exactly as hashed, so an auditor can
-  re-check the chain: SHA-256 of the canonical JSON (sorted keys, no spaces) of
-  each line without its ``hash`` field equals that field, and each ``prev_hash``
-  is the previous line's ``hash``.
+  events) as JSON lines, in chain order, so an auditor can re-check the chain.
+  The stored JSON fields (a charge's ``cost`` and ``metadata``, an event's ``old``
+  and ``new``) are written as JSON objects, not as JSON strings inside JSON, so
+  ``jq '.new.epsilon'`` works. The hash is over the stored text: serialise each of
+  those four fields with the canonical JSON (sorted keys, no spaces, shortest
+  round-trip floats; :func:`dpgate.ledger.entries.hashed_entry`), then SHA-256 of
+  the canonical JSON of the line without its ``hash`` field equals that field, and
+  each ``prev_hash`` is the previous line's ``hash``. Exports written before issue 24
+  (those fields as strings) check with the same function.
 
 * ``dpgate ledger charge --population P --consumer C --purpose "…" --q Q --noise-multiplier S
   --steps T --sampler poisson|shuffle|fixed_batches|with_replacement [--curve-file F]
@@ -176,15 +181,17 @@ def cmd_verify(args: argparse.Namespace, settings: Any) -> int:
 
 
 def cmd_export(args: argparse.Namespace, settings: Any) -> int:
-    """Write every chain entry as one JSON object per line (``--output`` or standard output)."""
+    """Write every chain entry as one JSON object per line (``--output`` or standard output),
+    its stored JSON fields as objects (:func:`dpgate.ledger.entries.exported_entry`)."""
     from dpgate.ledger.base import canonical_json
+    from dpgate.ledger.entries import exported_entry
 
     led = _open(settings)
     try:
         chain = led.chain()
     finally:
         led.close()
-    lines = "".join(canonical_json(e) + "\n" for e in chain)
+    lines = "".join(canonical_json(exported_entry(e)) + "\n" for e in chain)
     if args.output:
         with open(args.output, "w", encoding="utf-8") as fh:
             fh.write(lines)

@@ -42,25 +42,92 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def _value(value) -> str:
+    """A released value: 6 significant digits; whole thousands separated from 10⁶ on (no exponent)."""
+    if isinstance(value, float):
+        return f"{value:,.0f}" if 1e6 <= abs(value) < 1e15 else f"{value:.6g}"
+    return str(value)
+
+
+def _pm(x: float) -> str:
+    """A half-width for people: whole numbers with separators from 1000 on, else 3 digits."""
+    return f"{round(x):,}" if abs(x) >= 1000 else f"{x:.3g}"
+
+
+def _range_text(entry: dict) -> str:
+    lo, hi = entry.get("lower"), entry.get("upper")
+    if hi is None:
+        return f"≥ {lo:g}"
+    if lo is None:
+        return f"≤ {hi:g}"
+    return f"[{lo:g}, {hi:g}]"
+
+
 def format_release(release: dict) -> None:
-    """Print a release as a table with ± 95 % half-widths per column."""
-    acc = release.get("accuracy", {})
+    """Print a release as a table, each noisy cell with its accuracy, then what the marks mean.
+
+    * ``v ± t``: the cell's own 95 % half-width (a count's or sum's exact interval for its noise);
+    * ``v ± ~t``: an approximate interval, per row (AVG, VAR, STDDEV: the release's ``ci95_rows``),
+      of the coverage the release states (``accuracy[column].coverage``);
+    * ``v (± r ranks)``: a DP quantile (MEDIAN, PERCENTILE, MIN, MAX), whose accuracy is a rank error;
+    * ``*``: the value sits on a bound of its range (``value_ranges``): the noisy estimate was at or
+      beyond it and was clamped (a count at 0, an AVG at the column's lower or upper bound).
+    """
+    from dpgate.postprocess.ranges import clamped_at_bound
+
+    acc = release.get("accuracy", {}) or {}
+    ranges = release.get("value_ranges") or {}
     headers = list(release["columns"])
-    rows = []
-    for row in release["rows"]:
+    rows, clamped, approximate, exact, ranked = [], set(), {}, False, {}
+    for i, row in enumerate(release["rows"]):
         cells = []
         for name, value in zip(headers, row):
             a = acc.get(name)
             if value is None:
                 cells.append("(suppressed)" if a else "")
-            elif a and a.get("ci95") is not None:
-                v = f"{value:.6g}" if isinstance(value, float) else str(value)
-                approx = "~" if a.get("approximate") else ""
-                cells.append(f"{v} ± {approx}{a['ci95']:.3g}")
-            else:
+                continue
+            if not a:
                 cells.append(str(value))
+                continue
+            text = _value(value)
+            if a.get("rank_error95") is not None:
+                text += f" (± {_pm(a['rank_error95'])} ranks)"
+                ranked[name] = a
+            else:
+                per_row = a.get("ci95_rows")
+                ci = per_row[i] if isinstance(per_row, list) and i < len(per_row) else a.get("ci95")
+                if ci is not None:
+                    if a.get("approximate"):
+                        text += f" ± ~{_pm(ci)}"
+                        approximate[name] = a
+                    else:
+                        text += f" ± {_pm(ci)}"
+                        exact = True
+            if clamped_at_bound(value, ranges.get(name)):
+                text += " *"
+                clamped.add(name)
+            cells.append(text)
         rows.append(cells)
     print_table(headers, rows)
+    notes = []
+    if exact:
+        notes.append("± t: the 95 % half-width of the cell's noise (exact)")
+    for name, a in approximate.items():
+        coverage = a.get("coverage")
+        cover = f"coverage ≥ {coverage * 100:g} %" if isinstance(coverage, (int, float)) else "approximate coverage"
+        notes.append(f"{name}: ± ~t per row, an interval of {cover} for the noise ({a.get('method', 'approximate')}), "
+                     "not for the clamping bias")
+    for name, a in ranked.items():
+        q = a.get("quantile")
+        where = f"{q:g}·n" if isinstance(q, (int, float)) else "q·n"
+        notes.append(f"{name}: a DP quantile, no value interval: with probability ≥ 95 % the released value has "
+                     f"{where} ± {_pm(a['rank_error95'])} of the group's n values below it")
+    for name in sorted(clamped):
+        r = ranges[name]
+        notes.append(f"{name}: * = on a bound of {_range_text(r)} ({r.get('rule', 'its range')}): the noisy estimate "
+                     "was at or beyond it and was clamped")
+    for note in notes:
+        print(f"  {note}")
 
 
 def run(args: argparse.Namespace, settings) -> int:

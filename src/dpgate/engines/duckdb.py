@@ -112,10 +112,28 @@ _NARROW_INT_TYPES = {"TINYINT", "SMALLINT", "INTEGER", "BIGINT", "UTINYINT", "US
 _WIDE_INT_TYPES = {"UBIGINT", "HUGEINT", "UHUGEINT"}
 
 
+_TABLELESS = threading.local()
+
+
+def _tableless_connection() -> "duckdb.DuckDBPyConnection":
+    """This thread's in-memory DuckDB for :func:`evaluate_tableless`: no database file, no
+    table, external access and extensions off, configuration locked, one thread. Kept per
+    thread (a connection costs tens of milliseconds to open; the planner asks often)."""
+    con = getattr(_TABLELESS, "con", None)
+    if con is None or getattr(_TABLELESS, "pid", None) != os.getpid():  # not one inherited by a fork
+        con = duckdb.connect(config={"enable_external_access": False, "threads": 1})
+        for stmt in _LOCKDOWN:
+            con.execute(stmt)
+        _TABLELESS.con, _TABLELESS.pid = con, os.getpid()
+    return con
+
+
 def evaluate_tableless(sql: str) -> tuple[list[tuple], str]:
-    """Run a query that reads no table (only ``range``, ``unnest`` and literals) in a fresh
-    in-memory DuckDB with external access off and one thread; for the planner, which
-    enumerates a computed group key's domain from the policy (:mod:`dpgate.sql.keys`).
+    """Run a query that reads no table (only ``range``, ``unnest``, ``VALUES`` and literals) in
+    an in-memory DuckDB with no data, external access off, its configuration locked and one
+    thread; for the planner, which enumerates a computed group key's domain from the policy
+    (:mod:`dpgate.sql.keys`) and narrows public keys by a WHERE (:mod:`dpgate.sql.narrow`).
+    The connection is kept per thread; one that failed a query is dropped.
 
     Returns:
         (rows, DuckDB type name of the first result column).
@@ -123,15 +141,18 @@ def evaluate_tableless(sql: str) -> tuple[list[tuple], str]:
     Raises:
         ValueError: DuckDB refused or failed the query (its error class and first line).
     """
-    con = duckdb.connect(config={"enable_external_access": False, "threads": 1})
+    con = _tableless_connection()
     try:
         cur = con.execute(sql)
         type_name = str(cur.description[0][1])
         return cur.fetchall(), type_name
     except duckdb.Error as e:
+        _TABLELESS.con = None
+        try:
+            con.close()
+        except duckdb.Error:  # pragma: no cover - closing a failed connection
+            pass
         raise ValueError(f"{type(e).__name__}: {str(e).splitlines()[0][:160]}") from None
-    finally:
-        con.close()
 
 
 def _sql_string(value: str) -> str:

@@ -45,6 +45,11 @@ __all__ = [
     "event_entry",
     "display_charge",
     "display_event",
+    "event_cap",
+    "event_old_cap",
+    "exported_entry",
+    "hashed_entry",
+    "JSON_TEXT_FIELDS",
     "iter_sorted_entries",
 ]
 
@@ -293,6 +298,68 @@ def display_event(entry: Mapping[str, Any]) -> dict[str, Any]:
     d["old"] = json.loads(d["old"]) if d["old"] is not None else None
     d["new"] = json.loads(d["new"])
     return d
+
+
+#: Entry fields stored (and hashed) as canonical JSON text.
+JSON_TEXT_FIELDS: tuple[str, ...] = ("cost", "metadata", "old", "new")
+
+
+def exported_entry(entry: Mapping[str, Any]) -> dict[str, Any]:
+    """A chain entry as ``dpgate ledger export`` writes it: the JSON-text fields
+    (:data:`JSON_TEXT_FIELDS`) as JSON objects instead of JSON strings inside JSON.
+
+    Its ``hash`` is unchanged: :func:`hashed_entry` rebuilds the hashed form exactly
+    (each object re-serialised with :func:`canonical_json`, which is what was stored).
+    """
+    d = dict(entry)
+    for name in JSON_TEXT_FIELDS:
+        if isinstance(d.get(name), str):
+            d[name] = json.loads(d[name])
+    return d
+
+
+def hashed_entry(entry: Mapping[str, Any]) -> dict[str, Any]:
+    """The form an entry's ``hash`` is computed over, from an exported line of either format:
+    a JSON-text field given as an object (exports since issue 24) is serialised with
+    :func:`canonical_json`; given as a string (older exports, or a stored row) it is kept.
+    ``entry_hash(hashed_entry(line)) == line["hash"]`` for every line of a sound export."""
+    d = dict(entry)
+    for name in JSON_TEXT_FIELDS:
+        if name in d and d[name] is not None and not isinstance(d[name], str):
+            d[name] = canonical_json(d[name])
+    return d
+
+
+def event_cap(event: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The cap in force after a governance event (``CapSpec.to_dict`` form: epsilon, delta,
+    rho_cap, …), or None for an event that does not set one (``allocations_changed``).
+
+    ``population_created`` stores ``{"cap": …, "allocations": …}`` as ``new``;
+    ``cap_changed`` stores the cap itself. Accepts ``new`` parsed or as JSON text.
+    """
+    new = event.get("new")
+    if isinstance(new, str):
+        new = json.loads(new)
+    if not isinstance(new, Mapping):
+        return None
+    kind = event.get("kind")
+    if kind == "population_created":
+        cap = new.get("cap")
+        return dict(cap) if isinstance(cap, Mapping) else None
+    if kind == "cap_changed":
+        return dict(new.get("cap", new)) if isinstance(new.get("cap", new), Mapping) else None
+    return None
+
+
+def event_old_cap(event: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The cap in force before a ``cap_changed`` event (None for other events)."""
+    old = event.get("old")
+    if isinstance(old, str):
+        old = json.loads(old)
+    if event.get("kind") != "cap_changed" or not isinstance(old, Mapping):
+        return None
+    cap = old.get("cap", old)
+    return dict(cap) if isinstance(cap, Mapping) else None
 
 
 def iter_sorted_entries(*streams: Iterable[Mapping[str, Any]]) -> Iterator[Mapping[str, Any]]:

@@ -14,7 +14,10 @@ them. Three tables:
   release that will never come (:mod:`dpgate.releases.cache`);
 * ``release_meta`` — settings every replica must share, set once by whichever
   replica starts first (``INSERT … ON CONFLICT DO NOTHING``, then read back): the
-  key of the published data fingerprints (:meth:`SqliteReleaseStore.shared_secret`).
+  key of the published data fingerprints (:meth:`SqliteReleaseStore.shared_secret`);
+* ``dashboard_pins`` — the releases pinned to a dashboard (issue 24), with the title the
+  person who pinned it gave, who and when. Curation, not privacy: a pin can be removed
+  (the release it names never changes).
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ from dpgate.ledger.connections import LentConnections, ThreadConnections, first_
 from dpgate.ledger.entries import utc_now
 from dpgate.releases.model import Release
 
-__all__ = ["ReleaseStore", "SqliteReleaseStore", "PostgresReleaseStore", "PG_RELEASE_TRIGGERS"]
+__all__ = ["ReleaseStore", "SqliteReleaseStore", "PostgresReleaseStore", "PG_RELEASE_TRIGGERS", "MAX_PINS",
+           "MAX_TITLE", "check_pin"]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS releases (
@@ -56,7 +60,37 @@ CREATE TABLE IF NOT EXISTS release_meta (
     key   TEXT PRIMARY KEY,
     value TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS dashboard_pins (
+    dashboard  TEXT NOT NULL,
+    release_id TEXT NOT NULL,
+    title      TEXT NOT NULL,
+    pinned_by  TEXT NOT NULL,
+    pinned_at  TEXT NOT NULL,
+    PRIMARY KEY (dashboard, release_id)
+);
 """
+
+#: Most releases pinned to one dashboard.
+MAX_PINS = 48
+#: Longest pin title.
+MAX_TITLE = 200
+
+
+def _pin_dict(row: tuple) -> dict[str, Any]:
+    dashboard, release_id, title, pinned_by, pinned_at = row
+    return {"dashboard": dashboard, "release_id": release_id, "title": title, "pinned_by": pinned_by,
+            "pinned_at": pinned_at}
+
+
+def check_pin(dashboard: str, title: str, actor: str) -> str:
+    """The pin's title, stripped; raises InvalidRequest for an empty dashboard or actor or a
+    title longer than :data:`MAX_TITLE` characters."""
+    if not dashboard or not actor:
+        raise InvalidRequest("a pin needs a dashboard and an actor")
+    title = (title or "").strip()
+    if len(title) > MAX_TITLE:
+        raise InvalidRequest(f"the title is longer than {MAX_TITLE} characters", {"field": "title"})
+    return title
 
 
 class ReleaseStore(Protocol):
@@ -84,6 +118,16 @@ class ReleaseStore(Protocol):
     def shared_secret(self, name: str, candidate: str) -> str:
         """The value of setting ``name``, set to ``candidate`` if none is stored yet (atomic:
         every replica and concurrent first start reads the one value stored)."""
+
+    def pin(self, dashboard: str, release_id: str, *, title: str, actor: str) -> dict[str, Any]:
+        """Pin a stored release to ``dashboard`` (again: its title is replaced); the pin as a dict.
+        Raises NotFound (no such release), InvalidRequest (title, or :data:`MAX_PINS` reached)."""
+
+    def unpin(self, dashboard: str, release_id: str) -> bool:
+        """Remove a pin; True if there was one."""
+
+    def pins(self, dashboard: str) -> list[dict[str, Any]]:
+        """The dashboard's pins, oldest first: ``{dashboard, release_id, title, pinned_by, pinned_at}``."""
 
     def close(self) -> None:
         """Release resources."""
@@ -187,6 +231,43 @@ class SqliteReleaseStore:
             raise LedgerError(f"cannot read the release store's settings: {exc}") from exc
         return row[0]
 
+    def pin(self, dashboard: str, release_id: str, *, title: str, actor: str) -> dict[str, Any]:
+        """Pin a stored release to ``dashboard`` (pinned again: the new title replaces the old)."""
+        title = check_pin(dashboard, title, actor)
+        self.get(release_id)  # NotFound for an unknown release
+        conn = self._conn()
+        try:
+            with conn:
+                present = conn.execute("SELECT COUNT(*) FROM dashboard_pins WHERE dashboard = ? AND release_id <> ?",
+                                       (dashboard, release_id)).fetchone()[0]
+                if present >= MAX_PINS:
+                    raise InvalidRequest(f"dashboard {dashboard!r} already has {MAX_PINS} pins: unpin one first",
+                                         {"dashboard": dashboard, "max": MAX_PINS})
+                conn.execute("INSERT INTO dashboard_pins VALUES (?, ?, ?, ?, ?) ON CONFLICT (dashboard, release_id) "
+                             "DO UPDATE SET title = excluded.title", (dashboard, release_id, title, actor, utc_now()))
+            row = conn.execute("SELECT dashboard, release_id, title, pinned_by, pinned_at FROM dashboard_pins "
+                               "WHERE dashboard = ? AND release_id = ?", (dashboard, release_id)).fetchone()
+        except sqlite3.Error as exc:
+            raise LedgerError(f"cannot pin the release: {exc}") from exc
+        return _pin_dict(row)
+
+    def unpin(self, dashboard: str, release_id: str) -> bool:
+        """Remove the pin of ``release_id`` from ``dashboard``; True if there was one."""
+        conn = self._conn()
+        try:
+            with conn:
+                cur = conn.execute("DELETE FROM dashboard_pins WHERE dashboard = ? AND release_id = ?",
+                                   (dashboard, release_id))
+        except sqlite3.Error as exc:
+            raise LedgerError(f"cannot unpin the release: {exc}") from exc
+        return cur.rowcount > 0
+
+    def pins(self, dashboard: str) -> list[dict[str, Any]]:
+        """The pins of ``dashboard``, oldest first."""
+        rows = self._conn().execute("SELECT dashboard, release_id, title, pinned_by, pinned_at FROM dashboard_pins "
+                                    "WHERE dashboard = ? ORDER BY pinned_at, release_id", (dashboard,)).fetchall()
+        return [_pin_dict(r) for r in rows]
+
     def close(self) -> None:
         """Close every connection this store opened."""
         self._connections.close()
@@ -213,6 +294,14 @@ _PG_SIDE_TABLES = (
     """CREATE TABLE IF NOT EXISTS release_meta (
         key   text PRIMARY KEY,
         value text NOT NULL
+    )""",
+    """CREATE TABLE IF NOT EXISTS dashboard_pins (
+        dashboard  text NOT NULL,
+        release_id text NOT NULL,
+        title      text NOT NULL,
+        pinned_by  text NOT NULL,
+        pinned_at  text NOT NULL,
+        PRIMARY KEY (dashboard, release_id)
     )""",
 )
 _PG_FUNCTION = """CREATE OR REPLACE FUNCTION dpgate_releases_immutable() RETURNS trigger
@@ -347,6 +436,35 @@ class PostgresReleaseStore:
         self._run("INSERT INTO release_meta (key, value) VALUES (%s, %s) ON CONFLICT DO NOTHING",
                   (name, candidate))
         return self._run("SELECT value FROM release_meta WHERE key = %s", (name,))[0][0]
+
+    def pin(self, dashboard: str, release_id: str, *, title: str, actor: str) -> dict[str, Any]:
+        """Pin a stored release to ``dashboard`` (pinned again: the new title replaces the old).
+        The pin count is checked before the insert (a race may exceed :data:`MAX_PINS` by a few)."""
+        title = check_pin(dashboard, title, actor)
+        self.get(release_id)
+        present = self._run("SELECT COUNT(*) FROM dashboard_pins WHERE dashboard = %s AND release_id <> %s",
+                            (dashboard, release_id))[0][0]
+        if present >= MAX_PINS:
+            raise InvalidRequest(f"dashboard {dashboard!r} already has {MAX_PINS} pins: unpin one first",
+                                 {"dashboard": dashboard, "max": MAX_PINS})
+        self._run("INSERT INTO dashboard_pins (dashboard, release_id, title, pinned_by, pinned_at) "
+                  "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (dashboard, release_id) DO UPDATE SET title = EXCLUDED.title",
+                  (dashboard, release_id, title, actor, utc_now()))
+        rows = self._run("SELECT dashboard, release_id, title, pinned_by, pinned_at FROM dashboard_pins "
+                         "WHERE dashboard = %s AND release_id = %s", (dashboard, release_id))
+        return _pin_dict(tuple(rows[0]))
+
+    def unpin(self, dashboard: str, release_id: str) -> bool:
+        """Remove the pin of ``release_id`` from ``dashboard``; True if there was one."""
+        rows = self._run("DELETE FROM dashboard_pins WHERE dashboard = %s AND release_id = %s RETURNING release_id",
+                         (dashboard, release_id))
+        return bool(rows)
+
+    def pins(self, dashboard: str) -> list[dict[str, Any]]:
+        """The pins of ``dashboard``, oldest first."""
+        return [_pin_dict(tuple(r)) for r in self._run(
+            "SELECT dashboard, release_id, title, pinned_by, pinned_at FROM dashboard_pins WHERE dashboard = %s "
+            "ORDER BY pinned_at, release_id", (dashboard,))]
 
     def close(self) -> None:
         """Stop using the ledger's connections (the ledger owns and closes them). Idempotent."""

@@ -84,6 +84,7 @@ from dpgate.policy import (
 from dpgate.sql import partition_selection as selection
 from dpgate.sql.keys import KeyDomain, canonical_date_key, derive_key_domain, width_bucket_to_case
 from dpgate.sql.joins import JOIN_MARK, rewrite_joins
+from dpgate.sql.narrow import narrow_keys
 from dpgate.sql.quantile import QUANTILE_FUNCTIONS, is_quantile_call, quantile_call, quantile_name, quantile_sql
 from dpgate.sql.rules import MAX_NESTING, apply_statement_rules, inline_ctes, nesting_refusal
 from dpgate.sql.per_unit import rewrite_per_unit
@@ -1293,7 +1294,18 @@ def _plan(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
 
     selected_keys = selection.selected_columns(table, group_by)  # issue 11 hook
     public_keys = [n for n in group_by if n not in selected_keys]
-    domain = [] if table.public else key_domain(table, public_keys, [keys.column(n, table) for n in public_keys])
+    # a WHERE on a key column narrows its released keys, evaluated on the public key list
+    # alone (issue 24; sql/narrow.py); several columns of one public table then release the
+    # table's tuples among the narrowed keys (issue 19 item 5)
+    narrowed = () if table.public else narrow_keys(
+        where, table, [n for n in keys.columns if n not in selected_keys])
+    narrowed_of = {k.column: k for k in narrowed}
+
+    def key_column(n: str) -> ColumnPolicy:
+        col = keys.column(n, table)
+        return col if n not in narrowed_of else replace(col, public_keys=narrowed_of[n].public_keys)
+
+    domain = [] if table.public else key_domain(table, public_keys, [key_column(n) for n in public_keys])
     n_groups = math.prod(len(values) for _, values in domain)
     if n_groups > MAX_GROUPS:
         raise UnsupportedQuery(
@@ -1364,6 +1376,7 @@ def _plan(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
         values=tuple(values.values()),
         selected_keys=selected_keys,
         computed_keys=tuple(keys.computed),
+        narrowed_keys=narrowed,
     )
     if plan.computed_keys and any(p.kind == "quantile" for p in plan.primitives):
         raise UnsupportedQuery(

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, Mapping
 
 import numpy as np
@@ -243,6 +243,41 @@ class ComputedKey:
 
 
 @dataclass(frozen=True)
+class NarrowedKey:
+    """A declared group key whose released keys the WHERE narrows (:mod:`dpgate.sql.narrow`):
+    the public keys for which the WHERE's conjuncts over key columns can hold, evaluated on
+    the policy's key list (never on data), in the policy's order.
+
+    Attributes:
+        column: the declared group-by column.
+        keys: the kept keys (empty when ``range`` is set).
+        range: ``(start, stop)`` when the kept keys are the integers start … stop − 1 (a
+            policy ``range(a, b)`` narrowed to a contiguous run), else None.
+    """
+
+    column: str
+    keys: tuple = ()
+    range: tuple[int, int] | None = None
+
+    @property
+    def public_keys(self) -> tuple | range:
+        """The kept keys as a column's ``public_keys`` (a ``range`` or a tuple)."""
+        return range(*self.range) if self.range is not None else tuple(self.keys)
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"column", "keys"}`` or ``{"column", "range": [start, stop]}`` (JSON-native)."""
+        if self.range is not None:
+            return {"column": self.column, "range": list(self.range)}
+        return {"column": self.column, "keys": list(self.keys)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "NarrowedKey":
+        """The inverse of :meth:`to_dict`."""
+        r = d.get("range")
+        return cls(d["column"], tuple(d.get("keys") or ()), (int(r[0]), int(r[1])) if r is not None else None)
+
+
+@dataclass(frozen=True)
 class OrderItem:
     """One ORDER BY item over the noisy outputs (post-processing).
 
@@ -287,6 +322,9 @@ class QueryPlan:
             private partition selection (issue 11; :mod:`dpgate.sql.partition_selection`); empty
             when every key is public. Left out of the canonical form when empty, so the
             plan hashes of queries without selection are unchanged.
+        narrowed_keys: declared group keys whose released keys the WHERE narrows
+            (:class:`NarrowedKey`, :mod:`dpgate.sql.narrow`); left out of the canonical form
+            when empty, so only the plans of such queries have a new hash.
     """
 
     dataset: str
@@ -321,6 +359,14 @@ class QueryPlan:
                 return v
         return None
     selected_keys: tuple[str, ...] = ()
+    narrowed_keys: tuple[NarrowedKey, ...] = ()
+
+    def narrowed_key(self, name: str) -> NarrowedKey | None:
+        """The narrowing of declared group key ``name`` by the WHERE, or None."""
+        for key in self.narrowed_keys:
+            if key.column == name:
+                return key
+        return None
 
     def computed_key(self, name: str) -> ComputedKey | None:
         """The computed key named ``name``, or None for a declared column."""
@@ -330,14 +376,19 @@ class QueryPlan:
         return None
 
     def key_column(self, table, name: str):
-        """The :class:`~dpgate.policy.ColumnPolicy` of group key ``name``: the declared column,
-        or the computed key as a column whose public keys are its domain.
+        """The :class:`~dpgate.policy.ColumnPolicy` of group key ``name``: the declared column
+        (its public keys narrowed by the WHERE when :attr:`narrowed_keys` says so), or the
+        computed key as a column whose public keys are its domain.
 
         Raises:
             UnknownColumn: neither (via ``table.column``).
         """
         key = self.computed_key(name)
-        return key.as_column() if key is not None else table.column(name)
+        if key is not None:
+            return key.as_column()
+        col = table.column(name)
+        narrowed = self.narrowed_key(name)
+        return col if narrowed is None else replace(col, public_keys=narrowed.public_keys)
 
     def key_domain(self, table, names: tuple[str, ...] | None = None) -> list[tuple[tuple[int, ...], Any]]:
         """The released combinations of the group keys ``names`` (default: every group key) as
@@ -380,6 +431,7 @@ class QueryPlan:
             d.pop("computed_keys")
         if not d["selected_keys"]:
             d.pop("selected_keys")
+        _narrowed_form(d, self)
         for o in d["outputs"]:
             o.pop("label")
         _drop_empty_alpha(d)
@@ -425,6 +477,7 @@ class QueryPlan:
         _drop_empty_alpha(d)
         if not d["selected_keys"]:
             d.pop("selected_keys")
+        _narrowed_form(d, self)
         d["plan_hash"] = self.plan_hash
         return d
 
@@ -461,7 +514,17 @@ class QueryPlan:
             canonical_sql=d.get("canonical_sql", ""),
             values=tuple(DerivedValue(**v) for v in d.get("values", ())),
             selected_keys=tuple(d.get("selected_keys", ())),
+            narrowed_keys=tuple(NarrowedKey.from_dict(k) for k in d.get("narrowed_keys", ())),
         )
+
+
+def _narrowed_form(d: dict, plan: "QueryPlan") -> None:
+    """``narrowed_keys`` in its JSON form (:meth:`NarrowedKey.to_dict`), left out when empty
+    (plans whose WHERE narrows no key keep their hash)."""
+    if plan.narrowed_keys:
+        d["narrowed_keys"] = [k.to_dict() for k in plan.narrowed_keys]
+    else:
+        d.pop("narrowed_keys", None)
 
 
 def _drop_empty_alpha(d: dict) -> None:

@@ -161,7 +161,7 @@ def histogram_sql(plan: QueryPlan, policy: DatasetPolicy, column: str, *, salt: 
     grid: Grid = grid_for(col)
     salt_sql = str(int(salt)) if not isinstance(salt, str) else salt
     src = lambda c: f"{q(_SRC)}.{q(c)}"  # noqa: E731
-    keys = [table.column(c) for c in plan.group_by]
+    keys = [plan.key_column(table, c) for c in plan.group_by]  # narrowed by the WHERE, if it does
     g = [q(f"{_PREFIX}g{i}") for i in range(len(keys))]
     u, b = q(_PREFIX + "u"), q(_PREFIX + "b")
     m, k = table.max_rows_per_unit, table.max_groups_per_unit
@@ -187,7 +187,7 @@ def histogram_sql(plan: QueryPlan, policy: DatasetPolicy, column: str, *, salt: 
         # rank their rows (the expensive window runs on those alone)
         ug, j, c = q(_PREFIX + "unit_groups"), q(_PREFIX + "joined"), q(_PREFIX + "c")
         ugs = f"SELECT {', '.join([u] + g)}, COUNT(*) AS {c} FROM {source} GROUP BY {', '.join([u] + g)}"
-        if keys and k < table.key_combinations(plan.group_by):
+        if keys and k < plan.key_combinations(table):
             order = ", ".join([f"hash({', '.join([u] + g + [salt_sql])})"] + g)
             ugs += f"\n  QUALIFY row_number() OVER (PARTITION BY {u} ORDER BY {order}) <= {k}"
         ctes.append(f"{ug} AS (\n  {ugs}\n)")

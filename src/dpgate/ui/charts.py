@@ -28,6 +28,8 @@ __all__ = [
     "Series",
     "bar_chart",
     "burndown_chart",
+    "clip_text",
+    "date_ticks",
     "fmt_number",
     "line_chart",
     "meter",
@@ -43,7 +45,9 @@ _ERR = "#222222"
 _CAP = "#B00020"
 
 W, H = 640, 300
-ML, MR, MT, MB = 72, 20, 18, 58
+ML, MR, MT, MB = 76, 20, 22, 60
+#: Text size in the charts' user units (a chart shown 480 px wide draws it at 10.5 px).
+FONT = 14
 
 
 @dataclass
@@ -154,7 +158,7 @@ def _open(ident: str, title: str, desc: str) -> list[str]:
     i = escape(ident)
     return [
         f'<svg class="chart" viewBox="0 0 {W} {H}" role="img" aria-labelledby="{i}-t {i}-d" '
-        f'xmlns="http://www.w3.org/2000/svg" font-family="system-ui, sans-serif" font-size="12">',
+        f'xmlns="http://www.w3.org/2000/svg" font-family="system-ui, sans-serif" font-size="{FONT}">',
         f'<title id="{i}-t">{escape(title)}</title>',
         f'<desc id="{i}-d">{escape(desc)}</desc>',
     ]
@@ -184,25 +188,75 @@ def _x_ticks(parts: list[str], frame: _Frame, ticks: Sequence[tuple[float, str]]
         px = frame.px(t)
         anchor = "start" if px < ML + 20 else "end" if px > W - MR - 20 else "middle"
         parts.append(f'<line x1="{px:.1f}" x2="{px:.1f}" y1="{H - MB}" y2="{H - MB + 4}" stroke="{_AXIS}"/>')
-        parts.append(f'<text x="{px:.1f}" y="{H - MB + 16}" text-anchor="{anchor}" fill="{_TEXT}">{escape(label)}</text>')
+        parts.append(f'<text x="{px:.1f}" y="{H - MB + 18}" text-anchor="{anchor}" fill="{_TEXT}">{escape(label)}</text>')
 
 
-def _error_bar(parts: list[str], frame: _Frame, x: float, v: float, e: float, half: float = 4.0) -> None:
-    lo, hi = frame.py(v - e), frame.py(v + e)
+Clip = tuple[float | None, float | None]
+
+
+def _clipped(v: float, e: float, clip: Clip | None) -> tuple[float, float]:
+    """The interval [v − e, v + e] cut to ``clip`` (None ends: no cut)."""
+    lo, hi = v - e, v + e
+    if clip is not None:
+        if clip[0] is not None:
+            lo, hi = max(lo, clip[0]), max(hi, clip[0])
+        if clip[1] is not None:
+            lo, hi = min(lo, clip[1]), min(hi, clip[1])
+    return lo, hi
+
+
+def clip_text(clip: Clip | None) -> str:
+    """``[0, 8000]``, ``≥ 0`` or ``≤ 0`` for a clip range ('' for none)."""
+    if clip is None or (clip[0] is None and clip[1] is None):
+        return ""
+    if clip[1] is None:
+        return f"≥ {fmt_number(clip[0])}"
+    if clip[0] is None:
+        return f"≤ {fmt_number(clip[1])}"
+    return f"[{fmt_number(clip[0])}, {fmt_number(clip[1])}]"
+
+
+def _clip_note(parts: list[str], clip: Clip | None, clipped: bool) -> None:
+    """The legend entry saying the error bars were cut to the declared range (when one was)."""
+    if clipped and clip_text(clip):
+        parts.append(f'<text class="clip" x="{ML}" y="{MT - 7}" text-anchor="start" fill="{_TEXT}">'
+                     f'{escape("error bars clipped to " + clip_text(clip))}</text>')
+
+
+def _error_bar(parts: list[str], frame: _Frame, x: float, v: float, e: float, half: float = 4.0,
+               clip: Clip | None = None) -> bool:
+    """Draw the whisker of v ± e (cut to ``clip``); True if the cut shortened it."""
+    a, b = _clipped(v, e, clip)
+    lo, hi = frame.py(a), frame.py(b)
     parts.append(f'<path d="M{x:.1f},{lo:.1f}V{hi:.1f}M{x - half:.1f},{lo:.1f}H{x + half:.1f}'
                  f'M{x - half:.1f},{hi:.1f}H{x + half:.1f}" class="err" stroke="{_ERR}" stroke-width="1.2" fill="none"/>')
+    return (a, b) != (v - e, v + e)
 
 
-def _domain(values: Iterable[float | None], errors: Iterable[float | None], *, include_zero: bool) -> tuple[float, float]:
+def _domain(values: Iterable[float | None], errors: Iterable[float | None], *, include_zero: bool,
+            clip: Clip | None = None) -> tuple[float, float]:
     lo, hi = (0.0, 0.0) if include_zero else (math.inf, -math.inf)
     for v, e in zip(values, errors):
         if not _finite(v):
             continue
         e = e if _finite(e) else 0.0
-        lo, hi = min(lo, v - e), max(hi, v + e)  # type: ignore[operator]
+        a, b = _clipped(v, e, clip)  # type: ignore[arg-type]
+        lo, hi = min(lo, a, v), max(hi, b, v)  # type: ignore[type-var]
     if not math.isfinite(lo):
         return 0.0, 1.0
     return lo, hi
+
+
+def _ticks_within(lo: float, hi: float, clip: Clip | None) -> list[float]:
+    """Round ticks over [lo, hi]; the axis is not extended past a clip bound (a count's axis
+    stops at 0, an AVG's at the column's bounds)."""
+    ticks = nice_ticks(lo, hi)
+    if clip is not None and len(ticks) > 2:
+        if clip[0] is not None and ticks[0] < clip[0] <= ticks[1]:
+            ticks[0] = float(clip[0])
+        if clip[1] is not None and ticks[-2] <= clip[1] < ticks[-1]:
+            ticks[-1] = float(clip[1])
+    return ticks
 
 
 def bar_chart(
@@ -215,6 +269,7 @@ def bar_chart(
     y_label: str = "",
     x_label: str = "",
     color: str = PALETTE[0],
+    clip: Clip | None = None,
 ) -> Markup:
     """Vertical bars, one per label, with ±``errors`` whiskers (95 % half-widths).
 
@@ -225,14 +280,16 @@ def bar_chart(
         ident: unique id prefix on the page (for ``aria-labelledby``).
         title, y_label, x_label: texts (escaped).
         color: bar fill.
+        clip: ``(lower, upper)`` the true values lie in (the release's ``value_ranges``;
+            None ends: unbounded): whiskers and the axis stop there, and the chart says so.
 
     Returns:
         The ``<svg>`` markup.
     """
     errors = list(errors) if errors is not None else [None] * len(values)
     n = max(1, len(labels))
-    lo, hi = _domain(values, errors, include_zero=True)
-    ticks = nice_ticks(lo, hi)
+    lo, hi = _domain(values, errors, include_zero=True, clip=clip)
+    ticks = _ticks_within(lo, hi, clip)
     frame = _Frame(0, n, ticks[0], ticks[-1])
     bars = "with 95 % error bars" if any(_finite(e) for e in errors) else "without error bars"
     desc = f"Bar chart of {y_label or 'values'} for {len(labels)} {x_label or 'groups'}, {bars}."
@@ -241,7 +298,8 @@ def bar_chart(
     band = (W - ML - MR) / n
     bw = max(1.0, min(48.0, band * 0.7))
     zero = frame.py(0.0)
-    every = max(1, math.ceil(n / 26))
+    every = max(1, math.ceil(n / 20))
+    cut = False
     for i, (label, v) in enumerate(zip(labels, values)):
         cx = ML + band * (i + 0.5)
         e = errors[i] if i < len(errors) else None
@@ -252,17 +310,18 @@ def bar_chart(
             parts.append(f'<rect x="{cx - bw / 2:.1f}" y="{top:.1f}" width="{bw:.1f}" height="{max(height, 0.5):.1f}" '
                          f'fill="{color}"><title>{escape(tip)}</title></rect>')
             if _finite(e) and e > 0:  # type: ignore[operator]
-                _error_bar(parts, frame, cx, v, e, half=min(6.0, bw / 3))  # type: ignore[arg-type]
+                cut |= _error_bar(parts, frame, cx, v, e, half=min(6.0, bw / 3), clip=clip)  # type: ignore[arg-type]
         if i % every == 0:
             text = escape(_short(str(label)))
             if n > 8:
                 parts.append(f'<text x="{cx:.1f}" y="{H - MB + 12}" text-anchor="end" fill="{_TEXT}" '
                              f'transform="rotate(-40 {cx:.1f} {H - MB + 12})">{text}</text>')
             else:
-                parts.append(f'<text x="{cx:.1f}" y="{H - MB + 16}" text-anchor="middle" fill="{_TEXT}">{text}</text>')
+                parts.append(f'<text x="{cx:.1f}" y="{H - MB + 18}" text-anchor="middle" fill="{_TEXT}">{text}</text>')
     parts.append(f'<line x1="{ML}" x2="{W - MR}" y1="{zero:.1f}" y2="{zero:.1f}" stroke="{_AXIS}"/>')
     if n <= 8:
         _x_label(parts, x_label)
+    _clip_note(parts, clip, cut)
     parts.append("</svg>")
     return Markup("".join(parts))
 
@@ -277,10 +336,10 @@ def _legend(parts: list[str], series: Sequence[Series], colors: Sequence[str], e
         dash_attr = f' stroke-dasharray="{dash}"' if dash else ""
         parts.append(f'<line x1="{x}" x2="{x + 18}" y1="{y - 4}" y2="{y - 4}" stroke="{color}" stroke-width="3"{dash_attr}/>')
         parts.append(f'<text x="{x + 22}" y="{y}" fill="{_TEXT}">{escape(label)}</text>')
-        x += 30 + 7 * len(label)
+        x += 30 + 8 * len(label)
         if x > W - 120:
             x = ML
-            y += 14
+            y += 17
 
 
 def _path(frame: _Frame, xs: Sequence[float], ys: Sequence[float | None], *, step: bool, until: float | None = None) -> str:
@@ -313,6 +372,8 @@ def line_chart(
     x_label: str = "",
     y_label: str = "",
     x_ticks: Sequence[tuple[float, str]] | None = None,
+    clip: Clip | None = None,
+    x_names: Sequence[str] | None = None,
 ) -> Markup:
     """Lines (one per series) over a numeric x axis, with points and ±err whiskers.
 
@@ -320,6 +381,9 @@ def line_chart(
         series: the lines (at most 8 get distinct colours).
         ident, title, x_label, y_label: as for :func:`bar_chart`.
         x_ticks: explicit ``(x, label)`` ticks; default: round numbers.
+        clip: as for :func:`bar_chart`.
+        x_names: how a point's x is written in its tooltip, per x of the first series
+            (e.g. dates); default: the number.
 
     Returns:
         The ``<svg>`` markup.
@@ -331,16 +395,17 @@ def line_chart(
     for s in series:
         ys.extend(s.y)
         es.extend(s.err if s.err else [None] * len(s.y))
-    lo, hi = _domain(ys, es, include_zero=True)
-    ticks = nice_ticks(lo, hi)
+    lo, hi = _domain(ys, es, include_zero=True, clip=clip)
+    ticks = _ticks_within(lo, hi, clip)
     frame = _Frame(x0, x1, ticks[0], ticks[-1])
     bars = "with 95 % error bars" if any(_finite(e) for e in es) else "without error bars"
     desc = f"Line chart of {y_label or 'values'} by {x_label or 'x'}: {len(series)} series, points {bars}."
+    names = {float(x): str(n) for x, n in zip(series[0].x, x_names)} if series and x_names else {}
     parts = _open(ident, title, desc)
     _y_axis(parts, frame, ticks, y_label)
     if x_ticks is None:
         integral = all(float(x).is_integer() for x in xs)
-        tv = [t for t in nice_ticks(x0, x1, 8) if x0 <= t <= x1]
+        tv = [t for t in nice_ticks(x0, x1, 8) if x0 <= t <= x1 and (not integral or float(t).is_integer())]
         x_ticks = [(t, str(int(t)) if integral and float(t).is_integer() else _tick_label(t)) for t in tv]
     _x_ticks(parts, frame, x_ticks)
     parts.append(f'<line x1="{ML}" x2="{W - MR}" y1="{frame.py(ticks[0]):.1f}" y2="{frame.py(ticks[0]):.1f}" stroke="{_AXIS}"/>')
@@ -348,6 +413,7 @@ def line_chart(
         parts.append(f'<line x1="{ML}" x2="{W - MR}" y1="{frame.py(0):.1f}" y2="{frame.py(0):.1f}" stroke="{_AXIS}"/>')
     colors = [PALETTE[i % len(PALETTE)] for i in range(len(series))]
     npoints = max((len(s.x) for s in series), default=0)
+    cut = False
     for s, color in zip(series, colors):
         dash = ' stroke-dasharray="6 4"' if s.dashed else ""
         d = _path(frame, s.x, s.y, step=s.step)
@@ -359,17 +425,32 @@ def line_chart(
             e = s.err[i] if i < len(s.err) else None
             px = frame.px(x)
             if _finite(e) and e > 0:  # type: ignore[operator]
-                _error_bar(parts, frame, px, y, e, half=3.0)  # type: ignore[arg-type]
+                cut |= _error_bar(parts, frame, px, y, e, half=3.0, clip=clip)  # type: ignore[arg-type]
             if npoints <= 120:
-                tip = f"{s.name}, {fmt_number(x)}: {fmt_number(y)}" + (f" ± {fmt_number(e)}" if _finite(e) else "")
+                where = names.get(float(x), fmt_number(x))
+                tip = f"{s.name}, {where}: {fmt_number(y)}" + (f" ± {fmt_number(e)}" if _finite(e) else "")
                 parts.append(f'<circle cx="{px:.1f}" cy="{frame.py(y):.1f}" r="3" fill="{color}">'  # type: ignore[arg-type]
                              f'<title>{escape(tip)}</title></circle>')
     if len(series) > 1:
         _legend(parts, series, colors)
     else:
         _x_label(parts, x_label)
+    _clip_note(parts, clip, cut)
     parts.append("</svg>")
     return Markup("".join(parts))
+
+
+def date_ticks(days: Sequence[float], count: int = 6) -> list[tuple[float, str]]:
+    """About ``count`` ticks over x values in days since 1970-01-01, labelled as dates
+    (``YYYY-MM-DD``; ``YYYY-MM`` over more than a year)."""
+    if not days:
+        return []
+    d0, d1 = min(days), max(days)
+    fmt = "%Y-%m" if d1 - d0 > 366 else "%Y-%m-%d"
+    n = max(2, min(count, int(d1 - d0) + 1))
+    return [(d0 + (d1 - d0) * i / (n - 1),
+             datetime.fromtimestamp((d0 + (d1 - d0) * i / (n - 1)) * 86400, tz=timezone.utc).strftime(fmt))
+            for i in range(n)]
 
 
 def _time_ticks(t0: float, t1: float, count: int = 6) -> list[tuple[float, str]]:
@@ -427,7 +508,7 @@ def burndown_chart(
     for y, label in right_ticks:
         if 0 <= y <= top:
             parts.append(f'<text x="{W - MR - 2}" y="{frame.py(y) - 3:.1f}" text-anchor="end" fill="{_TEXT}" '
-                         f'font-size="10">{escape(label)}</text>')
+                         f'font-size="{FONT - 1}">{escape(label)}</text>')
     if cap and not above:
         xs = [max(t, frame.x0) for t, _ in cap]
         ys: list[float | None] = [c for _, c in cap]

@@ -19,23 +19,27 @@ Canonne, Kamath & Steinke 2020, Cor. 13, of the ρ shown).
 from __future__ import annotations
 
 import math
+import re
 import threading
 import time
 import zlib
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import date, datetime, timezone
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 from markupsafe import Markup
 
 from dpgate import accounting
-from dpgate.mechanisms import ci95_halfwidth
-from dpgate.ui.charts import Series, bar_chart, burndown_chart, fmt_number, line_chart, meter
+from dpgate.ledger.entries import event_cap, event_old_cap
+from dpgate.postprocess.expected import expected_accuracy
+from dpgate.ui.charts import Series, bar_chart, burndown_chart, clip_text, date_ticks, fmt_number, line_chart, meter
 
 __all__ = [
     "BurndownCache",
+    "cap_text",
     "drift_warning",
+    "governance_change",
     "explanation_view",
     "populations_overview",
     "release_view",
@@ -214,11 +218,7 @@ class BurndownCache:
         """
         pop = self._refresh(ledger, population)
         now = time.time() if now is None else now
-        cap_steps: list[tuple[float, float]] = []
-        for e in events:
-            cap = (e.get("new") or {}).get("cap")
-            if e.get("kind") in ("population_created", "cap_changed") and cap and _number(cap.get("rho_cap")):
-                cap_steps.append((_epoch(e["created_at"]), float(cap["rho_cap"])))
+        cap_steps = cap_history(events)
         first = [float(pop.total.times[0])] if len(pop.total.times) else []
         t0 = min([t for t, _ in cap_steps] + first + [now])
         t1 = max(now, float(pop.total.times[-1]) if len(pop.total.times) else now, t0 + 1.0)
@@ -250,6 +250,55 @@ class BurndownCache:
         return {"svg": svg, "rows": rows, "charges": int(len(pop.total.times))}
 
 
+def cap_history(events: Sequence[Mapping[str, Any]]) -> list[tuple[float, float]]:
+    """``(epoch seconds, ρ_cap)`` at the population's creation and at each recorded cap change,
+    in ledger order (the cap line of the burn-down steps at each)."""
+    steps: list[tuple[float, float]] = []
+    for e in events:
+        cap = event_cap(e)
+        if cap is not None and _number(cap.get("rho_cap")) is not None and e.get("created_at"):
+            steps.append((_epoch(e["created_at"]), float(cap["rho_cap"])))
+    return steps
+
+
+def cap_text(cap: Mapping[str, Any] | None) -> str:
+    """A cap as the pages write it: ``ε 3.5, δ 1e-6 (ρ 0.2465)`` (empty for None)."""
+    if not cap:
+        return ""
+    text = f"ε {fmt_number(_number(cap.get('epsilon')))}, δ {fmt_number(_number(cap.get('delta')))}"
+    rho = _number(cap.get("rho_cap", cap.get("rho")))
+    return text + (f" (ρ {fmt_number(rho)})" if rho is not None else "")
+
+
+def _allocations_text(allocations: Any) -> str:
+    if not isinstance(allocations, Mapping):
+        return ""
+    if not allocations:
+        return "open (no allocations)"
+    return "allocations " + ", ".join(
+        f"{name} {fmt_number(share * 100, 3)} %" if _number(share) is not None else f"{name} {share}"
+        for name, share in sorted(allocations.items()))
+
+
+def governance_change(event: Mapping[str, Any]) -> dict[str, str]:
+    """A governance event's before and after in the pages' number format (no raw JSON):
+    ``{"before", "after", "cap_after"}``; ``cap_after`` is the cap in force after the event
+    (empty for an allocation change)."""
+    kind = event.get("kind")
+    new = event.get("new") if isinstance(event.get("new"), Mapping) else {}
+    old = event.get("old") if isinstance(event.get("old"), Mapping) else {}
+    after_cap, before_cap = event_cap(event), event_old_cap(event)
+    if kind == "population_created":
+        after = "; ".join(t for t in (cap_text(after_cap), _allocations_text(new.get("allocations"))) if t)
+        return {"before": "", "after": after, "cap_after": cap_text(after_cap)}
+    if kind == "cap_changed":
+        return {"before": cap_text(before_cap), "after": cap_text(after_cap), "cap_after": cap_text(after_cap)}
+    if kind == "allocations_changed":
+        return {"before": _allocations_text(old.get("allocations")),
+                "after": _allocations_text(new.get("allocations")), "cap_after": ""}
+    return {"before": "", "after": "", "cap_after": ""}
+
+
 def _sampled(times: np.ndarray, cum: np.ndarray, t0: float, t1: float) -> tuple[list[float], list[float | None]]:
     """A cumulative step series from t0 (0) to its last charge, at most :data:`BURNDOWN_POINTS` points."""
     if len(times) == 0:
@@ -279,26 +328,107 @@ def rank_error_text(entry: Mapping[str, Any]) -> str:
     q = _number(entry.get("quantile"))
     where = f"{q:g}·n" if q is not None else "q·n"
     return (f"no error bars: a DP quantile's accuracy is a rank error. With probability ≥ 95 % the released "
-            f"value has {where} ± {r:.3g} of the group's n bounded values below it (plus the values within "
+            f"value has {where} ± {fmt_number(r, 3)} of the group's n bounded values below it (plus the values within "
             "one grid step of the true quantile); there is no interval in the column's units"
             if r is not None else "no error bars: a DP quantile's accuracy is a rank error")
+
+
+def _clip(entry: Any) -> tuple[float | None, float | None] | None:
+    """A ``value_ranges`` entry as a chart's clip ``(lower, upper)``, or None."""
+    if not isinstance(entry, Mapping):
+        return None
+    lo, hi = _number(entry.get("lower")), _number(entry.get("upper"))
+    return None if lo is None and hi is None else (lo, hi)
+
+
+_ISO_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}([ T]\d{2}:\d{2}(:\d{2}(\.\d+)?)?)?$")
+
+
+def _as_days(values: Sequence[Any]) -> list[float] | None:
+    """Days since 1970-01-01 of ISO date/timestamp keys (``date_trunc`` keys are released as
+    ISO text), or None when some value is not one."""
+    out = []
+    for v in values:
+        if isinstance(v, (date, datetime)):
+            text = v.isoformat()
+        elif isinstance(v, str) and _ISO_DATE.match(v):
+            text = v
+        else:
+            return None
+        try:
+            t = datetime.fromisoformat(text.replace(" ", "T"))
+        except ValueError:
+            return None
+        if t.tzinfo is None:
+            t = t.replace(tzinfo=timezone.utc)
+        out.append(t.timestamp() / 86400.0)
+    return out
+
+
+def _cuts(values: Sequence[float | None], errors: Sequence[float | None],
+          clip: tuple[float | None, float | None]) -> bool:
+    """Whether some error bar v ± e reaches past the clip range (so the chart cuts it)."""
+    lo, hi = clip
+    for v, e in zip(values, errors):
+        if v is None or e is None or not math.isfinite(e):
+            continue
+        if (lo is not None and v - e < lo) or (hi is not None and v + e > hi):
+            return True
+    return False
+
+
+def where_text(canonical_sql: str) -> str:
+    """The WHERE of a release's canonical SQL without identifier quotes (``week = 7``), or ''."""
+    try:
+        import sqlglot
+        from sqlglot import exp
+
+        tree = sqlglot.parse_one(canonical_sql, read="duckdb")
+        where = tree.args.get("where") if tree is not None else None
+        if where is None:
+            return ""
+        plain = where.this.transform(lambda n: exp.column(n.name) if isinstance(n, exp.Column) else n)
+        return plain.sql(dialect="duckdb")
+    except Exception:  # noqa: BLE001 - a title helper never fails a page
+        return ""
+
+
+def release_title(release: Mapping[str, Any]) -> str:
+    """A release's title in the analyst's words: its column names (the aliases), ``values by
+    keys``, and its filter (``users by region, where week = 7``)."""
+    accuracy = release.get("accuracy", {}) or {}
+    columns = list(release.get("columns", []))
+    values = [c for c in columns if c in accuracy]
+    keys = [c for c in columns if c not in accuracy]
+    title = ", ".join(values or columns) + (f" by {', '.join(keys)}" if keys and values else "")
+    where = where_text(str(release.get("canonical_sql") or ""))
+    if where:
+        title += f", where {where if len(where) <= 80 else where[:79] + '…'}"
+    return title
 
 
 def release_view(release: Mapping[str, Any], *, charts: bool = True, max_charts: int | None = None) -> dict[str, Any]:
     """A release as the pages show it.
 
     Returns ``{"keys": [...], "values": [...], "header": [...], "rows": [...],
-    "charts": [{"column", "svg", "approximate", "rank_error"}], "ranks": {column: text},
+    "charts": [{"column", "svg", "approximate", "rank_error", "clip"}], "ranks": {column: text},
+    "numbers": [{"column", "value", "ci95", "approximate", "rank_error", "clamped"}], "title",
     "omitted": n}``: ``header``/``rows`` interleave each noisy column with its ± (95 %
     half-width per row: the release's ``ci95_rows`` when present, else its ``ci95``);
     key columns are the columns without an accuracy entry (group keys are public, not
     noisy). A quantile column (MEDIAN, PERCENTILE, MIN/MAX: its accuracy entry has a
     ``rank_error95``) has no value interval: its ± column is a ``rank`` column (± ranks),
-    its chart has no error bars and ``rank_error``/``ranks`` say why in words.
+    its chart has no error bars and ``ranks`` says why in words, once. Error bars and
+    axes stop at the release's ``value_ranges`` (a count at 0, an AVG at its column's
+    bounds), said in the chart. A release of one row without keys is a number card
+    (``numbers``), not a chart; date keys are drawn as a line over time.
     """
+    from dpgate.postprocess.ranges import clamped_at_bound
+
     columns = list(release.get("columns", []))
     rows = [list(r) for r in release.get("rows", [])]
     accuracy = release.get("accuracy", {}) or {}
+    ranges = release.get("value_ranges") or {}
     values = [c for c in columns if c in accuracy]
     keys = [c for c in columns if c not in accuracy]
     ranked = {c: _number(accuracy[c].get("rank_error95")) for c in values if "rank_error95" in accuracy[c]}
@@ -315,51 +445,73 @@ def release_view(release: Mapping[str, Any], *, charts: bool = True, max_charts:
         cells = []
         for j, c in enumerate(columns):
             v = r[j] if j < len(r) else None
-            cells.append({"value": v, "kind": "value" if c in accuracy else "key"})
+            cells.append({"value": v, "kind": "value" if c in accuracy else "key",
+                          "clamped": c in accuracy and clamped_at_bound(v, ranges.get(c))})
             if c in ranked:
                 cells.append({"value": ranked[c] if v is not None else None, "kind": "rank"})
             elif c in accuracy:
                 cells.append({"value": halfwidths[c][i], "kind": "ci"})
         table.append(cells)
+    numbers = []
+    if not keys and len(rows) == 1:  # a single value: a number card, not a one-bar chart
+        for c in values:
+            v = rows[0][columns.index(c)]
+            numbers.append({"column": c, "value": v, "ci95": halfwidths[c][0], "rank_error": ranked.get(c),
+                            "approximate": bool(accuracy[c].get("approximate")),
+                            "clamped": clamped_at_bound(v, ranges.get(c))})
     out_charts = []
     omitted = 0
-    if charts:
+    if charts and not numbers:
         for j, c in enumerate(values):
             if max_charts is not None and len(out_charts) >= max_charts:
                 omitted += 1
                 continue
-            svg = _release_chart(release, columns, rows, keys, c, halfwidths[c], j, ranked=c in ranked)
+            clip = _clip(ranges.get(c))
+            svg = _release_chart(release, columns, rows, keys, c, halfwidths[c], j, ranked=c in ranked, clip=clip)
             if svg is not None:
+                vals = [_number(r[columns.index(c)]) for r in rows]
+                cut = clip is not None and c not in ranked and _cuts(vals, halfwidths[c], clip)
                 out_charts.append({"column": c, "svg": svg, "approximate": bool(accuracy[c].get("approximate")),
-                                   "rank_error": rank_error_text(accuracy[c]) if c in ranked else None})
+                                   "rank_error": rank_error_text(accuracy[c]) if c in ranked else None,
+                                   "clip": clip_text(clip) if cut else ""})
+    clamped = sorted({c for row in table for c, cell in zip([h["name"] for h in header], row) if cell.get("clamped")})
     return {"keys": keys, "values": values, "header": header, "rows": table, "charts": out_charts,
-            "ranks": {c: rank_error_text(accuracy[c]) for c in ranked}, "omitted": omitted}
+            "ranks": {c: rank_error_text(accuracy[c]) for c in ranked}, "omitted": omitted, "numbers": numbers,
+            "title": release_title(release),
+            "clamped": {c: (ranges.get(c) or {}).get("rule", "") for c in clamped}}
 
 
 def _release_chart(release: Mapping[str, Any], columns: list[str], rows: list[list[Any]], keys: list[str],
-                   column: str, errs: list[float | None], j: int, *, ranked: bool = False) -> Markup | None:
+                   column: str, errs: list[float | None], j: int, *, ranked: bool = False,
+                   clip: tuple[float | None, float | None] | None = None) -> Markup | None:
     ci = columns.index(column)
     ys = [_number(r[ci]) if ci < len(r) else None for r in rows]
     if not any(y is not None for y in ys):
         return None
     rid = str(release.get("release_id", "r"))[-10:]
     ident = f"c-{rid}-{j}"
-    title = (f"{column} ({release.get('dataset', '')}), a DP quantile: no error bars (its accuracy is a rank error)"
-             if ranked else f"{column} ({release.get('dataset', '')}), with 95 % error bars")
+    title = (f"{column}, a DP quantile: no error bars (its accuracy is a rank error)"
+             if ranked else f"{column}, with 95 % error bars")
+    clip = None if ranked else clip
     if not keys:
-        return bar_chart([column], ys[:1], errs[:1], ident=ident, title=title, y_label=column)
+        return bar_chart([column], ys[:1], errs[:1], ident=ident, title=title, y_label=column, clip=clip)
     kidx = [columns.index(k) for k in keys]
     x_key = kidx[-1]
     xs_raw = [r[x_key] for r in rows]
-    numeric_x = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in xs_raw) and len(set(xs_raw)) > 2
+    days = _as_days(xs_raw) if len(set(map(str, xs_raw))) > 1 else None
+    numeric_x = days is not None or (
+        all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in xs_raw) and len(set(xs_raw)) > 2)
+    xs_num = days if days is not None else [float(x) if numeric_x else 0.0 for x in xs_raw]
+    ticks = date_ticks(sorted(set(days))) if days is not None else None
     if len(keys) == 1:
         if numeric_x:
-            order = sorted(range(len(rows)), key=lambda i: xs_raw[i])[:MAX_CHART_POINTS]
-            s = Series(column, [float(xs_raw[i]) for i in order], [ys[i] for i in order], [errs[i] for i in order])
-            return line_chart([s], ident=ident, title=title, x_label=keys[0], y_label=column)
+            order = sorted(range(len(rows)), key=lambda i: xs_num[i])[:MAX_CHART_POINTS]
+            s = Series(column, [xs_num[i] for i in order], [ys[i] for i in order], [errs[i] for i in order])
+            return line_chart([s], ident=ident, title=title, x_label=keys[0], y_label=column, clip=clip,
+                              x_ticks=ticks, x_names=[str(xs_raw[i]) for i in order] if days is not None else None)
         n = min(len(rows), MAX_CHART_POINTS)
         return bar_chart([str(x) for x in xs_raw[:n]], ys[:n], errs[:n], ident=ident, title=title,
-                         y_label=column, x_label=keys[0])
+                         y_label=column, x_label=keys[0], clip=clip)
     # several keys: one line (or bar group) per combination of the other keys, x = the last key
     groups: dict[tuple, list[int]] = {}
     for i, r in enumerate(rows):
@@ -367,13 +519,15 @@ def _release_chart(release: Mapping[str, Any], columns: list[str], rows: list[li
     if numeric_x:
         series = []
         for g, idx in list(groups.items())[:MAX_CHART_SERIES]:
-            idx = sorted(idx, key=lambda i: xs_raw[i])[:MAX_CHART_POINTS]
-            series.append(Series(" · ".join(str(v) for v in g), [float(xs_raw[i]) for i in idx],
+            idx = sorted(idx, key=lambda i: xs_num[i])[:MAX_CHART_POINTS]
+            series.append(Series(" · ".join(str(v) for v in g), [xs_num[i] for i in idx],
                                  [ys[i] for i in idx], [errs[i] for i in idx]))
-        return line_chart(series, ident=ident, title=title, x_label=keys[-1], y_label=column)
+        return line_chart(series, ident=ident, title=title, x_label=keys[-1], y_label=column, clip=clip,
+                          x_ticks=ticks)
     n = min(len(rows), MAX_CHART_POINTS)
     labels = [" · ".join(str(rows[i][k]) for k in kidx) for i in range(n)]
-    return bar_chart(labels, ys[:n], errs[:n], ident=ident, title=title, y_label=column, x_label=" · ".join(keys))
+    return bar_chart(labels, ys[:n], errs[:n], ident=ident, title=title, y_label=column, x_label=" · ".join(keys),
+                     clip=clip)
 
 
 # ------------------------------------------------------------------------------- explain
@@ -388,82 +542,58 @@ def explanation_view(explanation: Mapping[str, Any], dataset_info: Mapping[str, 
 
     Args:
         explanation: :meth:`Gateway.explain`'s document.
-        dataset_info: :meth:`Gateway.dataset`'s document (column resolutions).
+        dataset_info: :meth:`Gateway.dataset`'s document (column resolutions, used when the
+            explanation has no ``noise_scale_units``).
         remaining: the caller's allocation from the budget report (``remaining_rho``,
-            ``remaining_epsilon``), and ``population_remaining_rho``; None when
+            ``remaining_epsilon``, ``consumer``), and ``population_remaining_rho``; None when
             the caller has no allocation (e.g. an admin).
 
     Returns:
-        ``{"primitives": [{id, kind, column, l1, l2, scale, ci95}], "outputs":
-        [{name, ci95 | None, note}], "cost": …, "fits": True/False/None,
-        "fits_note": str}``. ``ci95`` of a count or sum is the 95 % half-width of
-        its noise in output units (:func:`dpgate.mechanisms.ci95_halfwidth` of the
-        noise scale, times the column's resolution for sums); derived outputs
-        (AVG, VAR, STDDEV) get theirs from the noisy values, so only after the run.
-        ``fits`` is the gateway's own verdict when it gives one, else whether the
-        cost's ρ is within both the allocation's and the population's remaining ρ
-        (the ledger's filter decides at run time).
+        ``{"primitives": [...], "outputs": [...], "cost": …, "fits": True/False/None,
+        "fits_note": str}``: primitives and outputs as
+        :func:`dpgate.postprocess.expected.expected_accuracy` gives them (outputs named by
+        the analyst's aliases, ``label``; sensitivities with their unit; quantiles with their
+        score sensitivity, rank scale and rank error). ``fits`` is the gateway's verdict
+        (``cost.fits``) when it gives one, else whether the cost's ρ is within both the
+        allocation's and the population's remaining ρ (the ledger's filter decides at run
+        time); ``fits_note`` says it in a sentence.
     """
     plan = explanation.get("plan", {}) or {}
-    prims = {p.get("id"): p for p in plan.get("primitives", [])}
-    table = (dataset_info.get("tables", {}) or {}).get(plan.get("table"), {})
-    cols = table.get("columns", {}) if isinstance(table, Mapping) else {}
-    mech = str(explanation.get("mechanism", "discrete_gaussian"))
-    mech_name = "laplace" if "laplace" in mech else "gaussian"
-    primitives = []
-    ci_by_id: dict[str, float | None] = {}
-    for pid, sens in (explanation.get("sensitivity") or {}).items():
-        p = prims.get(pid, {})
-        scale = _number((explanation.get("noise_scales") or {}).get(pid))
-        ci = None
-        if scale is not None:
-            try:
-                ci = float(ci95_halfwidth(mech_name, scale))
-            except Exception:  # noqa: BLE001 - a display helper must not fail the page
-                ci = None
+    doc = dict(explanation)
+    if not doc.get("noise_scale_units"):  # older gateways: the step from the column's resolution
+        table = (dataset_info.get("tables", {}) or {}).get(plan.get("table"), {})
+        cols = table.get("columns", {}) if isinstance(table, Mapping) else {}
+        steps = {}
+        for p in plan.get("primitives", []):
             power = _UNIT_KINDS.get(str(p.get("kind")), 0)
             res = _number((cols.get(p.get("column")) or {}).get("resolution")) if power else None
-            if ci is not None and power:
-                ci *= (res or 1.0) ** power
-        ci_by_id[pid] = ci
-        primitives.append({"id": pid, "kind": p.get("kind", ""), "column": p.get("column") or "",
-                           "l1": sens.get("l1"), "l2": sens.get("l2"), "scale": scale, "ci95": ci})
-    given = explanation.get("accuracy") if isinstance(explanation.get("accuracy"), Mapping) else None
-    outputs = []
-    for o in plan.get("outputs", []):
-        if o.get("hidden"):
-            continue
-        name = o.get("name")
-        ids = o.get("primitives") or []
-        ci, note = None, ""
-        if given and isinstance(given.get(name), Mapping):
-            ci = _number(given[name].get("ci95"))
-            note = "approximate" if given[name].get("approximate") else ""
-        elif not ids:
-            note = "group key (public)"
-        elif len(ids) == 1 and o.get("function") in ("quantile", "min", "max"):
-            rank = _number(((explanation.get("quantiles") or {}).get(ids[0]) or {}).get("rank_error95"))
-            note = ("a DP quantile: no value interval; its accuracy is a rank error of "
-                    f"± {rank:.3g} ranks (95 %)" if rank is not None else "a DP quantile: its accuracy is a rank error")
-        elif len(ids) == 1 and o.get("function") in ("count", "sum", "count_distinct", None):
-            ci = ci_by_id.get(ids[0])
-        else:
-            note = "derived from noisy " + " and ".join(str(prims.get(i, {}).get("kind", i)) for i in ids) \
-                + ": ± known after the run"
-        outputs.append({"name": name, "ci95": ci, "note": note})
+            steps[p.get("id")] = {"unit": (res or 1.0) ** power}
+        doc["noise_scale_units"] = steps
+    expected = expected_accuracy(doc)
     cost = explanation.get("cost", {}) or {}
-    fits = explanation.get("fits")
-    fits_note = ""
+    rho = _number(cost.get("rho"))
+    fits = explanation.get("fits", cost.get("fits"))
+    left = _number(cost.get("remaining_rho"))
+    holder = f"allocation {cost['consumer']}" if cost.get("consumer") else "the population"
     if not isinstance(fits, bool):
-        fits = None
-        rho = _number(cost.get("rho"))
+        fits, left = None, None
         if remaining is not None and rho is not None:
-            left = [v for v in (_number(remaining.get("remaining_rho")),
-                                _number(remaining.get("population_remaining_rho"))) if v is not None]
-            if left:
-                fits = rho <= min(left) * (1 + 1e-12)
-                fits_note = f"ρ {fmt_number(rho)} of {fmt_number(min(left))} left"
-    return {"primitives": primitives, "outputs": outputs, "cost": cost, "fits": fits, "fits_note": fits_note}
+            mine = _number(remaining.get("remaining_rho"))
+            pop = _number(remaining.get("population_remaining_rho"))
+            named = f"allocation {remaining['consumer']}" if remaining.get("consumer") else "your allocation"
+            candidates = [(v, n) for v, n in ((mine, named), (pop, "the population")) if v is not None]
+            if candidates:
+                left, holder = min(candidates, key=lambda c: c[0])
+                fits = rho <= left * (1 + 1e-12)
+    fits_note = ""
+    if rho is not None and left is not None and fits is not None:
+        if fits:
+            fits_note = f"This release costs ρ {fmt_number(rho)}; {holder} has ρ {fmt_number(left)} left."
+        else:
+            fits_note = (f"This release costs ρ {fmt_number(rho)}, but {holder} has only ρ {fmt_number(left)} "
+                         "left: running it would be refused (budget_exhausted) and charge nothing.")
+    return {"primitives": expected["primitives"], "outputs": expected["outputs"], "cost": cost, "fits": fits,
+            "fits_note": fits_note}
 
 
 def recent_releases(releases: Iterable[Mapping[str, Any]], consumer: str | None, limit: int = 10) -> list[dict[str, Any]]:

@@ -9,6 +9,7 @@ page                                        permission                  roles (t
 ``POST /ui/admin/populations/{p}/cap``      ``set_cap``                 admin
 ``/ui/admin/ledger`` (+ export), verify     ``read_ledger``             admin
 ``/ui/dashboard``, ``/ui/releases/{id}``    ``read_releases``           dashboard, analyst, admin
+``POST /ui/dashboard/{d}/pins``             ``curate_dashboards``       dashboard, admin
 ``/ui/console`` (explain)                   ``explain``                 analyst, admin
 ``POST /ui/console`` with "Run"             ``query``                   analyst
 ``/ui/datasets``                            ``read_datasets``           every role
@@ -36,7 +37,7 @@ import math
 import re
 import zlib
 from typing import Annotated, Any, Callable, Iterator, Mapping
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import quote, urlencode, urlsplit
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -52,7 +53,16 @@ from dpgate.ledger.browse import MAX_PAGE_SIZE, normalise_time
 from dpgate.ledger.reports import entry_rho_checked
 from dpgate.service import Gateway, QueryBudget
 from dpgate.sql.parse import DIALECTS as PLANNER_DIALECTS, check_dialect
-from dpgate.ui.data import BurndownCache, drift_warning, explanation_view, populations_overview, recent_releases, release_view
+from dpgate.ui.data import (
+    BurndownCache,
+    drift_warning,
+    explanation_view,
+    governance_change,
+    populations_overview,
+    recent_releases,
+    release_title,
+    release_view,
+)
 from dpgate.ui.render import PAGE_HEADERS, error_page, page
 from dpgate.ui.sessions import COOKIE_NAME, Session, SessionStore, csrf_matches
 
@@ -360,7 +370,7 @@ def _admin_context(request: Request, gateway: Gateway, *, zoom: bool = False,
     cache = _burndowns(request)
     for p in populations:
         events = gateway.ledger_events(p["name"])
-        p["events"] = list(reversed(events))[:5]
+        p["events"] = [{**e, "change": governance_change(e)} for e in list(reversed(events))[:5]]
         p["burndown"] = cache.chart(gateway.ledger, p["name"], p["report"], events, zoom=zoom)
         p["anchor"] = "pop-" + format(zlib.crc32(p["name"].encode()), "08x")
         p["budget"] = budget_panel(gateway, p["name"], p["anchor"],
@@ -500,6 +510,8 @@ def ledger(
     if show == "charges":  # an RDP curve is shown with the ρ the cap check used, not the stored ∞ bound
         caps = {p: gateway.ledger.cap(p) for p in {e["population"] for e in entries if e.get("kind") == "rdp"}}
         entries = [{**e, "rho_checked": entry_rho_checked(e, caps.get(e["population"]))} for e in entries]
+    else:
+        entries = [{**e, "change": governance_change(e)} for e in entries]
     context = {
         "active": "ledger",
         "filters": f,
@@ -619,10 +631,43 @@ def dashboard(
     """
     gateway = _gateway(request)
     info = gateway.dataset(dataset)
-    releases = gateway.releases(dataset, limit=limit)
-    views = [{"release": r, "view": release_view(r, max_charts=2)} for r in releases]
+    pins = gateway.dashboard_pins(dataset)
+    pinned_ids = {p["release_id"] for p in pins}
+    pinned = [{"release": p["release"], "view": release_view(p["release"], max_charts=2), "pin": p,
+               "title": p["title"] or release_title(p["release"])} for p in reversed(pins)]
+    releases = [r for r in gateway.releases(dataset, limit=limit + len(pinned_ids))
+                if r["release_id"] not in pinned_ids][:limit]
+    views = [{"release": r, "view": release_view(r, max_charts=2), "pin": None, "title": release_title(r)}
+             for r in releases]
     return page(request, "dashboard.html", {"active": "dashboard", "dataset": info, "items": views,
-                                            "limit": limit, "max_limit": MAX_DASHBOARD_RELEASES})
+                                            "pinned": pinned, "limit": limit, "max_limit": MAX_DASHBOARD_RELEASES,
+                                            "can_curate": principal.can(Permission.CURATE_DASHBOARDS)})
+
+
+@router.post("/dashboard/{dataset}/pins")
+async def dashboard_pin(request: Request, dataset: str,
+                        principal: Annotated[Principal, Depends(signed_in(Permission.CURATE_DASHBOARDS))]) -> Response:
+    """Pin (``action=pin``, with an optional ``title``) or unpin (``action=unpin``) a stored
+    release of ``dataset`` on its dashboard. Curation only: it spends nothing."""
+    _, session = _session(request)
+    form = await _form(request, session)
+    assert session is not None
+    gateway = _gateway(request)
+    release_id = _text(form, "release_id").strip()
+    action = _text(form, "action", "pin")
+    if not release_id or len(release_id) > 128:
+        raise InvalidRequest("choose a release to pin", {"field": "release_id"})
+    if action == "pin":
+        pin = await run_in_threadpool(lambda: gateway.pin_release(dataset, release_id, title=_text(form, "title"),
+                                                                  actor=principal.name))
+        session.add_flash("ok", f"Pinned {pin['title'] or release_id} to the dashboard of {dataset}.")
+    elif action == "unpin":
+        removed = await run_in_threadpool(gateway.unpin_release, dataset, release_id)
+        session.add_flash("ok" if removed else "warn", f"Unpinned release {release_id}." if removed else
+                          f"Release {release_id} was not pinned.")
+    else:
+        raise InvalidRequest("action must be pin or unpin", {"field": "action"})
+    return _redirect(f"/ui/dashboard/{quote(dataset, safe='')}")
 
 
 @router.get("/releases/{release_id}")
@@ -719,7 +764,7 @@ def _console_context(gateway: Gateway, principal: Principal, req: Mapping[str, A
         "dialects": DIALECTS if _dialect_supported(gateway) else ("duckdb",),
         "can_run": principal.can(Permission.QUERY),
         "remaining": _remaining(gateway, dataset, principal) if dataset else None,
-        "mine": [{"release": r, "view": release_view(r, charts=False)} for r in mine],
+        "mine": [{"release": r, "view": release_view(r, charts=False), "title": release_title(r)} for r in mine],
         "explanation": None,
         "result": None,
         "trial": None,
@@ -787,11 +832,11 @@ async def console_submit(request: Request, principal: Annotated[Principal, Depen
             context["remaining"] = await run_in_threadpool(_remaining, gateway, req["dataset"], principal)
             if principal.consumer:
                 mine = recent_releases(await run_in_threadpool(gateway.releases, None, limit=100), principal.consumer)
-                context["mine"] = [{"release": r, "view": release_view(r, charts=False)} for r in mine]
+                context["mine"] = [{"release": r, "view": release_view(r, charts=False), "title": release_title(r)} for r in mine]
         elif action in ("explain", "trial"):  # trial (issue 23): explain plus a free run on the proxy
             trial = action == "trial"
             explanation = await run_in_threadpool(lambda: gateway.explain(req["dataset"], req["sql"], trial=trial,
-                                                                          **kwargs))
+                                                                          consumer=principal.consumer, **kwargs))
             context["trial"] = explanation.get("trial")
             session.remember_explained(_digest(req))
             context["explanation"] = {"doc": explanation,
