@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar, Mapping
 
 import numpy as np
-from dpgate import accounting, limits, partition_selection
+from dpgate import accounting, partition_selection
 from dpgate.engines import EngineOptions, EngineSet
 from dpgate.errors import (
     Conflict,
@@ -54,6 +54,7 @@ from dpgate.mechanisms import calibrate, ci95_halfwidth, mechanism_name, sample
 from dpgate.policy import MECHANISMS, DatasetPolicy, load_policies
 from dpgate.postprocess import check_postprocess_expression, finalize, output_unit
 from dpgate.postprocess.calibration import CellTarget, ci95_rules, scales_for_ci95
+from dpgate.representable import check_representable
 from dpgate.releases import (
     CacheKeys,
     NoisyPrimitives,
@@ -64,7 +65,7 @@ from dpgate.releases import (
     now,
     open_release_store,
 )
-from dpgate.sensitivity import primitive_linf, sensitivities
+from dpgate.sensitivity import sensitivities
 from dpgate.settings import Settings
 from dpgate.sql import partition_selection as selection_plan
 from dpgate.sql.bound import bounded_sql, bounded_sql_template
@@ -1277,37 +1278,6 @@ def apply_policies(ledger: Ledger, policies: Mapping[str, DatasetPolicy], *, act
         ledger.ensure_population(pop, **_cap_arguments(policy), reason=f"policy file {policy.path}")
         out.append(ledger.apply_policy(pop, **_cap_arguments(policy), actor=actor, reason=reason))
     return out
-
-
-def check_representable(plan: QueryPlan, policy: DatasetPolicy) -> None:
-    """Refuse, before the charge, a query that some data could make overflow (issue 9 item 1).
-
-    Reads only the plan and the policy. Every primitive's per-unit, per-group bound
-    (:func:`dpgate.sensitivity.primitive_linf`, integer units) must be at most 2^62
-    (:data:`dpgate.limits.MAX_STEPS`): then no partial, group sum or rescaling in the
-    bounded query can leave DuckDB's 128-bit integers on any data (the argument is in
-    :mod:`dpgate.limits`). The policy loader enforces it for sums (m·max|bound|/resolution);
-    what remains is the sum of squares of VAR/STDDEV, m·max(lower², upper²)/resolution².
-
-    Raises:
-        UnsupportedQuery: naming the aggregate, its bound and what to change.
-    """
-    table = policy.table(plan.table)
-    for p in plan.primitives:
-        if p.kind == "quantile":  # a candidate index; nothing is summed (dpgate.quantiles)
-            continue
-        linf = primitive_linf(p, policy, plan.table, plan)
-        if linf > limits.MAX_STEPS:
-            what = ("its sum of squares (VAR/STDDEV), m·max(lower², upper²)/resolution²"
-                    if p.kind == "sum_squares" else f"its {p.kind.replace('_', ' ')}")
-            raise UnsupportedQuery(
-                f"one unit may add up to {linf:.3g} to {what} of column {p.column!r} per group, "
-                "more than 2^62: the exact aggregate could overflow on some data; coarsen the "
-                f"column's resolution, tighten its bounds or lower max_rows_per_unit "
-                f"(now {table.max_rows_per_unit})",
-                {"column": p.column, "primitive": p.kind, "bound": str(linf),
-                 "max": str(limits.MAX_STEPS)},
-            )
 
 
 def _cell_targets(policy: DatasetPolicy, plan: QueryPlan) -> list[CellTarget]:
