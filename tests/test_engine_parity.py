@@ -627,8 +627,9 @@ def _corpus_bounded(policies, engines_ref: EngineSet, q) -> list[tuple[str, str]
 #: Most corpus statements an engine may refuse before the charge (``UnsupportedQuery`` from
 #: ``check``: per-row expressions — CASE, ``%``, ``//``, casts to text — that PostgreSQL and
 #: Spark cannot yet run with DuckDB's TRY semantics). Refusing is safe (nothing is charged,
-#: nothing runs); every statement an engine does run must give DuckDB's exact vectors.
-MAX_CORPUS_REFUSALS = 25
+#: nothing runs); every statement an engine does run must give DuckDB's exact vectors. 26: the
+#: corpus gained dg-pu-07 (issue 19), a per-unit subquery, which Spark does not run yet.
+MAX_CORPUS_REFUSALS = 26
 
 
 def _corpus_parity(engines: EngineSet, kind: str, reference: EngineSet, policies, queries) -> int:
