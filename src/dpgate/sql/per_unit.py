@@ -31,6 +31,14 @@ inner aggregate        derived range                              type
 ``MIN(x)``/``MAX(x)``  ``[lo, hi]``                               x's type
 =====================  =========================================  ========
 
+A derived range must satisfy the limits of a declared column (:func:`dpgate.limits.range_problem`:
+at most 2^62 resolution steps, an int inside 64 bits, as each value is computed as a BIGINT):
+a ``SUM`` whose ``k·m·[lo, hi]`` does not is refused before the charge
+(:func:`dpgate.representable.check_representable`), never computed and dropped or failed on
+some data. An ``AVG`` of an int column gets the finer step ``resolution / 1000`` only while
+its bounds stay within 2^62 such steps. The inner WHERE is rendered total, by the rule of the
+outer WHERE (:func:`dpgate.sql.expr.total_sql`).
+
 (an aggregate of a column without declared bounds has no range: the outer query may use it
 only inside an expression the interval arithmetic of :mod:`dpgate.sql.expr` bounds, e.g.
 ``LEAST(GREATEST(s, 0), 100)``, or it is refused as any unbounded column is).
