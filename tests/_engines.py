@@ -71,7 +71,7 @@ def pg_load(schema: str, table: str, data: pa.Table, *, primary_key: str | None 
     import psycopg
 
     types = types or {}
-    cols = ", ".join(f'"{f.name}" {types.get(f.name, _PG_TYPES[f.type])}' for f in data.schema)
+    cols = ", ".join(f'"{f.name}" {types.get(f.name) or _PG_TYPES[f.type]}' for f in data.schema)
     pk = f', PRIMARY KEY ("{primary_key}")' if primary_key else ""
     with psycopg.connect(PG_URL, autocommit=True) as conn:
         conn.execute(f'CREATE TABLE "{schema}"."{table}" ({cols}{pk})')

@@ -13,12 +13,20 @@ import math
 import pytest
 
 from dpgate.errors import BudgetExhausted, InvalidBudget
-from dpgate.mechanisms import ci95_halfwidth, sigma_for_ci95
+from dpgate.mechanisms import ci_halfwidth, sigma_for_ci95
 from dpgate.postprocess.calibration import CellTarget, scales_for_ci95
 from dpgate.service import QueryBudget
 from tests.shared_data import smartnoise_dir
 
 Z = 1.959963984540054
+#: The normal quantile of each AVG part's interval: 97.5 % two-sided (0.05/2 per part, so the
+#: box covers both parts with probability ≥ 95 % by the union bound), z = Φ⁻¹(1 − 0.0125).
+Z_AVG = 2.2414027276049464
+
+
+def part_hw(mechanism: str, scale: float, parts: int) -> float:
+    """The half-width the release uses for one of a ratio cell's parts: 1 − 0.05/parts."""
+    return ci_halfwidth(mechanism, scale, 0.05 / parts)
 
 
 def rho(deltas: dict[str, float], scales: dict[str, float]) -> float:
@@ -54,25 +62,26 @@ def avg_case(mechanism="gaussian"):
 
 def test_avg_meets_the_bound_at_the_expected_count():
     out, _ = avg_case()
-    hs, hc = (ci95_halfwidth("gaussian", out.scales[p]) for p in ("s", "c"))
+    hs, hc = (part_hw("gaussian", out.scales[p], 2) for p in ("s", "c"))
     # the reported half-width at C = n, any mean in [0, M]: (h_S + M·h_C)/(n − h_C) ≤ w
     bound = (hs + 500_000 * hc) / (1900 - hc)
     assert bound <= 5000.0
     assert out.predicted["avg_income"] == pytest.approx(bound)
     # and it is nearly tight: 10 % more noise on both parts breaks it
-    hs2, hc2 = (ci95_halfwidth("gaussian", 1.1 * out.scales[p]) for p in ("s", "c"))
+    hs2, hc2 = (part_hw("gaussian", 1.1 * out.scales[p], 2) for p in ("s", "c"))
     assert (hs2 + 500_000 * hc2) / (1900 - hc2) > 5000.0
 
 
 def test_avg_cost_matches_the_lagrange_optimum():
-    # Continuous limit (h ≈ z·σ): minimise Δ_S²/2σ_S² + Δ_C²/2σ_C² subject to
-    # z·(σ_S + K·σ_C) = w·n with K = M + w (from (h_S + M·h_C)/(n − h_C) ≤ w). Lagrange gives
-    # σ_i ∝ (Δ_i²/a_i)^{1/3} and ρ* = (Δ_S^{2/3} + (K·Δ_C)^{2/3})³ / (2R²), R = w·n/z.
+    # Continuous limit (h ≈ z·σ, z = 2.2414 for each part's 97.5 % interval): minimise
+    # Δ_S²/2σ_S² + Δ_C²/2σ_C² subject to z·(σ_S + K·σ_C) = w·n with K = M + w (from
+    # (h_S + M·h_C)/(n − h_C) ≤ w). Lagrange gives σ_i ∝ (Δ_i²/a_i)^{1/3} and
+    # ρ* = (Δ_S^{2/3} + (K·Δ_C)^{2/3})³ / (2R²), R = w·n/z.
     out, deltas = avg_case()
-    K, R = 500_000 + 5000, 5000 * 1900 / Z
+    K, R = 500_000 + 5000, 5000 * 1900 / Z_AVG
     optimum = (deltas["s"] ** (2 / 3) + (K * deltas["c"]) ** (2 / 3)) ** 3 / (2 * R**2)
-    assert optimum == pytest.approx(0.6877, rel=1e-3)  # by hand: (15874 + 15980)³ / (2 · 4.847e6²)
-    # the exact discrete half-widths are a little below z·σ (integers, P(|Z| ≤ t) ≥ 0.95), so
+    assert optimum == pytest.approx(0.8994, rel=1e-3)  # by hand: (15874 + 15980)³ / (2 · 4.2385e6²)
+    # the exact discrete half-widths are a little below z·σ (integers, P(|Z| ≤ t) ≥ 0.975), so
     # slightly more noise fits: at most the continuous optimum, and not far below it
     assert 0.9 * optimum <= rho(deltas, out.scales) <= optimum * 1.001
     # … and no split along the constraint does better (brute force over 400 splits)
@@ -82,9 +91,22 @@ def test_avg_cost_matches_the_lagrange_optimum():
         hs = 5000 * 1900 - (500_000 + 5000) * hc
         if hs <= 0:
             break
-        sc, ss = sigma_for_ci95("gaussian", hc), sigma_for_ci95("gaussian", hs)
+        # the largest σ whose 97.5 % half-width is ≤ the target (bisection on the monotone map)
+        sc, ss = sigma_at("gaussian", hc, 2), sigma_at("gaussian", hs, 2)
         best = min(best, rho(deltas, {"s": ss, "c": sc}))
     assert rho(deltas, out.scales) <= best * 1.001
+
+
+def sigma_at(mechanism: str, halfwidth: float, parts: int) -> float:
+    """The largest σ whose (1 − 0.05/parts) half-width is ≤ ``halfwidth`` (bisection)."""
+    lo, hi = 1e-6, 1e12
+    while hi / lo > 1 + 1e-12:
+        mid = math.sqrt(lo * hi)
+        if part_hw(mechanism, mid, parts) <= halfwidth:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 def test_the_issue_example_no_longer_costs_thousands():
@@ -96,7 +118,7 @@ def test_the_issue_example_no_longer_costs_thousands():
 
 def test_avg_with_the_laplace_mechanism():
     out, _ = avg_case("laplace")
-    hs, hc = (ci95_halfwidth("laplace", out.scales[p]) for p in ("s", "c"))
+    hs, hc = (part_hw("laplace", out.scales[p], 2) for p in ("s", "c"))
     assert (hs + 500_000 * hc) / (1900 - hc) <= 5000.0
 
 
@@ -127,11 +149,11 @@ def test_var_and_stddev_bounds():
     units = {"q": 1.0, "s": 1.0, "c": 1.0}
     var = scales_for_ci95([CellTarget("v", "var_pop", ("q", "s", "c"), (0.0, 100.0))], deltas, units,
                           mechanism="gaussian", halfwidth=50.0, expected_count=1000)
-    h = {p: ci95_halfwidth("gaussian", var.scales[p]) for p in deltas}
+    h = {p: part_hw("gaussian", var.scales[p], 3) for p in deltas}
     assert var_bound(h["q"], h["s"], h["c"], 100.0, 1000) <= 50.0
     sd = scales_for_ci95([CellTarget("d", "stddev_pop", ("q", "s", "c"), (0.0, 100.0))], deltas, units,
                          mechanism="gaussian", halfwidth=2.0, expected_count=1000)
-    h = {p: ci95_halfwidth("gaussian", sd.scales[p]) for p in deltas}
+    h = {p: part_hw("gaussian", sd.scales[p], 3) for p in deltas}
     # worst case over the variance: √(H_var) ≤ w, i.e. H_var ≤ 4
     assert math.sqrt(var_bound(h["q"], h["s"], h["c"], 100.0, 1000)) <= 2.0
     assert "worst case" in sd.rules["d"]

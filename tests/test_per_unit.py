@@ -189,3 +189,31 @@ def test_sum_of_a_float_column_keeps_bounds_on_its_resolution_grid(tmp_path):
     col = policy_for(plan.table, p).table(plan.table).column("t")
     assert (col.lower, col.upper) == (-1.8, 4.2)
     assert col.fixed_point_bounds == (-18, 42)
+
+
+def test_derived_ranges_are_checked_against_the_limits_before_the_charge(tmp_path):
+    """Issue 19 item 4: a derived column must fit the limits of a declared one (dpgate.limits).
+
+    wide ∈ [0, 2^61 / m] (policy load: m·max|bound| ≤ 2^62). k = m = 1: SUM(wide) ∈ [0, 2^61]
+    fits; AVG(wide) keeps the column's step (resolution / 1000 would span 1000·2^61 > 2^62 steps).
+    k = 4, m = 2: SUM(wide) ∈ [0, 8·2^60] = [0, 2^63], beyond 64 bits: refused, naming the inner
+    aggregate and k·m, before any data is read.
+    """
+    from dpgate.representable import check_representable
+
+    for (k, m), fits in (((1, 1), True), ((4, 2), False)):
+        folder = _write(tmp_path / f"k{k}m{m}", [], k, m)
+        text = (folder / "visits.toml").read_text()
+        (folder / "visits.toml").write_text(text + f"wide = {{ type = \"int\", lower = 0, upper = {2**61 // m} }}\n")
+        p = load_policies(folder)["visits"]
+        sql = "SELECT COUNT(*) FROM (SELECT member, SUM(wide) AS s, AVG(wide) AS a FROM visits GROUP BY member) u WHERE a > 5"
+        plan = parse_query(sql, p)
+        full = policy_for(plan.table, p)
+        assert full.table(plan.table).column("a").fixed_point_bounds[1] <= 2**62
+        if fits:
+            check_representable(plan, full)
+            continue
+        with pytest.raises(UnsupportedQuery) as e:
+            check_representable(plan, full)
+        assert "per-unit column 's' = SUM(wide)" in e.value.message and "4 × 2 = 8" in e.value.message
+        assert "64-bit" in e.value.message and e.value.details["inner_bound"] == 8 and e.value.details["charged"] is False

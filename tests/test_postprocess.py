@@ -113,26 +113,30 @@ def test_avg_clamp_and_denominator_floor(policy, s, c, expected):
 
 
 def test_avg_interval_is_interval_arithmetic(policy):
+    # Each part's interval at 97.5 % (0.05/2 each: the box covers both with probability ≥ 95 %
+    # by the union bound). σ_S = 4.5 → 97.5 % half-width 10 (95 %: 9); σ_C = 1 → 2 (both levels):
     # S = 500 ± 10, C = 10 ± 2: S/C ranges over {490/8, 490/12, 510/8, 510/12} →
     # [40.83, 63.75]; AVG = 50 → half-width max(63.75 − 50, 50 − 40.83) = 13.75.
     plan = parse_query("SELECT AVG(age) FROM prompts", policy)
-    hw = {pid(plan, "sum", "age"): 10.0, pid(plan, "count_column", "age"): 2.0}
+    s_id, c_id = pid(plan, "sum", "age"), pid(plan, "count_column", "age")
     t = finalize(plan, policy, {}, {p.id: np.array([500 if p.kind == "sum" else 10]) for p in plan.primitives},
-                 {p: 3.0 for p in hw}, hw, mechanism="discrete_gaussian")
+                 {s_id: 4.5, c_id: 1.0}, {s_id: 9.0, c_id: 2.0}, mechanism="discrete_gaussian")
     acc = t.accuracy["avg_age"]
     assert acc["approximate"] is True
+    assert acc["coverage"] == 0.95 and acc["part_coverage"] == 0.975
     assert acc["ci95"] == pytest.approx(13.75) and acc["ci95_rows"] == [pytest.approx(13.75)]
-    assert acc["inputs"]["sum"] == {"mechanism": "discrete_gaussian", "sigma": 3.0, "ci95": 10.0,
+    assert acc["inputs"]["sum"] == {"mechanism": "discrete_gaussian", "sigma": 4.5, "ci95": 9.0,
                                     "approximate": False}
     assert acc["inputs"]["count"]["ci95"] == 2.0
 
 
 def test_avg_interval_is_capped_by_the_bounds(policy):
-    # C = 1 ± 5: the count may be ≤ 1, so the ratio can reach both bounds → whole range.
+    # σ = 2.2 → 97.5 % half-width 5 (95 %: 4). C = 1 ± 5: the count may be ≤ 1, so the ratio
+    # can reach both bounds → whole range.
     plan = parse_query("SELECT AVG(age) FROM prompts", policy)
-    hw = {p.id: 5.0 for p in plan.primitives}
     t = finalize(plan, policy, {}, {p.id: np.array([30 if p.kind == "sum" else 1]) for p in plan.primitives},
-                 hw, hw, mechanism="discrete_gaussian")
+                 {p.id: 2.2 for p in plan.primitives}, {p.id: 4.0 for p in plan.primitives},
+                 mechanism="discrete_gaussian")
     # AVG = 30; S/C ∈ [25/6, 35] → interval [4.17, 35]; half-width 30 − 4.17 = 25.83.
     assert t.rows == [[30.0]]
     assert t.accuracy["avg_age"]["ci95"] == pytest.approx(30 - 25 / 6)
@@ -173,17 +177,20 @@ def test_var_with_negative_lower_bound(policy):
 
 
 def test_var_interval_hand_value(policy):
-    # Q = 26000 ± 0, S = 500 ± 0, C = 10 ± 0: no noise → interval of width 0.
+    # Q = 26000 ± 0, S = 500 ± 0, C = 10 ± 0: no noise (scales 0) → interval of width 0.
     plan = parse_query("SELECT VAR_POP(age), STDDEV_POP(age) FROM prompts", policy)
     vals = {"sum_squares": 26_000, "sum": 500, "count_column": 10}
     noisy = {p.id: np.array([vals[p.kind]]) for p in plan.primitives}
     zero = {p.id: 0.0 for p in plan.primitives}
-    t = finalize(plan, policy, {}, noisy, {p: 1.0 for p in zero}, zero, mechanism="discrete_gaussian")
+    t = finalize(plan, policy, {}, noisy, zero, zero, mechanism="discrete_gaussian")
     assert t.accuracy["var_pop_age"]["ci95"] == pytest.approx(0.0, abs=1e-9)
-    # With C ± 1: E[x] ∈ [500/11, 500/9] = [45.45, 55.56], E[x²] ∈ [2363.6, 2888.9];
+    # With C ± 1 (σ_C = 0.5: its 98.33 % half-width, 0.05/3 per part, is 1):
+    # E[x] ∈ [500/11, 500/9] = [45.45, 55.56], E[x²] ∈ [2363.6, 2888.9];
     # var ∈ [2363.6 − 55.56², 2888.9 − 45.45²] = [−723.0 → 0, 822.3]; half-width from 100: 722.3.
-    hw = dict(zero) | {pid(plan, "count_column", "age"): 1.0}
-    t = finalize(plan, policy, {}, noisy, {p: 1.0 for p in zero}, hw, mechanism="discrete_gaussian")
+    c_id = pid(plan, "count_column", "age")
+    t = finalize(plan, policy, {}, noisy, dict(zero) | {c_id: 0.5}, dict(zero) | {c_id: 1.0},
+                 mechanism="discrete_gaussian")
+    assert t.accuracy["var_pop_age"]["part_coverage"] == pytest.approx(1 - 0.05 / 3)
     expected = 26_000 / 9 - (500 / 11) ** 2 - 100
     assert t.accuracy["var_pop_age"]["ci95"] == pytest.approx(expected)
     # STDDEV: √822.3 − 10 = 18.68 vs 10 − 0 = 10 → 18.68.

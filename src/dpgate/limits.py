@@ -10,7 +10,11 @@ and the plan only, so that no admitted query can overflow anywhere on any data:
   :data:`MIN_RESOLUTION` ≤ ``resolution`` ≤ :data:`MAX_RESOLUTION`; the bounds are exact
   multiples of the resolution; ``|bound| / resolution`` ≤ :data:`MAX_STEPS` and one unit's
   per-group sum ``m·max(|lo|, |hi|)`` ≤ :data:`MAX_STEPS` (fixed-point units).
-* **Before the charge** (:func:`dpgate.service.check_representable`): every primitive's
+* **Before the charge** (:func:`dpgate.representable.check_representable`): every column of
+  the table a plan reads satisfies :func:`range_problem` — declared columns do by the load
+  above, columns the planner *derives* (a per-unit subquery's aggregates, whose range
+  ``k·m·[lo, hi]`` of an inner SUM grows with k·m; :mod:`dpgate.sql.per_unit`) are checked
+  here, so an inner ``CAST(SUM(x) AS BIGINT)`` can never overflow; every primitive's
   per-group bound ``linf`` (:func:`dpgate.sensitivity.primitive_linf`) is ≤ :data:`MAX_STEPS`
   (this covers the sum of squares, ``m·max(lo², hi²)``, of VAR/STDDEV); every noise scale is
   ≤ :data:`MAX_SCALE` (:func:`dpgate.mechanisms.calibrate`).
@@ -30,6 +34,9 @@ Why each number:
   and even then the outcome is a function of the noisy value (post-processing), not of the data.
   The clamp is a contraction (below), so it does not raise the sensitivity.
 * ``MAX_SCALE = 2^52``: the noise itself stays far inside i64 (see above).
+* ``MAX_INT = 2^63 − 1``: an int column's values are BIGINTs (the load casts them, a derived
+  per-unit aggregate is cast to BIGINT); its range must lie inside, or the cast of a value in
+  range would fail on some data.
 * ``MAX_ABS_BOUND = 1e100``, resolution in ``[1e-100, 1e100]``: post-processing multiplies a
   noisy integer (|N| < 2^63) by the resolution or its square and divides by noisy counts; AVG,
   VAR and STDDEV square the bounds. With these limits every such double is finite:
@@ -50,10 +57,12 @@ from __future__ import annotations
 __all__ = [
     "MAX_ABS_AGGREGATE",
     "MAX_ABS_BOUND",
+    "MAX_INT",
     "MAX_RESOLUTION",
     "MAX_SCALE",
     "MAX_STEPS",
     "MIN_RESOLUTION",
+    "range_problem",
 ]
 
 #: Largest |value| of an exact per-group aggregate given to the noise (integer units);
@@ -69,3 +78,28 @@ MAX_ABS_BOUND: float = 1e100
 #: Smallest and largest ``resolution`` of a numeric column (column units).
 MIN_RESOLUTION: float = 1e-100
 MAX_RESOLUTION: float = 1e100
+#: Largest |value| of an int column's range: its values are BIGINTs.
+MAX_INT: int = 2**63 - 1
+
+
+def range_problem(ctype: str, lower, upper, steps: int) -> str | None:
+    """Why a numeric column's range ``[lower, upper]`` breaks these limits, or None.
+
+    Args:
+        ctype: ``"int"`` or ``"float"``.
+        lower, upper: the range in column units (exact ints, or doubles).
+        steps: ``max(|lower|, |upper|) / resolution`` (exact, fixed-point steps).
+
+    Returns:
+        None when ``|lower|, |upper| ≤`` :data:`MAX_ABS_BOUND`, ``steps ≤`` :data:`MAX_STEPS`
+        and, for an int column, ``|lower|, |upper| ≤`` :data:`MAX_INT`; else a short reason
+        (``"more than 2^62 resolution steps"``, …) for a message.
+    """
+    magnitude = max(abs(lower), abs(upper))
+    if ctype == "int" and magnitude > MAX_INT:
+        return "beyond the 64-bit integers (2^63 − 1) its values are computed in"
+    if magnitude > MAX_ABS_BOUND:
+        return f"beyond {MAX_ABS_BOUND:g} in magnitude"
+    if steps > MAX_STEPS:
+        return "over more than 2^62 steps of its resolution"
+    return None

@@ -62,6 +62,7 @@ from dpgate.errors import DpgateError, ExecutionError, InvalidBudget, MechanismE
 from dpgate.mechanisms import select_top_k, top_k_rho
 from dpgate.policy import DatasetPolicy
 from dpgate.releases import CacheKeys, Release, new_release_id, now
+from dpgate.representable import check_representable
 from dpgate.sensitivity import primitive_linf
 from dpgate.sql.bound import bounded_sql, bounded_sql_template
 from dpgate.sql.plan import KeyOutput
@@ -162,12 +163,14 @@ def calibrate_selection(sel: SelectionQuery, policy: DatasetPolicy,
         k·ε₁²/8 (relative 1e-9) and at most the requested ρ (the scale is widened by a few
         ulps when OpenDP's upward rounding would exceed it).
     Raises:
-        UnsupportedQuery: the utility is a constant (Δu = 0: nothing to select privately).
+        UnsupportedQuery: the utility is a constant (Δu = 0: nothing to select privately), or
+            some data could make the bounded query overflow (:func:`check_representable`).
         InvalidBudget: the budget is too small for a finite scale.
         MechanismError: OpenDP's map disagrees with the formula.
     """
     plan = sel.plan
     table = policy.table(plan.table)
+    check_representable(plan, policy)  # no overflow on any data (dpgate.limits), before the charge
     delta_u = int(primitive_linf(sel.utility, policy, plan.table, plan))
     if delta_u <= 0:
         raise UnsupportedQuery("the selection's utility is constant (its bounds are [0, 0]): no key is "

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar, Mapping
 
 import numpy as np
-from dpgate import accounting, limits, partition_selection
+from dpgate import accounting, partition_selection
 from dpgate.engines import EngineOptions, EngineSet
 from dpgate.errors import (
     BudgetExhausted,
@@ -60,6 +60,7 @@ from dpgate.postprocess import check_postprocess_expression, finalize, output_un
 from dpgate.postprocess.expected import expected_accuracy
 from dpgate.postprocess.calibration import CellTarget, ci95_rules, scales_for_ci95
 from dpgate.postprocess.ranges import value_ranges
+from dpgate.representable import check_representable
 from dpgate.releases import (
     CacheKeys,
     NoisyPrimitives,
@@ -70,7 +71,7 @@ from dpgate.releases import (
     now,
     open_release_store,
 )
-from dpgate.sensitivity import primitive_linf, sensitivities
+from dpgate.sensitivity import sensitivities
 from dpgate.settings import Settings
 from dpgate.sql import partition_selection as selection_plan
 from dpgate.sql.bound import bounded_sql, bounded_sql_template
@@ -1493,37 +1494,6 @@ def check_population_moves(ledger: Ledger, policies: Mapping[str, DatasetPolicy]
                 f"moving dataset {name!r} from population {old[0]!r} (where it has charges) to the new population "
                 f"{policy.population!r} (if the dataset now holds different people, give it a new dataset name)",
                 cohort_column=ledger.cohort_column(old[0]) if hasattr(ledger, "cohort_column") else None)
-
-
-def check_representable(plan: QueryPlan, policy: DatasetPolicy) -> None:
-    """Refuse, before the charge, a query that some data could make overflow (issue 9 item 1).
-
-    Reads only the plan and the policy. Every primitive's per-unit, per-group bound
-    (:func:`dpgate.sensitivity.primitive_linf`, integer units) must be at most 2^62
-    (:data:`dpgate.limits.MAX_STEPS`): then no partial, group sum or rescaling in the
-    bounded query can leave DuckDB's 128-bit integers on any data (the argument is in
-    :mod:`dpgate.limits`). The policy loader enforces it for sums (m·max|bound|/resolution);
-    what remains is the sum of squares of VAR/STDDEV, m·max(lower², upper²)/resolution².
-
-    Raises:
-        UnsupportedQuery: naming the aggregate, its bound and what to change.
-    """
-    table = policy.table(plan.table)
-    for p in plan.primitives:
-        if p.kind == "quantile":  # a candidate index; nothing is summed (dpgate.quantiles)
-            continue
-        linf = primitive_linf(p, policy, plan.table, plan)
-        if linf > limits.MAX_STEPS:
-            what = ("its sum of squares (VAR/STDDEV), m·max(lower², upper²)/resolution²"
-                    if p.kind == "sum_squares" else f"its {p.kind.replace('_', ' ')}")
-            raise UnsupportedQuery(
-                f"one unit may add up to {linf:.3g} to {what} of column {p.column!r} per group, "
-                "more than 2^62: the exact aggregate could overflow on some data; coarsen the "
-                f"column's resolution, tighten its bounds or lower max_rows_per_unit "
-                f"(now {table.max_rows_per_unit})",
-                {"column": p.column, "primitive": p.kind, "bound": str(linf),
-                 "max": str(limits.MAX_STEPS)},
-            )
 
 
 def _cell_targets(policy: DatasetPolicy, plan: QueryPlan) -> list[CellTarget]:

@@ -26,9 +26,11 @@ primitives, [CKS20]), a derived cell gets:
   √(Σ a_p² Var(Z_p)) with Var = 2q/(1 − q)², q = e^{−1/b} (exact, [GRS12]).
 * **anything else** (products and ratios of noisy cells, POWER, SQRT, ROUND, …
   and any expression over AVG/VAR/STDDEV): interval arithmetic over the parts'
-  95 % intervals (each linear cell v ± t, each AVG/VAR/STDDEV cell its own
-  interval); if all k primitives involved lie in their intervals (probability
-  ≥ 1 − 0.05·k, union bound) the true value of the expression lies in the
+  intervals (each linear cell v ± t, each AVG/VAR/STDDEV cell its own ≥ 95 %
+  interval, built from its parts at 1 − 0.05/k' each: :func:`ratio_part_alpha`);
+  if all k primitives involved lie in their intervals (probability
+  ≥ 1 − 0.05·k, union bound: each primitive misses with probability ≤ 0.05) the
+  true value of the expression lies in the
   computed range, so ``coverage`` = 1 − 0.05·k is stated, ``approximate: true``,
   ``method: "interval"``; ``ci95`` is the largest distance from the released
   value to an end of the range. It covers the noise only, not clamping bias.
@@ -66,6 +68,20 @@ from dpgate.postprocess.expressions import (
 
 _Z975 = statistics.NormalDist().inv_cdf(0.975)
 
+#: Miss probability of every reported interval (``ci95``): 5 %.
+MISS = 0.05
+
+
+def ratio_part_alpha(parts: int) -> float:
+    """Miss probability of each part's interval in the box of an AVG (2 parts: sum, count) or
+    VAR_POP/STDDEV_POP (3 parts: sum of squares, sum, count) cell: ``0.05 / parts``.
+
+    By the union (Bonferroni) bound all parts then lie in their intervals with probability
+    ≥ 1 − parts·(0.05/parts) = 95 %, and whenever they do the true ratio lies in the box: the
+    cell's ``ci95`` is a 95 % interval as labelled (97.5 % per part for AVG, 98.33 % for VAR).
+    """
+    return MISS / parts
+
 #: Largest number of primitives an interval-arithmetic accuracy may depend on (coverage 1 − 0.05·k > 0).
 MAX_INTERVAL_PARTS = 19
 
@@ -100,6 +116,8 @@ class PrimitiveNoise:
 
         if alpha == 0.05:
             return self.ci95
+        if self.scale == 0:  # an exact primitive (sensitivity 0): no noise at any level
+            return 0.0
         return self.unit * ci_halfwidth(self.mechanism, self.scale / self.unit, alpha)
 
     def variance(self) -> float:

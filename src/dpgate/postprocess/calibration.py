@@ -11,7 +11,9 @@ each aggregate cell's reported ``ci95`` is at most ``w``, at the least privacy c
   an assumption of the analyst, never read from the data). With output-unit half-widths
   h_S, h_C of the parts, the release reports the interval arithmetic of
   (S ± h_S)/(C ± h_C) clipped to [L, U]; at C = n and any value in [L, U] its half-width is
-  at most (h_S + M·h_C)/(n − h_C) with M = max(|L|, |U|) (the far corner
+  at most (h_S + M·h_C)/(n − h_C) with M = max(|L|, |U|), h_S and h_C the parts'
+  half-widths at 97.5 % each (the release builds its 95 % box from them,
+  :func:`dpgate.postprocess.accuracy.ratio_part_alpha`; 98.33 % for VAR/STDDEV's three parts) (the far corner
   (S + h_S)/(n − h_C) − S/n = (h_S·n + S·h_C)/(n(n − h_C)), and |S/n| ≤ M; clipping only
   narrows it). The scales are chosen so that this bound is ≤ ``w``: the reported ``ci95``
   is ≤ ``w`` when the noisy count is n, wider for smaller counts, narrower for larger ones.
@@ -123,7 +125,8 @@ def scales_for_ci95(
         InvalidBudget: a ratio target without ``expected_count``; a non-finite or
             non-positive half-width or count; a ratio target without bounds.
     """
-    from dpgate.mechanisms import ci95_halfwidth, mechanism_name, sigma_for_ci95
+    from dpgate.mechanisms import ci95_halfwidth, ci_halfwidth, mechanism_name, sigma_for_ci95
+    from dpgate.postprocess.accuracy import ratio_part_alpha
 
     mech = mechanism_name(mechanism)
     w = float(halfwidth)
@@ -146,9 +149,14 @@ def scales_for_ci95(
             raise InvalidBudget("expected_count must be a finite number > 1", {"field": "expected_count"})
     gaussian = mech == "discrete_gaussian"
 
-    def h(pid: str, scale: float) -> float:
+    def h95(pid: str, scale: float) -> float:
         """Output-unit 95 % half-width of primitive ``pid`` at integer-unit ``scale``."""
         return units[pid] * ci95_halfwidth(mech, scale)
+
+    def part_h(k: int) -> Callable[[str, float], float]:
+        """Half-width of one of a ratio cell's k parts, at 1 − 0.05/k as the release reports it."""
+        alpha = ratio_part_alpha(k)
+        return lambda pid, scale: 0.0 if scale == 0 else units[pid] * ci_halfwidth(mech, scale, alpha)
 
     scales: dict[str, float] = {}
     predicted: dict[str, float] = {}
@@ -186,12 +194,14 @@ def scales_for_ci95(
 
             limit = w if t.function == "var_pop" else w * w
         rules[t.name] = _rule(t.function, w, n)
-        found = _solve(t.primitives, weights, bound, limit, sensitivities, units, gaussian, h)
+        found = _solve(t.primitives, weights, bound, limit, sensitivities, units, gaussian,
+                       part_h(len(t.primitives)))
         for pid, s in found.items():
             wanted.setdefault(pid, []).append(s)
     for pid, options in wanted.items():
         scales[pid] = min(options)
     for t in targets:
+        h = h95 if t.function in _COUNTS or t.function == "sum" else part_h(len(t.primitives))
         hs = {pid: h(pid, scales[pid]) for pid in t.primitives}
         if t.function in _COUNTS or t.function == "sum":
             predicted[t.name] = hs[t.primitives[0]]

@@ -20,8 +20,13 @@
    (half-width of a 95 % interval for the noise). For counts and sums the
    interval is the mechanism's exact one (``approximate: false``). For AVG,
    VAR_POP and STDDEV_POP ``ci95`` is conservative interval arithmetic over the
-   parts' 95 % intervals (each part in its interval ⇒ the derived value in the
-   computed range; joint coverage ≥ 1 − Σ 5 % by the union bound), reported per
+   parts' intervals, each at 1 − 0.05/k for k parts (97.5 % for AVG's sum and
+   count, 98.33 % for VAR's three parts; ``part_coverage``), so that all parts lie
+   in their intervals with probability ≥ 95 % by the union bound and the derived
+   value then lies in the computed range (``coverage: 0.95``, as labelled). The
+   range is restricted to the values the aggregate can take ([lower, upper] for
+   AVG, [0, (upper − lower)²/4] for VAR); where the parts' box misses that range
+   (thin groups), the whole range is reported, never a point. Reported per
    row in ``ci95_rows`` and as the column's maximum in ``ci95``, flagged
    ``approximate: true``; it covers the noise only, not the clamping bias.
 4. **Suppression** (optional): a cell whose 95 % half-width exceeds
@@ -62,7 +67,13 @@ from sqlglot import exp
 
 from dpgate.errors import Internal
 from dpgate.policy import DatasetPolicy, TablePolicy
-from dpgate.postprocess.accuracy import CellNoise, PrimitiveNoise, _accuracy_entry, propagate_accuracy
+from dpgate.postprocess.accuracy import (
+    CellNoise,
+    PrimitiveNoise,
+    _accuracy_entry,
+    propagate_accuracy,
+    ratio_part_alpha,
+)
 from dpgate.postprocess.expressions import (
     ExpressionError,
     Vector,
@@ -227,20 +238,22 @@ def aggregate_cell(function: str, parts: Sequence[tuple[str, np.ndarray]], primi
     names = tuple("count" if k == "count_column" else k for k in FUNCTION_PRIMITIVES[function])
     inputs = {name: direct(pid) for name, pid in zip(names, ids)}
     k = len(ids)
+    # Each part's interval at 1 − 0.05/k, so that the box covers all k parts with probability
+    # ≥ 95 % (union bound): the cell's ci95 is a 95 % interval, as labelled.
+    alpha = ratio_part_alpha(k)
     acc = {"mechanism": inputs["count"]["mechanism"], "approximate": True, "method": "interval",
-           "coverage": round(1.0 - 0.05 * k, 10), "inputs": inputs}
+           "coverage": 0.95, "part_coverage": round(1.0 - alpha, 10), "inputs": inputs}
     if function == "avg":
         (s_id, s), (c_id, c) = ((pid, np.asarray(x, dtype=np.float64)) for pid, x in parts)
-        hs, hc = primitives[s_id].ci95, primitives[c_id].ci95
+        hs, hc = primitives[s_id].halfwidth(alpha), primitives[c_id].halfwidth(alpha)
         value = np.clip(s / np.maximum(c, 1.0), lower, upper)
-        lo, hi = _ratio_box(s, hs, c, hc)
-        lo, hi = np.clip(lo, lower, upper), np.clip(hi, lower, upper)
+        lo, hi = _within(*_ratio_box(s, hs, c, hc), lower, upper)
         return ReleasedCell(Vector.of(value), CellNoise.of_interval(lo, hi, ids), acc,
                             np.maximum(hi - value, value - lo))
     if function not in ("var_pop", "stddev_pop"):
         raise Internal(f"unknown aggregate function {function!r}")
     (q_id, q), (s_id, s), (c_id, c) = ((pid, np.asarray(x, dtype=np.float64)) for pid, x in parts)
-    hq, hs, hc = primitives[q_id].ci95, primitives[s_id].ci95, primitives[c_id].ci95
+    hq, hs, hc = (primitives[pid].halfwidth(alpha) for pid in (q_id, s_id, c_id))
     bound_lo, bound_hi = _square_range(np.array([lower]), np.array([upper]))
     sq_min, sq_max = float(bound_lo[0]), float(bound_hi[0])
     var_max = (upper - lower) ** 2 / 4.0
@@ -248,11 +261,10 @@ def aggregate_cell(function: str, parts: Sequence[tuple[str, np.ndarray]], primi
     m1 = np.clip(s / denom, lower, upper)
     m2 = np.clip(q / denom, sq_min, sq_max)
     var = np.clip(m2 - m1 * m1, 0.0, var_max)
-    m1_lo, m1_hi = (np.clip(x, lower, upper) for x in _ratio_box(s, hs, c, hc))
-    m2_lo, m2_hi = (np.clip(x, sq_min, sq_max) for x in _ratio_box(q, hq, c, hc))
+    m1_lo, m1_hi = _within(*_ratio_box(s, hs, c, hc), lower, upper)
+    m2_lo, m2_hi = _within(*_ratio_box(q, hq, c, hc), sq_min, sq_max)
     m1sq_lo, m1sq_hi = _square_range(m1_lo, m1_hi)
-    var_lo = np.clip(m2_lo - m1sq_hi, 0.0, var_max)
-    var_hi = np.clip(m2_hi - m1sq_lo, 0.0, var_max)
+    var_lo, var_hi = _within(m2_lo - m1sq_hi, m2_hi - m1sq_lo, 0.0, var_max)
     if function == "var_pop":
         return ReleasedCell(Vector.of(var), CellNoise.of_interval(var_lo, var_hi, ids), acc,
                             np.maximum(var_hi - var, var - var_lo))
@@ -488,6 +500,22 @@ def _ratio_box(s: np.ndarray, hs: float, c: np.ndarray, hc: float) -> tuple[np.n
     y_lo, y_hi = np.maximum(c - hc, 1.0), np.maximum(c + hc, 1.0)
     corners = np.stack([(s - hs) / y_lo, (s - hs) / y_hi, (s + hs) / y_lo, (s + hs) / y_hi])
     return corners.min(axis=0), corners.max(axis=0)
+
+
+def _within(lo: np.ndarray, hi: np.ndarray, a: float, b: float) -> tuple[np.ndarray, np.ndarray]:
+    """The interval ``[lo, hi]`` (per row) restricted to the range ``[a, b]`` of the true value.
+
+    Where ``[lo, hi]`` meets ``[a, b]`` in more than a point, their intersection. Where it does
+    not (it lies wholly outside, or touches ``[a, b]`` only at an end while having a width of
+    its own), the parts' intervals have missed the truth — which always lies in ``[a, b]`` — and
+    clipping would collapse the interval to one point, reading as an exact value: the whole
+    range ``[a, b]`` is reported instead (issue 19 item 6). The coverage is unchanged: whenever
+    the parts lie in their intervals ``[lo, hi]`` holds the truth and the intersection does too;
+    otherwise ``[a, b]`` holds it.
+    """
+    clo, chi = np.clip(lo, a, b), np.clip(hi, a, b)
+    failed = (hi < a) | (lo > b) | ((chi <= clo) & (hi > lo))
+    return np.where(failed, a, clo), np.where(failed, b, chi)
 
 
 def _square_range(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

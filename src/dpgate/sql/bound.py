@@ -58,7 +58,7 @@ from sqlglot import exp
 
 from dpgate.policy import ColumnPolicy, DatasetPolicy, TablePolicy, quote_identifier as q
 from dpgate.sql.bind import bind_value
-from dpgate.sql.expr import value_sql
+from dpgate.sql.expr import total_sql, value_sql
 from dpgate.sql import partition_selection as selection
 from dpgate.sql.plan import QueryPlan
 
@@ -165,7 +165,15 @@ def _fixed_point(col: ColumnPolicy, ref: str) -> str:
     res = col.resolution
     if col.type == "int" and res == 1:
         return f"CASE WHEN {ref} IS NOT NULL THEN LEAST(GREATEST({ref}, {lo}), {hi}) END"
-    scaled = ref if res == 1 else f"{ref} / {_number(res)}"
+    # Clamp to [lower, upper] before dividing by the resolution: v / resolution of a huge v
+    # (1e308 / 1e-5) is +inf in DuckDB but an error in PostgreSQL (an outcome that would
+    # depend on the data, after the charge); the clamped quotient is at most 2**62 steps.
+    if res == 1:
+        scaled = ref
+    else:
+        ctype = "int" if col.type == "int" else "float"
+        clamped = f"LEAST(GREATEST({ref}, {_literal(col.lower, ctype)}), {_literal(col.upper, ctype)})"
+        scaled = f"{clamped} / {_number(res)}"
     # Clamp in DOUBLE (so the cast cannot overflow: |bounds| ≤ 2**62); bounds up to 2**53
     # are exact doubles, larger ones are clamped again exactly in BIGINT.
     value = (
@@ -226,14 +234,7 @@ def _key_expression(plan: QueryPlan, name: str) -> str | None:
     key = plan.computed_key(name)
     if key is None:
         return None
-    tree = sqlglot.parse_one(key.expression, read="duckdb")
-
-    def qualify(node: exp.Expression) -> exp.Expression:
-        if isinstance(node, exp.Column):
-            return exp.column(node.name, table=_SRC, quoted=True)
-        return node
-
-    return f"TRY({tree.transform(qualify).sql(dialect='duckdb')})"
+    return row_sql(key.expression)
 
 
 def _key_relation(col: ColumnPolicy, i: int) -> str:
@@ -298,18 +299,21 @@ def _hash_key(col: ColumnPolicy, ref: str) -> str:
 def _where(plan: QueryPlan) -> str | None:
     if plan.where is None:
         return None
-    tree = sqlglot.parse_one(plan.where, read="duckdb")
+    # TRY(…) around the whole predicate (the totality rule, dpgate.sql.expr.total_sql): a row
+    # whose predicate would raise at run time (an overflow in ROUND, say) is filtered out
+    # instead of failing the query, so whether a query succeeds never depends on the data
+    # (an error would be a release without noise).
+    return row_sql(plan.where)
 
-    def qualify(node: exp.Expression) -> exp.Expression:
-        if isinstance(node, exp.Column):
-            return exp.column(node.name, table=_SRC, quoted=True)
-        return node
 
-    # TRY(…) around the whole predicate: a row whose predicate would raise at run time
-    # (an overflow in ROUND, say) is filtered out instead of failing the query, so
-    # whether a query succeeds never depends on the data (an error would be a release
-    # without noise).
-    return f"TRY({tree.transform(qualify).sql(dialect='duckdb')})"
+def row_sql(canonical: str, qualifier: str | None = _SRC) -> str:
+    """A canonical row predicate or expression (DuckDB text over declared column names),
+    rendered total by :func:`dpgate.sql.expr.total_sql`: its columns read as
+    ``"<qualifier>"."<column>"`` (unqualified when ``qualifier`` is None), the whole in ``TRY(…)``.
+    """
+    tree = sqlglot.parse_one(canonical, read="duckdb")
+    ref = lambda name: exp.column(name, table=qualifier, quoted=True)  # noqa: E731
+    return total_sql(tree, ref).sql(dialect="duckdb")
 
 
 def _derived_value(expression: str, table: TablePolicy) -> str:

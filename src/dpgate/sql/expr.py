@@ -317,8 +317,29 @@ def value_sql(e: Expr, ref: Callable[[str], exp.Expression]) -> exp.Expression:
     raise ValueError(f"{e.text()} is not a bounded numeric expression")  # pragma: no cover
 
 
-def condition_sql(e: Expr, ref: Callable[[str], exp.Expression]) -> exp.Expression:
-    """A boolean condition over raw columns, arithmetic guarded, wrapped in ``TRY``."""
+def total_sql(tree: exp.Expression, ref: Callable[[str], exp.Expression]) -> exp.Expression:
+    """The **totality rule**: the executable form of a per-row expression over raw columns
+    that can never raise, whatever the data.
+
+    Every column node is replaced by ``ref(name)`` (on a copy), every non-constant
+    ``+ - *``, unary minus and ABS is wrapped in ``TRY`` (:func:`dpgate.sql.bind.guard_arithmetic`;
+    idempotent, so an already canonical predicate is unchanged) and the whole expression in
+    ``TRY(…)``: a row on which any part would raise (an overflow in ``ROUND(pages, -1)``, a
+    failing cast) gets NULL — filtered out by a WHERE, the NULL group of a key — instead of
+    failing the bounded query after the charge, an outcome that would depend on the data.
+    Engines without ``TRY`` rewrite each ``TRY`` node into total operations
+    (:class:`dpgate.engines.base.PredicateRewriter`) or refuse before the charge.
+
+    Every place that renders a row predicate or a row expression over raw columns goes
+    through this function: the outer WHERE (:mod:`dpgate.sql.bound`, shared by the quantile
+    histogram, partition selection, top-k selection and the exact SQL of public tables), the
+    inner WHERE of a per-unit subquery (:mod:`dpgate.sql.per_unit`), computed group keys and
+    the conditions inside aggregated expressions (:func:`condition_sql`).
+
+    Args:
+        tree: a canonical sqlglot expression (declared column names); not modified.
+        ref: declared column name → the sqlglot expression reading it.
+    """
     from dpgate.sql.bind import guard_arithmetic
 
     def swap(node: exp.Expression) -> exp.Expression:
@@ -326,8 +347,12 @@ def condition_sql(e: Expr, ref: Callable[[str], exp.Expression]) -> exp.Expressi
             return ref(node.name)
         return node
 
-    tree = guard_arithmetic(e.sql().transform(swap, copy=False))
-    return exp.Try(this=tree)
+    return exp.Try(this=guard_arithmetic(tree.transform(swap)))
+
+
+def condition_sql(e: Expr, ref: Callable[[str], exp.Expression]) -> exp.Expression:
+    """A boolean condition over raw columns, made total by :func:`total_sql`."""
+    return total_sql(e.node, ref)
 
 
 def _num(v: Fraction, type_: str) -> exp.Expression:

@@ -86,7 +86,7 @@ from dpgate.sql.keys import KeyDomain, canonical_date_key, derive_key_domain, wi
 from dpgate.sql.joins import JOIN_MARK, rewrite_joins
 from dpgate.sql.narrow import narrow_keys
 from dpgate.sql.quantile import QUANTILE_FUNCTIONS, is_quantile_call, quantile_call, quantile_name, quantile_sql
-from dpgate.sql.rules import MAX_NESTING, apply_statement_rules, inline_ctes, nesting_refusal
+from dpgate.sql.rules import MAX_NESTING, apply_statement_rules, inline_ctes, parser_nesting_refusal
 from dpgate.sql.per_unit import rewrite_per_unit
 from dpgate.sql.bind import (
     AGGREGATES,
@@ -286,7 +286,7 @@ def parse_statement(sql: str, dialect: str | None = None) -> exp.Select:
     except (TokenError, SqlglotError) as exc:
         raise InvalidSql(f"the SQL does not parse: {str(exc).splitlines()[0][:200]}") from None
     except RecursionError:  # sqlglot's parser recursed past Python's limit
-        raise nesting_refusal("expressions", MAX_NESTING) from None
+        raise parser_nesting_refusal(sql, check_dialect(dialect)) from None
     if not statements:
         raise InvalidSql("no SQL statement was given")
     if len(statements) > 1:
@@ -1190,8 +1190,12 @@ def parse_query(sql: str, policy: DatasetPolicy, *, dialect: str | None = None) 
             stmt = apply_statement_rules(stmt)
             stmt, policy = rewrite_joins(stmt, policy)  # joins hook (dpgate.sql.joins): one joined table
             return _plan(stmt, policy)
-        except RecursionError:
-            raise nesting_refusal("expressions", MAX_NESTING) from None
+        except RecursionError:  # within the nesting limits: only from a caller already very deep
+            raise UnsupportedQuery(
+                "the query is nested too deeply to be planned from this caller (Python's recursion "
+                f"limit); every query with at most {MAX_NESTING} levels of expressions is planned from "
+                "a caller up to 300 frames deep", {"reason": "nesting", "kind": "recursion",
+                                                   "depth": None, "max": MAX_NESTING}) from None
     except DpgateError as e:
         raise nothing_charged(e)
     finally:

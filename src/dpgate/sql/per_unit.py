@@ -31,6 +31,14 @@ inner aggregate        derived range                              type
 ``MIN(x)``/``MAX(x)``  ``[lo, hi]``                               x's type
 =====================  =========================================  ========
 
+A derived range must satisfy the limits of a declared column (:func:`dpgate.limits.range_problem`:
+at most 2^62 resolution steps, an int inside 64 bits, as each value is computed as a BIGINT):
+a ``SUM`` whose ``k·m·[lo, hi]`` does not is refused before the charge
+(:func:`dpgate.representable.check_representable`), never computed and dropped or failed on
+some data. An ``AVG`` of an int column gets the finer step ``resolution / 1000`` only while
+its bounds stay within 2^62 such steps. The inner WHERE is rendered total, by the rule of the
+outer WHERE (:func:`dpgate.sql.expr.total_sql`).
+
 (an aggregate of a column without declared bounds has no range: the outer query may use it
 only inside an expression the interval arithmetic of :mod:`dpgate.sql.expr` bounds, e.g.
 ``LEAST(GREATEST(s, 0), 100)``, or it is refused as any unbounded column is).
@@ -58,6 +66,7 @@ from types import MappingProxyType
 import sqlglot
 from sqlglot import exp
 
+from dpgate import limits
 from dpgate.errors import UnsupportedQuery
 from dpgate.policy import ColumnPolicy, DatasetPolicy, quote_identifier as q
 from dpgate.sql.joins import JoinedTable
@@ -133,7 +142,11 @@ def build_table(inner: exp.Select, policy: DatasetPolicy) -> PerUnitTable:
         UnknownTable, UnknownColumn: undeclared names.
     """
     from dpgate.sql.bind import plan_where
+    from dpgate.sql.bound import row_sql
     from dpgate.sql.parse import _Scope  # the planner's name resolution (imports flow parse → here)
+    from dpgate.sql.rules import check_nesting
+
+    check_nesting(inner)  # the outer statement's check no longer sees the inner query
 
     for key in sorted(k for k, v in inner.args.items() if v not in (None, False, [], "")
                       and k not in _INNER_ARGS):
@@ -217,8 +230,12 @@ def build_table(inner: exp.Select, policy: DatasetPolicy) -> PerUnitTable:
                         lo, hi = (int(lo), int(hi)) if col.type == "int" else (float(lo), float(hi))
                     derived = ColumnPolicy(label, col.type, lo, hi, col.resolution)
                 elif kind == "avg":
-                    # an average of ints is a float: finer fixed-point step for the outer SUM
-                    res = col.resolution / 1000 if col.type == "int" else col.resolution
+                    # an average of ints is a float: finer fixed-point step for the outer SUM,
+                    # unless the bounds would then span more than 2^62 steps (dpgate.limits)
+                    res = col.resolution
+                    if col.type == "int" and col.bounded and \
+                            1000 * max(map(abs, col.fixed_point_bounds)) <= limits.MAX_STEPS:
+                        res = col.resolution / 1000
                     derived = ColumnPolicy(label, "float", col.lower, col.upper, res)
                 else:
                     derived = ColumnPolicy(label, col.type, col.lower, col.upper, col.resolution)
@@ -230,7 +247,9 @@ def build_table(inner: exp.Select, policy: DatasetPolicy) -> PerUnitTable:
         raise _refuse("a per-unit subquery must compute at least one aggregate", inner)
     where_node = inner.args.get("where")
     where = plan_where(where_node.this if where_node is not None else None, scope)
-    conditions = [f"{q(unit)} IS NOT NULL"] + ([f"({where})"] if where else [])
+    # the inner WHERE obeys the outer WHERE's totality rule (sql.bound.row_sql): a row on which
+    # it would raise is filtered out, never an error after the charge
+    conditions = [f"{q(unit)} IS NOT NULL"] + ([f"({row_sql(where, None)})"] if where else [])
     row_hash = ", ".join([q(unit)] + [q(n) for n in table.columns])
     bounded_rows = (
         f"SELECT *, row_number() OVER (PARTITION BY {q(unit)} ORDER BY hash({row_hash})) AS {q('__dpg_rn')} "
