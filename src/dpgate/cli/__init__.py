@@ -25,7 +25,7 @@ from dpgate.jsonsafe import json_safe
 
 #: Sub-command modules, in help order. A module that is not present is skipped.
 COMMAND_MODULES = ("serve", "query", "explain", "budget", "caps", "ledger", "accounting", "keys", "demo",
-                   "datasets", "search")
+                   "datasets", "policy", "search")
 
 
 def add_common_options(parser: argparse.ArgumentParser) -> None:
