@@ -79,7 +79,8 @@ def test_selection_delta_adds_up_refuses_at_the_cap_and_survives_a_restart(url):
         d = info.value.details
         assert d["rule"] == "selection_delta" and d["scope"] == "consumer"
         assert d["selection"]["remaining"] == pytest.approx(5e-8)
-        assert "partition selection budget exhausted" in info.value.message
+        assert info.value.message.startswith("needs δ 6e-08 for partition selection; left for a: δ 5e-08 of 2e-07")
+        assert "partition selection budget exhausted" in d["explanation"]
         led.charge("p", "a", Cost.zcdp(0.001), purpose="select keys", selection_delta=5e-8)  # exactly fits
         led.charge("p", "b", Cost.zcdp(0.001), purpose="select keys", selection_delta=2e-7)
         with pytest.raises(BudgetExhausted) as info:  # the population's selection δ is spent

@@ -51,6 +51,7 @@ from dpgate.errors import (
 from dpgate.ledger import Ledger, open_ledger
 from dpgate.ledger.base import FINITE_ORDERS, PolicyDrift
 from dpgate.mechanisms import calibrate, ci95_halfwidth, mechanism_name, sample
+from dpgate.notices import first_notice
 from dpgate.policy import MECHANISMS, DatasetPolicy, load_policies
 from dpgate.postprocess import check_postprocess_expression, finalize, output_unit
 from dpgate.postprocess.calibration import CellTarget, ci95_rules, scales_for_ci95
@@ -212,6 +213,9 @@ class Gateway:
         salt_source: draws the secret that picks each unit's k groups (default: 63 bits
             from the OS CSPRNG; tests pass a constant to compare engines).
         fingerprint_key: the key of published data fingerprints (default: a per-process key).
+        notice: ``(kind, key, text) -> bool``, whether a warning is new (default: every warning
+            is); :meth:`open` passes :func:`dpgate.notices.first_notice` on the state folder, so a
+            policy-drift warning is logged once per change.
     """
 
     def __init__(
@@ -224,6 +228,7 @@ class Gateway:
         *,
         salt_source: Callable[[], int] | None = None,
         fingerprint_key: bytes | None = None,
+        notice: Callable[[str, str, str], bool] | None = None,
     ) -> None:
         self.policies = dict(policies)
         self.engine = engine
@@ -235,9 +240,13 @@ class Gateway:
         self.release_store = releases
         timeout = getattr(engine, "timeout_s", None)
         self.release_cache = ReleaseCache(releases, lease_s=(timeout or 30.0) + RELEASE_LEASE_MARGIN_S)
-        for drift in ensure_populations(ledger, self.policies).values():
-            if drift.message():
-                log.warning("%s", drift.message())
+        for population, drift in ensure_populations(ledger, self.policies).items():
+            text = drift.message()
+            # said once per change of the drift (`notice`: dpgate.notices.first_notice on the state
+            # folder), not on every start or command; the API and `dpgate budget --json` always report it
+            new = notice("policy_drift", population, text) if notice is not None else bool(text)
+            if text:
+                log.log(logging.WARNING if new else logging.DEBUG, "%s", text)
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -278,7 +287,9 @@ class Gateway:
             engine.close()
             raise
         versions = {name: None if v is None else _published_version(v, key) for name, v in versions.items()}
-        return cls(policies, engine, versions, ledger, store, fingerprint_key=key, salt_source=salt_source)
+        home = settings.home
+        return cls(policies, engine, versions, ledger, store, fingerprint_key=key, salt_source=salt_source,
+                   notice=lambda kind, k, text: first_notice(home, kind, k, text))
 
     @property
     def searches(self):
