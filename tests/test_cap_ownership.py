@@ -12,6 +12,7 @@ import logging
 import pytest
 from _api_server import LiveServer
 from _small_project import write_project
+from _oracles import ledger_epsilon as oracle_epsilon
 
 from dpgate import accounting
 from dpgate.api import create_app
@@ -122,7 +123,7 @@ def test_lowering_a_cap_below_the_spend_says_so(settings):
         assert out["spent"]["rho"] == pytest.approx(0.06)
         assert out["over_by"]["rho"] == pytest.approx(0.06 - out["new"]["rho_cap"])
         # ε at δ − selection_delta: the default reserve δ/2 for partition selection (issue 11)
-        eps_spent = accounting.zcdp_epsilon_tight(0.06, DELTA / 2)
+        eps_spent = oracle_epsilon(0.06, DELTA / 2)  # the ledger's one conversion (dp-accounting)
         assert out["over_by"]["epsilon"] == pytest.approx(eps_spent - 0.1)
         assert "below what was already spent" in out["message"]
         up = gw.set_cap("shoppers", epsilon=4.0, delta=DELTA, actor="root", reason="restored")

@@ -49,7 +49,7 @@ from dpgate.errors import (
     UnsupportedQuery,
 )
 from dpgate.ledger import Ledger, open_ledger
-from dpgate.ledger.base import FINITE_ORDERS, PolicyDrift
+from dpgate.ledger.base import FINITE_ORDERS, PolicyDrift, charge_statement, ledger_rho
 from dpgate.mechanisms import calibrate, ci95_halfwidth, mechanism_name, sample
 from dpgate.notices import first_notice
 from dpgate.policy import MECHANISMS, DatasetPolicy, load_policies
@@ -113,9 +113,10 @@ class QueryBudget:
     Attributes:
         rho: total zCDP ρ of this release (summed over its noisy primitives);
             finite, > 0, at most :attr:`MAX_RHO`.
-        epsilon: a standalone (ε, δ) guarantee for this release at the cap's δ,
-            turned into ρ by the tight zCDP conversion (Canonne–Kamath–Steinke
-            2020); for the Laplace mechanism the pure ε of the release; finite,
+        epsilon: a standalone (ε, δ) guarantee for this release at the δ it is charged at
+            (the cap's δ less its selection δ), turned into ρ by the ledger's one conversion
+            (its cap rule, :func:`dpgate.ledger.caps.ledger_rho`); for the Laplace mechanism
+            the pure ε of the release (at δ = 0); finite,
             > 0, at most :attr:`MAX_EPSILON`.
         ci95: target 95 % half-width of each *released cell*, in its output units (rows
             for counts, column units for sums and averages): the noise is calibrated so
@@ -367,7 +368,7 @@ class Gateway:
         }
 
     def budget(self, dataset: str) -> dict[str, Any]:
-        """Spend report of ``dataset``'s population: ρ and ε at the cap's δ, per allocation,
+        """Spend report of ``dataset``'s population: ρ and ε (the ledger's conversion), per allocation,
         with ``policy_drift`` (how the policy file differs from the ledger's values, which hold)."""
         policy = self.policy(dataset)
         report = self.ledger.spend(policy.population).to_dict()
@@ -519,7 +520,7 @@ class Gateway:
                 return {"ci95": float(budget.ci95), "expected_count": float(budget.expected_count)}
             return {"ci95": float(budget.ci95)}
         if budget.epsilon is not None:
-            if mech == "gaussian":  # a standalone (ε, δ) guarantee at the cap's δ
+            if mech == "gaussian":  # a standalone (ε, δ) guarantee at the δ it is charged at
                 return {"epsilon": float(budget.epsilon), "delta": self.ledger.cap(policy.population).rho_delta}
             return {"epsilon": float(budget.epsilon)}
         rho = budget.rho if budget.rho is not None else policy.budget.default_query_rho
@@ -569,7 +570,7 @@ class Gateway:
         if plan.selected_keys:  # issue 11 hook: the selection histogram shares the budget
             gaussian = mech == "gaussian"
             budget_arg = (
-                {"rho": (accounting.rho_for_cap(resolved["epsilon"], resolved["delta"], "tight")
+                {"rho": (ledger_rho(resolved["epsilon"], resolved["delta"])
                          if "epsilon" in resolved else resolved["rho"])} if gaussian else
                 {"epsilon": resolved["epsilon"] if "epsilon" in resolved else math.sqrt(2.0 * resolved["rho"])})
             return partition_selection.calibrate_selecting(
@@ -578,7 +579,8 @@ class Gateway:
             return calibrate(pairs, mechanism=mech, scales=self._ci95_scales(policy, plan, mech, resolved,
                                                                              sens).scales), sens
         if mech == "gaussian":
-            rho = (accounting.rho_for_cap(resolved["epsilon"], resolved["delta"], "tight")
+            # a standalone ε at the δ it is charged at → ρ by the ledger's one conversion (its cap rule)
+            rho = (ledger_rho(resolved["epsilon"], resolved["delta"])
                    if "epsilon" in resolved else resolved["rho"])
             return calibrate(pairs, mechanism=mech, rho=rho), sens
         # laplace: pure ε; a ρ budget buys ε = √(2ρ) (ε-DP ⇒ ε²/2-zCDP, Bun–Steinke 2016 Prop. 1.4)
@@ -670,8 +672,7 @@ class Gateway:
             "cost": {
                 "rho": cal.rho,
                 "epsilon": cal.epsilon,
-                "epsilon_at_delta": accounting.cost_epsilon(cal.cost, delta),
-                "delta": delta,
+                **_stated(cal.cost, delta),
                 **({"selection_delta": cal.selection.delta} if getattr(cal, "selection", None) is not None else {}),
                 **self._fit(policy, cal.cost, consumer),
             },
@@ -1243,6 +1244,14 @@ def _cap_arguments(policy: DatasetPolicy) -> dict[str, Any]:
     if selection is not None:
         args["selection_delta"] = selection
     return args
+
+
+def _stated(cost: accounting.Cost, delta: float) -> dict[str, float]:
+    """``{epsilon_at_delta, delta}`` of a cost as its receipt will state it (the ledger's one
+    conversion at the δ it is charged at; a pure-ε cost at δ = 0):
+    :func:`dpgate.ledger.filter.charge_statement`."""
+    eps, d = charge_statement(cost, delta)
+    return {"epsilon_at_delta": eps, "delta": d}
 
 
 def ensure_populations(ledger: Ledger, policies: Mapping[str, DatasetPolicy]) -> dict[str, PolicyDrift]:

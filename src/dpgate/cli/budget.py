@@ -22,7 +22,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def print_report(report: dict, *, warn: bool = True) -> None:
-    """Print a spend report (ρ and ε at the cap's δ) as a table, after any policy-drift warning
+    """Print a spend report (ρ and ε) as a table, after any policy-drift warning
     (``warn``: the caller decides whether it is new, see :mod:`dpgate.notices`)."""
     drift = report.get("policy_drift") or {}
     if drift.get("message") and warn:
@@ -36,6 +36,9 @@ def print_report(report: dict, *, warn: bool = True) -> None:
         rows.append([name, "any" if c["share"] is None else f"{c['share']:g}", f"{c['cap_rho']:.6g}", f"{c['spent_rho']:.6g}",
                      f"{c['spent_epsilon']:.4g}", f"{c['remaining_rho']:.6g}", c["charges"]])
     print_table(["allocation", "share", "cap ρ", "spent ρ", "spent ε", "remaining ρ", "charges"], rows)
+    from dpgate.ledger.caps import CONVERSION_NOTE
+
+    print(CONVERSION_NOTE)
 
 
 def run(args: argparse.Namespace, settings) -> int:

@@ -58,7 +58,7 @@ import numpy as np
 from dpgate import accounting
 from dpgate.accounting import ORDERS, Cost
 from dpgate.errors import BudgetExhausted, DpgateError, InvalidBudget
-from dpgate.ledger.caps import CapSpec
+from dpgate.ledger.caps import CapSpec, ledger_epsilon
 from dpgate.ledger.validation import TOLERANCE, json_float
 
 __all__ = [
@@ -68,6 +68,7 @@ __all__ = [
     "Decision",
     "filter_decision",
     "charge_epsilon",
+    "charge_statement",
     "rho_epsilon",
     "exhausted_error",
     "Refusal",
@@ -297,20 +298,20 @@ class Totals:
     def spent_epsilon(self, budget: BudgetCurve, delta: float) -> tuple[float, str]:
         """ε at ``delta`` of everything composed, and the conversion used.
 
-        ``"zcdp"`` ([CKS20] Cor. 13), ``"gaussian"`` (exact Gaussian DP, [BW18]) or
-        ``"rdp"`` ([BBG+20] Thm. 21 over the grid, and at α* by the bound above,
-        whichever is smaller); ``"none"`` and 0 when nothing was charged.
+        Always the ledger's rule (:func:`dpgate.ledger.caps.ledger_epsilon`: [BBG+20] Thm. 21 at
+        the grid's orders, the best one), for a legacy cap also at its α* (whichever is
+        smaller): ``"ledger"``; ``"none"`` and 0 when nothing was charged. With the spend equal
+        to the cap's ρ_cap this gives back the cap's ε.
         """
         cost = self.spent_cost()
         if cost is None:
             return 0.0, "none"
-        eps = accounting.cost_epsilon(cost, delta)
+        eps = ledger_epsilon(cost, delta)
         if cost.kind == "rdp":
             at_star = self.spent_at(budget)
             if math.isfinite(at_star) and at_star > 0:
                 eps = min(eps, accounting.rdp_epsilon_tight([at_star], delta, orders=[budget.alpha_star]))
-            return eps, "rdp"
-        return eps, cost.kind
+        return eps, "ledger"
 
     # -- storage -----------------------------------------------------------------------
 
@@ -426,17 +427,31 @@ def filter_decision(spent: Totals, request: Cost, budget: BudgetCurve, after: To
 
 @lru_cache(maxsize=4096)
 def _cost_eps(cost: Cost, delta: float) -> float:
-    return accounting.cost_epsilon(cost, delta)
+    return ledger_epsilon(cost, delta)
 
 
 def charge_epsilon(cost: Cost, delta: float) -> float:
-    """ε at δ of one charge alone (``accounting.cost_epsilon``, memoised)."""
+    """ε at δ of one charge alone by the ledger's rule (:func:`dpgate.ledger.caps.ledger_epsilon`,
+    memoised)."""
     return _cost_eps(cost, delta)
 
 
+def charge_statement(cost: Cost, delta: float) -> tuple[float, float]:
+    """The (ε, δ) a receipt states for one charge made at ``delta`` (the cap's δ less its selection δ).
+
+    A cost with a finite pure-ε value (its curve at α = ∞: a discrete Laplace release, an ε-DP
+    mechanism) states that ε at δ = 0 for its own part; any other cost states the ledger's ε
+    (:func:`charge_epsilon`) at ``delta``, the δ it was charged at.
+    """
+    pure = float(cost.curve_at((math.inf,))[0])
+    if math.isfinite(pure):
+        return pure, 0.0
+    return charge_epsilon(cost, delta), delta
+
+
 def rho_epsilon(rho: float, delta: float) -> float:
-    """ε at δ of one zCDP charge of ``rho`` ([CKS20] Cor. 13); 0 for ρ ≤ 0."""
-    return accounting.zcdp_epsilon_tight(rho, delta) if rho > 0 else 0.0
+    """ε at δ of one zCDP charge of ``rho`` by the ledger's rule; 0 for ρ ≤ 0."""
+    return ledger_epsilon(rho, delta) if rho > 0 else 0.0
 
 
 def _g(x: float) -> str:
@@ -465,7 +480,8 @@ def exhausted_error(
 
     ``details``: population, consumer, scope ("population" or "consumer"), delta, rule,
     binding_order, alpha_cap, and requested / spent / cap / remaining, each
-    ``{rho, epsilon}`` with ε at the cap's δ (requested: the charge alone, its ρ the
+    ``{rho, epsilon}`` with ε at the cap's δ less its selection δ, by the ledger's conversion
+    (requested: the charge alone, its ρ the
     smallest ρ' with curve(α) ≤ α·ρ' at the checked orders; remaining: one zCDP charge
     of the remaining ρ; cap: the published ε for a population, the ε of share × ρ_cap
     for a consumer); for the Rényi filter ``order`` = ``{alpha, request, spent, budget,
