@@ -114,11 +114,11 @@ def _scale_hypothesis(item: pytest.Item, long_run: bool) -> None:
     from hypothesis import settings
 
     original = getattr(fn, "_dpgate_max_examples", None)
-    if original is None:  # parametrized tests share the function: scale it once
+    if original is None:  # parametrized tests share the function: always scale the author's number
         original = current.max_examples
         fn._dpgate_max_examples = original
-        n = math.ceil(original * ALL_FACTOR) if long_run else max(FAST_FLOOR, math.ceil(original * FAST_FACTOR))
-        fn._hypothesis_internal_use_settings = settings(current, max_examples=n)
+    n = math.ceil(original * ALL_FACTOR) if long_run else max(FAST_FLOOR, math.ceil(original * FAST_FACTOR))
+    fn._hypothesis_internal_use_settings = settings(current, max_examples=n)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
