@@ -151,8 +151,8 @@ def pytest_report_header(config: pytest.Config) -> str:
 def pytest_terminal_summary(terminalreporter) -> None:
     """Print the figures tests record as ``dpgate_summary`` (e.g. the quickstart's test-command
     duration); user properties travel with the reports, so this works under pytest-xdist too."""
-    lines = [value for reports in terminalreporter.stats.values() for rep in reports
-             for key, value in getattr(rep, "user_properties", ()) if key == "dpgate_summary"]
+    lines = list(dict.fromkeys(value for reports in terminalreporter.stats.values() for rep in reports
+                               for key, value in getattr(rep, "user_properties", ()) if key == "dpgate_summary"))
     if lines:
         terminalreporter.section("dpgate")
         for line in lines:
