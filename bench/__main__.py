@@ -1,7 +1,15 @@
-"""Run every benchmark side by side and write docs/BENCHMARKS.md and docs/bench_gateway_time.png.
+"""Run every benchmark side by side; write the report to bench/results/ (or docs/ with --write-docs).
 
     python -m bench --quick        # small data, a smoke run (about 2 minutes on an idle machine)
     python -m bench --full         # the real figures: 1M, 10M, 30M (if memory allows) rows and PUMS 1.2M
+    python -m bench --full --write-docs   # … and update docs/BENCHMARKS.md and docs/bench_gateway_time.png
+
+A run leaves the working tree clean: results, the report and its plot go to the ignored
+``bench/results/`` (``<mode>.json``, ``<mode>.md``, ``<mode>_gateway_time.png``); only
+``--write-docs`` (or an explicit ``--doc``) rewrites a tracked file. Every step keeps its state
+(ledger, release store, keys) in a temporary folder of its own, so runs can follow each other on
+one checkout. A peer given no data (e.g. PUMS absent) or returning no measurement fails the run
+(exit 1) instead of reporting an empty row.
 
 Steps (each heavy step in its own subprocess, so peak RSS is per data size):
 data (``bench.datagen``, generated once under ``bench/.data/``) → in-process
@@ -192,7 +200,10 @@ def run(mode: str, *, peers: bool = True, install: bool = True) -> dict[str, Any
     from bench import utility
 
     uspec = peers_mod.utility_spec(upums, run_weeks=cfg["utility_weeks_run"]) if upums else None
-    res["utility"] = {"gateway": utility.measure(upums, true=uspec["true"])} if upums else {}
+    try:
+        res["utility"] = {"gateway": utility.measure(upums, true=uspec["true"])} if upums else {}
+    except Exception as exc:  # noqa: BLE001 - reported, and fails the run (failures())
+        res["utility"] = {"gateway": {"error": f"{type(exc).__name__}: {exc}"[:500]}}
     done("utility")
 
     res["peers"] = {}
@@ -206,6 +217,11 @@ def run(mode: str, *, peers: bool = True, install: bool = True) -> dict[str, Any
                 ds = peers_mod.dataset_spec(DATA / cfg["peer_pums"]) if pums else []
             else:
                 ds = peers_mod.dataset_spec(DATA / cfg["peer_synthetic"], ks=cfg["peer_ks"])
+            if not ds:
+                res["peers"][peer] = {"peer": peer, "error": f"no data: {cfg['peer_pums'] if peer == 'smartnoise' else cfg['peer_synthetic']} "
+                                      "was not generated (PUMS needs ../shared/data/smartnoise/PUMS.csv)"}
+                done(f"peer {peer}")
+                continue
             util = uspec if (uspec and cfg["utility_weeks_run"]) else None
             if util and peer in ("pipelinedp", "tumult"):
                 util = dict(util, run_weeks=min(util["run_weeks"], 10))  # slow peers: RMSE from 10 of the 52
@@ -228,7 +244,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-peers", action="store_true", help="skip SmartNoise, Tumult and PipelineDP")
     ap.add_argument("--no-install", action="store_true", help="do not create the peers' venvs")
     ap.add_argument("--report-only", action="store_true", help="re-render from bench/results/<mode>.json")
-    ap.add_argument("--doc", type=Path, default=ROOT / "docs" / "BENCHMARKS.md")
+    ap.add_argument("--write-docs", action="store_true",
+                    help="update the tracked docs/BENCHMARKS.md and docs/bench_gateway_time.png (default: write the "
+                         "report to bench/results/ only)")
+    ap.add_argument("--doc", type=Path, default=None, help="write the report to this Markdown file instead")
     args = ap.parse_args(argv)
     mode = "full" if args.full else "quick"
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -241,9 +260,34 @@ def main(argv: list[str] | None = None) -> int:
         _say(f"results: {path}")
     from bench import report
 
-    report.write(res, args.doc, ROOT / "docs" / "bench_gateway_time.png")
-    _say(f"report: {args.doc}")
-    return 0
+    if args.write_docs:
+        doc, png = args.doc or ROOT / "docs" / "BENCHMARKS.md", ROOT / "docs" / "bench_gateway_time.png"
+    elif args.doc is not None:
+        doc, png = args.doc, args.doc.with_name(f"{args.doc.stem}_gateway_time.png")
+    else:
+        doc, png = RESULTS / f"{mode}.md", RESULTS / f"{mode}_gateway_time.png"
+    report.write(res, doc, png)
+    _say(f"report: {doc}")
+    problems = failures(res)
+    for problem in problems:
+        _say(f"FAILED: {problem}")
+    return 1 if problems else 0
+
+
+def failures(res: dict[str, Any]) -> list[str]:
+    """What makes a run fail: a peer that ran on no data or measured nothing (its row would be empty),
+    and the utility experiment's error. A peer that could not be installed is reported, not failed."""
+    out = []
+    for peer, doc in (res.get("peers") or {}).items():
+        if doc.get("skipped"):
+            continue
+        error = doc.get("error") or ""
+        if error.startswith("no data") or (not error and not doc.get("results")):
+            out.append(f"peer {peer} ran on no data: {error or 'it returned no measurement'}")
+    for name, doc in (res.get("utility") or {}).items():
+        if isinstance(doc, dict) and doc.get("error"):
+            out.append(f"utility ({name}): {doc['error']}")
+    return out
 
 
 if __name__ == "__main__":

@@ -125,6 +125,8 @@ def run_peer(peer: str, datasets: list[dict], *, runs: int, utility: dict | None
              timeout_s: float = 3600.0) -> dict[str, Any]:
     """Run ``peer`` on ``datasets`` (see :func:`dataset_spec`); return its JSON result or ``{"error": …}``."""
     t0 = time.perf_counter()
+    if not datasets:
+        return {"peer": peer, "error": "no data: the peer was given no data set"}
     py, why = ensure_peer(peer, install=install)
     if py is None:
         return {"peer": peer, "error": why}

@@ -12,6 +12,7 @@ import logging
 import pytest
 from _api_server import LiveServer
 from _small_project import write_project
+from _oracles import ledger_epsilon as oracle_epsilon
 
 from dpgate import accounting
 from dpgate.api import create_app
@@ -52,7 +53,11 @@ def test_a_lowered_cap_stays_lowered_across_restarts_and_cli_commands(settings, 
     # so does every CLI command that opens the ledger
     assert cli(["budget", "shop", *_argv(settings)]) == 0
     printed = capsys.readouterr().out
-    assert "warning" in printed and "caps apply" in printed and "ε = 0.5" in printed
+    # the drift was said once, by the gateway opened first after the change (its log); later
+    # commands do not repeat it (issue 24), and the JSON report always carries it
+    assert "warning" not in printed and "ε = 0.5" in printed
+    assert cli(["budget", "shop", "--json", *_argv(settings)]) == 0
+    assert "caps apply" in capsys.readouterr().out
     assert cli(["explain", "SELECT COUNT(*) FROM orders", "--dataset", "shop", *_argv(settings)]) == 0
     assert cli(["query", "SELECT COUNT(*) FROM orders", "--dataset", "shop", "--rho", "0.001",
                 "--json", *_argv(settings)]) == 0
@@ -118,7 +123,7 @@ def test_lowering_a_cap_below_the_spend_says_so(settings):
         assert out["spent"]["rho"] == pytest.approx(0.06)
         assert out["over_by"]["rho"] == pytest.approx(0.06 - out["new"]["rho_cap"])
         # ε at δ − selection_delta: the default reserve δ/2 for partition selection (issue 11)
-        eps_spent = accounting.zcdp_epsilon_tight(0.06, DELTA / 2)
+        eps_spent = oracle_epsilon(0.06, DELTA / 2)  # the ledger's one conversion (dp-accounting)
         assert out["over_by"]["epsilon"] == pytest.approx(eps_spent - 0.1)
         assert "below what was already spent" in out["message"]
         up = gw.set_cap("shoppers", epsilon=4.0, delta=DELTA, actor="root", reason="restored")
@@ -150,3 +155,31 @@ def test_http_cap_change_survives_an_app_restart(settings):
         assert page["cap"]["epsilon"] == 0.5
         assert page["policy_drift"]["drifted"] is True
         assert page["policy_drift"]["policy"]["cap"]["epsilon"] == 4.0
+
+
+def test_the_drift_warning_is_said_once_per_change(settings, tmp_path, caplog, capsys):
+    with Gateway.open(settings) as gw:  # creates the population from the file (ε 4), then lowers the cap
+        gw.set_cap("shoppers", epsilon=0.5, delta=DELTA, actor="root", reason="incident 8")
+
+    def warnings() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and "caps apply" in r.getMessage()]
+
+    caplog.clear()
+    with caplog.at_level(logging.DEBUG, logger="dpgate"):
+        Gateway.open(settings).close()
+        Gateway.open(settings).close()
+        assert len(warnings()) == 1  # the first start after the change says it, the second does not
+        assert cli(["budget", "shop", *_argv(settings)]) == 0
+        assert "warning" not in capsys.readouterr().out
+        write_project(tmp_path / "project", epsilon=6.0)  # another change of the file: said again
+        Gateway.open(settings).close()
+        assert len(warnings()) == 2 and "epsilon = 6" in warnings()[-1]
+    # a fresh state folder (another machine) says it once too, in `dpgate budget`
+    other = Settings(policies=settings.policies, home=tmp_path / "other-state",
+                     ledger_url=settings.resolved_ledger_url())
+    assert cli(["budget", "shop", "--policies", str(other.policies), "--home", str(other.home),
+                "--ledger-url", other.ledger_url]) == 0
+    assert "warning" in capsys.readouterr().out
+    assert cli(["budget", "shop", "--policies", str(other.policies), "--home", str(other.home),
+                "--ledger-url", other.ledger_url]) == 0
+    assert "warning" not in capsys.readouterr().out

@@ -7,6 +7,9 @@ import math
 
 import pytest
 
+from _api_server import rho_cap_oracle
+from _oracles import ledger_epsilon as oracle_epsilon
+
 from dpgate.cli import main
 
 
@@ -19,9 +22,14 @@ def run(capsys, *argv: str) -> tuple[int, str, str]:
 def test_epsilon_table(capsys):
     status, out, _ = run(capsys, "epsilon", "--rho", "0.25", "--delta", "1e-6")
     assert status == 0
-    lines = {line.split()[0]: line.split()[1] for line in out.splitlines()[3:]}
+    lines = {line.split()[0]: line.split()[1] for line in out.splitlines()[3:7]}
     # the worked example: 50 releases at σ = 10 (ρ = 0.25) at δ = 1e-6
-    assert lines == {"simple": "3.96692", "tight": "3.54229", "exact": "3.3076"}
+    assert {k: lines[k] for k in ("simple", "tight", "exact")} == {"simple": "3.96692", "tight": "3.54229",
+                                                                  "exact": "3.3076"}
+    # the ledger's number comes first (at δ − δ/2, its grid's orders), checked against dp-accounting
+    assert list(lines)[0] == "ledger"
+    assert float(lines["ledger"]) == pytest.approx(oracle_epsilon(0.25, 0.5e-6), rel=1e-5)
+    assert "One conversion" in out
 
 
 def test_epsilon_json_from_sigma(capsys):
@@ -38,7 +46,7 @@ def test_epsilon_json_from_sigma(capsys):
 def test_epsilon_delta_zero_is_inf_in_strict_json(capsys):
     status, out, _ = run(capsys, "epsilon", "--rho", "1", "--delta", "0", "--json")
     assert status == 0
-    assert json.loads(out)["epsilon"] == {"simple": "inf", "tight": "inf", "exact": "inf"}
+    assert json.loads(out)["epsilon"] == {"ledger": "inf", "simple": "inf", "tight": "inf", "exact": "inf"}
 
 
 def test_rho_json_with_releases(capsys):
@@ -57,6 +65,30 @@ def test_rho_table(capsys):
     status, out, _ = run(capsys, "rho", "--epsilon", "4", "--delta", "1e-6")
     assert status == 0
     assert "simple      0.253936" in out
+
+
+def test_the_ledgers_number_is_the_caps_for_the_same_epsilon_and_delta(capsys):
+    """Issue 24: the calculator shows the ρ the ledger enforces for a policy cap (ε 4, δ 1e-6): the
+    cap rule at δ − δ/2 (the default selection reserve), not the textbook 0.3111 — and back."""
+    status, out, _ = run(capsys, "rho", "--epsilon", "4", "--delta", "1e-6", "--json")
+    data = json.loads(out)
+    # dp-accounting oracle of the published rule (largest ρ whose single-order conversion meets
+    # ε = 4 at δ = 5e-7, maximised over the grid): 0.294741 at α = 8
+    assert data["rho_cap"]["ledger"] == pytest.approx(rho_cap_oracle(4.0, 0.5e-6), rel=1e-9)
+    assert data["rho_cap"]["ledger"] == pytest.approx(0.294741, abs=1e-6) and data["alpha_cap"] == 8.0
+    assert data["ledger_delta"] == 0.5e-6 and "textbook" in data["note"]
+    from dpgate.ledger.caps import fix_epsilon_cap
+
+    assert data["rho_cap"]["ledger"] == fix_epsilon_cap(4.0, 0.5e-6)[0]  # what a policy is enforced as
+    status, out, _ = run(capsys, "epsilon", "--rho", repr(data["rho_cap"]["ledger"]), "--delta", "1e-6", "--json")
+    back = json.loads(out)["epsilon"]
+    assert back["ledger"] == pytest.approx(4.0, rel=1e-9)  # the same number both ways
+    assert back["tight"] == pytest.approx(3.8816, abs=1e-4)  # the textbook conversion at δ: the 3.88 users saw
+    # no selection reserve: the grid rule at the full δ
+    status, out, _ = run(capsys, "rho", "--epsilon", "4", "--delta", "1e-6", "--selection-delta", "0", "--json")
+    assert json.loads(out)["rho_cap"]["ledger"] == pytest.approx(rho_cap_oracle(4.0, 1e-6), rel=1e-9)
+    status, _, err = run(capsys, "rho", "--epsilon", "4", "--delta", "1e-6", "--selection-delta", "1e-6")
+    assert status == 2 and "selection delta" in err
 
 
 @pytest.mark.parametrize(

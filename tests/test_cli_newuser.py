@@ -113,7 +113,9 @@ def test_cli_errors_are_sentences_and_json_on_request(settings, capsys):
 def test_budget_exhausted_exits_5_with_a_sentence(settings, capsys):
     code, _, err = _cli(capsys, "query", "--dataset", "usage", QUERY, "--rho", "5", *_common(settings))
     assert code == exits.REFUSED == 5
-    assert err.startswith("dpgate: error: privacy budget exhausted") and "[budget_exhausted]" in err
+    # one short sentence: what is needed, what is left of what (issue 24)
+    assert err.startswith("dpgate: error: needs ρ 5; left for ") and "[budget_exhausted]" in err
+    assert len(err.splitlines()) == 1 and len(err) < 200
 
 
 def test_every_error_code_has_one_exit_status_and_the_readme_lists_it():

@@ -88,8 +88,10 @@ def test_a_second_run_is_refused_naming_the_order_and_by_how_much(ledger):
     assert o["budget"] == pytest.approx(o["alpha"] * ledger.cap("p").rho_cap)
     assert o["excess"] == pytest.approx(o["spent"] + o["request"] - o["budget"])
     assert o["excess"] > 0
-    assert f"alpha = {o['alpha']:g}" in msg and "over by" in msg and "alpha_cap = 4" in msg
-    assert "Nothing was charged" in msg
+    # one short sentence leads (issue 24); the order-by-order account is in the details
+    assert msg.startswith("needs ") and f"Rényi order α = {o['alpha']:g}" in msg and "nothing was charged" in msg
+    why = d["explanation"]
+    assert f"alpha = {o['alpha']:g}" in why and "over by" in why and "alpha_cap = 4" in why
     assert len(ledger.entries()) == 1
 
 
@@ -104,9 +106,9 @@ def test_a_curve_whose_epsilon_at_delta_is_zero_is_refused_in_words_that_make_se
     assert accounting.cost_epsilon(tiny, DELTA) == 0.0
     with pytest.raises(BudgetExhausted) as info:
         ledger.charge("p", "a", tiny, purpose="tiny")
-    msg = info.value.message
-    assert "needs" not in msg and "epsilon = 0 " not in msg and "epsilon=0" not in msg
-    assert "at Rényi order alpha = " in msg and "over by" in msg
+    msg, why = info.value.message, info.value.details["explanation"]
+    assert "epsilon = 0 " not in msg + why and "epsilon=0" not in msg + why and "ε 0 " not in msg
+    assert "at Rényi order α = " in msg and "at Rényi order alpha = " in why and "over by" in why
 
 
 def test_curves_on_the_callers_grid_are_mapped_conservatively():
@@ -280,6 +282,7 @@ def test_a_rho_request_refused_at_a_renyi_order_is_worded_in_rho_first(ledger):
         ledger.charge("p", "q", Cost.zcdp(rho), purpose="query")
     d, msg = info.value.details, info.value.message
     assert d["rule"] == "renyi"
-    assert f"the charge needs rho = {rho:.6g}" in msg and "at Rényi order alpha = " in msg
+    assert msg.startswith(f"needs ρ {rho:.4g}, i.e. ε(α)") and "at Rényi order α = " in msg
+    assert f"the charge needs rho = {rho:.6g}" in d["explanation"]
     # the ε(α) named is ρ·α at the binding order
     assert d["order"]["request"] == pytest.approx(rho * d["order"]["alpha"], rel=1e-12)

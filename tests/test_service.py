@@ -13,6 +13,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
+from _oracles import ledger_epsilon as oracle_epsilon
 
 from dpgate import accounting
 from dpgate.errors import BudgetExhausted, ExecutionError, MechanismError, UnsupportedQuery
@@ -106,8 +107,7 @@ def test_grouped_count_and_avg_are_charged_once_each(gw):
     for row in r2["rows"]:
         assert 0 <= row[1] <= 500000  # AVG clamped into [lower, upper]
     # ε at δ − selection_delta = 1e-6 − 1e-6/2 (default reserve for partition selection, issue 11)
-    assert r2["charge"]["epsilon_at_delta"] == pytest.approx(
-        accounting.zcdp_epsilon_tight(0.02, 0.5e-6), rel=1e-9)
+    assert r2["charge"]["epsilon_at_delta"] == pytest.approx(oracle_epsilon(0.02, 0.5e-6), rel=1e-9)
 
 
 def test_counts_lie_within_4_sigma_in_99_percent_of_200_runs(tmp_path):
@@ -284,9 +284,11 @@ def test_explain_reads_no_data_and_charges_nothing(gw, monkeypatch):
     monkeypatch.setattr(gw.engine, "execute", forbidden)
     e = gw.explain("pums", "SELECT sex, AVG(income) FROM persons GROUP BY sex", budget=QueryBudget(epsilon=1.0))
     # ε = 1 at the cap's δ for ρ: δ − selection_delta = 1e-6 − 1e-6/2 (the policy's default reserve
-    # for partition selection, issue 11) → ρ by the tight CKS conversion, split over two primitives
-    assert e["cost"]["rho"] == pytest.approx(accounting.rho_for_cap(1.0, 0.5e-6, "tight"), rel=1e-9)
-    assert e["cost"]["epsilon_at_delta"] == pytest.approx(1.0, rel=1e-6)
+    # for partition selection, issue 11) → ρ by the ledger's one conversion (its cap rule, checked
+    # against dp-accounting: the ρ whose conversion is ε = 1), split over two primitives
+    assert oracle_epsilon(e["cost"]["rho"], 0.5e-6) == pytest.approx(1.0, rel=1e-9)
+    assert oracle_epsilon(e["cost"]["rho"] * 1.001, 0.5e-6) > 1.0  # the largest such ρ
+    assert e["cost"]["epsilon_at_delta"] == pytest.approx(1.0, rel=1e-9) and e["cost"]["delta"] == 0.5e-6
     assert "<salt>" in e["bounded_sql"]
     assert gw.ledger_entries() == []
 
@@ -297,9 +299,8 @@ def test_laplace_mechanism_charges_pure_epsilon(gw):
     assert r["mechanism"] == "discrete_laplace"
     # b = Δ1 / ε = 4 / 0.5 = 8 (one primitive gets the whole ε)
     assert next(iter(r["noise_scales"].values())) == pytest.approx(8.0)
-    # a pure ε-DP release is (ε, δ)-DP for every δ; the ledger's tight RDP conversion at the
-    # cap's δ can only report ≤ ε
-    assert r["charge"]["epsilon_at_delta"] <= 0.5 + 1e-12
+    # a pure ε-DP release states its own ε at δ = 0 (issue 24: not "at the cap's δ")
+    assert r["charge"]["epsilon_at_delta"] == pytest.approx(0.5, rel=1e-12) and r["charge"]["delta"] == 0.0
 
 
 def test_ci95_budget_meets_the_requested_half_width(gw):

@@ -120,10 +120,12 @@ def cap_attack_bound(cap: Any) -> dict[str, Any]:
 
 def spend_attack_bound(report: Any) -> dict[str, Any]:
     """The bound of what a spend report (:class:`~dpgate.ledger.reports.SpendReport`) has spent:
-    (ε spent, δ) always; the zCDP bound for a history of ρ-costs (``conversion`` "zcdp"); the
+    (ε spent, δ) always; the zCDP bound for a history of ρ-costs (``conversion`` "zcdp", or
+    "ledger" with a finite ρ bound); the
     Gaussian trade-off for continuous Gaussians only ("gaussian"); plus the selection δ spent."""
     d = report.cap.rho_delta if report.cap is not None else report.delta
-    return copy.deepcopy(_spend_bound(report.conversion, report.spent_epsilon, report.spent_rho, d,
+    conversion = "gaussian" if getattr(report, "continuous_gaussian", False) else report.conversion
+    return copy.deepcopy(_spend_bound(conversion, report.spent_epsilon, report.spent_rho, d,
                                       report.selection_delta_spent))
 
 
@@ -131,7 +133,9 @@ def spend_attack_bound(report: Any) -> dict[str, Any]:
 def _spend_bound(conversion: str, eps: float, rho: float, d: float, extra: float) -> dict[str, Any]:
     if conversion == "none":
         return attack_bound(0.0, 0.0)
-    if conversion == "zcdp":
+    if conversion == "zcdp" or (conversion == "ledger" and math.isfinite(rho)):
+        # "ledger": the ledger's one conversion of a spend whose ρ bound (max ε(α)/α) is finite:
+        # ε(α) ≤ ρ·α at every order, so the history is ρ-zCDP and the zCDP bound holds
         return attack_bound(eps, d + extra, rho=rho, extra_delta=extra)
     if conversion == "gaussian":
         return attack_bound(eps, d + extra, rho=rho, mu=accounting.gdp_mu(rho), extra_delta=extra)

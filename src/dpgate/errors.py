@@ -159,7 +159,7 @@ class BudgetExhausted(DpgateError):
     """A charge does not fit the population's or the consumer's remaining budget.
 
     ``details`` carries ``requested``, ``spent``, ``cap`` and ``remaining``, each
-    as ``{"rho": float, "epsilon": float}`` with ε at the cap's δ, plus
+    as ``{"rho": float, "epsilon": float}`` with ε at the cap's δ less its selection δ, plus
     ``population``, ``consumer`` and ``delta``. No charge was written.
     """
 

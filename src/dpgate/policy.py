@@ -1136,7 +1136,42 @@ def _selection_deltas(b: Mapping[str, Any], delta: float, path: Path) -> tuple[f
     return sel, per_query
 
 
+#: The value a draft policy (``dpgate policy init``) leaves for its author to decide.
+TODO = "TODO"
+
+
+def draft_todos(raw: Any, _at: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """The key paths of a parsed policy document whose value is still the draft marker
+    ``"TODO"`` (a string, alone or in a list), in document order: e.g.
+    ``("budget", "epsilon")``, ``("tables", "people", "columns", "age", "lower")``.
+
+    A draft from ``dpgate policy init`` writes every decision that must not come from the data
+    (bounds, key lists, contribution bounds, the privacy unit, the cap) as ``"TODO"``; a policy
+    with any left is refused by :func:`load_policy` and listed by ``dpgate datasets check``.
+    """
+    found: list[tuple[str, ...]] = []
+    if isinstance(raw, str):
+        if raw.strip() == TODO:
+            found.append(_at)
+    elif isinstance(raw, Mapping):
+        for key, value in raw.items():
+            found.extend(draft_todos(value, (*_at, str(key))))
+    elif isinstance(raw, list) and any(isinstance(v, str) and v.strip() == TODO for v in raw):
+        found.append(_at)
+    return found
+
+
 def _parse_policy(raw: Mapping[str, Any], path: Path) -> DatasetPolicy:
+    todos = draft_todos(raw)
+    if todos:
+        shown = ", ".join(".".join(t) for t in todos[:4]) + (", …" if len(todos) > 4 else "")
+        name = raw.get("dataset", {}).get("name") if isinstance(raw.get("dataset"), Mapping) else None
+        problem = (f"this is a draft: {len(todos)} value(s) are still \"TODO\" ({shown}); decide them "
+                   f"(bounds and keys from domain knowledge, never from the data) — `dpgate datasets check"
+                   f"{' ' + name if isinstance(name, str) else ''}` lists them")
+        raise PolicyError(f"policy file {str(path)!r}: {problem}",
+                          {"file": str(path), "table": None, "column": None, "problem": problem,
+                           "todo": [".".join(t) for t in todos]})
     _check_keys(raw, {"dataset", "budget", "allocations", "tables", "population"}, path, "the file")
     ds = _section(raw, "dataset", path)
     _check_keys(ds, {"name", "population", "data_version", "engine", "connection", "version_sql", "load",

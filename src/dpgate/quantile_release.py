@@ -39,6 +39,7 @@ import numpy as np
 
 from dpgate import accounting, mechanisms
 from dpgate.errors import InvalidBudget, UnsupportedQuery
+from dpgate.ledger.caps import ledger_rho
 from dpgate.policy import DatasetPolicy
 from dpgate.quantiles import MAX_CELLS, Grid, alpha_fraction, grid_for, rank_error, score_sensitivity, scores
 from dpgate.sensitivity import max_groups_changed
@@ -186,7 +187,7 @@ def calibrate_plan(plan: QueryPlan, policy: DatasetPolicy, mechanism: str, resol
     gaussian = mechanisms.mechanism_name(mechanism) == "discrete_gaussian"
     measure: Measure = "zcdp" if gaussian else "pure"
     if gaussian:
-        total = (accounting.rho_for_cap(resolved["epsilon"], resolved["delta"], "tight")
+        total = (ledger_rho(resolved["epsilon"], resolved["delta"])  # the ledger's one conversion
                  if "epsilon" in resolved else float(resolved["rho"]))
     else:
         total = resolved["epsilon"] if "epsilon" in resolved else math.sqrt(2.0 * resolved["rho"])

@@ -59,6 +59,7 @@ import numpy as np
 from dpgate import accounting
 from dpgate.cohorts import charge_scope, release_guarantee, scope_signature
 from dpgate.errors import DpgateError, ExecutionError, InvalidBudget, MechanismError, UnsupportedQuery
+from dpgate.ledger.filter import charge_statement
 from dpgate.mechanisms import select_top_k, top_k_rho
 from dpgate.policy import DatasetPolicy
 from dpgate.releases import CacheKeys, Release, new_release_id, now
@@ -241,9 +242,15 @@ def explain_selection(gateway: Any, dataset: str, policy: DatasetPolicy, sel: Se
         "mechanism": MECHANISM,
         "budget": resolved,
         "cost": {"rho": cal.rho, "epsilon": cal.epsilon,
-                 "epsilon_at_delta": accounting.cost_epsilon(cal.cost, delta), "delta": delta,
+                 **_stated(cal.cost, delta),
                  **gateway._fit(policy, cal.cost, consumer)},
     }
+
+
+def _stated(cost: accounting.Cost, delta: float) -> dict[str, float]:
+    """``{epsilon_at_delta, delta}`` as the receipt will state them (the ledger's one conversion)."""
+    eps, d = charge_statement(cost, delta)
+    return {"epsilon_at_delta": eps, "delta": d}
 
 
 def _noise_signature(sel: SelectionQuery) -> str:

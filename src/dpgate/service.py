@@ -53,8 +53,9 @@ from dpgate.errors import (
 from dpgate.budget_views import budget_cohort_views, dataset_budget_views
 from dpgate.cohorts import charge_scope, population_cohorts, release_guarantee, scope_signature
 from dpgate.ledger import Ledger, open_ledger
-from dpgate.ledger.base import FINITE_ORDERS, PolicyDrift
+from dpgate.ledger.base import FINITE_ORDERS, PolicyDrift, charge_statement, ledger_rho
 from dpgate.mechanisms import calibrate, ci95_halfwidth, mechanism_name, sample
+from dpgate.notices import first_notice
 from dpgate.policy import MECHANISMS, DatasetPolicy, KeyTuples, load_policies
 from dpgate.postprocess import check_postprocess_expression, finalize, output_unit
 from dpgate.postprocess.expected import expected_accuracy
@@ -120,9 +121,10 @@ class QueryBudget:
     Attributes:
         rho: total zCDP ρ of this release (summed over its noisy primitives);
             finite, > 0, at most :attr:`MAX_RHO`.
-        epsilon: a standalone (ε, δ) guarantee for this release at the cap's δ,
-            turned into ρ by the tight zCDP conversion (Canonne–Kamath–Steinke
-            2020); for the Laplace mechanism the pure ε of the release; finite,
+        epsilon: a standalone (ε, δ) guarantee for this release at the δ it is charged at
+            (the cap's δ less its selection δ), turned into ρ by the ledger's one conversion
+            (its cap rule, :func:`dpgate.ledger.caps.ledger_rho`); for the Laplace mechanism
+            the pure ε of the release (at δ = 0); finite,
             > 0, at most :attr:`MAX_EPSILON`.
         ci95: target 95 % half-width of each *released cell*, in its output units (rows
             for counts, column units for sums and averages): the noise is calibrated so
@@ -220,6 +222,9 @@ class Gateway:
         salt_source: draws the secret that picks each unit's k groups (default: 63 bits
             from the OS CSPRNG; tests pass a constant to compare engines).
         fingerprint_key: the key of published data fingerprints (default: a per-process key).
+        notice: ``(kind, key, text) -> bool``, whether a warning is new (default: every warning
+            is); :meth:`open` passes :func:`dpgate.notices.first_notice` on the state folder, so a
+            policy-drift warning is logged once per change.
     """
 
     def __init__(
@@ -232,6 +237,7 @@ class Gateway:
         *,
         salt_source: Callable[[], int] | None = None,
         fingerprint_key: bytes | None = None,
+        notice: Callable[[str, str, str], bool] | None = None,
     ) -> None:
         self.policies = dict(policies)
         self.engine = engine
@@ -244,9 +250,13 @@ class Gateway:
         timeout = getattr(engine, "timeout_s", None)
         self.release_cache = ReleaseCache(releases, lease_s=(timeout or 30.0) + RELEASE_LEASE_MARGIN_S)
         check_population_moves(ledger, self.policies)  # issue 23: no renewal by renaming a population
-        for drift in ensure_populations(ledger, self.policies).values():
-            if drift.message():
-                log.warning("%s", drift.message())
+        for population, drift in ensure_populations(ledger, self.policies).items():
+            text = drift.message()
+            # said once per change of the drift (`notice`: dpgate.notices.first_notice on the state
+            # folder), not on every start or command; the API and `dpgate budget --json` always report it
+            new = notice("policy_drift", population, text) if notice is not None else bool(text)
+            if text:
+                log.log(logging.WARNING if new else logging.DEBUG, "%s", text)
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -287,7 +297,9 @@ class Gateway:
             engine.close()
             raise
         versions = {name: None if v is None else _published_version(v, key) for name, v in versions.items()}
-        return cls(policies, engine, versions, ledger, store, fingerprint_key=key, salt_source=salt_source)
+        home = settings.home
+        return cls(policies, engine, versions, ledger, store, fingerprint_key=key, salt_source=salt_source,
+                   notice=lambda kind, k, text: first_notice(home, kind, k, text))
 
     @property
     def searches(self):
@@ -366,7 +378,7 @@ class Gateway:
         }
 
     def budget(self, dataset: str) -> dict[str, Any]:
-        """Spend report of ``dataset``'s population: ρ and ε at the cap's δ, per allocation,
+        """Spend report of ``dataset``'s population: ρ and ε (the ledger's conversion), per allocation,
         with ``policy_drift`` (how the policy file differs from the ledger's values, which hold)."""
         policy = self.policy(dataset)
         report = self.ledger.spend(policy.population).to_dict()
@@ -536,7 +548,7 @@ class Gateway:
                 return {"ci95": float(budget.ci95), "expected_count": float(budget.expected_count)}
             return {"ci95": float(budget.ci95)}
         if budget.epsilon is not None:
-            if mech == "gaussian":  # a standalone (ε, δ) guarantee at the cap's δ
+            if mech == "gaussian":  # a standalone (ε, δ) guarantee at the δ it is charged at
                 return {"epsilon": float(budget.epsilon), "delta": self.ledger.cap(policy.population).rho_delta}
             return {"epsilon": float(budget.epsilon)}
         rho = budget.rho if budget.rho is not None else policy.budget.default_query_rho
@@ -586,7 +598,7 @@ class Gateway:
         if plan.selected_keys:  # issue 11 hook: the selection histogram shares the budget
             gaussian = mech == "gaussian"
             budget_arg = (
-                {"rho": (accounting.rho_for_cap(resolved["epsilon"], resolved["delta"], "tight")
+                {"rho": (ledger_rho(resolved["epsilon"], resolved["delta"])
                          if "epsilon" in resolved else resolved["rho"])} if gaussian else
                 {"epsilon": resolved["epsilon"] if "epsilon" in resolved else math.sqrt(2.0 * resolved["rho"])})
             return partition_selection.calibrate_selecting(
@@ -595,7 +607,8 @@ class Gateway:
             return calibrate(pairs, mechanism=mech, scales=self._ci95_scales(policy, plan, mech, resolved,
                                                                              sens).scales), sens
         if mech == "gaussian":
-            rho = (accounting.rho_for_cap(resolved["epsilon"], resolved["delta"], "tight")
+            # a standalone ε at the δ it is charged at → ρ by the ledger's one conversion (its cap rule)
+            rho = (ledger_rho(resolved["epsilon"], resolved["delta"])
                    if "epsilon" in resolved else resolved["rho"])
             return calibrate(pairs, mechanism=mech, rho=rho), sens
         # laplace: pure ε; a ρ budget buys ε = √(2ρ) (ε-DP ⇒ ε²/2-zCDP, Bun–Steinke 2016 Prop. 1.4)
@@ -718,8 +731,7 @@ class Gateway:
             "cost": {
                 "rho": cal.rho,
                 "epsilon": cal.epsilon,
-                "epsilon_at_delta": accounting.cost_epsilon(cal.cost, delta),
-                "delta": delta,
+                **_stated(cal.cost, delta),
                 **({"selection_delta": cal.selection.delta} if getattr(cal, "selection", None) is not None else {}),
                 **self._fit(policy, cal.cost, consumer, scope),
             },
@@ -1423,6 +1435,14 @@ def _cap_arguments(policy: DatasetPolicy) -> dict[str, Any]:
     if cohorts is not None:  # issue 23: one budget per cohort
         args["cohort_column"] = cohorts.column
     return args
+
+
+def _stated(cost: accounting.Cost, delta: float) -> dict[str, float]:
+    """``{epsilon_at_delta, delta}`` of a cost as its receipt will state it (the ledger's one
+    conversion at the δ it is charged at; a pure-ε cost at δ = 0):
+    :func:`dpgate.ledger.filter.charge_statement`."""
+    eps, d = charge_statement(cost, delta)
+    return {"epsilon_at_delta": eps, "delta": d}
 
 
 def ensure_populations(ledger: Ledger, policies: Mapping[str, DatasetPolicy]) -> dict[str, PolicyDrift]:

@@ -284,7 +284,7 @@ def get_budget(
     gateway: GatewayDep,
     principal: Annotated[Principal, Depends(require(Permission.READ_BUDGET))],
 ) -> dict[str, Any]:
-    """Spent and remaining budget of the dataset's population, in ρ and in ε at the cap's δ,
+    """Spent and remaining budget of the dataset's population, in ρ and in ε (the ledger's one conversion),
     overall and per allocation (totals, not per release)."""
     return json_safe(gateway.budget(name))
 
@@ -408,7 +408,7 @@ def get_search(
 ) -> dict[str, Any]:
     """Every step (charges with candidate, outcome and attempt; selections with the released keys,
     never scores; the closing step) with the accountant's state after it, the totals of the whole
-    search (ρ and ε at the cap's δ), and ``replay``: each step recomputed from the ledger. A search
+    search (ρ and ε), and ``replay``: each step recomputed from the ledger. A search
     of another consumer is 404 ``not_found`` (admin keys read every search)."""
     return json_safe(gateway.search(search_id, owner=_search_owner(principal)))
 

@@ -150,7 +150,8 @@ class BudgetRequest(RequestModel):
     """
 
     rho: float | None = _budget_field(QueryBudget.MAX_RHO, "zCDP ρ of this release")
-    epsilon: float | None = _budget_field(QueryBudget.MAX_EPSILON, "ε of this release at the cap's δ (pure ε for Laplace)")
+    epsilon: float | None = _budget_field(QueryBudget.MAX_EPSILON, "ε of this release at the δ it is charged at, the "
+                                          "cap's δ less its selection δ (pure ε at δ = 0 for Laplace)")
     ci95: float | None = _budget_field(QueryBudget.MAX_CI95, "95 % half-width wanted on each released cell")
     expected_count: float | None = _budget_field(1e15, "with ci95: rows expected per group (AVG/VAR/STDDEV), > 1",
                                                    exclusive_minimum=1)
@@ -395,7 +396,9 @@ class Readiness(BaseModel):
 
 
 class ChargeSummary(ResponseModel):
-    """The charge that paid for a release: ρ (zCDP) and ε of this charge alone at the cap's δ."""
+    """The charge that paid for a release: ρ (zCDP) and ε of this charge alone at ``delta``, the δ it was
+    charged at (the cap's δ less its selection δ; 0 for a pure-ε charge), by the ledger's one conversion
+    (its cap rule; README "One conversion: the ledger's")."""
 
     charge_id: str
     rho: Number | None = None
@@ -406,7 +409,7 @@ class Release(ResponseModel):
     """One immutable noisy answer; re-serving it is free post-processing.
 
     ``charge`` names the ledger charge that paid for the release (ρ and ε of that
-    charge alone at the cap's δ), or is null when none applies; ``cached`` is
+    charge alone at the δ it was charged at), or is null when none applies; ``cached`` is
     true when this response served a stored release and spent nothing.
     ``guarantee.renewal`` states the renewal rule (and, with cohorts, the cohorts drawn on).
     A proxy answer (``fallback: "proxy"`` after a budget refusal) has ``source: "proxy"``,
@@ -565,7 +568,7 @@ class DatasetList(ResponseModel):
 
 
 class Amount(ResponseModel):
-    """A budget amount: total ρ and its ε at the cap's δ."""
+    """A budget amount: total ρ and its ε by the ledger's one conversion (at the cap's δ less its selection δ)."""
 
     rho: Number
     epsilon: Number
@@ -585,7 +588,7 @@ class ConsumerSpend(ResponseModel):
 
 
 class BudgetReport(ResponseModel):
-    """Spend of a dataset's population: cap, spent and remaining in ρ and in ε at the cap's δ,
+    """Spend of a dataset's population: cap, spent and remaining in ρ and in ε (the ledger's conversion),
     overall and per allocation (totals, not per release; ε is not additive)."""
 
     population: str
@@ -597,9 +600,10 @@ class BudgetReport(ResponseModel):
 
 
 class ChargeReceipt(ResponseModel):
-    """A ledger charge: id, population, consumer, cost, ρ, ε of this charge alone at the cap's δ;
-    ``accountant`` ("gateway" for a DP-SGD run charged from its parameters, with ``dp_sgd`` and
-    ``formula``; "caller" for a supplied curve) and ``cohorts`` (each charged its full cost)."""
+    """A ledger charge: id, population, consumer, cost, ρ, ε of this charge alone at the δ it was
+    charged at; ``accountant`` ("gateway" for a DP-SGD run charged from its parameters, with
+    ``dp_sgd`` and ``formula``; "caller" for a supplied curve) and ``cohorts`` (each charged its
+    full cost)."""
 
     charge_id: str
     population: str

@@ -27,7 +27,7 @@ from dpgate.jsonsafe import json_safe
 
 #: Sub-command modules, in help order. A module that is not present is skipped.
 COMMAND_MODULES = ("serve", "query", "explain", "budget", "caps", "ledger", "accounting", "keys", "demo",
-                   "datasets", "search", "proxy")
+                   "datasets", "policy", "search", "proxy")
 
 
 def add_common_options(parser: argparse.ArgumentParser) -> None:

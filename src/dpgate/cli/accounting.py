@@ -1,7 +1,13 @@
 """``dpgate accounting epsilon|rho``: privacy-accounting calculator (reads no data, charges nothing).
 
+The first row is always **the ledger's number** — the one conversion every dpgate surface
+shows (receipts, spend reports, the console, the burn-down's ε axis): the cap rule,
+Balle et al. 2020 Thm. 21 at the orders of the ledger's RDP grid (the best one, α_cap for a
+cap), at δ less the δ reserved for partition selection (``--selection-delta``, default δ/2 as
+in a policy). The textbook conversions follow for comparison, at the full δ.
+
 * ``dpgate accounting epsilon --rho 0.25 --delta 1e-6`` prints the (ε, δ) of a
-  total ρ by each conversion: simple ([BS16] Prop. 1.3), tight ([CKS20]
+  total ρ: the ledger's, then simple ([BS16] Prop. 1.3), tight ([CKS20]
   Cor. 13) and exact (continuous Gaussians only, [BW18] Thm. 8). Instead of
   ``--rho``, ``--sigma S [--l2-sensitivity D] [--releases N]`` gives
   ρ = N·D²/(2S²).
@@ -10,11 +16,12 @@
   rate, TPR ≤ e^ε·FPR + δ ([KOV15] Thm. 2.1), tighter with a ρ-zCDP or μ-GDP guarantee
   (:mod:`dpgate.attack`).
 * ``dpgate accounting rho --epsilon 4 --delta 1e-6`` prints the largest total ρ
-  (ρ_cap) meeting the cap by each conversion; with ``--releases N`` also the
+  (ρ_cap) meeting the cap: the ledger's (what a policy with that cap is enforced as,
+  with its α_cap), then by each textbook conversion; with ``--releases N`` also the
   per-release ρ and σ (for ``--l2-sensitivity``, default 1) of N equal releases,
   optionally for a ``--share`` of the cap.
 
-See :mod:`dpgate.accounting` for the formulas and references.
+See :mod:`dpgate.accounting` and :mod:`dpgate.ledger.caps` for the formulas and references.
 """
 
 from __future__ import annotations
@@ -26,10 +33,29 @@ from dpgate import accounting
 from dpgate.errors import InvalidBudget
 
 _SOURCES = {
-    "simple": "Bun & Steinke 2016, Prop. 1.3",
-    "tight": "Canonne, Kamath & Steinke 2020, Cor. 13",
-    "exact": "Balle & Wang 2018, Thm. 8 (continuous Gaussian only)",
+    "ledger": "dpgate's ledger (its cap rule): Balle et al. 2020, Thm. 21 at its RDP grid's orders, "
+              "at delta - selection_delta",
+    "simple": "Bun & Steinke 2016, Prop. 1.3 (at delta)",
+    "tight": "Canonne, Kamath & Steinke 2020, Cor. 13 (at delta)",
+    "exact": "Balle & Wang 2018, Thm. 8 (continuous Gaussian only, at delta)",
 }
+#: The order of the rows: the ledger's number first, then the textbook conversions.
+_ROWS = ("ledger", *accounting.CONVERSIONS)
+
+
+def _selection_delta(args: argparse.Namespace) -> float:
+    """The δ reserved for partition selection: ``--selection-delta``, default δ/2 (a policy's default)."""
+    sel = args.delta / 2 if args.selection_delta is None else args.selection_delta
+    if not (0 <= sel < args.delta or sel == args.delta == 0) or math.isnan(sel):
+        raise ValueError(f"selection delta must be in [0, delta) = [0, {args.delta:g}), got {sel:g}")
+    return sel
+
+
+def _note(d_rho: float, sel: float) -> str:
+    from dpgate.ledger.caps import LEDGER_RULE_DIFFERENCE
+
+    return (f"ledger = what dpgate shows and enforces, at delta - selection_delta = {d_rho:.3g} (selection_delta = "
+            f"{sel:.3g}); {LEDGER_RULE_DIFFERENCE} (README: \"One conversion: the ledger's\")")
 
 
 def _num(value: float):
@@ -55,7 +81,12 @@ def _epsilon(args: argparse.Namespace, settings) -> int:
             rho = args.releases * accounting.gaussian_rho(args.l2_sensitivity, args.sigma)
         else:
             raise ValueError("give --rho (total ρ) or --sigma (noise scale of each release)")
-        results = {name: accounting.zcdp_epsilon(rho, args.delta, name) for name in accounting.CONVERSIONS}
+        from dpgate.ledger.caps import ledger_epsilon
+
+        sel = _selection_delta(args)
+        d_rho = args.delta - sel
+        results = {"ledger": ledger_epsilon(rho, d_rho) if rho > 0 else 0.0}
+        results.update({name: accounting.zcdp_epsilon(rho, args.delta, name) for name in accounting.CONVERSIONS})
     except ValueError as exc:
         raise InvalidBudget(str(exc), {"command": "accounting epsilon"}) from None
     if args.json:
@@ -63,13 +94,17 @@ def _epsilon(args: argparse.Namespace, settings) -> int:
             {
                 "rho": rho,
                 "delta": args.delta,
+                "selection_delta": sel,
+                "ledger_delta": d_rho,
                 "epsilon": {name: _num(v) for name, v in results.items()},
                 "sources": _SOURCES,
+                "note": _note(d_rho, sel),
             }
         )
         return 0
     print(f"total rho = {rho:.6g}, delta = {args.delta:g}")
-    print_table(["conversion", "epsilon", "source"], [[n, _fmt(v), _SOURCES[n]] for n, v in results.items()])
+    print_table(["conversion", "epsilon", "source"], [[n, _fmt(results[n]), _SOURCES[n]] for n in _ROWS])
+    print(_note(d_rho, sel))
     return 0
 
 
@@ -81,7 +116,13 @@ def _rho(args: argparse.Namespace, settings) -> int:
             raise ValueError(f"share must be in (0, 1], got {args.share}")
         if args.releases is not None and args.releases < 1:
             raise ValueError(f"releases must be >= 1, got {args.releases}")
-        caps = {name: accounting.rho_for_cap(args.epsilon, args.delta, name) for name in accounting.CONVERSIONS}
+        from dpgate.ledger.caps import fix_epsilon_cap
+
+        sel = _selection_delta(args)
+        d_rho = args.delta - sel
+        ledger_rho, alpha_cap = fix_epsilon_cap(args.epsilon, d_rho) if d_rho > 0 else (0.0, None)
+        caps = {"ledger": ledger_rho}
+        caps.update({name: accounting.rho_for_cap(args.epsilon, args.delta, name) for name in accounting.CONVERSIONS})
         per_release = {}
         if args.releases is not None:
             for name, rho_cap in caps.items():
@@ -94,8 +135,12 @@ def _rho(args: argparse.Namespace, settings) -> int:
         out = {
             "epsilon": args.epsilon,
             "delta": args.delta,
+            "selection_delta": sel,
+            "ledger_delta": d_rho,
+            "alpha_cap": alpha_cap,
             "rho_cap": caps,
             "sources": _SOURCES,
+            "note": _note(d_rho, sel),
         }
         if per_release:
             out.update(
@@ -106,17 +151,21 @@ def _rho(args: argparse.Namespace, settings) -> int:
             )
         print_json(out)
         return 0
-    print(f"cap epsilon = {args.epsilon:g}, delta = {args.delta:g}")
+    print(f"cap epsilon = {args.epsilon:g}, delta = {args.delta:g}"
+          + (f" (the ledger enforces it as rho_cap = {ledger_rho:.6g} at alpha_cap = {alpha_cap:g})"
+             if alpha_cap is not None else ""))
     headers = ["conversion", "rho_cap"]
     if per_release:
         headers += [f"rho/release ({args.share:g} over {args.releases})", f"sigma (l2 {args.l2_sensitivity:g})"]
     rows = []
-    for name, rho_cap in caps.items():
-        row = [name, _fmt(rho_cap)]
+    for name in _ROWS:
+        row = [name, _fmt(caps[name])]
         if per_release:
             row += [_fmt(per_release[name]["rho"]), _fmt(per_release[name]["sigma"])]
-        rows.append(row + [_SOURCES[name]])
+        source = _SOURCES[name] + (f" (alpha_cap = {alpha_cap:g})" if name == "ledger" and alpha_cap else "")
+        rows.append(row + [source])
     print_table(headers + ["source"], rows)
+    print(_note(d_rho, sel))
     return 0
 
 
@@ -171,13 +220,17 @@ def register(subparsers) -> None:
     p_eps.add_argument("--sigma", type=float, help="Gaussian noise scale of each release (instead of --rho)")
     p_eps.add_argument("--l2-sensitivity", type=float, default=1.0, help="L2 sensitivity (with --sigma; default 1)")
     p_eps.add_argument("--releases", type=int, default=1, help="number of releases (with --sigma; default 1)")
-    p_eps.add_argument("--delta", type=float, required=True, help="delta in [0, 1)")
+    p_eps.add_argument("--delta", type=float, required=True, help="delta in [0, 1) (a cap's total delta)")
+    p_eps.add_argument("--selection-delta", type=float, default=None,
+                       help="the part of delta reserved for partition selection (default delta/2, as in a policy)")
     add_common_options(p_eps)
     p_eps.set_defaults(func=_epsilon)
 
     p_rho = sub.add_parser("rho", help="largest total rho meeting an (epsilon, delta) cap, by each conversion")
     p_rho.add_argument("--epsilon", type=float, required=True, help="cap epsilon > 0")
     p_rho.add_argument("--delta", type=float, required=True, help="cap delta in [0, 1)")
+    p_rho.add_argument("--selection-delta", type=float, default=None,
+                       help="the part of delta reserved for partition selection (default delta/2, as in a policy)")
     p_rho.add_argument("--releases", type=int, help="split the cap over this many equal releases")
     p_rho.add_argument("--share", type=float, default=1.0, help="share of the cap to split (default 1)")
     p_rho.add_argument("--l2-sensitivity", type=float, default=1.0, help="L2 sensitivity for sigma (default 1)")

@@ -1,7 +1,8 @@
 """``dpgate budget NAME``: a dataset's population spend against its cap, per allocation.
 
 The cap shown is the one the ledger enforces; if the policy file states other values, a
-warning says so (the ledger's hold until ``dpgate caps apply``). Nothing is written,
+warning says so once per change (the ledger's hold until ``dpgate caps apply``; ``--json``
+always reports ``policy_drift``). Nothing is written,
 except that a population no ledger has yet is created from its policy file.
 """
 
@@ -20,10 +21,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def print_report(report: dict) -> None:
-    """Print a spend report (ρ and ε at the cap's δ) as a table, after any policy-drift warning."""
+def print_report(report: dict, *, warn: bool = True) -> None:
+    """Print a spend report (ρ and ε) as a table, after any policy-drift warning
+    (``warn``: the caller decides whether it is new, see :mod:`dpgate.notices`)."""
     drift = report.get("policy_drift") or {}
-    if drift.get("message"):
+    if drift.get("message") and warn:
         print(f"warning: {drift['message']}")
     cap = report["cap"]
     print(f"population {report['population']}: cap ε = {cap['epsilon']:g}, δ = {cap['delta']:g} "
@@ -45,6 +47,9 @@ def print_report(report: dict) -> None:
         crow = [[name, f"{c['spent']['rho']:.6g}", f"{c['spent']['epsilon']:.4g}", f"{c['remaining']['rho']:.6g}",
                  c["charges"], "fresh: whole cap" if c["fresh"] else ""] for name, c in sorted(cohorts.items())]
         print_table(["cohort", "spent ρ", "spent ε", "remaining ρ", "charges", ""], crow)
+    from dpgate.ledger.caps import CONVERSION_NOTE
+
+    print(CONVERSION_NOTE)
 
 
 def run(args: argparse.Namespace, settings) -> int:
@@ -73,5 +78,9 @@ def run(args: argparse.Namespace, settings) -> int:
     if args.json:
         print_json(report)
     else:
-        print_report(report)
+        from dpgate.notices import first_notice
+
+        # the drift warning once per change (the JSON always has policy_drift)
+        print_report(report, warn=first_notice(settings.home, "policy_drift", policy.population,
+                                               report["policy_drift"].get("message") or ""))
     return 0

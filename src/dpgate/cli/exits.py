@@ -10,7 +10,7 @@ with configuration problems set apart:
 status  meaning                                                              error codes (HTTP status)
 ======  ===================================================================  ==============================
 0       success
-1       a check found problems (``dpgate ledger verify``)
+1       a check found problems (``dpgate ledger verify``, ``datasets check``)
 2       the command line or the request is wrong (argparse usage errors too) 400, 413
 3       not allowed                                                          401, 403
 4       something named does not exist                                       404
@@ -46,7 +46,7 @@ CONFIGURATION_CODES = frozenset({"invalid_policy", "ledger_error", "ledger_unava
 #: (status, meaning) in the order documented (README "Exit status").
 MEANINGS: tuple[tuple[int, str], ...] = (
     (OK, "success"),
-    (CHECK_FAILED, "a check found problems (`dpgate ledger verify`)"),
+    (CHECK_FAILED, "a check found problems (`dpgate ledger verify`; `dpgate datasets check`: a draft policy's TODOs)"),
     (USAGE, "the command line or the request is wrong: `invalid_request`, `invalid_sql`, `unsupported_query`, "
             "`unknown_table`, `unknown_column`, `invalid_budget`, `payload_too_large`, usage errors"),
     (NOT_ALLOWED, "not allowed: `unauthenticated`, `forbidden`"),

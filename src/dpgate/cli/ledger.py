@@ -1,7 +1,7 @@
 """``dpgate ledger``: inspect, verify and export the privacy-budget ledger.
 
 * ``dpgate ledger show [--population P] [--limit N]`` — spend per population
-  (cap, spent and remaining in ρ and in ε at the cap's δ, per consumer) and the
+  (cap, spent and remaining in ρ and in ε by the ledger's conversion, per consumer) and the
   latest charges.
 * ``dpgate ledger verify`` — recompute the spend from the entries and check the
   hash chain; exit status 1 if a problem is found.
@@ -143,7 +143,11 @@ def cmd_show(args: argparse.Namespace, settings: Any) -> int:
         print_table(["population", "consumer", "share", "cap ρ", "spent ρ", "spent ε", "remaining ρ", "charges"],
                     rows)
     print()
-    print(f"latest {len(entries)} charge(s) (ε is each charge alone at the cap's δ; never add them up):")
+    from dpgate.ledger.caps import CONVERSION_NOTE
+
+    print(CONVERSION_NOTE)
+    print()
+    print(f"latest {len(entries)} charge(s) (ε is each charge alone at its δ; never add them up):")
     if entries:
         curves = any(e["rho_checked"] != e["rho"] for e in entries)
         print_table(

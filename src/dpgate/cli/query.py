@@ -25,7 +25,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                       "search's consumer, the only one that may pay for its steps)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--rho", type=float, help="zCDP ρ of this release (total over its primitives)")
-    g.add_argument("--epsilon", type=float, help="standalone ε of this release at the cap's δ")
+    g.add_argument("--epsilon", type=float, help="standalone ε of this release, at the δ it is charged at "
+                                                 "(the cap's δ less its selection δ; pure ε for Laplace)")
     g.add_argument("--ci95", type=float, help="target 95%% half-width of each released cell")
     p.add_argument("--expected-count", type=float,
                    help="with --ci95: rows you expect per group (needed for AVG/VAR/STDDEV)")
@@ -185,7 +186,8 @@ def run(args: argparse.Namespace, settings) -> int:
     else:
         rho = charge.get("rho")
         print(f"release {release['release_id']}: charged ρ = {rho:.6g} "
-              f"(ε = {charge['epsilon_at_delta']:.4g} at δ = {charge['delta']:g}) to {charge['consumer']}")
+              f"(ε = {charge['epsilon_at_delta']:.4g} at δ = {charge['delta']:g}, the ledger's conversion) "
+              f"to {charge['consumer']}")
     _print_remaining(report, consumer)
     return 0
 

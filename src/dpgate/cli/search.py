@@ -4,7 +4,7 @@
   ``POST /v1/searches``); charges nothing; prints its id.
 * ``dpgate search list [--population P]`` — searches, newest first.
 * ``dpgate search show ID`` — every step with the accountant's state after it, the totals of the
-  whole search (ρ and ε at the cap's δ) and the replay against the ledger (exit 1 if it fails).
+  whole search (ρ and ε) and the replay against the ledger (exit 1 if it fails).
 * ``dpgate search close ID --selected NAME [--artifact ID]… [--selection-release REL]`` — record
   the selected candidate and artifacts; a closed search cannot be reopened.
 

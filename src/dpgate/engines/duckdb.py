@@ -155,6 +155,49 @@ def evaluate_tableless(sql: str) -> tuple[list[tuple], str]:
         raise ValueError(f"{type(e).__name__}: {str(e).splitlines()[0][:160]}") from None
 
 
+def describe_source(source: str) -> list[tuple[str, str]]:
+    """The columns of a data source as ``(name, DuckDB type)``, for drafting a policy
+    (``dpgate policy init``); reads the schema, never a value into the result.
+
+    Args:
+        source: a CSV or Parquet file (or glob), or ``duckdb:<file>:<table>``.
+
+    Types: Parquet and DuckDB tables carry their own schema; a CSV has none, so DuckDB's
+    sniffer infers the types from a sample of the file (only the type names are returned).
+
+    Raises:
+        ValueError: the file is missing, of an unknown kind, or DuckDB cannot read it
+            (its error class and first line).
+    """
+    con = duckdb.connect(config={"threads": 1})
+    try:
+        if source.startswith("duckdb:"):
+            file, name = split_duckdb_source(source)
+            if not os.path.isfile(file):
+                raise ValueError(f"DuckDB file not found: {file}")
+            con.execute(f"ATTACH {_sql_string(file)} AS __dpgate_source (READ_ONLY)")
+            relation = ".".join(["__dpgate_source", *(quote_identifier(p) for p in name.split("."))])
+        else:
+            files = source_files(source)
+            if not files or not all(os.path.isfile(f) for f in files):
+                raise ValueError(f"data file not found: {source}")
+            listed = "[" + ", ".join(_sql_string(f) for f in files) + "]"
+            lower = source.lower()
+            if lower.endswith(PARQUET_SUFFIXES):
+                relation = f"read_parquet({listed})"
+            elif lower.endswith(CSV_SUFFIXES):
+                relation = f"read_csv({listed}, header = true)"
+            else:
+                raise ValueError(f"unknown kind of file {source!r}: expected {', '.join(CSV_SUFFIXES + PARQUET_SUFFIXES)}"
+                                 " or duckdb:<file>:<table>")
+        rows = con.execute(f"DESCRIBE SELECT * FROM {relation}").fetchall()
+        return [(str(r[0]), str(r[1])) for r in rows]
+    except duckdb.Error as e:
+        raise ValueError(f"{type(e).__name__}: {str(e).splitlines()[0][:200]}") from None
+    finally:
+        con.close()
+
+
 def _sql_string(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 

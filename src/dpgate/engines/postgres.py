@@ -76,7 +76,7 @@ from dpgate.engines.base import (
 from dpgate.errors import Conflict, ExecutionError, InvalidSql, PolicyError, QueryTimeout
 from dpgate.policy import DatasetPolicy, TablePolicy
 
-__all__ = ["PostgresEngine", "COMPATIBLE", "connection_for"]
+__all__ = ["PostgresEngine", "COMPATIBLE", "connection_for", "describe_relation"]
 
 #: Declared type → PostgreSQL types (``format_type`` names, prefix match) it may be read from,
 #: and the canonical type it is exposed as.
@@ -132,6 +132,32 @@ def _alias_derived_tables(tree: exp.Expression) -> exp.Expression:
         if not node.alias and isinstance(node.parent, (exp.From, exp.Join)):
             node.set("alias", exp.TableAlias(this=exp.to_identifier(f"__dpg_d{i}", quoted=True)))
     return tree
+
+
+def describe_relation(conninfo: str, relation: str) -> list[tuple[str, str]]:
+    """The columns of a PostgreSQL table or view as ``(name, type)`` (``format_type`` names,
+    e.g. ``integer``, ``double precision``, ``text``), in column order, for drafting a policy
+    (``dpgate policy init``). Reads the catalog only (no row), in a read-only session.
+
+    Args:
+        conninfo: a libpq connection string or ``postgresql://`` URL.
+        relation: ``[schema.]table`` (resolved by the session's ``search_path`` when unqualified).
+
+    Raises:
+        ValueError: no connection, or no such relation (the message names it).
+    """
+    try:
+        with psycopg.connect(conninfo, connect_timeout=10, options="-c default_transaction_read_only=on") as conn:
+            oid = conn.execute("SELECT to_regclass(%s)::oid", (relation,)).fetchone()[0]
+            if oid is None:
+                raise ValueError(f"no table or view {relation!r} in that database")
+            rows = conn.execute(
+                "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute "
+                "WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped ORDER BY attnum", (oid,)).fetchall()
+    except psycopg.Error as e:
+        raise ValueError(f"cannot read the schema from PostgreSQL ({type(e).__name__}: "
+                         f"{str(e).splitlines()[0][:160] if str(e) else ''})") from None
+    return [(str(name), str(kind)) for name, kind in rows]
 
 
 def _source_parts(source: str) -> list[str]:

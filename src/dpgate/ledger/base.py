@@ -36,9 +36,14 @@ from dpgate.accounting import Cost
 from dpgate.ledger.caps import (
     FINITE_ORDERS,
     POPULATION_COLUMNS,
+    LEDGER_RULE,
+    LEDGER_RULE_DIFFERENCE,
+    LEDGER_RULE_DOC,
     CapSpec,
     fix_epsilon_cap,
     fix_rho_cap,
+    ledger_epsilon,
+    ledger_rho,
     legacy_cap,
     optimal_order,
     order_epsilon,
@@ -72,6 +77,7 @@ from dpgate.ledger.filter import (
     Refusal,
     Totals,
     charge_epsilon,
+    charge_statement,
     check_charge,
     exhausted_error,
     filter_decision,
@@ -107,9 +113,11 @@ __all__ = [
     "validate_governance", "validate_limit", "validate_name", "validate_text",
     # caps
     "FINITE_ORDERS", "POPULATION_COLUMNS", "CapSpec", "fix_epsilon_cap", "fix_rho_cap", "legacy_cap",
+    "ledger_epsilon", "ledger_rho", "LEDGER_RULE", "LEDGER_RULE_DOC", "LEDGER_RULE_DIFFERENCE",
     "optimal_order", "order_epsilon", "order_rho", "population_from_row", "validate_cap", "validate_population",
     # filter
-    "BudgetCurve", "Decision", "Refusal", "Totals", "charge_epsilon", "check_charge", "exhausted_error",
+    "BudgetCurve", "Decision", "Refusal", "Totals", "charge_epsilon", "charge_statement", "check_charge",
+    "exhausted_error",
     "filter_decision", "rho_epsilon",
     # reports
     "ChargeReceipt", "ConsumerSpend", "PolicyDrift", "SpendReport", "build_spend_report", "cap_change_result",

@@ -64,6 +64,12 @@ __all__ = [
     "order_rho",
     "fix_epsilon_cap",
     "fix_rho_cap",
+    "ledger_epsilon",
+    "ledger_rho",
+    "LEDGER_RULE",
+    "LEDGER_RULE_DOC",
+    "LEDGER_RULE_DIFFERENCE",
+    "CONVERSION_NOTE",
     "validate_cap",
     "legacy_cap",
     "validate_population",
@@ -158,6 +164,61 @@ def fix_rho_cap(rho: float, delta: float) -> tuple[float, float]:
         if e < best[0]:
             best = (e, alpha)
     return best
+
+
+#: The one conversion every surface uses between ρ (or a ledger cost) and (ε, δ): the cap rule's.
+LEDGER_RULE = ("the ledger's rule: Balle et al. 2020 Thm. 21 at each order of the ledger's RDP grid, "
+               "the best order (α_cap for the cap), at δ less the δ reserved for partition selection")
+#: Where the README explains it (and why it differs from the textbook conversion).
+LEDGER_RULE_DOC = "README.md#one-conversion-the-ledgers"
+#: One sentence on the difference from the textbook conversion, for every surface that shows ε.
+LEDGER_RULE_DIFFERENCE = (
+    "the ledger converts at the orders of its RDP grid and at δ minus the δ reserved for partition "
+    "selection, so its ε for a ρ is a little larger (and its ρ for a cap a little smaller) than the "
+    "textbook zCDP conversion of Canonne, Kamath & Steinke 2020 at the full δ")
+
+
+#: The one line the command line prints under a table of ε figures.
+CONVERSION_NOTE = (f"ε: the ledger's one conversion (its cap rule); {LEDGER_RULE_DIFFERENCE} "
+                   "(README: \"One conversion: the ledger's\")")
+
+
+def ledger_epsilon(cost: "accounting.Cost | float", delta: float) -> float:
+    """ε at ``delta`` of a total cost — or of a total ρ — by the ledger's rule (:data:`LEDGER_RULE`).
+
+    The curve ε(α) (α·ρ for a ρ, [BS16] Def. 1.1) is converted at each order of
+    :data:`dpgate.accounting.ORDERS` by [BBG+20] Thm. 21 and the smallest value is kept
+    (:func:`dpgate.accounting.rdp_epsilon_tight`); the order ∞ gives a pure-ε curve its own ε.
+    For a ρ this is the exact inverse of :func:`ledger_rho` (the cap rule): ``ledger_epsilon(ρ_cap,
+    cap.rho_delta) == cap.epsilon`` up to rounding. Callers pass the δ a charge is made at,
+    :attr:`CapSpec.rho_delta` (δ less the selection δ).
+
+    Args:
+        cost: a :class:`~dpgate.accounting.Cost` (total, composed) or a total ρ ≥ 0.
+        delta: δ in [0, 1).
+
+    Returns:
+        ε ≥ 0 (0 for ρ = 0).
+    """
+    if isinstance(cost, accounting.Cost):
+        curve = cost.curve_at(ORDERS)
+    else:
+        rho = float(cost)
+        if rho <= 0.0:
+            return 0.0
+        curve = accounting.gaussian_rdp(rho, ORDERS)
+    return accounting.rdp_epsilon_tight(curve, delta, ORDERS)
+
+
+def ledger_rho(epsilon: float, delta: float) -> float:
+    """The largest total ρ whose ledger conversion (:func:`ledger_epsilon`) at ``delta`` is at most
+    ``epsilon``: the cap rule's ρ_cap (:func:`fix_epsilon_cap`). A request's ε becomes this ρ.
+
+    Args:
+        epsilon: ε > 0 (total for what it pays: a cap, or one release).
+        delta: δ in (0, 1) (the cap's δ less its selection δ).
+    """
+    return fix_epsilon_cap(float(epsilon), float(delta))[0]
 
 
 @dataclass(frozen=True)

@@ -196,7 +196,7 @@ def new_charge_entry(
         request: the validated charge.
         seq: its position in the hash chain (the head's ``seq`` + 1).
         prev_hash: the head's hash (:data:`GENESIS_HASH` for the first entry).
-        epsilon_at_delta: the charge alone as ε at the cap's δ.
+        epsilon_at_delta: the charge alone as ε at ``delta`` (the ledger's conversion).
         delta: the cap's δ.
     """
     entry: dict[str, Any] = {

@@ -58,7 +58,7 @@ import numpy as np
 from dpgate import accounting
 from dpgate.accounting import ORDERS, Cost
 from dpgate.errors import BudgetExhausted, DpgateError, InvalidBudget
-from dpgate.ledger.caps import CapSpec
+from dpgate.ledger.caps import CapSpec, ledger_epsilon
 from dpgate.ledger.validation import TOLERANCE, json_float
 
 __all__ = [
@@ -68,6 +68,7 @@ __all__ = [
     "Decision",
     "filter_decision",
     "charge_epsilon",
+    "charge_statement",
     "rho_epsilon",
     "exhausted_error",
     "Refusal",
@@ -294,23 +295,28 @@ class Totals:
         grid = float(np.max(s)) if s.size else 0.0
         return max(grid, self.spent_at(budget) / budget.alpha_star)
 
+    @property
+    def continuous_gaussian_only(self) -> bool:
+        """Whether every charge composed is a continuous Gaussian (``Cost.kind`` "gaussian")."""
+        return self.charges > 0 and self.kinds == _KIND_BITS["gaussian"]
+
     def spent_epsilon(self, budget: BudgetCurve, delta: float) -> tuple[float, str]:
         """ε at ``delta`` of everything composed, and the conversion used.
 
-        ``"zcdp"`` ([CKS20] Cor. 13), ``"gaussian"`` (exact Gaussian DP, [BW18]) or
-        ``"rdp"`` ([BBG+20] Thm. 21 over the grid, and at α* by the bound above,
-        whichever is smaller); ``"none"`` and 0 when nothing was charged.
+        Always the ledger's rule (:func:`dpgate.ledger.caps.ledger_epsilon`: [BBG+20] Thm. 21 at
+        the grid's orders, the best one), for a legacy cap also at its α* (whichever is
+        smaller): ``"ledger"``; ``"none"`` and 0 when nothing was charged. With the spend equal
+        to the cap's ρ_cap this gives back the cap's ε.
         """
         cost = self.spent_cost()
         if cost is None:
             return 0.0, "none"
-        eps = accounting.cost_epsilon(cost, delta)
+        eps = ledger_epsilon(cost, delta)
         if cost.kind == "rdp":
             at_star = self.spent_at(budget)
             if math.isfinite(at_star) and at_star > 0:
                 eps = min(eps, accounting.rdp_epsilon_tight([at_star], delta, orders=[budget.alpha_star]))
-            return eps, "rdp"
-        return eps, cost.kind
+        return eps, "ledger"
 
     # -- storage -----------------------------------------------------------------------
 
@@ -426,17 +432,31 @@ def filter_decision(spent: Totals, request: Cost, budget: BudgetCurve, after: To
 
 @lru_cache(maxsize=4096)
 def _cost_eps(cost: Cost, delta: float) -> float:
-    return accounting.cost_epsilon(cost, delta)
+    return ledger_epsilon(cost, delta)
 
 
 def charge_epsilon(cost: Cost, delta: float) -> float:
-    """ε at δ of one charge alone (``accounting.cost_epsilon``, memoised)."""
+    """ε at δ of one charge alone by the ledger's rule (:func:`dpgate.ledger.caps.ledger_epsilon`,
+    memoised)."""
     return _cost_eps(cost, delta)
 
 
+def charge_statement(cost: Cost, delta: float) -> tuple[float, float]:
+    """The (ε, δ) a receipt states for one charge made at ``delta`` (the cap's δ less its selection δ).
+
+    A cost with a finite pure-ε value (its curve at α = ∞: a discrete Laplace release, an ε-DP
+    mechanism) states that ε at δ = 0 for its own part; any other cost states the ledger's ε
+    (:func:`charge_epsilon`) at ``delta``, the δ it was charged at.
+    """
+    pure = float(cost.curve_at((math.inf,))[0])
+    if math.isfinite(pure):
+        return pure, 0.0
+    return charge_epsilon(cost, delta), delta
+
+
 def rho_epsilon(rho: float, delta: float) -> float:
-    """ε at δ of one zCDP charge of ``rho`` ([CKS20] Cor. 13); 0 for ρ ≤ 0."""
-    return accounting.zcdp_epsilon_tight(rho, delta) if rho > 0 else 0.0
+    """ε at δ of one zCDP charge of ``rho`` by the ledger's rule; 0 for ρ ≤ 0."""
+    return ledger_epsilon(rho, delta) if rho > 0 else 0.0
 
 
 def _g(x: float) -> str:
@@ -456,19 +476,22 @@ def exhausted_error(
 ) -> BudgetExhausted:
     """The :class:`~dpgate.errors.BudgetExhausted` for a refused charge (pure).
 
-    The message says, in the terms of the rule that refused: for the zCDP filter the ρ
-    needed and left; for the Rényi filter the order α that failed, the request's ε(α),
-    what is spent there, B(α) and by how much it would be exceeded; for the selection δ
-    the δ needed and left.
+    The message is one short sentence in the terms of the rule that refused: what is needed
+    and what the payer has left of what (zCDP filter: "needs ρ 5; left for analysts: ρ 0.113 of
+    0.1179 (40% of the cap's ρ 0.2947); nothing was charged"; Rényi filter: ε(α) at
+    the binding order; selection: δ). The long account (the order that failed, what is spent
+    there, B(α), the excess, why that order is checked) is ``details["explanation"]``, and every
+    figure is a field.
 
     ``details``: population, consumer, scope ("population" or "consumer"), delta, rule,
     binding_order, alpha_cap, and requested / spent / cap / remaining, each
-    ``{rho, epsilon}`` with ε at the cap's δ (requested: the charge alone, its ρ the
+    ``{rho, epsilon}`` with ε at the cap's δ less its selection δ, by the ledger's conversion
+    (requested: the charge alone, its ρ the
     smallest ρ' with curve(α) ≤ α·ρ' at the checked orders; remaining: one zCDP charge
     of the remaining ρ; cap: the published ε for a population, the ε of share × ρ_cap
     for a consumer); for the Rényi filter ``order`` = ``{alpha, request, spent, budget,
     excess}`` (RDP ε values at that order); for the selection δ ``selection`` =
-    ``{requested, spent, cap, remaining}``.
+    ``{requested, spent, cap, remaining}``; ``explanation``: the whole account in words.
     """
     delta = cap.delta
     d_rho = cap.rho_delta
@@ -481,6 +504,10 @@ def exhausted_error(
     who = f"consumer {consumer!r} of population {population!r}" if scope == "consumer" \
         else f"population {population!r}"
     share = "" if scope == "population" else " (its share of the population's)"
+    # the lead sentence: what is needed, who pays, what they have left of what
+    payer = f"left for {consumer}" if scope == "consumer" else f"left for population {population}"
+    of_what = (f" ({budget.rho / cap.rho_cap:.0%} of the cap's ρ {_s(cap.rho_cap)})"
+               if scope == "consumer" and cap.rho_cap > 0 else "")
     details: dict[str, Any] = {
         "population": population,
         "consumer": consumer,
@@ -500,13 +527,19 @@ def exhausted_error(
         details["selection"] = {"requested": selection_delta, "spent": used, "cap": budget.selection_delta,
                                 "remaining": left}
         if budget.selection_delta <= 0.0:
-            message = (f"partition selection is not available for {who}: its cap reserves no delta for "
-                       "selecting keys (selection_delta = 0; adopt a policy with selection_delta through "
-                       "`dpgate caps apply`); nothing was charged")
+            message = ("partition selection is not available: the cap reserves no δ for selecting keys "
+                       "(selection_delta = 0; adopt a policy that reserves some with `dpgate caps apply`); "
+                       "nothing was charged")
+            details["explanation"] = (
+                f"partition selection is not available for {who}: its cap reserves no delta for selecting keys "
+                "(selection_delta = 0; adopt a policy with selection_delta through `dpgate caps apply`)")
         else:
-            message = (f"partition selection budget exhausted for {who}: selecting keys needs delta = "
-                       f"{selection_delta:.3g} but only {left:.3g} of the selection delta "
-                       f"{budget.selection_delta:.3g}{share} remains; nothing was charged")
+            message = (f"needs δ {_s(selection_delta)} for partition selection; {payer}: δ {_s(left)} of "
+                       f"{_s(budget.selection_delta)}; nothing was charged")
+            details["explanation"] = (
+                f"partition selection budget exhausted for {who}: selecting keys needs delta = "
+                f"{selection_delta:.3g} but only {left:.3g} of the selection delta "
+                f"{budget.selection_delta:.3g}{share} remains")
         return BudgetExhausted(message, details)
     if decision.rule == "renyi":
         a, s, r, b = (decision.binding_order, decision.spent_at, decision.request_at, decision.budget_at)
@@ -522,26 +555,39 @@ def exhausted_error(
                  "before dpgate checked only the orders up to alpha_cap, so every order is checked; "
                  "`dpgate caps apply` or a new cap re-fixes it")
         if math.isinf(r):
-            message = (f"the charge does not fit {who}: its RDP curve makes no claim at order "
-                       f"alpha = {a:g} (epsilon(alpha) = ∞), an order the budget checks; {proof}. "
-                       "Give epsilon(alpha) at every order up to alpha_cap. Nothing was charged")
+            message = (f"the charge's RDP curve makes no claim at Rényi order α = {a:g} (ε(α) = ∞), an order the "
+                       f"cap checks: give ε(α) at every order up to alpha_cap = {details['alpha_cap']:g}; "
+                       "nothing was charged")
+            details["explanation"] = (
+                f"the charge does not fit {who}: its RDP curve makes no claim at order alpha = {a:g} "
+                f"(epsilon(alpha) = ∞), an order the budget checks; {proof}. Give epsilon(alpha) at every "
+                "order up to alpha_cap")
         else:
             pct = f" ({excess / left:.0%} more than what is left)" if left > 0 else ""
             # a zCDP request (rho, or a budget converted to rho) is read in rho first: epsilon(alpha) = rho·alpha
+            as_rho = (f"ρ {_s(req_rho)}, i.e. " if request.rho is not None and math.isfinite(req_rho)
+                      and req_rho > 0 else "")
+            message = (f"needs {as_rho}ε(α) {_s(r)} at Rényi order α = {a:g}; {payer} there: {_s(left)} of "
+                       f"{_s(b)}; nothing was charged")
             lead = (f"the charge needs rho = {req_rho:.6g} (epsilon(alpha) = rho·alpha, Bun & Steinke 2016 "
-                    f"Def. 1.1); " if request.rho is not None and math.isfinite(req_rho)
-                    and req_rho > 0 else "")
-            message = (f"privacy budget exhausted for {who}: {lead}at Rényi order alpha = {a:g} the charge costs "
-                       f"epsilon(alpha) = {_g(r)}, but {_g(s)} of the budget B(alpha) = {_g(b)}{share} is "
-                       f"already spent there, so only {_g(left)} remains: over by {_g(excess)}{pct}. "
-                       f"{proof[0].upper()}{proof[1:]}. Nothing was charged")
+                    f"Def. 1.1); " if as_rho else "")
+            details["explanation"] = (
+                f"privacy budget exhausted for {who}: {lead}at Rényi order alpha = {a:g} the charge costs "
+                f"epsilon(alpha) = {_g(r)}, but {_g(s)} of the budget B(alpha) = {_g(b)}{share} is already spent "
+                f"there, so only {_g(left)} remains: over by {_g(excess)}{pct}. {proof[0].upper()}{proof[1:]}")
         return BudgetExhausted(message, details)
+    message = f"needs ρ {_s(req_rho)}; {payer}: ρ {_s(rem)} of {_s(budget.rho)}{of_what}; nothing was charged"
     eps_part = f" (epsilon = {req_eps:.4g} on its own at delta = {d_rho:.3g})" if req_eps > 0 else ""
     left_part = f" (epsilon = {rho_epsilon(rem, d_rho):.4g} as one more charge)" if rem > 0 else ""
-    message = (f"privacy budget exhausted for {who}: the charge needs rho = {req_rho:.6g}{eps_part} but only "
-               f"rho = {rem:.6g} of the budget rho = {budget.rho:.6g}{share} remains{left_part}; "
-               "nothing was charged")
+    details["explanation"] = (
+        f"privacy budget exhausted for {who}: the charge needs rho = {req_rho:.6g}{eps_part} but only "
+        f"rho = {rem:.6g} of the budget rho = {budget.rho:.6g}{share} remains{left_part}")
     return BudgetExhausted(message, details)
+
+
+def _s(x: float) -> str:
+    """A budget figure in a message: 4 significant digits (∞ as ∞)."""
+    return "∞" if math.isinf(x) else f"{x:.4g}"
 
 
 @dataclass(frozen=True)

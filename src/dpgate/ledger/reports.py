@@ -1,14 +1,14 @@
 """What the ledger reports: charge receipts, spend reports, cap changes and policy drift.
 
-Reported ε ("ε used so far at the cap's δ") uses the tightest conversion valid
-for what was composed (:meth:`dpgate.ledger.filter.Totals.spent_epsilon`):
-[CKS20] Cor. 13 for histories of discrete Gaussian (zCDP) charges, the exact
-Gaussian-DP conversion ([BW18] Thm. 8) for histories of continuous Gaussians
-only (Σρ_i ≤ ρ_cap is then also the Gaussian-DP filter Σμ_i² ≤ μ², μ = √(2ρ),
-of Smith & Thakurta, "Fully Adaptive Composition for Gaussian Differential
-Privacy", arXiv:2210.17520), and [BBG+20] Thm. 21 on the RDP curve otherwise.
-With a selection δ reserved, ε is stated at δ − selection_delta (the part of
-δ that ρ is converted at; the spent selection δ adds to it).
+Reported ε ("ε used so far") is the ledger's one conversion, the cap rule itself
+(:func:`dpgate.ledger.caps.ledger_epsilon`, via :meth:`dpgate.ledger.filter.Totals.spent_epsilon`):
+[BBG+20] Thm. 21 at the orders of the ledger's RDP grid, the best one, for whatever was composed
+(zCDP charges as the curve α·ρ, [BS16] Def. 1.1), at δ − selection_delta (the part of δ that ρ is
+converted at; the spent selection δ adds to it). A spend equal to ρ_cap is therefore stated as
+the cap's ε, and a request's ε is turned into ρ by the inverse (:func:`~dpgate.ledger.caps.ledger_rho`).
+The textbook conversions ([CKS20] Cor. 13 at a continuous order, exact Gaussian DP [BW18]) are
+slightly tighter and are shown beside it by ``dpgate accounting`` only. A pure-ε charge's receipt
+states its own ε at δ = 0 (:func:`~dpgate.ledger.filter.charge_statement`).
 
 References: [CKS20] Canonne, Kamath, Steinke 2020 (arXiv:2004.00010);
 [BBG+20] Balle, Barthe, Gaboardi, Hsu, Sato 2020 (arXiv:1905.09982);
@@ -49,12 +49,13 @@ class ChargeReceipt:
         rho: the cost's ρ, or for an RDP curve the smallest ρ' with
             curve(α) ≤ α·ρ' at every finite grid order (``Cost.rho_bound``; may be ∞
             for a curve that makes no claim at high orders).
-        epsilon_at_delta: this charge alone as ε at the cap's δ
+        epsilon_at_delta: this charge alone as ε at ``delta`` (the ledger's conversion)
             (``accounting.cost_epsilon``; never to be summed across charges).
         created_at: ISO-8601 UTC timestamp of the entry.
         duplicate: True if ``release_key`` had already been charged and this is
             the stored receipt (nothing new was charged).
-        delta: the cap's δ at which ``epsilon_at_delta`` is stated.
+        delta: the δ at which ``epsilon_at_delta`` is stated: the δ the charge was made at (the
+            cap's δ less its selection δ), or 0 for a pure-ε charge.
         release_key: the single-flight key given with the charge, or None.
         seq: the entry's position in the ledger's hash chain.
         cap: the cap the ledger enforced when it answered (None if unknown).
@@ -110,7 +111,7 @@ class ChargeReceipt:
 
 @dataclass(frozen=True)
 class ConsumerSpend:
-    """One consumer's part of a :class:`SpendReport` (ρ totals, ε at the cap's δ).
+    """One consumer's part of a :class:`SpendReport` (ρ totals, ε at the cap's δ less its selection δ).
 
     Attributes:
         name: consumer name.
@@ -159,20 +160,24 @@ class SpendReport:
         epsilon, delta, rho_cap: the current cap ((ε, δ) and its ρ; totals).
         spent_rho: ρ spent (Σρ for ρ-only histories; for histories with RDP
             curves the smallest ρ' with S(α) ≤ α·ρ' at every checked order).
-        spent_epsilon: ε of everything composed, at the cap's δ (less the selection δ),
-            by the tightest valid conversion (``conversion`` names it).
+        spent_epsilon: ε of everything composed, at the cap's δ less the selection δ, by the
+            ledger's one conversion (``conversion`` names it).
         remaining_rho: ρ_cap − spent_rho, clamped at 0: the largest zCDP charge
             that still fits the population.
         remaining_epsilon: the ε (at δ) of one zCDP charge of ``remaining_rho``
             (ε is not additive: spent + remaining ε ≠ cap ε in general).
         charges: number of charges.
-        conversion: ``"none"`` (nothing spent), ``"zcdp"`` ([CKS20]), ``"gaussian"``
-            (exact Gaussian DP, [BW18]) or ``"rdp"`` ([BBG+20] Thm. 21).
+        conversion: ``"none"`` (nothing spent) or ``"ledger"`` (the ledger's one conversion,
+            :data:`dpgate.ledger.caps.LEDGER_RULE`).
         consumers: consumer name → :class:`ConsumerSpend` (allocated consumers and
             any that charged).
         allocations: the current allocations (empty: open population).
         cap: the cap in force (:class:`~dpgate.ledger.caps.CapSpec`).
         selection_delta_spent: δ spent on partition selection (Σδ_q).
+        continuous_gaussian: every charge is a continuous Gaussian (``Cost.kind`` "gaussian",
+            e.g. a DP-SGD run without amplification): the history is then exactly √(2ρ)-GDP
+            ([DRS19] Cor. 3.3), which the membership-attack bound uses; reported ε stays the
+            ledger's one conversion.
     """
 
     population: str
@@ -189,6 +194,7 @@ class SpendReport:
     allocations: Mapping[str, float] = field(default_factory=dict)
     cap: CapSpec | None = None
     selection_delta_spent: float = 0.0
+    continuous_gaussian: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """``{population, cap {epsilon, delta, rho, alpha_cap, selection_delta, rule}, spent
@@ -247,7 +253,8 @@ def build_spend_report(
                                         t.selection_value)
     return SpendReport(population, cap.epsilon, cap.delta, cap.rho_cap, p_spent, p_eps, p_rem,
                        rho_epsilon(p_rem, d), population_totals.charges, conversion, consumers,
-                       dict(allocations), cap, population_totals.selection_value)
+                       dict(allocations), cap, population_totals.selection_value,
+                       population_totals.continuous_gaussian_only)
 
 
 def entry_rho_checked(entry: Mapping[str, Any], cap: CapSpec | None) -> Any:
@@ -285,7 +292,7 @@ def receipt_from_entry(entry: Mapping[str, Any], *, duplicate: bool, cost: Cost 
 def cap_standing(cap: CapSpec, population_totals: Totals) -> dict[str, Any]:
     """Where a population stands against ``cap``: ``{exhausted, spent, remaining, over_by}``.
 
-    ``spent``/``remaining`` are ``{rho, epsilon}`` (ε at the cap's δ); ``over_by`` is None
+    ``spent``/``remaining`` are ``{rho, epsilon}`` (ε at the cap's δ less its selection δ); ``over_by`` is None
     unless the spend exceeds the cap, then ``{rho, epsilon}``: how much more ρ was spent than
     the cap allows, and how much the ε of the spend exceeds the cap's ε.
     """

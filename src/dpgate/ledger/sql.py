@@ -57,7 +57,7 @@ from dpgate.ledger.entries import (
     prepare_charge,
     utc_now,
 )
-from dpgate.ledger.filter import Totals, charge_epsilon, check_charge
+from dpgate.ledger.filter import Totals, charge_statement, check_charge
 from dpgate.ledger.replay import Replay, VerifyReport, stored_state_problems
 from dpgate.ledger.reports import (
     ChargeReceipt,
@@ -622,7 +622,7 @@ class SqlLedger(LedgerBrowsing, CohortStore):
             UnknownPopulation: no such population.
             UnknownConsumer: the population allocates nothing to ``consumer``.
             BudgetExhausted: a filter refuses (details: the rule, the order that failed and
-                by how much, requested/spent/cap/remaining in ρ and ε at the cap's δ);
+                by how much, requested/spent/cap/remaining in ρ and ε);
                 nothing written.
             LedgerError: the store failed, or stayed busy (locked by another writer)
                 past the backend's busy or lock timeout; ``details["outcome"] ==
@@ -632,7 +632,7 @@ class SqlLedger(LedgerBrowsing, CohortStore):
                              metadata=metadata, selection_delta=selection_delta, cohorts=cohorts)
         cost = req.cost
         hint = self._delta_hint.get(population)
-        eps = charge_epsilon(cost, hint) if hint is not None else None  # outside the write transaction
+        stated = charge_statement(cost, hint) if hint is not None else None  # outside the write transaction
         refusal = None
         cohort_refusal = None
         receipt: ChargeReceipt | None = None
@@ -666,11 +666,11 @@ class SqlLedger(LedgerBrowsing, CohortStore):
                         self._cohort_totals(tx, population, consumer, req.cohorts), req.selection_delta)
                     refusal = None if cohort_refusal is None else cohort_refusal[1]
                 if refusal is None:
-                    if eps is None or hint != cap.rho_delta:
-                        eps = charge_epsilon(cost, cap.rho_delta)
+                    if stated is None or hint != cap.rho_delta:
+                        stated = charge_statement(cost, cap.rho_delta)
                     seq, prev_hash = tx.head()
-                    entry = new_charge_entry(req, seq=seq + 1, prev_hash=prev_hash, epsilon_at_delta=eps,
-                                             delta=cap.rho_delta)
+                    entry = new_charge_entry(req, seq=seq + 1, prev_hash=prev_hash, epsilon_at_delta=stated[0],
+                                             delta=stated[1])
                     tx.execute(self._sql.insert_charge, tuple(entry.get(c) for c in STORED_CHARGE_COLUMNS))
                     tx.executemany(self._sql.upsert_totals, [(population, "", *pt_after.to_row()),
                                                              (population, consumer, *ct_after.to_row())])
@@ -701,8 +701,8 @@ class SqlLedger(LedgerBrowsing, CohortStore):
         """Spent and remaining budget of ``population`` and of each consumer (read-only,
         one snapshot).
 
-        ρ totals are exact sums of the entries; ε is at the cap's δ by the
-        tightest conversion valid for what was composed (see
+        ρ totals are exact sums of the entries; ε is at the cap's δ less its selection δ by the
+        ledger's one conversion (see
         :func:`dpgate.ledger.base.build_spend_report`).
 
         Raises:

@@ -17,8 +17,8 @@ candidates and the selection — with the accountant's state after each one:
 
 **Accountant state.** After each charged step the record stores (i) the search's own
 composed cost — the exact totals of its charges (:class:`~dpgate.ledger.filter.Totals`), as the
-ρ-equivalent at the orders the cap checks and as ε at the cap's δ by the tightest conversion
-valid for what was composed — and (ii) the population's spend *as of that ledger entry*: the
+ρ-equivalent at the orders the cap checks and as ε at the cap's δ less its selection δ by the
+ledger's one conversion (:func:`dpgate.ledger.caps.ledger_epsilon`) — and (ii) the population's spend *as of that ledger entry*: the
 ledger's spend report (:func:`~dpgate.ledger.reports.build_spend_report`) over its charges up to
 the entry's ``seq``, under the cap and allocations in force then. Both are pure functions of
 immutable ledger entries, so :meth:`Searches.get` recomputes every step and reports any
@@ -557,8 +557,8 @@ class _LedgerView:
 
     def composed(self, charge_ids: list[str], seq: int | None = None) -> dict[str, Any]:
         """The composed cost of these charges per population, as the ledger accounts a spend: exact
-        totals, ρ-equivalent at the orders the cap checks and ε at the cap's δ by the tightest valid
-        conversion — under the cap in force at ledger entry ``seq`` (None: now), so a recorded
+        totals, ρ-equivalent at the orders the cap checks and ε at the cap's δ less its selection δ by
+        the ledger's one conversion — under the cap in force at ledger entry ``seq`` (None: now), so a recorded
         state replays even after a later cap change."""
         from dpgate.ledger.filter import BudgetCurve, Totals
 
@@ -585,7 +585,7 @@ class _LedgerView:
 
 
 def population_state(ledger: Any, population: str, seq: int) -> dict[str, Any]:
-    """The population's spend as of ledger entry ``seq``: ρ spent and remaining, ε at the cap's δ,
+    """The population's spend as of ledger entry ``seq``: ρ spent and remaining, ε (ledger's conversion),
     under the cap and allocations in force then (:class:`_LedgerView`). A pure function of
     immutable entries, so it replays."""
     return _LedgerView(ledger).population_states(population, [seq])[seq]

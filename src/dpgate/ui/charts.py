@@ -486,7 +486,7 @@ def burndown_chart(
         allocation_caps: ``(consumer, share × ρ_cap now)``, in the order of ``consumers``.
         ident, title, y_label: as for :func:`bar_chart`.
         t0, t1: the time axis (epoch seconds).
-        right_ticks: optional ``(ρ, label)`` ticks for a right-hand axis (e.g. ε at the cap's δ).
+        right_ticks: optional ``(ρ, label)`` ticks for a right-hand axis (e.g. ε by the ledger's conversion).
         zoom: scale the y axis to the spend (the cap and allocation lines above it
             are left out and named in the legend) instead of to the cap.
 

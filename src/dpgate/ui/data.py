@@ -11,9 +11,9 @@
   left, and the expected ± of each noisy output.
 
 Numbers pass through unchanged: the pages format them, they never recompute a
-privacy quantity the gateway reported (the burn-down's ε axis labels use
-:func:`dpgate.accounting.zcdp_epsilon`, the tight conversion of
-Canonne, Kamath & Steinke 2020, Cor. 13, of the ρ shown).
+privacy quantity the gateway reported (the burn-down's ε axis labels use the ledger's one
+conversion, :func:`dpgate.ledger.caps.ledger_epsilon`, of the ρ shown at the cap's δ less its
+selection δ: the cap's ρ is labelled with the cap's ε).
 """
 
 from __future__ import annotations
@@ -31,7 +31,9 @@ import numpy as np
 from markupsafe import Markup
 
 from dpgate import accounting
+from dpgate.ledger.caps import ledger_epsilon
 from dpgate.ledger.entries import event_cap, event_old_cap
+from dpgate.mechanisms import ci95_halfwidth
 from dpgate.postprocess.expected import expected_accuracy
 from dpgate.ui.charts import Series, bar_chart, burndown_chart, clip_text, date_ticks, fmt_number, line_chart, meter
 
@@ -88,7 +90,7 @@ def populations_overview(gateway: Any) -> list[dict[str, Any]]:
     """Every population of the ledger with its spend report, datasets and warnings.
 
     Each item: ``name``, ``report`` (:meth:`SpendReport.to_dict`: cap, spent,
-    remaining in ρ and ε at the cap's δ, consumers), ``consumers`` (rows with a
+    remaining in ρ and ε, consumers), ``consumers`` (rows with a
     ``fraction`` of the allocation spent and a ``meter``), ``datasets`` (names
     with their tables' privacy units), ``units`` (distinct privacy units),
     ``alpha_cap`` (when the ledger reports one) and ``drift`` (one sentence per
@@ -240,10 +242,13 @@ class BurndownCache:
         delta = _number(report.get("cap", {}).get("delta"))
         right: list[tuple[float, str]] = []
         if delta:
+            # ε by the ledger's one conversion at the δ charges are made at (δ less the selection δ):
+            # the cap's ρ is labelled with the cap's ε
+            d_rho = delta - (_number(report.get("cap", {}).get("selection_delta")) or 0.0)
             top = max(([] if zoom else [c for _, c in cap_steps]) + [spent, 1e-12])
             for frac in (0.25, 0.5, 0.75, 1.0):
                 rho = top * frac
-                right.append((rho, f"ε {fmt_number(accounting.zcdp_epsilon(rho, delta), 3)}"))
+                right.append((rho, f"ε {fmt_number(ledger_epsilon(rho, d_rho), 3)}"))
         svg = burndown_chart(series, total, cap_steps, alloc, ident=f"burn-{zlib.crc32(population.encode()):08x}",
                              title=f"Budget burn-down of population {population}", t0=t0, t1=t1,
                              right_ticks=right, zoom=zoom)

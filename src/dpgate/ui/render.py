@@ -91,7 +91,11 @@ def _environment() -> jinja2.Environment:
         auto_reload=False,
     )
     env.filters.update(num=_num, pct=_pct, when=_when, pretty_json=_pretty_json)
-    env.globals.update(version=__version__, Permission=Permission)
+    from dpgate.ledger.caps import LEDGER_RULE, LEDGER_RULE_DIFFERENCE
+
+    # the one conversion's name and its difference from the textbook one, said by every page that shows ε
+    env.globals.update(version=__version__, Permission=Permission, ledger_rule=LEDGER_RULE,
+                       ledger_rule_difference=LEDGER_RULE_DIFFERENCE)
     return env
 
 
