@@ -87,7 +87,7 @@ def _refused(match: str, lineitem_unit: str = FK, **kw) -> PolicyError:
         _parse(lineitem_unit, **kw)
     assert match in e.value.message, e.value.message
     assert "\n" not in e.value.message  # one clear line
-    assert e.value.details["table"] == "lineitem" or e.value.details["table"] is not None
+    assert e.value.details["table"] == "lineitem"  # the table declaring the path
     return e.value
 
 
