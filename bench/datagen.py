@@ -21,6 +21,10 @@ noise), so the output does not depend on the chunk size.
     ``../shared/data/smartnoise/PUMS.csv`` to ``rows`` rows, each with its own
     person id ``pid`` (1 .. rows): one row per privacy unit.
 
+``tpch`` — the 8 TPC-H tables of :mod:`dpgate.tpch` at scale factor ``--sf`` (10M lineitems
+    at SF 1.667, about 45 s), both lineitem layouts, and the policies ``tpch`` (denormalised:
+    ``l_custkey``) and ``tpch_fk`` (the unit through ``l_orderkey -> orders.o_orderkey``).
+
 Each output folder gets ``<table>.parquet``, ``policies/<dataset>.toml`` (a
 policy whose ``source`` is relative to the folder, so
 ``load_policies(out / "policies")`` works) and ``manifest.json`` (parameters,
@@ -32,6 +36,7 @@ Examples (from the project root)::
     python -m bench.datagen --rows 1000000 --units 100000 --keys 10 --out bench/.data/rows_1m
     python -m bench.datagen --kind pums --rows 1200000 --out bench/.data/pums_1m2
     python -m bench.datagen --preset all        # 1M, 10M, 30M (if RAM allows) and PUMS
+    python -m bench.datagen --kind tpch --sf 1.667 --out bench/.data/tpch_10m
 """
 
 from __future__ import annotations
@@ -327,10 +332,27 @@ def _available_memory() -> int | None:
         return None
 
 
+def generate_tpch_bench(out: Path, *, sf: float, seed: int = 2026) -> dict:
+    """TPC-H at ``sf`` (:func:`dpgate.tpch.generate_tpch`, both layouts) with its two policies and a manifest."""
+    from dpgate.tpch import generate_tpch, tpch_policy
+
+    t0 = time.perf_counter()
+    paths = generate_tpch(out, sf, seed, denormalised=True, progress=_stderr)
+    pol = out / "policies"
+    pol.mkdir(parents=True, exist_ok=True)
+    (pol / "tpch.toml").write_text(tpch_policy(".", sf, variant="denormalised", seed=seed))
+    (pol / "tpch_fk.toml").write_text(tpch_policy(".", sf, variant="fk", seed=seed))
+    manifest = {"kind": "tpch", "scale_factor": sf, "seed": seed, "seconds": round(time.perf_counter() - t0, 1),
+                "rows": {name: pq.ParquetFile(p).metadata.num_rows for name, p in paths.items()}}
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    return manifest
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command line entry point; returns the exit status."""
     p = argparse.ArgumentParser(prog="python -m bench.datagen", description=__doc__.split("\n\n")[0])
-    p.add_argument("--kind", choices=("synthetic", "pums"), default="synthetic")
+    p.add_argument("--kind", choices=("synthetic", "pums", "tpch"), default="synthetic")
+    p.add_argument("--sf", type=float, default=0.01, help="TPC-H scale factor (--kind tpch)")
     p.add_argument("--preset", choices=(*PRESETS, "pums", "all"),
                    help="standard data set(s) under bench/.data/ (ignores --rows/--units/--keys/--out)")
     p.add_argument("--rows", type=int, default=1_000_000)
@@ -364,6 +386,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.out is None:
         p.error("--out is required without --preset")
     try:
+        if args.kind == "tpch":
+            generate_tpch_bench(args.out, sf=args.sf, seed=args.seed)
+            return 0
         if args.kind == "pums":
             generate_pums(args.out, rows=args.rows, seed=args.seed, chunk_rows=args.chunk_rows, name=args.name)
             return 0

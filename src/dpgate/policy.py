@@ -31,6 +31,7 @@ One TOML file per dataset (see DESIGN.md, "Policy files")::
     region = { type = "text", public_keys = ["eu", "us"] }
     week   = { type = "int", public_keys = "range(0, 52)" }
     tokens = { type = "float", lower = 0, upper = 8000, resolution = 1 }
+    prompt_id = { type = "int", unique = true }    # a key: no two rows share a value
 
 Decisions (where the design is silent):
 
@@ -62,6 +63,22 @@ Decisions (where the design is silent):
   a < b, like Python's ``range``).
 * Unknown keys anywhere are errors (a misspelt bound must not silently become a
   default).
+* **A privacy unit through foreign keys** (issue 21; :class:`UnitPath`): a protected
+  table without the unit column declares how its rows reach it::
+
+      [tables.lineitem]
+      privacy_unit = { path = ["l_orderkey -> orders.o_orderkey", "o_custkey"] }
+
+  Each hop ``"<column> -> <table>.<key>"`` leaves the table the previous hop reached (the
+  first leaves the declaring table); the last element is the privacy unit column of the
+  last table reached, which must be a protected table carrying its unit as a column (spell
+  the whole chain; chains of any length). Checked at load, one line per problem: every
+  table and column named is declared, every ``<key>`` is declared ``unique = true`` on its
+  column (a key that repeats would attribute one row to several units), a foreign key and
+  its key are both int or both text, no table is visited twice (cycles are refused).
+  ``unique = true`` is verified on the data by the engine at load. Such a table has
+  ``privacy_unit`` None and is not record-level; the planner refuses queries that read it
+  (``unsupported_query``, before any charge) until it joins along the path.
 
 Every problem raises :class:`~dpgate.errors.PolicyError` whose message names the
 file, the table and the column, and whose ``details`` carry them as fields.
@@ -69,6 +86,7 @@ file, the table and the column, and whose ``details`` carry them as fields.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import math
 import re
@@ -133,6 +151,11 @@ class ColumnPolicy:
         time_lower, time_upper: for ``date`` / ``timestamp`` columns, the declared range
             as :class:`datetime.date` / :class:`datetime.datetime` (naive, UTC), both or
             neither (``lower``/``upper`` stay None: a date is not summed).
+        unique: ``unique = true``: the data owner declares that no two rows share a
+            non-NULL value (a key). Required of every key a privacy unit path references
+            (:class:`UnitPath`); verified on the data when an engine loads it (DuckDB and Spark
+            count values against distinct values; PostgreSQL requires a UNIQUE or PRIMARY KEY
+            index), the dataset refused otherwise.
     """
 
     name: str
@@ -143,6 +166,7 @@ class ColumnPolicy:
     public_keys: tuple | range | None = None
     time_lower: _dt.date | None = None
     time_upper: _dt.date | None = None
+    unique: bool = False
 
     @property
     def time_bounded(self) -> bool:
@@ -177,13 +201,14 @@ class ColumnPolicy:
         return _fixed_point_bounds(self.lower, self.upper, self.resolution)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-serialisable form (public keys as a list, or ``"range(a, b)"``)."""
+        """JSON-serialisable form (public keys as a list, or ``"range(a, b)"``; ``unique`` only
+        when declared, so that the policy digests of plans over other columns do not change)."""
         keys: Any = None
         if isinstance(self.public_keys, range):
             keys = f"range({self.public_keys.start}, {self.public_keys.stop})"
         elif self.public_keys is not None:
             keys = list(self.public_keys)
-        return {
+        out = {
             "name": self.name,
             "type": self.type,
             "lower": self.time_lower.isoformat() if self.time_lower is not None else self.lower,
@@ -191,6 +216,9 @@ class ColumnPolicy:
             "resolution": self.resolution,
             "public_keys": keys,
         }
+        if self.unique:
+            out["unique"] = True
+        return out
 
 
 @dataclass(frozen=True, eq=False)
@@ -313,6 +341,67 @@ def key_domain(table: "TablePolicy", names: Iterable[str], columns: Iterable["Co
     return out
 
 
+#: Column types a foreign key of a privacy unit path may have (exact ids; no float, bool or date keys).
+UNIT_PATH_KEY_TYPES: tuple[str, ...] = ("int", "text")
+_HOP_RE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*->\s*([A-Za-z_][A-Za-z0-9_]*)\s*\.\s*([A-Za-z_][A-Za-z0-9_]*)\s*$")
+
+
+@dataclass(frozen=True)
+class ForeignKeyHop:
+    """One step of a privacy unit path: from ``column`` of the table the step leaves, to the one
+    row of ``table`` whose ``key`` equals it (written ``"column -> table.key"``).
+
+    ``key`` is declared ``unique = true`` in ``table`` (checked when the policy loads, verified on
+    the data when it loads): each row then reaches at most one row, hence one unit. A NULL (or
+    dangling) ``column`` reaches no row: such a row has no unit and is dropped, as a row whose
+    unit column is NULL.
+    """
+
+    column: str
+    table: str
+    key: str
+
+    def __str__(self) -> str:
+        return f"{self.column} -> {self.table}.{self.key}"
+
+
+@dataclass(frozen=True)
+class UnitPath:
+    """A privacy unit reached through foreign keys (issue 21; DESIGN.md "Policy additions").
+
+    Declared as ``privacy_unit = { path = ["l_orderkey -> orders.o_orderkey", "o_custkey"] }``:
+    one or more hops ``"<column> -> <table>.<unique key>"``, each leaving the table the previous
+    hop reached (the first leaves the declaring table), then the privacy unit column of the last
+    table reached. That table must carry its unit as a column (the path is spelt to the end, so
+    every chain is explicit); a path never visits a table twice (cycles are refused).
+
+    Attributes:
+        hops: the steps, in order (at least one).
+        unit: the privacy unit column of the last table reached (its ``privacy_unit``).
+    """
+
+    hops: tuple[ForeignKeyHop, ...]
+    unit: str
+
+    @property
+    def unit_table(self) -> str:
+        """The table whose unit column the path ends at."""
+        return self.hops[-1].table
+
+    @property
+    def tables(self) -> tuple[str, ...]:
+        """The tables the hops reach, in order."""
+        return tuple(h.table for h in self.hops)
+
+    def to_list(self) -> list[str]:
+        """The policy file's spelling: ``["l_orderkey -> orders.o_orderkey", "o_custkey"]``."""
+        return [str(h) for h in self.hops] + [self.unit]
+
+    def __str__(self) -> str:
+        """``l_orderkey -> orders.o_orderkey -> o_custkey``."""
+        return " -> ".join(self.to_list())
+
+
 @dataclass(frozen=True)
 class TablePolicy:
     """One declared table: where its rows come from and how each unit's contribution is bounded.
@@ -322,7 +411,8 @@ class TablePolicy:
         dataset: the dataset (policy) it belongs to.
         source: absolute path of a CSV/Parquet file, or ``duckdb:<abs file>:<table>``.
         privacy_unit: column identifying the privacy unit, or None for record-level
-            privacy (each row is its own unit; k = m = 1).
+            privacy (each row is its own unit; k = m = 1), for a public table, and for a
+            table whose unit is reached through foreign keys (``unit_path``).
         max_groups_per_unit: k, the most GROUP BY groups one unit may affect.
         max_rows_per_unit: m, the most rows one unit may add to one group.
         columns: declared columns by name (read-only mapping, declaration order).
@@ -337,6 +427,10 @@ class TablePolicy:
         key_tuples: the combinations of key columns that occur together in a public table
             (:class:`KeyTuples`): on a public table read by the gateway, one over its key
             columns; on a joined table, one per public table joined. Empty in a policy as loaded.
+        unit_path: the privacy unit through foreign keys (:class:`UnitPath`, issue 21), or None.
+            Such a table is protected like any other (k, m, bounds) but has no unit column of
+            its own (``privacy_unit`` is None and ``record_level`` False); the planner refuses
+            queries reading it, before any charge, until it joins along the path.
     """
 
     name: str
@@ -349,11 +443,13 @@ class TablePolicy:
     path: Path | None = field(default=None, compare=False)
     public: bool = False
     key_tuples: tuple[KeyTuples, ...] = field(default=(), compare=False, repr=False)
+    unit_path: UnitPath | None = None
 
     @property
     def record_level(self) -> bool:
-        """True when every row is its own privacy unit (no ``privacy_unit`` column, not public)."""
-        return self.privacy_unit is None
+        """True when every row is its own privacy unit: no ``privacy_unit`` column and no
+        ``unit_path`` (also True of a public table, which has neither; see :attr:`public`)."""
+        return self.privacy_unit is None and self.unit_path is None
 
     @property
     def relation(self) -> str:
@@ -421,9 +517,11 @@ class TablePolicy:
         ``public`` is True for a public table, which has no privacy unit and no
         contribution bounds: ``privacy_unit``, ``max_groups_per_unit`` and
         ``max_rows_per_unit`` are None and ``record_level`` is False (its rows are not
-        protected at all; queries reading public tables only are exact and free).
+        protected at all; queries reading public tables only are exact and free). A table
+        whose unit is reached through foreign keys has ``privacy_unit`` None, ``record_level``
+        False and ``unit_path`` (:meth:`UnitPath.to_list`); the key is absent otherwise.
         """
-        return {
+        out = {
             "name": self.name,
             "privacy_unit": self.privacy_unit,
             "record_level": self.record_level and not self.public,
@@ -432,6 +530,9 @@ class TablePolicy:
             "max_rows_per_unit": None if self.public else self.max_rows_per_unit,
             "columns": {n: c.to_dict() for n, c in self.columns.items()},
         }
+        if self.unit_path is not None:  # only then: existing descriptions stay as they were
+            out["unit_path"] = self.unit_path.to_list()
+        return out
 
 
 @dataclass(frozen=True)
@@ -834,7 +935,7 @@ def _parse_public_keys(v: Any, ctype: str, path: Path, table: str, column: str) 
     return tuple(keys)
 
 
-_COLUMN_KEYS = {"type", "lower", "upper", "resolution", "public_keys"}
+_COLUMN_KEYS = {"type", "lower", "upper", "resolution", "public_keys", "unique"}
 
 
 def _parse_column(name: str, raw: Any, path: Path, table: str) -> ColumnPolicy:
@@ -845,6 +946,14 @@ def _parse_column(name: str, raw: Any, path: Path, table: str) -> ColumnPolicy:
     if not isinstance(raw, dict):
         raise _policy_error(path, "a column must be a table like { type = \"int\" }", table, name)
     _check_keys(raw, _COLUMN_KEYS, path, "the column", table, name)
+    unique = raw.get("unique", False)
+    if not isinstance(unique, bool):
+        raise _policy_error(path, f"unique must be true or false (got {unique!r})", table, name)
+    col = _parse_column_fields(name, raw, path, table)
+    return dataclasses.replace(col, unique=True) if unique else col
+
+
+def _parse_column_fields(name: str, raw: Mapping[str, Any], path: Path, table: str) -> ColumnPolicy:
     ctype = raw.get("type")
     if ctype not in COLUMN_TYPES:
         raise _policy_error(
@@ -1038,6 +1147,7 @@ def _parse_table(name: str, raw: Any, path: Path, dataset: str, engine: str = "d
     _check_keys(raw, _TABLE_KEYS, path, "the table", name)
     source = _resolve_source(raw.get("source"), path, name, engine)
     unit = raw.get("privacy_unit")
+    unit_path: UnitPath | None = None
     k = _bound_int(raw, "max_groups_per_unit", path, name)
     m = _bound_int(raw, "max_rows_per_unit", path, name)
     public = raw.get("public", False)
@@ -1060,13 +1170,18 @@ def _parse_table(name: str, raw: Any, path: Path, dataset: str, engine: str = "d
                 )
         k = m = 1
     else:
-        if not isinstance(unit, str) or not unit:
+        if isinstance(unit, dict):  # a privacy unit through foreign keys (issue 21)
+            unit_path = _parse_unit_path(unit, path, name)
+            unit = None
+        elif not isinstance(unit, str) or not unit:
             raise _policy_error(
                 path,
-                "privacy_unit must be a column name; omit the key for record-level privacy",
+                "privacy_unit must be a column name, or { path = [\"<column> -> <table>.<key>\", …, "
+                "\"<unit column>\"] } for a unit reached through foreign keys; omit the key for "
+                "record-level privacy",
                 name,
             )
-        if "\x00" in unit:
+        elif "\x00" in unit:
             raise _policy_error(path, "privacy_unit must not contain NUL", name)
         k = 1 if k is None else k
         m = 1 if m is None else m
@@ -1112,7 +1227,89 @@ def _parse_table(name: str, raw: Any, path: Path, dataset: str, engine: str = "d
         columns=MappingProxyType(columns),
         path=path,
         public=public,
+        unit_path=unit_path,
     )
+
+
+def _parse_unit_path(raw: Mapping[str, Any], path: Path, table: str) -> UnitPath:
+    """The syntax of ``privacy_unit = { path = [...] }`` (the tables it names: :func:`_check_unit_paths`)."""
+    _check_keys(raw, {"path"}, path, "privacy_unit", table)
+    steps = raw.get("path")
+    if not isinstance(steps, list) or not all(isinstance(x, str) for x in steps):
+        raise _policy_error(path, "privacy_unit.path must be a list of strings: "
+                                  "[\"<column> -> <table>.<key>\", …, \"<unit column>\"]", table)
+    if len(steps) < 2:
+        raise _policy_error(path, "privacy_unit.path needs at least one hop \"<column> -> <table>.<key>\" "
+                                  "and then the unit column of the table it reaches (a unit column of this "
+                                  "table is written privacy_unit = \"<column>\")", table)
+    hops = []
+    for i, step in enumerate(steps[:-1]):
+        m = _HOP_RE.match(step)
+        if m is None:
+            raise _policy_error(path, f"privacy_unit.path step {i + 1} ({step!r}) must read "
+                                      "\"<column> -> <table>.<key>\"", table)
+        hops.append(ForeignKeyHop(*m.groups()))
+    last = steps[-1].strip()
+    if not _NAME_RE.match(last):
+        raise _policy_error(path, f"the last element of privacy_unit.path ({steps[-1]!r}) must be the unit "
+                                  f"column of table {hops[-1].table!r} (a plain column name)", table)
+    return UnitPath(tuple(hops), last)
+
+
+def _find_table(tables: Mapping[str, TablePolicy], name: str) -> TablePolicy | None:
+    if name in tables:
+        return tables[name]
+    return next((t for t in tables.values() if t.name.casefold() == name.casefold()), None)
+
+
+def _check_unit_paths(tables: Mapping[str, TablePolicy], path: Path) -> None:
+    """Every privacy unit path names declared tables and columns, through unique keys of one
+    type with their foreign keys, without visiting a table twice, to the unit column of a
+    protected table that carries it. One clear line per problem (:class:`PolicyError`)."""
+    for table in tables.values():
+        up = table.unit_path
+        if up is None:
+            continue
+        here, seen = table, [table.name.casefold()]
+        for i, hop in enumerate(up.hops, 1):
+            where = f"privacy_unit.path step {i} ({hop})"
+            fk = here.find_column(hop.column)
+            if fk is None:
+                raise _policy_error(path, f"{where}: table {here.name!r} declares no column {hop.column!r} "
+                                          f"(declare it in [tables.{here.name}.columns])", table.name)
+            target = _find_table(tables, hop.table)
+            if target is None:
+                raise _policy_error(path, f"{where}: no table {hop.table!r} is declared", table.name)
+            if target.name.casefold() in seen:
+                raise _policy_error(path, f"{where}: the path returns to table {target.name!r}; cycles are "
+                                          "refused (a unit path visits each table once)", table.name)
+            key = target.find_column(hop.key)
+            if key is None:
+                raise _policy_error(path, f"{where}: table {target.name!r} declares no column {hop.key!r}",
+                                    table.name)
+            if not key.unique:
+                raise _policy_error(path, f"{where}: {target.name}.{key.name} is not declared unique "
+                                          "(unique = true): a key that repeats would attribute one row to "
+                                          "several units", table.name)
+            if fk.type not in UNIT_PATH_KEY_TYPES or fk.type != key.type:
+                raise _policy_error(path, f"{where}: {here.name}.{fk.name} ({fk.type}) and "
+                                          f"{target.name}.{key.name} ({key.type}) must both be int or both "
+                                          "text", table.name)
+            here = target
+            seen.append(target.name.casefold())
+        if here.public:
+            raise _policy_error(path, f"privacy_unit.path ends at public table {here.name!r}, which has no "
+                                      "privacy unit", table.name)
+        if here.unit_path is not None:
+            raise _policy_error(path, f"privacy_unit.path ends at table {here.name!r}, whose unit is itself a "
+                                      "path: spell the whole chain to the table that carries the unit column",
+                                table.name)
+        if here.privacy_unit is None:
+            raise _policy_error(path, f"privacy_unit.path ends at table {here.name!r}, which is record-level "
+                                      "(no privacy_unit column)", table.name)
+        if up.unit.casefold() != here.privacy_unit.casefold():
+            raise _policy_error(path, f"privacy_unit.path ends at {here.name}.{up.unit}, which is not the "
+                                      f"privacy unit of {here.name!r} ({here.privacy_unit})", table.name)
 
 
 def _selection_deltas(b: Mapping[str, Any], delta: float, path: Path) -> tuple[float, float]:
@@ -1240,6 +1437,7 @@ def _parse_policy(raw: Mapping[str, Any], path: Path) -> DatasetPolicy:
         if any(t.casefold() == tname.casefold() for t in tables):
             raise _policy_error(path, "two tables differ only in case", tname)
         tables[tname] = _parse_table(tname, traw, path, name, engine)
+    _check_unit_paths(tables, path)
     cohorts = _parse_cohorts(_section(raw, "population", path, required=False), tables, path)
     proxy, provenance, proxy_default_for = _parse_proxy(ds, tables, name, path)
     return DatasetPolicy(
@@ -1352,6 +1550,11 @@ def _parse_cohorts(section: Mapping[str, Any], tables: Mapping[str, TablePolicy]
     if not protected:
         raise _policy_error(path, "[population] cohort_column needs a protected table (every table is public)")
     found: CohortPolicy | None = None
+    for table in protected:
+        if table.unit_path is not None:
+            raise _policy_error(path, "[population] cohort_column: a table whose privacy unit is a foreign-key "
+                                      "path is not supported with cohorts yet (issue 21: each unit's cohort is "
+                                      "checked on its rows once the path is joined)", table.name)
     for table in protected:
         col = table.find_column(column)
         if col is None:

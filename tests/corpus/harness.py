@@ -49,9 +49,11 @@ CORPUS_FILE = HERE / "queries.toml"
 POLICY_DIR = HERE.parent / "fixtures" / "policies" / "corpus"
 #: ρ of every corpus query: large, so that noise does not hide planner errors.
 QUERY_RHO = QueryBudget.MAX_RHO  # the largest ρ a request may name
+#: Scale factor of the TPC-H corpus data (tests/fixtures/policies/corpus/tpch*.toml are written for it).
+TPCH_SF = 0.01
 #: Datasets read from ../shared/data/smartnoise.
 SHARED_DATASETS = frozenset({"pums", "pums_dup", "pums_null", "reddit", "d1"})
-ISSUES = (10, 11, 12, 15, 24)
+ISSUES = (10, 11, 12, 15, 21, 24)
 _FIELDS = {"id", "source", "dataset", "sql", "label", "issue", "code", "dialect", "check", "pending", "note", "keys"}
 _DUCKDB_TYPES = {"int": "BIGINT", "float": "DOUBLE", "text": "VARCHAR", "bool": "BOOLEAN", "date": "DATE",
                  "timestamp": "TIMESTAMP"}
@@ -137,7 +139,8 @@ class CorpusRunner:
         self.workdir = Path(workdir)
         self.smartnoise = smartnoise
         self.paths = {"smartnoise": str(smartnoise) if smartnoise else "/nonexistent",
-                      "usage": str(self.workdir / "usage"), "library": str(self.workdir / "library")}
+                      "usage": str(self.workdir / "usage"), "library": str(self.workdir / "library"),
+                      "tpch": str(self.workdir / "tpch")}
         self._write_data()
         self.policy_files: dict[str, Path] = {}
         self.specs: dict[str, dict[str, Any]] = {}
@@ -175,12 +178,15 @@ class CorpusRunner:
 
     def _write_data(self) -> None:
         from dpgate.sample_data import usage_tables, write_parquet
+        from dpgate.tpch import generate_tpch
 
         usage = self.workdir / "usage"
         usage.mkdir(parents=True, exist_ok=True)
         for name, table in usage_tables(users=2000).items():
             write_parquet(table, usage / f"{name}.parquet")
         write_library(self.workdir / "library")
+        # TPC-H at SF 0.01 (dpgate.tpch): the spec's lineitem and the denormalised one (l_custkey)
+        generate_tpch(self.workdir / "tpch", TPCH_SF, denormalised=True)
 
     # -- exact answers
 
@@ -204,6 +210,8 @@ class CorpusRunner:
                     expr = f"CASE WHEN isfinite({expr}) THEN {expr} END"
                 cols.append(f'{expr} AS "{cname}"')
             unit = table.get("privacy_unit")
+            if isinstance(unit, dict):  # a unit through foreign keys (issue 21): no column of its own
+                unit = None
             if unit and unit not in table.get("columns", {}):
                 cols.append(f'"{unit}"')
             where = f' WHERE "{unit}" IS NOT NULL' if unit else ""
@@ -432,7 +440,7 @@ def report(outcomes: list[Outcome]) -> str:
     lines += ["", "| source | queries | handled |", "|---|---|---|"]
     for family, prefix in (("SmartNoise SQL", "sn-"), ("Tumult Analytics tutorials", "tu-"),
                            ("BigQuery / ZetaSQL docs", "bq-"), ("PipelineDP examples", "pd-"),
-                           ("PostgreSQL documentation", "pg-"),
+                           ("PostgreSQL documentation", "pg-"), ("TPC-H (issue 21)", "tpch-"),
                            ("dpgate README and issues 10, 15, 24", "dg-")):
         mine = [o for o in outcomes if o.query.id.startswith(prefix) and o.skipped is None]
         lines.append(f"| {family} | {len(mine)} | {_pct(sum(o.ok for o in mine), len(mine))} |")

@@ -512,6 +512,9 @@ class ColumnInfo(ResponseModel):
     public_keys: list[Any] | str | None = Field(
         default=None, description="the public key list, or \"range(a, b)\" for an integer range"
     )
+    unique: bool = Field(
+        default=False, description="true when the policy declares the column a key (unique = true), verified "
+                                   "on the data when the dataset loads")
 
 
 class TableInfo(ResponseModel):
@@ -526,6 +529,10 @@ class TableInfo(ResponseModel):
     public: bool = Field(default=False, description="a public table: no privacy unit, queries free and exact")
     max_groups_per_unit: int | None = Field(description="k; null for a public table")
     max_rows_per_unit: int | None = Field(description="m; null for a public table")
+    unit_path: list[str] | None = Field(
+        default=None, description="the privacy unit through foreign keys (issue 21), as in the policy: "
+        "[\"l_orderkey -> orders.o_orderkey\", \"o_custkey\"]; null when the table carries its unit column, "
+        "is record-level or public")
     columns: dict[str, ColumnInfo]
 
 

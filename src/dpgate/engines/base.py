@@ -76,6 +76,7 @@ __all__ = [
     "Query",
     "TableInfo",
     "assumes_unique_units",
+    "check_unique_counts",
     "check_unique_units",
     "parse_bounded",
     "portable_group_hash",
@@ -84,6 +85,7 @@ __all__ = [
     "source_fingerprint",
     "table_error",
     "to_numpy",
+    "unique_columns",
 ]
 
 #: Text values of a privacy unit column that mean "no unit" (after trimming spaces,
@@ -385,6 +387,31 @@ def resolve_columns(table: TablePolicy, available: Sequence[str]) -> dict[str, s
             raise err
         out[name] = matches[0]
     return out
+
+
+def unique_columns(table: TablePolicy) -> list[str]:
+    """The columns the policy declares ``unique = true`` (policy spelling, declaration order)."""
+    return [name for name, col in table.columns.items() if col.unique]
+
+
+def check_unique_counts(table: TablePolicy, column: str, values: int, distinct: int) -> None:
+    """Refuse a column declared unique whose ``values`` non-NULL values hold fewer ``distinct`` ones.
+
+    The error carries the two counts only, never a value (ids are data).
+
+    Raises:
+        PolicyError: naming the table and column, with ``details["values"]`` and ``["distinct"]``.
+    """
+    if int(values) == int(distinct):
+        return
+    err = table_error(
+        table,
+        f"column {column!r} is declared unique (unique = true) but its {int(values):,} non-NULL values "
+        f"hold only {int(distinct):,} distinct ones; a key that repeats would attribute one row to several "
+        "privacy units: fix the data or drop the declaration (and any privacy_unit path through it)",
+    )
+    err.details.update(column=column, values=int(values), distinct=int(distinct))
+    raise err
 
 
 def check_unit_declaration(table: TablePolicy) -> None:

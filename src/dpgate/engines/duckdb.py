@@ -20,6 +20,10 @@ This is the only module of dpgate that imports DuckDB. For one dataset it
    * ``load = "auto"`` (default): in place when the table's files total more than
      ``in_place_above_bytes`` (``DPGATE_DUCKDB_IN_PLACE_ABOVE``, 1 GB), else in memory.
 
+   Each column declared ``unique = true`` is verified on the loaded (typed) values:
+   ``count(c) = count(DISTINCT c)``, else the dataset is refused with the two counts
+   (never a value). In place, the files are pinned, so the check holds for every query.
+
 2. then locks the database down: no file system or network access
    (``enable_external_access = false``) except reading the in-place files
    themselves (``allowed_paths``), no extension auto-install/auto-load, no
@@ -66,7 +70,9 @@ from dpgate.engines.base import (
     NULL_LIKE_UNITS,
     Query,
     TableInfo,
+    check_unique_counts,
     check_unit_declaration,
+    unique_columns,
     check_unique_units,
     file_signature,
     has_group_hash,
@@ -326,6 +332,7 @@ class DuckDBEngine:
                 where = "in memory" if mode == "memory" else "in place"
                 progress(f"loading {policy.name}.{table.name} ({_human_size(size)}, {where})…")
             unique, integer = self._load_table(table, t_files, mode)
+            self._check_unique_columns(table)
             self._tables[table.name] = TableInfo(table.name, mode, unique, integer)
             files.extend(t_files)
             if mode == "in_place":
@@ -479,6 +486,22 @@ class DuckDBEngine:
         if bad:
             raise non_canonical_unit_error(table, name, int(bad))
         return f"CAST({guarded} AS BIGINT)"
+
+    def _check_unique_columns(self, table: TablePolicy) -> None:
+        """Verify each ``unique = true`` column on the loaded data: COUNT = COUNT(DISTINCT) (one scan).
+
+        Raises:
+            PolicyError: the counts differ (the counts only, never a value).
+        """
+        for name in unique_columns(table):
+            c = quote_identifier(name)
+            try:
+                values, distinct = self._con.execute(
+                    f"SELECT count({c}), count(DISTINCT {c}) FROM {table.relation}").fetchone()
+            except duckdb.Error as e:
+                raise table_error(table, f"DuckDB could not check that {name!r} is unique "
+                                         f"({type(e).__name__})") from None
+            check_unique_counts(table, name, values, distinct)
 
     def _unit_integer(self, table: TablePolicy) -> bool:
         """Whether the loaded unit column has an integer type (exact arithmetic hashing)."""

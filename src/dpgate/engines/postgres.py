@@ -12,7 +12,9 @@ One of the three modules allowed to import psycopg. For one dataset
   table's ``source`` (``[schema.]table``, a table or a view) exists, the privacy
   unit and every declared column exist (case-insensitively, refusing
   ambiguous names) with compatible types (see :data:`COMPATIBLE`), and the unit
-  column is an integer or text type (see :mod:`dpgate.engines.base`);
+  column is an integer or text type (see :mod:`dpgate.engines.base`), and every column
+  declared ``unique = true`` has a valid UNIQUE or PRIMARY KEY index on exactly it (a
+  count at load would prove nothing about the live data of the next query);
 * renders the bounded query with sqlglot in PostgreSQL's dialect, replacing each
   ``"<dataset>"."<table>"`` by a projection of the source that casts the declared
   columns to their canonical types and applies the unit rule, and replacing what
@@ -58,6 +60,7 @@ from dpgate.engines.base import (
     Query,
     TableInfo,
     check_unit_declaration,
+    unique_columns,
     column_types,
     dbl,
     lossy_unit_error,
@@ -488,6 +491,14 @@ class PostgresEngine:
             if unique:
                 self._unique_sources[table.name] = (ident.as_string(conn), names[
                     next(n for n in names if n.casefold() == unit.casefold())])
+        for name in unique_columns(table):  # a live source: uniqueness must be a schema fact
+            if relkind not in ("r", "p") or not conn.execute(_UNIQUE_UNIT_SQL, (oid, names[name])).fetchone()[0]:
+                err = table_error(table, f"column {name!r} is declared unique (unique = true) but "
+                                         f"{table.source!r} has no valid UNIQUE or PRIMARY KEY index on exactly "
+                                         "that column: on a live source only an index keeps it unique; "
+                                         "add one (or drop the declaration)")
+                err.details["column"] = name
+                raise err
         integer = unit is not None and self._unit_integer_type(stored[names[next(n for n in names if n.casefold() == unit.casefold())]])
         self._tables[table.name] = TableInfo(table.name, "live", bool(unique), integer)
 

@@ -13,7 +13,10 @@ The only module of dpgate that imports pyspark (an optional extra:
   canonical types (int → BIGINT, float → DOUBLE, text → STRING, bool → BOOLEAN,
   date → DATE, timestamp → TIMESTAMP_NTZ: naive, a TIMESTAMP column read in the
   session's UTC) and the privacy unit as stored (see :mod:`dpgate.engines.base`); loading checks
-  the schema only (no copy), plus one uniqueness scan of the unit for Parquet files;
+  the schema only (no copy), plus one uniqueness scan of the unit for Parquet files and one
+  ``count = count(DISTINCT)`` scan per column declared ``unique = true`` (Parquet files are
+  pinned, so it holds for every query; a catalog table is checked at load only — the next
+  load re-checks it);
 * renders the bounded query in Spark's dialect with sqlglot (see
   :meth:`SparkEngine.render`) and runs it with a timeout (the job group is
   interrupted), collecting the small result through Arrow.
@@ -43,7 +46,9 @@ from dpgate.engines.base import (
     PredicateRewriter,
     Query,
     TableInfo,
+    check_unique_counts,
     check_unit_declaration,
+    unique_columns,
     column_types,
     dbl,
     file_signature,
@@ -289,6 +294,13 @@ class SparkEngine:
             u = exp.column(unit, quoted=True).sql(dialect="spark")
             row = spark.sql(f"SELECT count({u}) = count(DISTINCT {u}) AS ok FROM `{view}`").collect()[0]
             unique = bool(row["ok"])
+        for name in unique_columns(table):  # count = count distinct over the registered view
+            c = exp.column(name, quoted=True).sql(dialect="spark")
+            try:
+                row = spark.sql(f"SELECT count({c}) AS n, count(DISTINCT {c}) AS d FROM `{view}`").collect()[0]
+            except PySparkException as e:
+                raise table_error(table, f"Spark could not check that {name!r} is unique ({type(e).__name__})") from None
+            check_unique_counts(table, name, row["n"], row["d"])
         integer = False
         if unit is not None:
             ut = stored[names[next(n for n in names if n.casefold() == unit.casefold())]].replace(" ", "")

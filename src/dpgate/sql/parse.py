@@ -440,6 +440,32 @@ def _resolve_from(stmt: exp.Select, policy: DatasetPolicy) -> tuple[TablePolicy,
     return table, qualifiers
 
 
+def refuse_unit_path_tables(stmt: exp.Expression, policy: DatasetPolicy) -> None:
+    """Refuse a query that reads a table whose privacy unit is a foreign-key path (issue 21 hook).
+
+    Run once per query, after the CTEs are inlined and before any other rewrite, over every
+    table the statement names (FROM, JOIN, subqueries): such a table has no unit column of its
+    own (:attr:`~dpgate.policy.TablePolicy.unit_path`), and the planner does not yet join along
+    the path to attach the unit to each row before bounding. Belongs with table resolution
+    (``sql/resolve.py`` of the compile-once plan), where it becomes that join.
+
+    Raises:
+        UnsupportedQuery: ``details = {"reason": "unit_path", "table", "unit_path", "construct"}``.
+    """
+    for node in stmt.find_all(exp.Table):
+        if not isinstance(node.this, exp.Identifier):
+            continue
+        table = policy.tables.get(node.name) or next(
+            (t for t in policy.tables.values() if t.name.casefold() == node.name.casefold()), None)
+        if table is not None and table.unit_path is not None:
+            raise UnsupportedQuery(
+                f"table {table.name!r} reaches its privacy unit through foreign keys ({table.unit_path}): "
+                "queries over such tables are planned (issue 21: the gateway will join along the path to "
+                "attach the unit to every row before bounding) and refused until then",
+                {"reason": "unit_path", "table": table.name, "unit_path": table.unit_path.to_list(),
+                 "construct": _snippet(node)})
+
+
 def _check_structure(stmt: exp.Select) -> None:
     for key in _real_args(stmt) - _SELECT_ARGS:
         name = _SELECT_ARG_NAMES.get(key, key.upper())
@@ -1185,8 +1211,10 @@ def parse_query(sql: str, policy: DatasetPolicy, *, dialect: str | None = None) 
         if sum(1 for _ in stmt.walk()) > MAX_NODES:
             raise UnsupportedQuery(f"the query is too large (more than {MAX_NODES} syntax nodes)")
         try:
+            stmt = inline_ctes(stmt)
+            refuse_unit_path_tables(stmt, policy)  # unit-path hook (issue 21): not joined along the path yet
             # per-unit hook (dpgate.sql.per_unit): FROM (SELECT unit, aggregates … GROUP BY unit)
-            stmt, policy = rewrite_per_unit(inline_ctes(stmt), policy)
+            stmt, policy = rewrite_per_unit(stmt, policy)
             stmt = apply_statement_rules(stmt)
             stmt, policy = rewrite_joins(stmt, policy)  # joins hook (dpgate.sql.joins): one joined table
             return _plan(stmt, policy)

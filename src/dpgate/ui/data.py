@@ -82,7 +82,11 @@ def _epochs(texts: Sequence[str]) -> np.ndarray:
 
 
 def _unit_label(table: Mapping[str, Any]) -> str:
-    """What protects a table's rows: its privacy unit column, or ``record`` (each row)."""
+    """What protects a table's rows: its privacy unit column, the path to it (issue 21:
+    ``o_custkey via l_orderkey -> orders.o_orderkey``), or ``record`` (each row)."""
+    path = table.get("unit_path")
+    if path:
+        return f"{path[-1]} via {', '.join(path[:-1])}"
     return str(table.get("privacy_unit") or "record")
 
 
