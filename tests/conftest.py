@@ -93,6 +93,9 @@ def _slow_reason(item: pytest.Item) -> str | None:
     for marker in SLOW_MARKERS:
         if item.get_closest_marker(marker) is not None:
             return "marked slow" if marker == "slow" else f"needs {marker}"
+    # a Spark engine reached through a fixture or a parameter, without the marker (a JVM start)
+    if "spark" in getattr(item, "fixturenames", ()) or "[spark" in item.name:
+        return "needs spark (a fixture or parameter starts a Spark session)"
     return None
 
 

@@ -183,7 +183,7 @@ def spark(tmp_path_factory):
         yield gw
 
 
-ENGINES = ["duck", pytest.param("postgres", marks=pytest.mark.postgres), "spark"]
+ENGINES = ["duck", pytest.param("postgres", marks=pytest.mark.postgres), pytest.param("spark", marks=pytest.mark.spark)]
 
 
 @pytest.fixture(params=ENGINES)

@@ -163,8 +163,11 @@ def cohort_refusal_error(cohort: str, cohorts: Iterable[str], refusal: Refusal) 
                    .replace(f"consumer {c!r} of population {p!r}", f"consumer {c!r} in cohort {cohort!r} of population {p!r}")
                    .replace(f"for population {p!r}", f"for cohort {cohort!r} of population {p!r}"))
     names = sorted(cohorts)
-    note = (f" (the charge draws on {len(names)} cohort(s); each is charged its full cost, since their units are "
-            "disjoint)")
+    named = f"cohort {cohort!r}" in err.message
+    note = ((f" (the charge draws on {len(names)} cohort(s); each is charged its full cost, since their units are "
+             "disjoint)") if named else
+            (f" in cohort {cohort!r} (the charge draws on {len(names)} cohort(s); each is charged its full cost, "
+             "since their units are disjoint)"))
     for tail in ("; nothing was charged", ". Nothing was charged"):
         if err.message.endswith(tail):
             err.message = err.message[: -len(tail)] + note + tail
