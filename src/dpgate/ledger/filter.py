@@ -78,6 +78,7 @@ __all__ = [
 _ORDERS = np.asarray(ORDERS, dtype=float)
 _FINITE = np.isfinite(_ORDERS)
 _FINITE_ORDERS = _ORDERS[_FINITE]
+_GRID_ORDERS = frozenset(float(a) for a in ORDERS)
 
 _KIND_BITS = {"zcdp": 1, "gaussian": 2, "rdp": 4}
 
@@ -305,14 +306,15 @@ class Totals:
 
         Always the ledger's rule (:func:`dpgate.ledger.caps.ledger_epsilon`: [BBG+20] Thm. 21 at
         the grid's orders, the best one), for a legacy cap also at its α* (whichever is
-        smaller): ``"ledger"``; ``"none"`` and 0 when nothing was charged. With the spend equal
-        to the cap's ρ_cap this gives back the cap's ε.
+        smaller; its ρ_cap was fixed by the continuous [CKS20] conversion at α*, which the grid
+        alone can overstate by up to ~1 %): ``"ledger"``; ``"none"`` and 0 when nothing was
+        charged. With the spend equal to the cap's ρ_cap this gives back the cap's ε.
         """
         cost = self.spent_cost()
         if cost is None:
             return 0.0, "none"
         eps = ledger_epsilon(cost, delta)
-        if cost.kind == "rdp":
+        if budget.alpha_star not in _GRID_ORDERS:  # a legacy cap: its ρ_cap was fixed at α*
             at_star = self.spent_at(budget)
             if math.isfinite(at_star) and at_star > 0:
                 eps = min(eps, accounting.rdp_epsilon_tight([at_star], delta, orders=[budget.alpha_star]))
