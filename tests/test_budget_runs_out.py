@@ -10,8 +10,6 @@ closed forms re-derived here).
 from __future__ import annotations
 
 import math
-import shutil
-from pathlib import Path
 
 import pytest
 from _budget_project import COHORTS, write_project
