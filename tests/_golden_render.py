@@ -19,7 +19,8 @@ No socket is opened, no JVM starts. The unit is an integer and, for tables liste
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from dpgate.engines.base import TableInfo, needed_columns
 from dpgate.policy import DatasetPolicy, TablePolicy

@@ -42,8 +42,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from _golden_render import duckdb_engine, postgres_engine, spark_engine
+
 from dpgate.errors import DpgateError
 from dpgate.policy import DatasetPolicy, load_policy
 from dpgate.sql.bound import bounded_sql
