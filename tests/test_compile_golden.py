@@ -292,3 +292,12 @@ def test_a_changed_hash_or_statement_fails(what, mutate, policies, engines):
     mutate(stored)
     with pytest.raises(AssertionError, match=what):
         compare("join_chain", doc, stored)
+
+
+def test_rendering_spark_sql_starts_no_spark(policies, engines):
+    """The Spark renderings are built without a session: no SparkContext, no JVM (fast tier)."""
+    pyspark = pytest.importorskip("pyspark")
+    for name in ("join_chain", "median_by_key", "public_only"):
+        compile_document(name, policies, engines)
+    assert pyspark.SparkContext._active_spark_context is None
+    assert all(engine["spark"]._spark is None for modes in engines.values() for engine in modes.values())
