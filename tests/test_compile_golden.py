@@ -6,6 +6,8 @@ For each query of :data:`QUERIES` the file ``tests/fixtures/golden/compile/<name
 * ``plan_hash``, ``canonical_sql`` and the canonical plan (:meth:`QueryPlan.canonical_dict`,
   what the hash is computed from), the released ``columns`` and the release strategy the planner
   picks today (``strategy``: public, public_keys_only, top_k, partition_selection, quantiles);
+* ``sensitivities`` (per primitive: L1, L2, L∞, groups) and ``contribution`` (unit, k, m) as
+  ``explain`` reports them;
 * ``templates``: the bounded SQL template (salt shown as ``<salt>``), the quantile histogram
   templates and the exact SQL of a public-only query, as :func:`dpgate.sql.explain.explain_query`
   gives them;
@@ -221,6 +223,8 @@ def compile_document(name: str, policies, engines) -> dict[str, Any]:
         "canonical_plan": plan.canonical_dict(),
         "columns": explained["columns"],
         "strategy": strategy(plan, table_policy),
+        "sensitivities": explained.get("sensitivities"),
+        "contribution": explained.get("contribution"),
         "templates": {
             "bounded_sql": explained.get("bounded_sql"),
             "quantiles": explained.get("quantiles"),
