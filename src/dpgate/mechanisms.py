@@ -684,8 +684,9 @@ def ci_halfwidth(mechanism: str, scale: float, alpha: float = 0.05) -> float:
 # OpenDP 0.16 off-by-one (opendp/opendp issue #2922, open): the measurements keep a key whose
 # noisy count is ≥ T, but their privacy map bounds P[ℓ∞ + Z > T], missing the mass at exactly T
 # (measured: a one-unit key passes T = 3, b = 1 with probability 0.099, the map says δ = 0.036).
-# dpgate samples with OpenDP's measurement at threshold T and charges the δ of OpenDP's map for
-# the same measurement at threshold T − 1, which is P[ℓ∞ + Z > T − 1] = P[ℓ∞ + Z ≥ T]: exactly the
+# dpgate samples the mechanism at threshold T (OpenDP's vector sampler per chunk and the test
+# noisy ≥ T, the same function as the measurement's: :func:`threshold_select`) and charges the δ
+# of OpenDP's map for the same measurement at threshold T − 1, which is P[ℓ∞ + Z > T − 1] = P[ℓ∞ + Z ≥ T]: exactly the
 # release probability the union bound needs (tests/test_selection.py measures it). The ρ/ε part
 # of the map does not depend on T.
 
