@@ -14,7 +14,8 @@ deterministic, skewed keys: most candidates are rare). Each round, interleaved, 
 * ``reference`` (unless ``--no-reference``): the same query with the pre-issue-25 threshold step,
   OpenDP's map measurement on a Python dict of every candidate
   (:func:`dpgate.mechanisms.threshold_select_opendp_map`), patched in for that call only;
-* ``mechanism`` / ``mechanism_reference``: the threshold step alone on a vector as long as the
+* ``mechanism`` / ``mechanism_1_thread`` / ``mechanism_reference``: the threshold step alone
+  (chunks over threads; chunks in one thread; the old dict path) on a vector as long as the
   number of candidates (the raw per-key unit counts).
 
 Each query gets a fresh budget (no cache hit). Medians and ratios go out as one JSON line.
@@ -56,7 +57,7 @@ def run(args: argparse.Namespace) -> dict:
     raw_sql = f"SELECT key, COUNT(*) AS n, SUM(x) AS s, COUNT(DISTINCT unit) AS u FROM read_parquet('{data}') GROUP BY key"
     unit_counts = np.asarray(con.execute(raw_sql).fetchnumpy()["u"], dtype=np.int64)
     raw_only = f"SELECT key, COUNT(*) AS n, SUM(x) AS s FROM read_parquet('{data}') GROUP BY key"
-    times: dict[str, list[float]] = {"raw": [], "selected": [], "mechanism": []}
+    times: dict[str, list[float]] = {"raw": [], "selected": [], "mechanism": [], "mechanism_1_thread": []}
     if args.reference:
         times.update(reference=[], mechanism_reference=[])
     out: dict = {"rows": args.rows, "units": args.units, "key_domain": args.keys,
@@ -90,6 +91,9 @@ def run(args: argparse.Namespace) -> dict:
             t0 = time.perf_counter()
             mechanisms.threshold_select(cal, unit_counts)
             times["mechanism"].append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            mechanisms.threshold_select(cal, unit_counts, workers=1)
+            times["mechanism_1_thread"].append(time.perf_counter() - t0)
             if args.reference:
                 t0 = time.perf_counter()
                 mechanisms.threshold_select_opendp_map(cal, unit_counts)
@@ -101,6 +105,7 @@ def run(args: argparse.Namespace) -> dict:
     out["times_s"] = times
     out["ratio_selected_over_raw"] = med["selected"] / med["raw"]
     out["candidates_per_s_mechanism"] = unit_counts.size / med["mechanism"]
+    out["ratio_mechanism_1_thread_over_threads"] = med["mechanism_1_thread"] / med["mechanism"]
     if args.reference:
         out["ratio_reference_over_raw"] = med["reference"] / med["raw"]
         out["ratio_mechanism_reference_over_new"] = med["mechanism_reference"] / med["mechanism"]
