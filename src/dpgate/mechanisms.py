@@ -83,6 +83,7 @@ __all__ = [
     "Calibration",
     "MechanismName",
     "SelectionCalibration",
+    "ThresholdRelease",
     "calibrate",
     "calibrate_selection",
     "ci95_halfwidth",
@@ -683,8 +684,9 @@ def ci_halfwidth(mechanism: str, scale: float, alpha: float = 0.05) -> float:
 # OpenDP 0.16 off-by-one (opendp/opendp issue #2922, open): the measurements keep a key whose
 # noisy count is ≥ T, but their privacy map bounds P[ℓ∞ + Z > T], missing the mass at exactly T
 # (measured: a one-unit key passes T = 3, b = 1 with probability 0.099, the map says δ = 0.036).
-# dpgate samples with OpenDP's measurement at threshold T and charges the δ of OpenDP's map for
-# the same measurement at threshold T − 1, which is P[ℓ∞ + Z > T − 1] = P[ℓ∞ + Z ≥ T]: exactly the
+# dpgate samples the mechanism at threshold T (OpenDP's vector sampler per chunk and the test
+# noisy ≥ T, the same function as the measurement's: :func:`threshold_select`) and charges the δ
+# of OpenDP's map for the same measurement at threshold T − 1, which is P[ℓ∞ + Z > T − 1] = P[ℓ∞ + Z ≥ T]: exactly the
 # release probability the union bound needs (tests/test_selection.py measures it). The ρ/ε part
 # of the map does not depend on T.
 
@@ -836,15 +838,107 @@ def calibrate_selection(mechanism: str, scale: float, groups: int, delta: float)
     return SelectionCalibration(mech, scale, lo, int(groups), cost, got, d_in)
 
 
-def threshold_select(calibration: SelectionCalibration, counts: np.ndarray) -> dict[int, int]:
-    """Run OpenDP's threshold mechanism on the candidates' unit counts.
+@dataclass(frozen=True)
+class ThresholdRelease:
+    """Output of the threshold mechanism: the released candidates and their noisy counts.
+
+    Attributes:
+        index: int64 vector, ascending: the positions (in the ``counts`` given to
+            :func:`threshold_select`) of the candidates released.
+        noisy: int64 vector aligned with ``index``: each released candidate's noisy count
+            of units (every value ≥ T).
+    """
+
+    index: np.ndarray
+    noisy: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.index.size)
+
+
+#: Candidates per chunk of :func:`threshold_select` (bounds the memory of one OpenDP call).
+_SELECTION_CHUNK = 65_536
+
+
+def threshold_select(calibration: SelectionCalibration, counts: np.ndarray, *,
+                     chunk: int = _SELECTION_CHUNK, workers: int | None = None) -> ThresholdRelease:
+    """Run the threshold mechanism on the candidates' unit counts, in chunks over threads.
+
+    The mechanism is OpenDP's ``make_gaussian_threshold`` / ``make_laplace_threshold``
+    (calibrated, and its privacy map evaluated once for the whole histogram, by
+    :func:`calibrate_selection`). Its function is, per key (OpenDP 0.16 pseudocode
+    ``MakeNoiseThreshold_IBig_for_RV.py`` and ``MakeNoiseThreshold_MapDomain_for_IntExpFamily``):
+    add one draw of ``ZExpFamily<P>`` with scale ``integerize_scale(scale, 0)`` (the discrete
+    Gaussian, P = 2, or discrete Laplace, P = 1, sampled exactly as in [CKS20]), keep the key iff
+    the noisy value is ≥ T, saturate to i64. OpenDP's vector measurement ``make_gaussian`` /
+    ``make_laplace`` on ``vector_domain(atom_domain(i64))`` (:func:`_measurement`; pseudocode
+    ``MakeNoise_VectorDomain_for_IntExpFamily.py``) draws the same ``ZExpFamily<P>`` noise with
+    the same integerized scale independently for each coordinate and saturates the same way.
+    So this function draws each candidate's noise with OpenDP's vector sampler, a chunk of
+    candidates per call, and applies the fixed test ``noisy ≥ T`` in NumPy: the output — the set
+    of released keys with their noisy counts — has exactly the distribution of one call of
+    OpenDP's threshold measurement on the whole map, because
+
+    * the noise is independent across keys, so cutting the candidates into chunks (and noising
+      the chunks in any order, on any thread) does not change the joint distribution;
+    * T, σ (or b), ρ (or ε) and δ are fixed by :func:`calibrate_selection` from (ρ or ε, δ_q,
+      k) before any data is read, so no chunk sees anything computed from another chunk;
+    * the privacy map is a property of that one mechanism on the whole histogram (ℓ0, ℓ2|ℓ1,
+      ℓ∞) = (k, √k|k, 1), computed once; the chunks are not separate releases to compose;
+    * OpenDP's map output is an unordered HashMap (shuffled); here the released keys come in
+      candidate order, which is a function of the data's key values only (post-processing).
+
+    Nothing is skipped: every candidate, however small its count, is released with positive
+    probability, so each one's noise is drawn. Tests compare this with OpenDP's own threshold
+    measurement (:func:`threshold_select_opendp_map`) in distribution.
 
     Args:
         calibration: from :func:`calibrate_selection`.
-        counts: 1-D integer vector, candidate i's count of distinct units (each ≥ 1).
+        counts: 1-D integer vector, candidate i's count of distinct units (each ≥ 1);
+            clamped to ±2^62 as in :func:`sample`.
+        chunk: candidates per OpenDP call (≥ 1).
+        workers: threads (default: up to the CPU count, at most 8; 1 runs in this thread).
 
     Returns:
-        candidate index → noisy count, for the candidates released (noisy count ≥ T).
+        A :class:`ThresholdRelease`: positions (ascending) and noisy counts of the released
+        candidates.
+
+    Raises:
+        MechanismError: non-integer counts, or an OpenDP failure.
+    """
+    arr = _clamped_int64("selection", counts)
+    empty = np.zeros(0, dtype=np.int64)
+    if arr.size == 0:
+        return ThresholdRelease(empty, empty.copy())
+    chunk = max(1, int(chunk))
+    meas = _measurement(calibration.mechanism, calibration.scale)
+    threshold = int(calibration.threshold)
+
+    def one(lo: int) -> tuple[np.ndarray, np.ndarray]:
+        noisy = np.asarray(meas(arr[lo:lo + chunk]), dtype=np.int64)
+        keep = np.flatnonzero(noisy >= threshold)
+        return keep + lo, noisy[keep]
+
+    starts = range(0, arr.size, chunk)
+    n = workers if workers is not None else min(os.cpu_count() or 1, 8)
+    n = max(1, min(int(n), len(starts)))
+    try:
+        if n == 1:
+            parts = [one(lo) for lo in starts]
+        else:
+            with ThreadPoolExecutor(max_workers=n, thread_name_prefix="dpgate-select") as pool:
+                parts = list(pool.map(one, starts))  # in chunk order: the index stays ascending
+    except dp.OpenDPException as e:
+        raise MechanismError(f"OpenDP's threshold sampler failed: {e}") from None
+    return ThresholdRelease(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
+
+
+def threshold_select_opendp_map(calibration: SelectionCalibration, counts: np.ndarray) -> ThresholdRelease:
+    """Reference: OpenDP's threshold measurement itself, one call on a Python dict of every candidate.
+
+    The pre-issue-25 implementation (single-threaded; ~the cost of building and converting the
+    dict plus the noise), kept as the oracle the tests and ``bench.partition_bench --reference``
+    compare :func:`threshold_select` with. Same arguments, result and errors.
     """
     arr = _clamped_int64("selection", counts)
     meas = _threshold_measurement(calibration.mechanism, calibration.scale, calibration.threshold)
@@ -852,7 +946,8 @@ def threshold_select(calibration: SelectionCalibration, counts: np.ndarray) -> d
         out = meas({i: int(c) for i, c in enumerate(arr.tolist())})
     except dp.OpenDPException as e:
         raise MechanismError(f"OpenDP's threshold sampler failed: {e}") from None
-    return {int(i): int(v) for i, v in out.items()}
+    index = np.array(sorted(int(i) for i in out), dtype=np.int64)
+    return ThresholdRelease(index, np.array([int(out[int(i)]) for i in index], dtype=np.int64))
 
 
 # --- quantiles: OpenDP's exponential mechanism (report-noisy-max with Gumbel noise) -----------

@@ -135,10 +135,10 @@ def candidate_counts(values: dict[str, np.ndarray], per_candidate: int) -> np.nd
     return units[::per_candidate] if per_candidate > 1 else units
 
 
-def row_mask(selected: Iterable[int], n_candidates: int, per_candidate: int) -> np.ndarray:
-    """Boolean mask of the bounded SQL's rows that belong to the selected candidates."""
+def row_mask(selected: Iterable[int] | np.ndarray, n_candidates: int, per_candidate: int) -> np.ndarray:
+    """Boolean mask of the bounded SQL's rows that belong to the selected candidates (positions)."""
     chosen = np.zeros(n_candidates, dtype=bool)
-    idx = np.fromiter(selected, dtype=np.int64)
+    idx = selected if isinstance(selected, np.ndarray) else np.fromiter(selected, dtype=np.int64)
     if idx.size:
         chosen[idx] = True
     return np.repeat(chosen, per_candidate)
