@@ -9,11 +9,11 @@ deterministic, skewed keys: most candidates are rare). Each round, interleaved, 
   as NumPy (no privacy at all: the floor);
 * ``selected``: ``SELECT key, COUNT(*) AS n, SUM(x) AS s FROM events GROUP BY key`` end to end
   through :meth:`dpgate.service.Gateway.query` with no public keys for ``key`` (bounding, the
-  candidate histogram, the threshold mechanism — :func:`dpgate.mechanisms.threshold_select`,
+  candidate histogram, the threshold mechanism — :func:`dpgate.mechanisms.selection.threshold_select`,
   chunks over threads — noise on the kept rows, release);
 * ``reference`` (unless ``--no-reference``): the same query with the pre-issue-25 threshold step,
   OpenDP's map measurement on a Python dict of every candidate
-  (:func:`dpgate.mechanisms.threshold_select_opendp_map`), patched in for that call only;
+  (:func:`dpgate.mechanisms.selection.threshold_select_opendp_map`), patched in for that call only;
 * ``mechanism`` / ``mechanism_1_thread`` / ``mechanism_reference``: the threshold step alone
   (chunks over threads; chunks in one thread; the old dict path) on a vector as long as the
   number of candidates (the raw per-key unit counts).
@@ -37,7 +37,8 @@ def run(args: argparse.Namespace) -> dict:
     import duckdb
     import numpy as np
 
-    from dpgate import mechanisms, partition_selection
+    from dpgate import partition_selection
+    from dpgate.mechanisms import selection as mechanisms
     from dpgate.service import Gateway, QueryBudget
     from dpgate.settings import Settings
 

@@ -216,7 +216,6 @@ OVERSIZED.update({
     "dpgate.engines.base": 1374,
     "dpgate.postprocess.expressions": 1292,
     "dpgate.sql.bind": 1175,
-    "dpgate.mechanisms": 1012,
     "dpgate.ui.pages": 872,
     "dpgate.ledger.sql": 825,
     "dpgate.tpch": 817,

@@ -27,7 +27,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from dpgate.errors import BudgetExhausted, InvalidBudget, UnsupportedQuery
-from dpgate.mechanisms import calibrate_selection, threshold_select
+from dpgate.mechanisms.selection import calibrate_selection, threshold_select
 from dpgate.policy import load_policies
 from dpgate.service import Gateway, QueryBudget
 from dpgate.settings import Settings

@@ -1,9 +1,9 @@
 """Partition selection at scale (issue 25 item 2): the threshold mechanism on NumPy vectors, in chunks.
 
-:func:`dpgate.mechanisms.threshold_select` draws each candidate's noise with OpenDP's vector
+:func:`dpgate.mechanisms.selection.threshold_select` draws each candidate's noise with OpenDP's vector
 sampler a chunk at a time (over threads) and keeps noisy counts ≥ T; the reference is OpenDP's
 own threshold measurement on a dict of every candidate
-(:func:`~dpgate.mechanisms.threshold_select_opendp_map`, the pre-issue-25 code). Checked here:
+(:func:`~dpgate.mechanisms.selection.threshold_select_opendp_map`, the pre-issue-25 code). Checked here:
 
 * bookkeeping: with the noise replaced by zero, the released positions are exactly the counts
   ≥ T, for any chunk size and thread count (hypothesis);
@@ -11,7 +11,7 @@ own threshold measurement on a dict of every candidate
   right positions across chunk borders, with the noise's mean and variance;
 * same distribution as OpenDP's threshold measurement: per exact count near T, the release rate
   of both paths within 5 binomial standard deviations of the exact tail P[c + Z ≥ T]
-  (:meth:`~dpgate.mechanisms.SelectionCalibration.release_probability`, computed from the
+  (:meth:`~dpgate.mechanisms.selection.SelectionCalibration.release_probability`, computed from the
   discrete distributions' mass functions, not from OpenDP), and of each other;
 * the calibration (T, ρ/ε, δ) is the one OpenDP's threshold map gives for the whole histogram.
 """
@@ -24,8 +24,8 @@ import numpy as np
 import pytest
 from hypothesis import example, given, settings, strategies as st
 
-from dpgate import mechanisms
-from dpgate.mechanisms import (
+from dpgate.mechanisms import selection as mechanisms
+from dpgate.mechanisms.selection import (
     ThresholdRelease,
     calibrate_selection,
     threshold_select,

@@ -20,7 +20,7 @@ keys (:attr:`~dpgate.sql.plan.QueryPlan.selected_keys`; plan side in
   take the threshold mechanism's noisy counts and get no share of their own.
 * :func:`select_rows` — after the bounded SQL: the threshold mechanism on the
   candidates' unit counts (NumPy vectors, noised in chunks over threads by
-  :func:`~dpgate.mechanisms.threshold_select`; why that is OpenDP's one mechanism on
+  :func:`~dpgate.mechanisms.selection.threshold_select`; why that is OpenDP's one mechanism on
   the whole histogram is stated there), the rows of the selected candidates kept, the
   other primitives noised (:func:`~dpgate.mechanisms.sample`) on those rows only.
 """
@@ -34,14 +34,8 @@ from typing import Any, Mapping
 import numpy as np
 
 from dpgate.errors import InvalidBudget, UnsupportedQuery
-from dpgate.mechanisms import (
-    Calibration,
-    calibrate,
-    calibrate_selection,
-    mechanism_name,
-    sample,
-    threshold_select,
-)
+from dpgate.mechanisms import Calibration, calibrate, mechanism_name, sample
+from dpgate.mechanisms.selection import calibrate_selection, threshold_select
 from dpgate.policy import DatasetPolicy
 from dpgate.sql import partition_selection as selection
 from dpgate.sql.plan import QueryPlan
