@@ -457,10 +457,11 @@ class Gateway:
             raise InvalidSql("the SQL text is empty")
         policy = self._with_public_table_keys(policy)  # public tables hook: their keys are their values
         try:
-            check_candidates(parse_statement(sql, dialect), policy)  # selection hook (issue 15)
+            statement = parse_statement(sql, dialect)  # the analyst's text, parsed once
+            check_candidates(statement, policy)  # selection hook (issue 15); reads the tree only
         except DpgateError as e:
             raise nothing_charged(e)
-        plan = parse_query(sql, policy, dialect=dialect)
+        plan = parse_query(sql, policy, dialect=dialect, statement=statement)
         try:
             refuse_constant_plan(plan)
             _check_derived_outputs(plan, policy_for(plan.table, policy))

@@ -1186,7 +1186,8 @@ def _policy_digest(table: TablePolicy, columns: set[str], tuples: Mapping[str, t
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def parse_query(sql: str, policy: DatasetPolicy, *, dialect: str | None = None) -> QueryPlan:
+def parse_query(sql: str, policy: DatasetPolicy, *, dialect: str | None = None,
+                statement: exp.Select | None = None) -> QueryPlan:
     """Parse, validate and plan one aggregate query against a dataset's policy.
 
     Args:
@@ -1194,6 +1195,9 @@ def parse_query(sql: str, policy: DatasetPolicy, *, dialect: str | None = None) 
         policy: the dataset's policy (tables, privacy unit, bounds, public keys).
         dialect: how to read ``sql`` (one of :data:`DIALECTS`; default ``duckdb``). The
             plan, its hash and the executed SQL do not depend on it.
+        statement: ``parse_statement(sql, dialect)`` when the caller has already parsed the
+            text (the gateway does, for its selection check): the text is then not parsed
+            again. The tree is planned in place (the caller must not reuse it).
 
     Returns:
         The frozen, canonical :class:`QueryPlan` (nothing is executed).
@@ -1207,7 +1211,7 @@ def parse_query(sql: str, policy: DatasetPolicy, *, dialect: str | None = None) 
     """
     token = SOURCE.set(sql if isinstance(sql, str) else None)
     try:
-        stmt = parse_statement(sql, dialect)
+        stmt = parse_statement(sql, dialect) if statement is None else statement
         if sum(1 for _ in stmt.walk()) > MAX_NODES:
             raise UnsupportedQuery(f"the query is too large (more than {MAX_NODES} syntax nodes)")
         try:
