@@ -1325,6 +1325,14 @@ def _plan(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
         outputs.add_agg(agg, _agg_label(agg, scope), hidden=True)
 
     selected_keys = selection.selected_columns(table, group_by)  # issue 11 hook
+    for n in selected_keys:
+        if (col := table.find_column(n)) is not None and col.type == "float":
+            # the group-choosing hash reads a float key's ordinal among its public keys
+            # (sql/bound.py): without them there is none, and an exact double is a poor key
+            raise UnsupportedQuery(
+                f"GROUP BY {n}: a float column without public keys cannot be a group key (private "
+                "partition selection takes int, text, bool and date keys); declare its public_keys, "
+                "or group by a condition or a CASE with literal results over it")
     public_keys = [n for n in group_by if n not in selected_keys]
     # a WHERE on a key column narrows its released keys, evaluated on the public key list
     # alone (issue 24; sql/narrow.py); several columns of one public table then release the
