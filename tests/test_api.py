@@ -335,6 +335,8 @@ def test_admin_cap_change_is_a_ledger_event_and_is_published(server, keys):
         assert r.status_code == 200, r.text
 
         ledger = admin.get("/v1/admin/ledger", params={"population": "product-users"}).json()
+        # a population the ledger does not know is a 404, not an empty list (found in a trial)
+        assert_error(admin.get("/v1/admin/ledger", params={"population": "nope"}), 404, "unknown_population")
         changes = [e for e in ledger["events"] if e.get("reason") == reason]
         assert len(changes) == 1
         assert changes[0]["actor"] == "root"  # the admin key's name
