@@ -29,11 +29,13 @@ from pathlib import Path
 import pytest
 from sqlglot.dialects.dialect import Dialect
 
+import dpgate
 from dpgate.service import Gateway, QueryBudget
 from dpgate.settings import Settings
 from tests.corpus.library import write_library
 
 HERE = Path(__file__).resolve().parent
+PACKAGE = Path(dpgate.__file__).resolve().parent
 POLICY = HERE / "fixtures" / "policies" / "corpus" / "library_catalog.toml"
 
 #: kind → analyst SQL.
@@ -122,8 +124,11 @@ class ParseCounter:
     @staticmethod
     def _caller() -> str:
         """The two innermost dpgate frames (``module:function < module:function``) of the parse."""
-        frames = [f"{f.filename.split('/dpgate/', 1)[1]}:{f.name}" for f in reversed(traceback.extract_stack()[:-3])
-                  if "/dpgate/" in f.filename]
+        # frames of the dpgate package itself, named relative to it (a checkout may be in a folder
+        # named "dpgate", and its .venv inside it: the quickstart test's clone is)
+        frames = [f"{Path(f.filename).resolve().relative_to(PACKAGE).as_posix()}:{f.name}"
+                  for f in reversed(traceback.extract_stack()[:-3])
+                  if Path(f.filename).resolve().is_relative_to(PACKAGE)]
         return " < ".join(frames[:2]) or "?"
 
     def count(self, fn, analyst_sql: str) -> tuple[dict[str, int], Counter]:
