@@ -15,7 +15,8 @@ One TOML file per dataset (see DESIGN.md, "Policy files")::
     suppress_ci95_above = 1000.0        # optional
     clamp_counts = true                 # default true
     selection_delta = 5e-7              # part of δ reserved for private partition selection
-                                        # (default δ/2; 0 turns selection off)
+                                        # (default δ/2 if a key column lacks public keys, else 0;
+                                        # an explicit 0 turns selection off)
     default_selection_delta = 1e-9      # δ one selecting query spends (default selection_delta/100)
 
     [allocations]                       # shares of the cap's ρ, summing to ≤ 1
@@ -550,11 +551,17 @@ class BudgetPolicy:
         clamp_counts: clamp noisy counts at 0 (post-processing; default True).
         selection_delta: the part of δ reserved for private partition selection (issue 11;
             DESIGN.md "Accounting"): ρ_cap is fixed at δ − selection_delta and the δ_q of
-            selecting queries add up to at most it. Default δ/2; 0 turns partition
-            selection off. A population that exists keeps its ledger cap until
-            ``dpgate caps apply`` adopts the file's.
+            selecting queries add up to at most it. Default (issue 22, "no idle δ
+            reserve"): δ/2 when a protected table of the population's datasets has a key
+            column without public keys (:func:`selection_key_columns`: partition selection
+            may be needed), else 0 (no query can select, so all of δ goes to ρ_cap); a
+            value stated in the file always wins, and a stated 0 turns partition selection
+            off. Built directly (no tables known) the default is δ/2. A population that
+            exists keeps its ledger cap until ``dpgate caps apply`` adopts the file's.
         default_selection_delta: δ_q one selecting query spends unless the request names
             ``budget.delta``; default selection_delta/100; ≤ selection_delta.
+        selection_delta_stated: True when the file states ``selection_delta`` (or
+            ``default_selection_delta``), False when it is the default above.
     """
 
     epsilon: float
@@ -565,6 +572,7 @@ class BudgetPolicy:
     clamp_counts: bool = True
     selection_delta: float | None = None
     default_selection_delta: float | None = None
+    selection_delta_stated: bool = field(default=True, compare=False)
 
     def __post_init__(self) -> None:
         # defaults that depend on δ (issue 11): selection_delta = δ/2, default δ_q = selection_delta/100
@@ -662,13 +670,17 @@ def load_policies(folder: Path) -> dict[str, DatasetPolicy]:
         raise PolicyError(
             f"policies folder {str(folder)!r} does not exist", {"file": str(folder)}
         )
-    out: dict[str, DatasetPolicy] = {}
+    loaded: dict[str, DatasetPolicy] = {}
     for path in sorted(folder.glob("*.toml")):
         policy = load_policy(path)
-        if policy.name in out:
+        if policy.name in loaded:
             raise _policy_error(
-                path, f"dataset {policy.name!r} is also declared in {out[policy.name].path}"
+                path, f"dataset {policy.name!r} is also declared in {loaded[policy.name].path}"
             )
+        loaded[policy.name] = policy
+    out: dict[str, DatasetPolicy] = {}
+    for policy in population_selection_defaults(loaded).values():
+        path = policy.path
         for other in out.values():
             if other.population == policy.population and (
                 (other.budget.epsilon, other.budget.delta, other.budget.selection_delta)
@@ -1312,9 +1324,41 @@ def _check_unit_paths(tables: Mapping[str, TablePolicy], path: Path) -> None:
                                       f"privacy unit of {here.name!r} ({here.privacy_unit})", table.name)
 
 
-def _selection_deltas(b: Mapping[str, Any], delta: float, path: Path) -> tuple[float, float]:
-    """``[budget] selection_delta`` (default δ/2, in [0, δ)) and ``default_selection_delta``
-    (default selection_delta/100, in (0, selection_delta]; 0 when selection is off)."""
+#: Column types whose key-less columns make partition selection possible in the default rule
+#: (:func:`selection_key_columns`): discrete values a GROUP BY lists. ``float`` columns are
+#: measures; a GROUP BY on one without public keys needs a stated ``selection_delta``.
+SELECTION_KEY_TYPES: tuple[str, ...] = ("text", "int", "bool", "date", "timestamp")
+
+
+def selection_key_columns(tables: Iterable[TablePolicy]) -> tuple[tuple[str, str], ...]:
+    """``(table, column)`` of every key column without public keys of a protected table: the
+    columns a GROUP BY would select privately (:mod:`dpgate.sql.partition_selection`), and
+    why a default cap reserves δ for partition selection (issue 22).
+
+    A key column is a declared column of a type in :data:`SELECTION_KEY_TYPES`; public tables
+    never select (their key-less columns are keyed by their values), and neither does the
+    privacy unit column when it is declared (a GROUP BY on it is refused).
+    """
+    return tuple((t.name, c.name) for t in tables if not t.public for c in t.columns.values()
+                 if c.public_keys is None and c.type in SELECTION_KEY_TYPES
+                 and (t.privacy_unit is None or c.name.casefold() != t.privacy_unit.casefold()))
+
+
+def default_selection_deltas(delta: float, selects: bool) -> tuple[float, float]:
+    """The default ``(selection_delta, default_selection_delta)`` of a cap δ (issue 22, "no idle
+    δ reserve"): ``(δ/2, δ/200)`` when partition selection may be needed (``selects``: a key
+    column without public keys, :func:`selection_key_columns`), else ``(0, 0)``: all of δ
+    goes to ρ_cap (ρ_cap = ``ledger_rho(ε, δ)``)."""
+    sel = delta / 2 if selects else 0.0
+    return sel, sel / 100
+
+
+def _selection_deltas(b: Mapping[str, Any], delta: float, path: Path) -> tuple[float, float, bool]:
+    """``[budget] selection_delta`` (in [0, δ)) and ``default_selection_delta`` (default
+    selection_delta/100, in (0, selection_delta]; 0 when selection is off), and whether the
+    file states either (False: the caller applies :func:`default_selection_deltas`; a stated
+    ``default_selection_delta`` alone means selection is wanted: δ/2 is reserved)."""
+    stated = "selection_delta" in b or "default_selection_delta" in b
     sel = delta / 2
     if "selection_delta" in b:
         sel = _finite_number(b["selection_delta"], "[budget] selection_delta", path)
@@ -1330,7 +1374,7 @@ def _selection_deltas(b: Mapping[str, Any], delta: float, path: Path) -> tuple[f
         elif not 0 < per_query <= sel:
             raise _policy_error(path, f"[budget] default_selection_delta must be in (0, selection_delta] = "
                                       f"(0, {sel:g}] (got {per_query:g})")
-    return sel, per_query
+    return sel, per_query, stated
 
 
 #: The value a draft policy (``dpgate policy init``) leaves for its author to decide.
@@ -1414,8 +1458,7 @@ def _parse_policy(raw: Mapping[str, Any], path: Path) -> DatasetPolicy:
     clamp = b.get("clamp_counts", True)
     if not isinstance(clamp, bool):
         raise _policy_error(path, "[budget] clamp_counts must be true or false")
-    selection, per_query = _selection_deltas(b, delta, path)
-    budget = BudgetPolicy(epsilon, delta, rho, mechanism, suppress, clamp, selection, per_query)
+    selection, per_query, stated = _selection_deltas(b, delta, path)
 
     alloc_raw = _section(raw, "allocations", path, required=False)
     allocations: dict[str, float] = {}
@@ -1438,6 +1481,9 @@ def _parse_policy(raw: Mapping[str, Any], path: Path) -> DatasetPolicy:
             raise _policy_error(path, "two tables differ only in case", tname)
         tables[tname] = _parse_table(tname, traw, path, name, engine)
     _check_unit_paths(tables, path)
+    if not stated:  # issue 22: no idle δ reserve when no query of this file can select keys
+        selection, per_query = default_selection_deltas(delta, bool(selection_key_columns(tables.values())))
+    budget = BudgetPolicy(epsilon, delta, rho, mechanism, suppress, clamp, selection, per_query, stated)
     cohorts = _parse_cohorts(_section(raw, "population", path, required=False), tables, path)
     proxy, provenance, proxy_default_for = _parse_proxy(ds, tables, name, path)
     return DatasetPolicy(
@@ -1609,6 +1655,26 @@ def _parse_proxy(ds: Mapping[str, Any], tables: Mapping[str, TablePolicy], name:
     if default_for and proxy is None:
         raise _policy_error(path, "[dataset] proxy_default_for needs [dataset] proxy")
     return proxy, provenance, tuple(default_for)
+
+
+def population_selection_defaults(policies: Mapping[str, DatasetPolicy]) -> dict[str, DatasetPolicy]:
+    """The policies with the default selection reserve decided per population (issue 22): a
+    population's cap is one, so if a protected table of *any* of its datasets has a key column
+    without public keys (:func:`selection_key_columns`), every dataset of it whose file states no
+    ``selection_delta`` reserves δ/2 (:func:`default_selection_deltas`). Stated values are kept.
+    Same order as ``policies``."""
+    selects: dict[str, bool] = {}
+    for p in policies.values():
+        selects[p.population] = selects.get(p.population, False) or bool(selection_key_columns(p.tables.values()))
+    out = {}
+    for name, p in policies.items():
+        b = p.budget
+        if not b.selection_delta_stated and selects[p.population] and not b.selection_delta:
+            sel, per_query = default_selection_deltas(b.delta, True)
+            p = dataclasses.replace(p, budget=dataclasses.replace(
+                b, selection_delta=sel, default_selection_delta=per_query))
+        out[name] = p
+    return out
 
 
 def check_proxies(policies: Mapping[str, DatasetPolicy]) -> None:
