@@ -58,7 +58,7 @@ from dpgate.mechanisms import calibrate, ci95_halfwidth, mechanism_name, sample
 from dpgate.notices import first_notice
 from dpgate.policy import MECHANISMS, DatasetPolicy, KeyTuples, load_policies
 from dpgate.postprocess import check_postprocess_expression, finalize, output_unit
-from dpgate.postprocess.expected import expected_accuracy
+from dpgate.postprocess.expected import DEFAULT_REFERENCE_ROWS, expected_accuracy
 from dpgate.postprocess.calibration import CellTarget, ci95_rules, scales_for_ci95
 from dpgate.postprocess.ranges import value_ranges
 from dpgate.representable import check_representable
@@ -629,14 +629,49 @@ class Gateway:
 
     def explain(self, dataset: str, sql: str, *, budget: QueryBudget | None = None,
                 mechanism: str | None = None, consumer: str | None = None,
-                dialect: str | None = None, trial: bool = False) -> dict[str, Any]:
+                dialect: str | None = None, trial: bool = False,
+                reference_rows: float | None = None) -> dict[str, Any]:
         """:meth:`_explain`'s document with ``expected_accuracy``: each primitive's sensitivity in
         its unit and each output's expected 95 % half-width
-        (:func:`dpgate.postprocess.expected.expected_accuracy`, from the document alone)."""
+        (:func:`dpgate.postprocess.expected.expected_accuracy`, from the document alone), and
+        ``warnings`` (issue 22 item 6): one sentence per output whose ± would swamp it, compared
+        with its column's bounds (``column_bounds``) at a group of ``reference_rows`` rows
+        (default: the budget's ``expected_count``, else
+        :data:`~dpgate.postprocess.expected.DEFAULT_REFERENCE_ROWS`), data-independent.
+
+        Raises:
+            as :meth:`_explain`; InvalidRequest: ``reference_rows`` not a number > 1.
+        """
+        if reference_rows is not None and (isinstance(reference_rows, bool) or not isinstance(
+                reference_rows, (int, float)) or not 1 < reference_rows <= 1e15):
+            raise InvalidRequest("reference_rows must be a number of rows > 1 (and ≤ 1e15)",
+                                 {"field": "reference_rows"})
         doc = self._explain(dataset, sql, budget=budget, mechanism=mechanism, consumer=consumer,
                             dialect=dialect, trial=trial)
+        if doc.get("plan") and not doc.get("public") and not doc.get("public_keys_only"):
+            # issue 22 item 6: the bounds and group size each output's ± is compared with (data-independent)
+            doc["column_bounds"] = self._column_bounds(dataset, doc["plan"])
+            doc["accuracy_reference"] = {
+                "rows": float(reference_rows if reference_rows is not None else
+                              budget.expected_count if budget is not None and budget.expected_count is not None
+                              else DEFAULT_REFERENCE_ROWS),
+                "suppress_ci95_above": self.policy(dataset).budget.suppress_ci95_above}
         doc["expected_accuracy"] = expected_accuracy(doc)
+        doc["warnings"] = [w["message"] for w in doc["expected_accuracy"].get("warnings", [])]
         return doc
+
+    def _column_bounds(self, dataset: str, plan: Mapping[str, Any]) -> dict[str, dict[str, float]]:
+        """``{column: {lower, upper}}`` of the bounded numeric columns the plan's outputs read (policy)."""
+        out: dict[str, dict[str, float]] = {}
+        try:
+            table = self.policy(dataset).table(plan.get("table"))
+        except DpgateError:
+            return out
+        for o in plan.get("outputs", []):
+            col = table.find_column(o["column"]) if o.get("column") and hasattr(table, "find_column") else None
+            if col is not None and col.bounded and col.type in ("int", "float"):
+                out[o["column"]] = {"lower": float(col.lower), "upper": float(col.upper)}
+        return out
 
     def _explain(self, dataset: str, sql: str, *, budget: QueryBudget | None = None,
                  mechanism: str | None = None, consumer: str | None = None,
