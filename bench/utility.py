@@ -158,9 +158,16 @@ def run(data: Path | None, *, trials: int = 1, peers: bool = True, install: bool
     out: dict[str, Any] = {"data": str(folder), "epsilon": 4.0, "delta": 1e-6, "trials": trials, "results": {}}
     for v in VARIANTS:
         out["results"][v] = measure(folder, true=true, variant=v, trials=trials)
+        _say(v, out["results"][v])
     if peers:
         out["results"]["pipelinedp"] = measure_pipelinedp(folder, trials=trials, install=install)
+        _say("pipelinedp", out["results"]["pipelinedp"])
     return out
+
+
+def _say(name: str, result: dict[str, Any]) -> None:
+    """One line per finished variant on stderr (a long run's figures survive an interruption)."""
+    print(f"[utility] {name}: {json.dumps(result)}", file=sys.stderr, flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
