@@ -223,8 +223,10 @@ def fast_path(data: Path, runs: int) -> dict:
         b = engines.execute(fast_sql)
         same = all(a[k].tolist() == b[k].tolist() for k in a) and list(a) == list(b)
         for _ in range(runs):
-            t = time.perf_counter(); engines.execute(slow_sql); slow_t.append(time.perf_counter() - t)
-            t = time.perf_counter(); engines.execute(fast_sql); fast_t.append(time.perf_counter() - t)
+            for sql, times in ((slow_sql, slow_t), (fast_sql, fast_t)):
+                t = time.perf_counter()
+                engines.execute(sql)
+                times.append(time.perf_counter() - t)
         s, f = statistics.median(slow_t), statistics.median(fast_t)
         record["queries"][name] = {"bounded_s": round(s, 4), "fast_path_s": round(f, 4),
                                    "speedup": round(s / f, 2), "same_values": same}

@@ -268,6 +268,27 @@ def test_unexpected_errors_are_500_internal_without_details(server, keys):
     assert "secret-internal-state-42" not in r.text and "RuntimeError" not in r.text
 
 
+def test_an_unexpected_error_keeps_the_connection_usable(server, keys):
+    """A 500 ``internal`` is an answer like any other: the keep-alive connection it came on serves
+    the next request (the trial found Starlette's re-raise after the 500 closing it, so a client's
+    next request on it failed with a connection reset)."""
+    gateway = server.app.state.gateway
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("secret-internal-state-42")
+
+    original = gateway.datasets
+    with server.client(keys["analyst"]) as analyst:
+        gateway.datasets = broken
+        try:
+            assert_error(analyst.get("/v1/datasets"), 500, "internal")
+        finally:
+            gateway.datasets = original
+        r = analyst.get("/v1/datasets")  # the same pooled connection
+        assert r.status_code == 200, r.text
+        assert r.headers["x-content-type-options"] == "nosniff"
+
+
 def test_eight_concurrent_identical_queries_make_one_charge_and_one_release(server, keys):
     body = {
         "dataset": "usage",
@@ -314,6 +335,8 @@ def test_admin_cap_change_is_a_ledger_event_and_is_published(server, keys):
         assert r.status_code == 200, r.text
 
         ledger = admin.get("/v1/admin/ledger", params={"population": "product-users"}).json()
+        # a population the ledger does not know is a 404, not an empty list (found in a trial)
+        assert_error(admin.get("/v1/admin/ledger", params={"population": "nope"}), 404, "unknown_population")
         changes = [e for e in ledger["events"] if e.get("reason") == reason]
         assert len(changes) == 1
         assert changes[0]["actor"] == "root"  # the admin key's name

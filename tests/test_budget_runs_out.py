@@ -10,8 +10,6 @@ closed forms re-derived here).
 from __future__ import annotations
 
 import math
-import shutil
-from pathlib import Path
 
 import pytest
 from _budget_project import COHORTS, write_project
@@ -389,3 +387,13 @@ def test_cohorts_added_to_a_charged_population_stay_drift_and_cannot_be_adopted(
             apply_policies(gw.ledger, load_policies(project), actor="ops", reason="monthly budgets",
                            population="plain")
         assert gw.ledger.cohort_column("plain") is None
+
+
+@pytest.mark.parametrize("sampler", ["poisson", "shuffle"])
+def test_a_noise_multiplier_whose_square_underflows_is_refused_for_free(gateway, sampler):
+    """σ = 1e-300: σ² is 0 in doubles, so the curve cannot be computed (the trial found a
+    ZeroDivisionError, HTTP 500); refused as an invalid budget, nothing charged."""
+    run = {"q": 0.01, "noise_multiplier": 1e-300, "steps": 10, "sampler": sampler}
+    with pytest.raises(InvalidBudget, match="too small"):
+        gateway.charge_external("plain", "analysts", dp_sgd=run, purpose="x", actor="t")
+    assert gateway.ledger.spend("plain").charges == 0

@@ -14,7 +14,6 @@ from _api_server import LiveServer
 from _small_project import write_project
 from _oracles import ledger_epsilon as oracle_epsilon
 
-from dpgate import accounting
 from dpgate.api import create_app
 from dpgate.auth import KeyStore
 from dpgate.cli import main as cli

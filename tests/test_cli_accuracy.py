@@ -200,7 +200,7 @@ def test_query_marks_values_clamped_to_a_bound(settings, capsys):
         clamped += at_bound
         cell = re.search(r"(\S+) ± ~\S+( \*)?", lines[region].split(None, 2)[2])
         assert float(cell.group(1)) == pytest.approx(avg, rel=1e-5) and bool(cell.group(2)) == at_bound
-        assert (f"{n} ± " in lines[region] and re.search(rf"\b0 ± [\d,.]+ \*", lines[region]) is not None) == (n == 0)
+        assert (f"{n} ± " in lines[region] and re.search(r"\b0 ± [\d,.]+ \*", lines[region]) is not None) == (n == 0)
     assert clamped >= 1
     assert "avg_tokens: * = on a bound of [0, 8000] (tokens's declared bounds)" in out
 

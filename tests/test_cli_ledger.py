@@ -8,7 +8,6 @@ import sqlite3
 import pytest
 from _oracles import ledger_epsilon as oracle_epsilon
 
-from dpgate import accounting
 from dpgate.accounting import Cost
 from dpgate.cli import main
 from dpgate.ledger import open_ledger

@@ -21,7 +21,6 @@ import socket
 import subprocess
 import sys
 
-import httpx
 import pytest
 from _api_server import REPO, LiveServer, make_project
 

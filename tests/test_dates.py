@@ -12,7 +12,7 @@ from pathlib import Path
 import duckdb
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
-from sqlglot import exp, parse_one
+from sqlglot import parse_one
 
 from dpgate.errors import PolicyError, UnsupportedQuery
 from dpgate.policy import parse_policy as _parse_policy, quote_identifier as q

@@ -488,7 +488,7 @@ def test_pums_fast_path_fact_is_found():
 @pytest.mark.spark
 def test_spark_schema_checks_catalog_tables_and_timeout(spark, data_dir):
     from dpgate.engines.spark import spark_session
-    from dpgate.errors import PolicyError, QueryTimeout
+    from dpgate.errors import PolicyError
 
     session = spark_session("local[2]")
     opts = EngineOptions(timeout_s=300, spark_master="local[2]")

@@ -21,7 +21,6 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from sqlglot import exp
 
 from dpgate.errors import UnsupportedQuery
-from dpgate.policy import parse_policy, quote_identifier as q
 from dpgate.sensitivity import sensitivities
 from dpgate.sql.bind import bind_value
 from dpgate.sql.bound import bounded_sql

@@ -15,7 +15,6 @@ on each engine).
 
 from __future__ import annotations
 
-import datetime as dt
 from pathlib import Path
 
 import pyarrow as pa
@@ -24,7 +23,6 @@ import pytest
 
 from _engines import PG_URL, pg_load, pg_schema, pg_unavailable, spark_unavailable, write_policy
 from dpgate.errors import UnsupportedQuery
-from dpgate.policy import load_policies
 from dpgate.service import Gateway, QueryBudget
 from dpgate.settings import Settings
 from dpgate.sql.bound import bounded_sql

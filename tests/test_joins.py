@@ -3,11 +3,9 @@ declared columns, bounding after the join (neighbouring-data property with fan-o
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import duckdb
-import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 

@@ -14,7 +14,6 @@ import threading
 import pytest
 from _oracles import ledger_epsilon as oracle_epsilon
 
-from dpgate import accounting
 from dpgate.accounting import ORDERS, Cost
 from dpgate.errors import BudgetExhausted, InvalidBudget
 from dpgate.ledger import open_ledger

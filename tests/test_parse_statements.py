@@ -234,3 +234,24 @@ def test_constant_queries_are_refused_alike_and_charge_nothing(tmp_path):
         assert len(gw.ledger_entries()) == before
     finally:
         gw.close()
+
+
+@pytest.mark.parametrize("where", ["tokens = NULL", "tokens IN (NULL)", "NOT tokens = NULL", "NULL = NULL",
+                                   "week > 3 AND tokens <> NULL", "tokens = NULL OR week < NULL"])
+def test_a_where_that_no_row_can_satisfy_is_refused_before_the_charge(policy, where):
+    """A comparison with a NULL literal is NULL on every row, so such a WHERE selects nothing on
+    any data, like ``WHERE FALSE`` (the trial branch found ``WHERE tokens = NULL`` charged)."""
+    from dpgate.sql.constant import refuse_constant_plan
+
+    plan = parse_query(f"SELECT COUNT(*) FROM prompts WHERE {where}", policy)
+    with pytest.raises(UnsupportedQuery, match="nothing was charged"):
+        refuse_constant_plan(plan)
+
+
+@pytest.mark.parametrize("where", ["tokens IS NULL", "NOT tokens IS NULL", "week > 3 OR tokens = NULL",
+                                   "NOT (tokens = NULL AND week > 3)", "COALESCE(tokens, 1) > 0",
+                                   "tokens IN (NULL, 3)", "NOT FALSE AND week > 1"])
+def test_a_where_that_some_row_may_satisfy_is_planned(policy, where):
+    from dpgate.sql.constant import refuse_constant_plan
+
+    refuse_constant_plan(parse_query(f"SELECT COUNT(*) FROM prompts WHERE {where}", policy))

@@ -10,7 +10,7 @@ import duckdb
 import pytest
 from _library import write_library
 
-from dpgate.errors import PolicyError, UnsupportedQuery
+from dpgate.errors import PolicyError
 from dpgate.policy import load_policy
 from dpgate.service import Gateway
 from dpgate.settings import Settings

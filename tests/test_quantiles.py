@@ -19,7 +19,7 @@ import opendp.prelude as dp
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from dpgate import mechanisms
+from dpgate.mechanisms import selection as selection_mechanisms
 from dpgate.errors import InvalidBudget, UnsupportedQuery
 from dpgate.policy import load_policies
 from dpgate.quantile_release import calibrate_plan, calibrate_quantile, histograms, select
@@ -291,7 +291,7 @@ def test_selection_probabilities_are_the_exponential_mechanism():
     s = np.array([0, 2, 4, 9], dtype=np.int64)
     scale = 2.0
     n = 6000
-    counts = np.bincount([mechanisms.noisy_argmin("zcdp", scale, s) for _ in range(n)], minlength=4)
+    counts = np.bincount([selection_mechanisms.noisy_argmin("zcdp", scale, s) for _ in range(n)], minlength=4)
     p = np.exp(-s / scale)
     p /= p.sum()
     sd = np.sqrt(n * p * (1 - p))

@@ -189,7 +189,8 @@ def test_one_region_per_user_per_week(default_tables):
         g = t.group_by(["user_id", "week"]).aggregate([("region", "count_distinct")])
         assert pc.max(g["region_count_distinct"]).as_py() == 1
     # ... and the two tables agree on it.
-    key = lambda t: {(u, w): r for u, w, r in zip(*(t[c].to_pylist() for c in ("user_id", "week", "region")))}
+    def key(t):
+        return {(u, w): r for u, w, r in zip(*(t[c].to_pylist() for c in ("user_id", "week", "region")))}
     kp, ks = key(default_tables["prompts"]), key(default_tables["sessions"])
     assert ks.keys() == kp.keys()
     assert all(kp[k] == ks[k] for k in ks)

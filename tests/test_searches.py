@@ -11,7 +11,6 @@ import math
 import os
 import secrets
 import sqlite3
-from pathlib import Path
 
 import numpy as np
 import pytest

@@ -8,15 +8,13 @@ from __future__ import annotations
 
 import math
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest
 from _oracles import ledger_epsilon as oracle_epsilon
 
-from dpgate import accounting
 from dpgate.errors import InvalidBudget, UnsupportedQuery
-from dpgate.mechanisms import select_top_k, top_k_rho
+from dpgate.mechanisms.selection import select_top_k, top_k_rho
 from dpgate.selection import calibrate_selection
 from dpgate.service import QueryBudget
 from dpgate.sql.bound import bounded_sql

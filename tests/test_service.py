@@ -20,7 +20,6 @@ from dpgate.errors import BudgetExhausted, ExecutionError, MechanismError, Unsup
 from dpgate.service import Gateway, QueryBudget
 from dpgate.settings import Settings
 from tests.shared_data import smartnoise_dir
-from tests.shared_data import smartnoise_dir
 
 DATA = smartnoise_dir()
 pytestmark = pytest.mark.skipif(not (DATA / "PUMS_dup.csv").exists(), reason="../shared/data not present")

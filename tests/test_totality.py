@@ -273,6 +273,14 @@ CASES = [
     ("join text to int column", "SELECT COUNT(*) FROM t JOIN pub p ON t.s = p.g", {}),
     ("join int unit to text unit", "SELECT COUNT(*) FROM t JOIN tu ON t.u = tu.id", {}),
     ("division in the Spark SQL dialect", "SELECT SUM(10.0/(x+1)) FROM t", {"dialect": "spark"}),
+    # found by the trial branch: DuckDB's INTEGER is 32 bits, so arithmetic on CAST(… AS INTEGER)
+    # overflowed in INT32 (x · 10^8 for x ≥ 22) although its 64-bit range was admitted
+    ("INTEGER cast arithmetic", "SELECT SUM(CAST(x AS INTEGER) * 100000000), "
+                                "AVG(CAST(x AS INTEGER) + 2147483647) FROM t", {}),
+    ("INTEGER cast arithmetic, per unit", "SELECT SUM(CAST(n AS INTEGER) * 1000000000) FROM "
+                                          "(SELECT u, COUNT(*) AS n FROM t GROUP BY u) v", {}),
+    # found by the trial branch: a float column without public keys as a group key (TypeError, 500)
+    ("float key without public keys", "SELECT f, COUNT(*) FROM t GROUP BY f", {}),
 ]
 _BY_NAME = {c[0]: c for c in CASES}
 

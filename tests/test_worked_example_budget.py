@@ -14,7 +14,6 @@ and so is the run with shuffled batches (no amplification: 1500/(2·1.1²) = 620
 
 from __future__ import annotations
 
-import math
 
 import pytest
 from _api_server import LiveServer, assert_error

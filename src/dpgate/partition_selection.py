@@ -19,8 +19,10 @@ keys (:attr:`~dpgate.sql.plan.QueryPlan.selected_keys`; plan side in
   §3). The primitives that *are* the unit count (:func:`~dpgate.sql.partition_selection.reused_primitives`)
   take the threshold mechanism's noisy counts and get no share of their own.
 * :func:`select_rows` — after the bounded SQL: the threshold mechanism on the
-  candidates' unit counts, the rows of the selected candidates kept, the other
-  primitives noised (:func:`~dpgate.mechanisms.sample`) on those rows only.
+  candidates' unit counts (NumPy vectors, noised in chunks over threads by
+  :func:`~dpgate.mechanisms.selection.threshold_select`; why that is OpenDP's one mechanism on
+  the whole histogram is stated there), the rows of the selected candidates kept, the
+  other primitives noised (:func:`~dpgate.mechanisms.sample`) on those rows only.
 """
 
 from __future__ import annotations
@@ -32,14 +34,8 @@ from typing import Any, Mapping
 import numpy as np
 
 from dpgate.errors import InvalidBudget, UnsupportedQuery
-from dpgate.mechanisms import (
-    Calibration,
-    calibrate,
-    calibrate_selection,
-    mechanism_name,
-    sample,
-    threshold_select,
-)
+from dpgate.mechanisms import Calibration, calibrate, mechanism_name, sample
+from dpgate.mechanisms.selection import calibrate_selection, threshold_select
 from dpgate.policy import DatasetPolicy
 from dpgate.sql import partition_selection as selection
 from dpgate.sql.plan import QueryPlan
@@ -142,14 +138,14 @@ def select_rows(plan: QueryPlan, policy: DatasetPolicy, cal: Calibration,
     """
     per = selection.public_combinations(plan, policy)
     counts = selection.candidate_counts(dict(values), per)
-    chosen = threshold_select(cal.selection, counts)
-    mask = selection.row_mask(sorted(chosen), len(counts), per)
+    chosen = threshold_select(cal.selection, counts)  # NumPy arrays, chunks over threads
+    mask = selection.row_mask(chosen.index, len(counts), per)
     keys = {c: np.asarray(values[c])[mask] for c in plan.group_by}
     rest = dataclasses.replace(cal, scales={pid: s for pid, s in cal.scales.items() if pid not in cal.reused},
                                selection=None, reused=())
     noisy = sample(rest, {pid: np.asarray(values[pid])[mask] for pid in rest.scales}) if rest.scales else {}
     for pid in cal.reused:  # P = 1 here: one row per selected candidate, in index order
-        noisy[pid] = np.asarray([chosen[j] for j in sorted(chosen)], dtype=np.int64)
+        noisy[pid] = chosen.noisy.copy()
     return keys, noisy
 
 

@@ -38,6 +38,7 @@ from typing import Any, Callable, Literal, Mapping
 import numpy as np
 
 from dpgate import accounting, mechanisms
+from dpgate.mechanisms import selection as selection_mechanisms
 from dpgate.errors import InvalidBudget, UnsupportedQuery
 from dpgate.ledger.caps import ledger_rho
 from dpgate.policy import DatasetPolicy
@@ -123,12 +124,12 @@ def calibrate_quantile(p: Primitive, plan: QueryPlan, policy: DatasetPolicy, mea
     if not math.isfinite(scale) or scale <= 0:
         raise InvalidBudget(f"the budget is too small for the quantile of {p.column!r}",
                             {"primitive": p.id})
-    mapped = mechanisms.noisy_max_cost(measure, scale, delta_inf)
+    mapped = selection_mechanisms.noisy_max_cost(measure, scale, delta_inf)
     for _ in range(64):
         if mapped <= per_group:
             break
         scale = math.nextafter(scale, math.inf)
-        mapped = mechanisms.noisy_max_cost(measure, scale, delta_inf)
+        mapped = selection_mechanisms.noisy_max_cost(measure, scale, delta_inf)
     rank_scale = scale / den
     return QuantileNoise(p.id, p.column, float(p.alpha), num, den, grid, measure, scale, rank_scale,
                          delta_inf, k_eff, mapped, k_eff * mapped, rank_error(rank_scale, grid.size))
@@ -244,7 +245,7 @@ def group_keys(result: Mapping[str, np.ndarray], plan: QueryPlan) -> dict[str, n
 
 def select(noise: QuantileNoise, hist: np.ndarray) -> np.ndarray:
     """Candidate index per group, each chosen by OpenDP's noisy max on that group's scores."""
-    return np.array([mechanisms.noisy_argmin(noise.measure, noise.score_scale, scores(row, noise.num, noise.den))
+    return np.array([selection_mechanisms.noisy_argmin(noise.measure, noise.score_scale, scores(row, noise.num, noise.den))
                      for row in hist], dtype=np.int64)
 
 

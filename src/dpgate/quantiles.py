@@ -22,7 +22,7 @@ STOC 2011, §3), exactly as OpenDP's ``make_private_quantile`` does it:
   (a test pins the equality). Adding or removing one value moves every score by
   at most ``max(num, den − num)``; one unit adds or removes at most m values of a
   group, so the score sensitivity is Δ∞ = m·max(num, den − num).
-* **Selection.** OpenDP's report-noisy-max (:func:`dpgate.mechanisms.noisy_argmin`)
+* **Selection.** OpenDP's report-noisy-max (:func:`dpgate.mechanisms.selection.noisy_argmin`)
   picks the candidate; Gumbel noise under zCDP is the exponential mechanism
   (P[c] ∝ exp(−score(c)/(den·s_r)) for the rank scale ``s_r``), exponential noise
   under pure DP.

@@ -2,7 +2,7 @@
 
 A selection query (:mod:`dpgate.sql.selection_query`) — ``SELECT key FROM t GROUP BY key
 ORDER BY <utility> DESC LIMIT k`` — is answered by the **exponential mechanism**, run as
-OpenDP's Gumbel noisy top-k (:func:`dpgate.mechanisms.select_top_k`): each candidate's bounded
+OpenDP's Gumbel noisy top-k (:func:`dpgate.mechanisms.selection.select_top_k`): each candidate's bounded
 score gets independent Gumbel noise of scale ``s`` and the k best noisy scores' keys are
 released, best first. Only the keys leave the gateway: the scores, exact or noisy, are never
 returned or stored.
@@ -60,7 +60,7 @@ from dpgate import accounting
 from dpgate.cohorts import charge_scope, release_guarantee, scope_signature
 from dpgate.errors import DpgateError, ExecutionError, InvalidBudget, MechanismError, UnsupportedQuery
 from dpgate.ledger.filter import charge_statement
-from dpgate.mechanisms import select_top_k, top_k_rho
+from dpgate.mechanisms.selection import select_top_k, top_k_rho
 from dpgate.policy import DatasetPolicy
 from dpgate.releases import CacheKeys, Release, new_release_id, now
 from dpgate.representable import check_representable

@@ -56,7 +56,7 @@ from dpgate.ledger import Ledger, open_ledger
 from dpgate.ledger.base import FINITE_ORDERS, PolicyDrift, charge_statement, ledger_rho
 from dpgate.mechanisms import calibrate, ci95_halfwidth, mechanism_name, sample
 from dpgate.notices import first_notice
-from dpgate.policy import MECHANISMS, DatasetPolicy, KeyTuples, load_policies
+from dpgate.policy import MECHANISMS, DatasetPolicy, KeyTuples, load_policies, quote_identifier
 from dpgate.postprocess import check_postprocess_expression, finalize, output_unit
 from dpgate.postprocess.expected import DEFAULT_REFERENCE_ROWS, expected_accuracy
 from dpgate.postprocess.calibration import CellTarget, ci95_rules, scales_for_ci95
@@ -77,23 +77,17 @@ from dpgate.settings import Settings
 from dpgate.sql import partition_selection as selection_plan
 from dpgate.sql.bound import bounded_sql, bounded_sql_template
 from dpgate.sql.explain import contribution, released_columns
-from dpgate.sql.parse import nothing_charged, parse_query, parse_statement, refuse_constant_plan
+from dpgate.sql.constant import refuse_constant_plan
+from dpgate.sql.parse import nothing_charged, parse_query, parse_statement
 from dpgate.sql.selection_query import check_candidates, recognize as recognize_selection
 from dpgate.sql.plan import AggregateOutput, DerivedOutput, KeyOutput, QueryPlan
 from dpgate import quantile_release
 from dpgate.quantile_release import PlanCalibration, has_quantiles, without_quantiles
 from dpgate.sql.quantile import histogram_sql, histogram_sql_template
-from dpgate.sql.public import (
-    MAX_PUBLIC_ROWS,
-    exact_sql,
-    public_key_columns,
-    reads_public_only,
-    reads_rows,
-    releases_public_keys_only,
-)
+from dpgate.sql.public import (MAX_PUBLIC_ROWS, exact_sql, public_key_columns, reads_public_only, reads_rows,
+                               releases_public_keys_only)
 from dpgate.sql.joins import JoinedTable, policy_for
 from dpgate.sql.per_unit import PerUnitTable
-from dpgate.policy import quote_identifier
 from types import MappingProxyType
 
 #: Most distinct values of a public table's column used as its keys.
@@ -457,10 +451,11 @@ class Gateway:
             raise InvalidSql("the SQL text is empty")
         policy = self._with_public_table_keys(policy)  # public tables hook: their keys are their values
         try:
-            check_candidates(parse_statement(sql, dialect), policy)  # selection hook (issue 15)
+            statement = parse_statement(sql, dialect)  # the analyst's text, parsed once
+            check_candidates(statement, policy)  # selection hook (issue 15); reads the tree only
         except DpgateError as e:
             raise nothing_charged(e)
-        plan = parse_query(sql, policy, dialect=dialect)
+        plan = parse_query(sql, policy, dialect=dialect, statement=statement)
         try:
             refuse_constant_plan(plan)
             _check_derived_outputs(plan, policy_for(plan.table, policy))

@@ -88,6 +88,13 @@ class DpSgdRun:
         if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= MAX_STEPS:
             raise InvalidBudget(f"dp_sgd.steps must be an integer in [1, {MAX_STEPS}], got {steps!r}",
                                 {"field": "dp_sgd.steps"})
+        variance = float(sigma) ** 2
+        if variance == 0.0 or not math.isfinite(steps / (2.0 * variance)):
+            # σ² underflows (or steps/(2σ²) overflows) in doubles: the curve cannot be computed
+            # (a division by zero, NaN) and the run protects no one at any order
+            raise InvalidBudget(f"dp_sgd.noise_multiplier {sigma!r} is too small: steps/(2σ²) is not a finite "
+                                "number, so the run makes no privacy claim (nothing was charged)",
+                                {"field": "dp_sgd.noise_multiplier"})
         if sampler not in SAMPLERS:
             raise InvalidBudget(f"dp_sgd.sampler must be one of {', '.join(SAMPLERS)}, got {sampler!r}",
                                 {"field": "dp_sgd.sampler", "samplers": list(SAMPLERS)})

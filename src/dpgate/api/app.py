@@ -17,7 +17,7 @@ import anyio.to_thread
 from fastapi import FastAPI
 
 from dpgate import __version__
-from dpgate.api.errors import BodySizeLimitMiddleware, SafeJSONResponse, install_error_handlers
+from dpgate.api.errors import BodySizeLimitMiddleware, SafeJSONResponse, UnexpectedErrors, install_error_handlers
 from dpgate.api.middleware import ApiKeyGate, SecurityHeaders
 from dpgate.api.readiness import Readiness
 from dpgate.api.routes import health, v1
@@ -118,6 +118,9 @@ def create_app(
     app.state.readiness = Readiness(settings.ledger_wait_s)
     # the last added is the outermost: nosniff on everything, then the key check from the headers
     # alone (401 before any body byte is read), then the body's size and read-time bounds
+    # innermost: an exception no handler took is answered here (500 internal), so that
+    # Starlette's re-raise after the 500 never drops the connection (errors.UnexpectedErrors)
+    app.add_middleware(UnexpectedErrors)
     app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=settings.max_body_bytes,
                        body_timeout_s=settings.http_body_timeout_s)
     app.add_middleware(ApiKeyGate)

@@ -164,6 +164,46 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(Exception, _unexpected_error)
 
 
+class UnexpectedErrors:
+    """Pure ASGI middleware answering an exception that no handler took with 500 ``internal``.
+
+    Starlette's outermost ``ServerErrorMiddleware`` sends the handler's 500 and then re-raises the
+    exception (for the server to log), and uvicorn then drops the connection: a keep-alive client
+    could lose the 500 itself (a connection reset) or its next request on that connection. Caught
+    here, inside the other middlewares, the 500 is an ordinary answer (logged once, with its trace;
+    never a trace or data in the body) and the connection stays usable. An exception after the
+    response has started is re-raised: nothing else can be sent on it.
+
+    Args:
+        app: the wrapped ASGI application.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """ASGI entry point."""
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking)
+        except Exception as exc:
+            if started:
+                raise
+            log.exception("unexpected error on %s %s", scope.get("method"), scope.get("path"), exc_info=exc)
+            await error_response(500, "internal", "internal error; the server log has the details")(
+                scope, receive, send)
+
+
 class BodySizeLimitMiddleware:
     """Pure ASGI middleware bounding a request body's size and the time to receive it.
 
@@ -254,6 +294,7 @@ __all__ = [
     "BodySizeLimitMiddleware",
     "retry_after_s",
     "SafeJSONResponse",
+    "UnexpectedErrors",
     "error_response",
     "install_error_handlers",
     "json_safe",

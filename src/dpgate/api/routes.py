@@ -460,7 +460,10 @@ def get_ledger(
     limit: Annotated[int, Query(ge=1, le=100_000)] = 1000,
 ) -> dict[str, Any]:
     """The append-only ledger: charge entries (at most ``limit``) and governance events
-    (cap and allocation changes with actor and reason), optionally of one population."""
+    (cap and allocation changes with actor and reason), optionally of one population (404
+    ``unknown_population`` for a population the ledger does not know)."""
+    if population is not None and population not in gateway.ledger.populations():
+        raise UnknownPopulation(f"unknown population {population!r}", {"population": population})
     return json_safe(
         {
             "entries": gateway.ledger_entries(population, limit=limit),

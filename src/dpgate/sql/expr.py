@@ -307,7 +307,14 @@ def value_sql(e: Expr, ref: Callable[[str], exp.Expression]) -> exp.Expression:
     if k == "coalesce":
         return exp.Coalesce(this=a[0], expressions=a[1:])
     if k == "cast":
-        return exp.TryCast(this=a[0], to=e.node.args["to"].copy())
+        # An integer cast runs as BIGINT: DuckDB's (and PostgreSQL's) INTEGER is 32 bits, so
+        # arithmetic on CAST(x AS INTEGER) would overflow in INT32 (an error after the charge
+        # that depends on the data) although the planner admits its 64-bit range. The binder
+        # admits an INTEGER cast only when its input's range fits 32 bits, so the value is the same.
+        to = e.node.args["to"].copy()
+        if e.type == "int":
+            to = exp.DataType.build("bigint")
+        return exp.TryCast(this=a[0], to=to)
     if k == "case":
         ifs = []
         conds = e.args[:-1]

@@ -1150,25 +1150,6 @@ def _group_by(stmt: exp.Select, scope: _Scope) -> _Keys:
     return _Keys(sorted(cols, key=order.index), keys)
 
 
-def refuse_constant_plan(plan: QueryPlan) -> None:
-    """Refuse a plan whose answer is the same on every dataset (a WHERE that is always false
-    or NULL after constant folding): every aggregate is 0, so there is nothing to release
-    and nothing should be charged — the same rule as ``COUNT(NULL)``.
-
-    The planner still plans such queries (the bounding rewrite is defined for them); the
-    gateway calls this before any charge.
-
-    Raises:
-        UnsupportedQuery: the WHERE clause can select no row.
-    """
-    if plan.where is not None and plan.where.upper() in ("FALSE", "NULL"):
-        raise UnsupportedQuery(
-            "the WHERE clause is always false, so every aggregate is 0 on any data: there is "
-            "nothing to release (nothing was charged)",
-            {"construct": f"WHERE {plan.where}"},
-        )
-
-
 def _policy_digest(table: TablePolicy, columns: set[str], tuples: Mapping[str, tuple] | None = None) -> str:
     payload = {
         "privacy_unit": table.privacy_unit,
@@ -1186,7 +1167,8 @@ def _policy_digest(table: TablePolicy, columns: set[str], tuples: Mapping[str, t
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def parse_query(sql: str, policy: DatasetPolicy, *, dialect: str | None = None) -> QueryPlan:
+def parse_query(sql: str, policy: DatasetPolicy, *, dialect: str | None = None,
+                statement: exp.Select | None = None) -> QueryPlan:
     """Parse, validate and plan one aggregate query against a dataset's policy.
 
     Args:
@@ -1194,6 +1176,9 @@ def parse_query(sql: str, policy: DatasetPolicy, *, dialect: str | None = None) 
         policy: the dataset's policy (tables, privacy unit, bounds, public keys).
         dialect: how to read ``sql`` (one of :data:`DIALECTS`; default ``duckdb``). The
             plan, its hash and the executed SQL do not depend on it.
+        statement: ``parse_statement(sql, dialect)`` when the caller has already parsed the
+            text (the gateway does, for its selection check): the text is then not parsed
+            again. The tree is planned in place (the caller must not reuse it).
 
     Returns:
         The frozen, canonical :class:`QueryPlan` (nothing is executed).
@@ -1207,7 +1192,7 @@ def parse_query(sql: str, policy: DatasetPolicy, *, dialect: str | None = None) 
     """
     token = SOURCE.set(sql if isinstance(sql, str) else None)
     try:
-        stmt = parse_statement(sql, dialect)
+        stmt = parse_statement(sql, dialect) if statement is None else statement
         if sum(1 for _ in stmt.walk()) > MAX_NODES:
             raise UnsupportedQuery(f"the query is too large (more than {MAX_NODES} syntax nodes)")
         try:
@@ -1325,6 +1310,14 @@ def _plan(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
         outputs.add_agg(agg, _agg_label(agg, scope), hidden=True)
 
     selected_keys = selection.selected_columns(table, group_by)  # issue 11 hook
+    for n in selected_keys:
+        if (col := table.find_column(n)) is not None and col.type == "float":
+            # the group-choosing hash reads a float key's ordinal among its public keys
+            # (sql/bound.py): without them there is none, and an exact double is a poor key
+            raise UnsupportedQuery(
+                f"GROUP BY {n}: a float column without public keys cannot be a group key (private "
+                "partition selection takes int, text, bool and date keys); declare its public_keys, "
+                "or group by a condition or a CASE with literal results over it")
     public_keys = [n for n in group_by if n not in selected_keys]
     # a WHERE on a key column narrows its released keys, evaluated on the public key list
     # alone (issue 24; sql/narrow.py); several columns of one public table then release the

@@ -11,7 +11,7 @@ user contribution", PoPETs 2020(2), §4.2; Rogers 2023, arXiv:2309.09170):
    the number of distinct units — each unit counts at most once per candidate and
    in at most k candidates, so the histogram's (ℓ0, ℓ2, ℓ∞) distance is
    (k, √k, 1);
-3. OpenDP's threshold mechanism (:func:`dpgate.mechanisms.threshold_select`)
+3. OpenDP's threshold mechanism (:func:`dpgate.mechanisms.selection.threshold_select`)
    noises those counts and keeps the candidates whose noisy count exceeds T;
 4. the released rows are the kept candidates × every combination of the public
    keys (public part enumerated, the rest selected), with the plan's primitives
@@ -135,10 +135,10 @@ def candidate_counts(values: dict[str, np.ndarray], per_candidate: int) -> np.nd
     return units[::per_candidate] if per_candidate > 1 else units
 
 
-def row_mask(selected: Iterable[int], n_candidates: int, per_candidate: int) -> np.ndarray:
-    """Boolean mask of the bounded SQL's rows that belong to the selected candidates."""
+def row_mask(selected: Iterable[int] | np.ndarray, n_candidates: int, per_candidate: int) -> np.ndarray:
+    """Boolean mask of the bounded SQL's rows that belong to the selected candidates (positions)."""
     chosen = np.zeros(n_candidates, dtype=bool)
-    idx = np.fromiter(selected, dtype=np.int64)
+    idx = selected if isinstance(selected, np.ndarray) else np.fromiter(selected, dtype=np.int64)
     if idx.size:
         chosen[idx] = True
     return np.repeat(chosen, per_candidate)

@@ -30,10 +30,8 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 from markupsafe import Markup
 
-from dpgate import accounting
 from dpgate.ledger.caps import ledger_epsilon
 from dpgate.ledger.entries import event_cap, event_old_cap
-from dpgate.mechanisms import ci95_halfwidth
 from dpgate.postprocess.expected import expected_accuracy
 from dpgate.ui.charts import Series, bar_chart, burndown_chart, clip_text, date_ticks, fmt_number, line_chart, meter
 
