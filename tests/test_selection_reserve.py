@@ -19,7 +19,8 @@ import pytest
 from dpgate.errors import UnsupportedQuery
 from dpgate.ledger import open_ledger
 from dpgate.ledger.caps import ledger_rho
-from dpgate.policy import load_policies, selection_key_columns
+from dpgate.policy import load_policies
+from dpgate.selection_reserve import selection_key_columns
 from dpgate.service import Gateway, QueryBudget
 from dpgate.settings import Settings
 
@@ -86,9 +87,9 @@ def test_every_key_column_has_public_keys_so_no_delta_is_reserved(tmp_path):
         assert cap.rho_cap == ledger_rho(EPS, DELTA)
         assert cap.rho_cap > ledger_rho(EPS, DELTA / 2) * 1.01  # what the δ/2 reserve cost (> 1 %)
         assert gw.dataset("keyed")["cap"]["selection_delta"] == 0.0
-        # a GROUP BY that would select (a float column without keys) is refused before any charge,
-        # naming the setting that allows it
-        with pytest.raises(UnsupportedQuery, match=r"selection_delta.*caps apply"):
+        # a GROUP BY on a float column without keys is refused before any charge (a float is a
+        # measure: partition selection takes int, text, bool and date keys)
+        with pytest.raises(UnsupportedQuery, match=r"float column without public keys cannot be a group key"):
             gw.query("keyed", "SELECT income, COUNT(*) FROM people GROUP BY income", consumer="analysts",
                      budget=QueryBudget(rho=0.01))
         assert gw.ledger.spend("people").charges == 0
@@ -137,7 +138,8 @@ def test_the_default_is_decided_per_population(tmp_path):
 
 def test_an_existing_population_keeps_its_stored_reserve(tmp_path):
     # a population created before issue 22 (its cap reserved δ/2, the old default) keeps it: the
-    # file's new default (0) is drift until `dpgate caps apply`, and selection still works
+    # file's new default (0) is drift until `dpgate caps apply`, and charges follow the stored cap
+    # (a float column never selects: GROUP BY on one without public keys is refused)
     folder = _project(tmp_path, ("keyed", "people", KEYED, ""))
     settings = Settings(policies=folder, home=tmp_path / "state")
     led = open_ledger(settings.resolved_ledger_url(), create=True)
@@ -151,6 +153,7 @@ def test_an_existing_population_keeps_its_stored_reserve(tmp_path):
         assert cap.selection_delta == DELTA / 2 and cap.rho_cap == ledger_rho(EPS, DELTA / 2)
         drift = gw.dataset("keyed")["policy_drift"]
         assert drift and "caps apply" in str(drift)
-        rel = gw.query("keyed", "SELECT income, COUNT(*) FROM people GROUP BY income", consumer="analysts",
-                       budget=QueryBudget(rho=0.05))
-        assert rel["partition_selection"]["delta"] <= DELTA / 200  # the stored reserve's per-query δ
+        # queries are charged against the stored cap (ρ_cap at δ − δ/2), not the file's
+        rel = gw.query("keyed", "SELECT region, COUNT(*) AS n FROM people GROUP BY region", consumer="analysts",
+                       budget=QueryBudget(epsilon=0.5))
+        assert rel["charge"]["rho"] == pytest.approx(ledger_rho(0.5, DELTA / 2), rel=1e-12)

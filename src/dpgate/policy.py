@@ -102,6 +102,9 @@ from typing import Any, Iterable, Literal, Mapping, get_args
 
 from dpgate import limits
 from dpgate.errors import PolicyError, UnknownColumn, UnknownTable
+from dpgate.errors import policy_error as _policy_error
+from dpgate.policy_checks import check_population_cohorts, check_proxies
+from dpgate.selection_reserve import default_selection_deltas, population_selection_defaults, selection_key_columns
 
 ColumnType = Literal["int", "float", "text", "bool", "date", "timestamp"]
 #: The declared column types (one definition: the values of :data:`ColumnType`).
@@ -742,20 +745,6 @@ def quote_identifier(name: str) -> str:
 # --- validation helpers ----------------------------------------------------------------
 
 
-def _policy_error(
-    path: Path | None, problem: str, table: str | None = None, column: str | None = None
-) -> PolicyError:
-    where = [f"policy file {str(path)!r}" if path is not None else "policy"]
-    if table is not None:
-        where.append(f"table {table!r}")
-    if column is not None:
-        where.append(f"column {column!r}")
-    return PolicyError(
-        f"{', '.join(where)}: {problem}",
-        {"file": str(path) if path else None, "table": table, "column": column, "problem": problem},
-    )
-
-
 def _check_keys(
     obj: Mapping[str, Any], allowed: set[str], path: Path, section: str,
     table: str | None = None, column: str | None = None,
@@ -1324,35 +1313,6 @@ def _check_unit_paths(tables: Mapping[str, TablePolicy], path: Path) -> None:
                                       f"privacy unit of {here.name!r} ({here.privacy_unit})", table.name)
 
 
-#: Column types whose key-less columns make partition selection possible in the default rule
-#: (:func:`selection_key_columns`): discrete values a GROUP BY lists. ``float`` columns are
-#: measures; a GROUP BY on one without public keys needs a stated ``selection_delta``.
-SELECTION_KEY_TYPES: tuple[str, ...] = ("text", "int", "bool", "date", "timestamp")
-
-
-def selection_key_columns(tables: Iterable[TablePolicy]) -> tuple[tuple[str, str], ...]:
-    """``(table, column)`` of every key column without public keys of a protected table: the
-    columns a GROUP BY would select privately (:mod:`dpgate.sql.partition_selection`), and
-    why a default cap reserves δ for partition selection (issue 22).
-
-    A key column is a declared column of a type in :data:`SELECTION_KEY_TYPES`; public tables
-    never select (their key-less columns are keyed by their values), and neither does the
-    privacy unit column when it is declared (a GROUP BY on it is refused).
-    """
-    return tuple((t.name, c.name) for t in tables if not t.public for c in t.columns.values()
-                 if c.public_keys is None and c.type in SELECTION_KEY_TYPES
-                 and (t.privacy_unit is None or c.name.casefold() != t.privacy_unit.casefold()))
-
-
-def default_selection_deltas(delta: float, selects: bool) -> tuple[float, float]:
-    """The default ``(selection_delta, default_selection_delta)`` of a cap δ (issue 22, "no idle
-    δ reserve"): ``(δ/2, δ/200)`` when partition selection may be needed (``selects``: a key
-    column without public keys, :func:`selection_key_columns`), else ``(0, 0)``: all of δ
-    goes to ρ_cap (ρ_cap = ``ledger_rho(ε, δ)``)."""
-    sel = delta / 2 if selects else 0.0
-    return sel, sel / 100
-
-
 def _selection_deltas(b: Mapping[str, Any], delta: float, path: Path) -> tuple[float, float, bool]:
     """``[budget] selection_delta`` (in [0, δ)) and ``default_selection_delta`` (default
     selection_delta/100, in (0, selection_delta]; 0 when selection is off), and whether the
@@ -1655,78 +1615,3 @@ def _parse_proxy(ds: Mapping[str, Any], tables: Mapping[str, TablePolicy], name:
     if default_for and proxy is None:
         raise _policy_error(path, "[dataset] proxy_default_for needs [dataset] proxy")
     return proxy, provenance, tuple(default_for)
-
-
-def population_selection_defaults(policies: Mapping[str, DatasetPolicy]) -> dict[str, DatasetPolicy]:
-    """The policies with the default selection reserve decided per population (issue 22): a
-    population's cap is one, so if a protected table of *any* of its datasets has a key column
-    without public keys (:func:`selection_key_columns`), every dataset of it whose file states no
-    ``selection_delta`` reserves δ/2 (:func:`default_selection_deltas`). Stated values are kept.
-    Same order as ``policies``."""
-    selects: dict[str, bool] = {}
-    for p in policies.values():
-        selects[p.population] = selects.get(p.population, False) or bool(selection_key_columns(p.tables.values()))
-    out = {}
-    for name, p in policies.items():
-        b = p.budget
-        if not b.selection_delta_stated and selects[p.population] and not b.selection_delta:
-            sel, per_query = default_selection_deltas(b.delta, True)
-            p = dataclasses.replace(p, budget=dataclasses.replace(
-                b, selection_delta=sel, default_selection_delta=per_query))
-        out[name] = p
-    return out
-
-
-def check_proxies(policies: Mapping[str, DatasetPolicy]) -> None:
-    """Every ``proxy`` names a loaded dataset with a ``provenance`` and the same schema: for each
-    protected table, a table of the same name declaring the same columns with the same types,
-    and the privacy unit column (a proxy's tables are public, so the unit is a plain column).
-
-    Raises:
-        PolicyError: naming the dataset, the proxy and the first difference.
-    """
-    for policy in policies.values():
-        if policy.proxy is None:
-            continue
-        proxy = policies.get(policy.proxy)
-        if proxy is None:
-            raise _policy_error(policy.path, f"[dataset] proxy {policy.proxy!r} names no dataset of the "
-                                             "policies folder")
-        if proxy.provenance is None:
-            raise _policy_error(policy.path, f"proxy {proxy.name!r} declares no provenance "
-                                             '("public" or "synthetic: …" in its [dataset])')
-        for table in policy.tables.values():
-            if table.public:
-                continue
-            twin = proxy.tables.get(table.name)
-            if twin is None:
-                raise _policy_error(policy.path, f"proxy {proxy.name!r} has no table {table.name!r} (a proxy has "
-                                                 "the same schema)", table.name)
-            needed = dict((c.name, c.type) for c in table.columns.values())
-            for cname, ctype in needed.items():
-                other = twin.find_column(cname)
-                if other is None or other.type != ctype:
-                    raise _policy_error(policy.path, f"proxy {proxy.name!r}: column {cname!r} of {table.name!r} "
-                                                     f"must be declared there with type {ctype}", table.name, cname)
-            if table.privacy_unit is not None and twin.find_column(table.privacy_unit) is None:
-                raise _policy_error(policy.path, f"proxy {proxy.name!r}: table {table.name!r} must declare the "
-                                                 f"privacy unit column {table.privacy_unit!r}", table.name)
-
-
-def check_population_cohorts(policies: Mapping[str, DatasetPolicy]) -> None:
-    """Datasets of one population agree on its cohort column (or all have none).
-
-    Raises:
-        PolicyError: two datasets of one population declare different cohort columns.
-    """
-    seen: dict[str, DatasetPolicy] = {}
-    for policy in policies.values():
-        if policy.provenance is not None:
-            continue  # a proxy never charges its population
-        other = seen.setdefault(policy.population, policy)
-        a = None if other.cohorts is None else other.cohorts.column
-        b = None if policy.cohorts is None else policy.cohorts.column
-        if a != b:
-            raise _policy_error(policy.path, f"population {policy.population!r} is also used by {other.path} "
-                                             f"with cohort column {a!r}, here {b!r}: one population has one "
-                                             "cohort rule")

@@ -38,6 +38,7 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping
 
+from dpgate.errors import DpgateError, InvalidRequest
 from dpgate.mechanisms import ci95_halfwidth, ci_halfwidth
 
 __all__ = ["DEFAULT_REFERENCE_ROWS", "expected_accuracy", "sensitivity_unit"]
@@ -227,3 +228,39 @@ def _bounds_checks(explanation: Mapping[str, Any], prims: Mapping[Any, Any], pri
                      f"{at_n0:.4g}, more than the bounds' width {width:g} ([{lo:g}, {hi:g}]); a group needs "
                      f"about {out['rows_for_ci95_within_width']:.4g} rows for a ± within it")
     return warnings
+
+
+def check_reference_rows(reference_rows: Any) -> None:
+    """Validate an explain request's ``reference_rows`` (None: the default).
+
+    Raises:
+        InvalidRequest: not a number of rows in (1, 1e15].
+    """
+    if reference_rows is not None and (isinstance(reference_rows, bool) or not isinstance(
+            reference_rows, (int, float)) or not 1 < reference_rows <= 1e15):
+        raise InvalidRequest("reference_rows must be a number of rows > 1 (and ≤ 1e15)",
+                             {"field": "reference_rows"})
+
+
+def accuracy_reference(policy: Any, reference_rows: float | None, expected_count: float | None) -> dict[str, Any]:
+    """The group size (rows) each output's ± is compared with — ``reference_rows``, else the
+    budget's ``expected_count``, else :data:`DEFAULT_REFERENCE_ROWS` — and the policy's
+    ``suppress_ci95_above`` (data-independent)."""
+    rows = reference_rows if reference_rows is not None else \
+        expected_count if expected_count is not None else DEFAULT_REFERENCE_ROWS
+    return {"rows": float(rows), "suppress_ci95_above": policy.budget.suppress_ci95_above}
+
+
+def column_bounds(policy: Any, plan: Mapping[str, Any]) -> dict[str, dict[str, float]]:
+    """``{column: {lower, upper}}`` of the bounded numeric columns the plan document's outputs
+    read (from the dataset policy ``policy``; empty when the plan's table is not the policy's)."""
+    out: dict[str, dict[str, float]] = {}
+    try:
+        table = policy.table(plan.get("table"))
+    except DpgateError:
+        return out
+    for o in plan.get("outputs", []):
+        col = table.find_column(o["column"]) if o.get("column") and hasattr(table, "find_column") else None
+        if col is not None and col.bounded and col.type in ("int", "float"):
+            out[o["column"]] = {"lower": float(col.lower), "upper": float(col.upper)}
+    return out
