@@ -277,7 +277,7 @@ def render(res: dict, *, include_ledger: bool, include_planner: bool, png_name: 
     u = res.get("utility", {})
     g = u.get("gateway")
     if g:
-        a(f"| dpgate | ledger zCDP filter, ρ_cap = {g['rho_cap']:.4f} (tight CKS20 conversion of (4, 1e-6)), "
+        a(f"| dpgate | ledger zCDP filter, ρ_cap = {g['rho_cap']:.4f} (read from the ledger: its cap rule at δ − {g.get('selection_delta', 0):g}), "
           f"ρ_cap/52 each; the 53rd release was {'refused' if g['release_53_refused'] else 'NOT refused'} | "
           f"discrete Gaussian σ = {g['noise_sigma']:.2f} | {g['releases_run']} | **{g['rmse']:.2f}** |")
     for peer in ("smartnoise", "tumult", "pipelinedp"):

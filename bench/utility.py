@@ -1,15 +1,33 @@
-"""Utility of 52 weekly count releases under one total (ε = 4, δ = 1e-6): the gateway's side.
+"""Utility of 52 weekly count releases under one total (ε = 4, δ = 1e-6): dpgate and its peers.
 
-    python -m bench.utility --data bench/.data/pums_120k
+    python -m bench.utility --trials 3            # PUMS 120k under bench/.data (made once), peers if installed
+    python -m bench.utility --data bench/.data/pums_120k --no-peers
 
-A PUMS policy whose cap is the total (ε, δ) (so the ledger enforces it), with
-clamping of counts off (so the error is the noise alone). ρ_cap is the budget
-ρ the ledger fixed for the cap (its rule: a Rényi order α_cap of its grid, δ less the selection δ) —
-the ledger's own currency — and each of the 52 releases of
-``SELECT educ, COUNT(*) FROM pums GROUP BY educ`` asks for ρ_cap/52 (times
-1 − 10⁻⁹ against rounding). After the 52 releases a 53rd is refused
-(``BudgetExhausted``), which checks that the total is really enforced. RMSE
-is over all 52 × 16 cells against the exact counts.
+A PUMS policy whose cap is the total (ε, δ) (so the ledger enforces it), with clamping of
+counts off (so the error is the noise alone). ρ_cap is read from the ledger
+(``Ledger.cap(population).rho_cap``: the cap rule, a Rényi order α_cap of its grid, at δ less
+the cap's selection reserve) — never a hand copy of a conversion — and each of the 52
+releases of ``SELECT educ, COUNT(*) FROM pums GROUP BY educ`` asks for ρ_cap/52 (times
+1 − 10⁻⁹ against rounding). After the 52 releases a 53rd is refused (``BudgetExhausted``),
+which checks that the total is really enforced. RMSE is over all 52 × 16 cells of every
+trial against the exact counts; each trial has its own fresh ledger.
+
+Variants of dpgate (issue 22 item 2, "no idle δ reserve"):
+
+* ``dpgate_default``: the bench's PUMS policy as written (``bench.datagen.pums_table_toml``).
+  Its ``age`` column (int, bounds [0, 100]) has no public keys, so a GROUP BY age would
+  need partition selection, and the default cap reserves δ/2 for it.
+* ``dpgate_no_reserve``: the same policy with ``age`` given public keys ``range(0, 101)``:
+  now no key column lacks public keys, the default reserve is 0 and ρ_cap is fixed at the
+  full δ (the ledger's ``selection_delta`` is checked to be 0).
+
+PipelineDP (its PLD accountant over the 52 declared aggregations) runs in its own venv
+(:mod:`bench.peers`) when it is installed there or installable; otherwise its entry says why.
+
+The data folder is made by :mod:`bench.datagen` on first use and reused afterwards (a checkout
+that already has ``bench/.data/pums_120k`` reuses it; a folder without its Parquet file is
+made again). Without ``../shared/data/smartnoise/PUMS.csv`` the benchmark is skipped with the
+reason.
 """
 
 from __future__ import annotations
@@ -25,57 +43,144 @@ from typing import Any
 
 from dpgate import accounting
 
+#: The PUMS bootstrap the experiment runs on (the error of a count does not depend on the size).
+UTILITY_PUMS = ("pums_120k", 120_000)
+#: The policy line of ``age`` in :func:`bench.datagen.pums_table_toml`, and with public keys.
+_AGE = 'age     = { type = "int", lower = 0, upper = 100 }'
+_AGE_KEYED = 'age     = { type = "int", lower = 0, upper = 100, public_keys = "range(0, 101)" }'
+VARIANTS = ("dpgate_default", "dpgate_no_reserve")
+
+
+def ensure_pums(data: Path | None) -> tuple[Path | None, str | None]:
+    """The PUMS folder to use (made once under ``bench/.data``), or (None, why not)."""
+    from bench import datagen
+
+    if data is not None:
+        if not (data / "manifest.json").is_file() or not (data / "pums.parquet").is_file():
+            return None, f"{data} is not a PUMS folder written by bench.datagen (no manifest.json/pums.parquet)"
+        return data, None
+    folder, rows = UTILITY_PUMS
+    out = Path(__file__).resolve().parent / ".data" / folder
+    if (out / "manifest.json").is_file() and (out / "pums.parquet").is_file():
+        return out, None
+    if not (datagen.SHARED_DATA / "PUMS.csv").is_file():
+        return None, f"skipped: {datagen.SHARED_DATA / 'PUMS.csv'} is absent (../shared/data/smartnoise)"
+    return (out, None) if datagen.generate_pums(out, rows=rows) else (None, "PUMS bootstrap failed")
+
 
 def measure(data: Path, *, weeks: int = 52, epsilon: float = 4.0, delta: float = 1e-6,
-            true: dict[str, int] | None = None) -> dict[str, Any]:
-    """Run the ``weeks`` releases on the PUMS folder ``data``; return RMSE, σ and the refusal check."""
+            true: dict[str, int] | None = None, variant: str = "dpgate_default", trials: int = 1) -> dict[str, Any]:
+    """Run ``trials`` × ``weeks`` releases of one dpgate ``variant`` on the PUMS folder ``data``.
+
+    Returns RMSE over every cell of every trial, the calibrated σ, the ledger's cap
+    (ρ_cap, selection δ, α_cap) and whether the release after the last was refused.
+    """
     from bench.latency import write_policies
     from dpgate.errors import BudgetExhausted
     from dpgate.service import Gateway, QueryBudget
     from dpgate.settings import Settings
 
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown variant {variant!r}; one of {', '.join(VARIANTS)}")
     if true is None:
         from bench.peers import utility_spec
 
         true = utility_spec(data)["true"]
-    tmp = Path(tempfile.mkdtemp(prefix="dpgate-utility-"))
-    try:
-        entry = write_policies(data, tmp / "policies", epsilon=epsilon, delta=delta, clamp_counts=False)[0]
-        sql = "SELECT educ, COUNT(*) AS n FROM pums GROUP BY educ"
-        sq, n, sigma = 0.0, 0, None
-        # its own state folder (tmp/home) per run; ρ_cap as the ledger fixed it (its cap rule: grid
-        # order α_cap, δ less the selection δ), not a textbook conversion that can exceed it
-        with Gateway.open(Settings(policies=tmp / "policies", home=tmp / "home")) as gw:
-            rho_cap = float(gw.dataset(entry["dataset"])["cap"]["rho"])
-            rho = rho_cap / weeks * (1 - 1e-9)
-            for i in range(weeks):
-                rel = gw.query(entry["dataset"], sql, consumer="analysts",
-                               budget=QueryBudget(rho=rho * (1 - i * 1e-12)))
-                sigma = next(iter(rel["noise_scales"].values()))
-                for key, cnt in rel["rows"]:
-                    sq += (cnt - true[str(int(key))]) ** 2
-                    n += 1
-            try:
-                gw.query(entry["dataset"], sql, consumer="analysts", budget=QueryBudget(rho=rho * 0.999))
-                refused = False
-            except BudgetExhausted:
-                refused = True
-            spend = gw.budget(entry["dataset"])
-        return {"rmse": math.sqrt(sq / n), "cells": n, "releases": weeks, "releases_run": weeks,
-                "rho_cap": rho_cap, "rho_per_release": rho, "noise_sigma": sigma,
-                "spent_epsilon": spend["spent"]["epsilon"], "release_53_refused": refused,
-                "accountant": "dpgate ledger: zCDP filter, ρ_cap as the ledger fixed it (grid order α_cap)",
-                "exact_gaussian_epsilon": accounting.gaussian_epsilon_exact(rho_cap, delta)}
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    sql = "SELECT educ, COUNT(*) AS n FROM pums GROUP BY educ"
+    sq, n, sigma, refused, cap = 0.0, 0, None, [], None
+    for trial in range(trials):
+        tmp = Path(tempfile.mkdtemp(prefix="dpgate-utility-"))
+        try:
+            entry = write_policies(data, tmp / "policies", epsilon=epsilon, delta=delta, clamp_counts=False)[0]
+            if variant == "dpgate_no_reserve":
+                path = tmp / "policies" / f"{entry['dataset']}.toml"
+                text = path.read_text()
+                if _AGE not in text:
+                    raise RuntimeError("the PUMS policy's age line changed; update bench/utility.py")
+                path.write_text(text.replace(_AGE, _AGE_KEYED))
+            with Gateway.open(Settings(policies=tmp / "policies", home=tmp / "home")) as gw:
+                population = gw.policy(entry["dataset"]).population
+                cap = gw.ledger.cap(population)  # the ledger's cap rule, not a hand copy
+                if variant == "dpgate_no_reserve" and cap.selection_delta != 0.0:
+                    raise RuntimeError(f"expected no selection reserve, the ledger has {cap.selection_delta}")
+                rho = cap.rho_cap / weeks * (1 - 1e-9)
+                for i in range(weeks):
+                    rel = gw.query(entry["dataset"], sql, consumer="analysts",
+                                   budget=QueryBudget(rho=rho * (1 - i * 1e-12)))
+                    sigma = next(iter(rel["noise_scales"].values()))
+                    for key, cnt in rel["rows"]:
+                        sq += (cnt - true[str(int(key))]) ** 2
+                        n += 1
+                try:
+                    gw.query(entry["dataset"], sql, consumer="analysts", budget=QueryBudget(rho=rho * 0.999))
+                    refused.append(False)
+                except BudgetExhausted:
+                    refused.append(True)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return {"variant": variant, "rmse": math.sqrt(sq / n), "cells": n, "trials": trials, "releases": weeks,
+            "rho_cap": cap.rho_cap, "selection_delta": cap.selection_delta, "rho_delta": cap.rho_delta,
+            "alpha_cap": cap.alpha_cap, "rho_per_release": cap.rho_cap / weeks, "noise_sigma": sigma,
+            "release_after_last_refused": all(refused), "release_53_refused": all(refused),
+            "releases_run": weeks * trials,
+            "accountant": "dpgate ledger: Rényi filter at α_cap, ρ_cap read from the ledger",
+            "exact_gaussian_epsilon": accounting.gaussian_epsilon_exact(cap.rho_cap, cap.rho_delta)}
+
+
+def measure_pipelinedp(data: Path, *, trials: int, install: bool, weeks: int = 52) -> dict[str, Any]:
+    """PipelineDP's RMSE over ``trials`` runs of the same experiment (its own venv), or ``{"error": …}``."""
+    from bench.peers import dataset_spec, run_peer, utility_spec
+
+    spec = utility_spec(data, weeks=weeks, run_weeks=weeks)
+    datasets = dataset_spec(data, queries=())
+    sq, n, out = 0.0, 0, None
+    for _ in range(trials):
+        out = run_peer("pipelinedp", datasets, runs=1, utility=spec, install=install)
+        u = out.get("utility")
+        if not u:
+            return {"variant": "pipelinedp", "error": out.get("error") or (out.get("errors") or {}).get("utility")
+                    or "no utility result"}
+        sq += u["rmse"] ** 2 * u["cells"]
+        n += u["cells"]
+    return {"variant": "pipelinedp", "version": out.get("version"), "rmse": math.sqrt(sq / n), "cells": n,
+            "trials": trials, "releases": weeks, "noise_sigma": out["utility"].get("noise_sigma"),
+            "accountant": out["utility"].get("accountant")}
+
+
+def run(data: Path | None, *, trials: int = 1, peers: bool = True, install: bool = True) -> dict[str, Any]:
+    """Every variant in one run (see the module docstring); skipped with the reason without PUMS."""
+    folder, why = ensure_pums(data)
+    if folder is None:
+        return {"skipped": why}
+    from bench.peers import utility_spec
+
+    true = utility_spec(folder)["true"]
+    out: dict[str, Any] = {"data": str(folder), "epsilon": 4.0, "delta": 1e-6, "trials": trials, "results": {}}
+    for v in VARIANTS:
+        out["results"][v] = measure(folder, true=true, variant=v, trials=trials)
+        _say(v, out["results"][v])
+    if peers:
+        out["results"]["pipelinedp"] = measure_pipelinedp(folder, trials=trials, install=install)
+        _say("pipelinedp", out["results"]["pipelinedp"])
+    return out
+
+
+def _say(name: str, result: dict[str, Any]) -> None:
+    """One line per finished variant on stderr (a long run's figures survive an interruption)."""
+    print(f"[utility] {name}: {json.dumps(result)}", file=sys.stderr, flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Command line entry point: print the results as JSON."""
     ap = argparse.ArgumentParser(prog="python -m bench.utility", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data", type=Path, required=True, help="a PUMS folder written by bench.datagen")
+    ap.add_argument("--data", type=Path, help="a PUMS folder written by bench.datagen "
+                    "(default: bench/.data/pums_120k, made on first use)")
+    ap.add_argument("--trials", type=int, default=1, help="independent runs of the 52 releases per tool")
+    ap.add_argument("--no-peers", action="store_true", help="dpgate only")
+    ap.add_argument("--no-install", action="store_true", help="use PipelineDP only if already installed")
     args = ap.parse_args(argv)
-    print(json.dumps(measure(args.data), indent=1))
+    print(json.dumps(run(args.data, trials=args.trials, peers=not args.no_peers, install=not args.no_install),
+                     indent=1))
     return 0
 
 

@@ -76,7 +76,9 @@ def test_explain_says_when_a_budget_does_not_fit_and_names_the_consumer(settings
     assert "fits          NO: allocation dashboard has only ρ " in out and "budget_exhausted" in out
     assert re.search(r"^med +a DP quantile: no value interval; its accuracy is a rank error of ± [\d.]+ ranks",
                      out, re.M)
-    assert re.search(r"^avg_tokens +derived from noisy sum and count: ± known after the run", out, re.M)
+    # issue 22 item 6: a bound on the AVG's ± in a group of 100 rows (the default reference) before paying
+    assert re.search(r"^avg_tokens +± ≤ [\d.,]+ at 100 rows +derived from noisy sum and count: ± known after "
+                     r"the run +\[0, 8000\]", out, re.M)
 
 
 def test_explain_with_a_ci95_budget_gives_each_cell_its_bound(settings, capsys):

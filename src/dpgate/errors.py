@@ -262,3 +262,19 @@ class Internal(DpgateError):
 
     code = "internal"
     http_status = 500
+
+
+def policy_error(
+    path: Any, problem: str, table: str | None = None, column: str | None = None
+) -> PolicyError:
+    """A :class:`PolicyError` naming where the problem is: the policy file, then the table and
+    column when given (``details``: file, table, column, problem)."""
+    where = [f"policy file {str(path)!r}" if path is not None else "policy"]
+    if table is not None:
+        where.append(f"table {table!r}")
+    if column is not None:
+        where.append(f"column {column!r}")
+    return PolicyError(
+        f"{', '.join(where)}: {problem}",
+        {"file": str(path) if path else None, "table": table, "column": column, "problem": problem},
+    )

@@ -62,11 +62,20 @@ def selection_budget(policy: DatasetPolicy, plan: QueryPlan, cap_selection_delta
         return None
     cols = ", ".join(plan.selected_keys)
     details = {"selected_keys": list(plan.selected_keys), "population": policy.population}
-    if not policy.budget.selection_delta:
+    stated = getattr(policy.budget, "selection_delta_stated", True)
+    if not policy.budget.selection_delta and stated:
         raise UnsupportedQuery(
             f"GROUP BY {cols} needs public keys in the policy: private partition selection is turned off "
             "for this dataset ([budget] selection_delta = 0)", {**details, "selection_delta": 0.0})
     if not cap_selection_delta:
+        if not policy.budget.selection_delta:  # issue 22: the default reserve is 0 for this population
+            raise UnsupportedQuery(
+                f"GROUP BY {cols} needs public keys in the policy or private partition selection, and the "
+                f"cap of population {policy.population!r} reserves no δ for it (the default when every "
+                f"text/int/bool/date column of its protected tables has public keys); state "
+                f"[budget] selection_delta (e.g. δ/2 = {policy.budget.delta / 2:g}) and adopt it with "
+                f"`dpgate caps apply --population {policy.population} --reason \"…\"`",
+                {**details, "selection_delta": 0.0, "hint": "[budget] selection_delta; dpgate caps apply"})
         raise UnsupportedQuery(
             f"GROUP BY {cols} needs private partition selection, but the cap the ledger enforces for "
             f"population {policy.population!r} reserves no selection delta; an admin adopts the policy "
@@ -75,7 +84,9 @@ def selection_budget(policy: DatasetPolicy, plan: QueryPlan, cap_selection_delta
     if ci95:
         raise InvalidBudget("a ci95 budget is not supported for queries with private partition selection; "
                             "give rho or epsilon", {"selected_keys": list(plan.selected_keys)})
-    delta = policy.budget.default_selection_delta if requested is None else requested
+    # a default-0 policy over a ledger cap that kept its reserve (a population created before issue 22)
+    default = policy.budget.default_selection_delta or cap_selection_delta / 100
+    delta = default if requested is None else requested
     if not delta <= cap_selection_delta:
         raise InvalidBudget(
             f"budget.delta {delta:g} exceeds the selection delta of the cap ({cap_selection_delta:g})",

@@ -15,7 +15,8 @@ One TOML file per dataset (see DESIGN.md, "Policy files")::
     suppress_ci95_above = 1000.0        # optional
     clamp_counts = true                 # default true
     selection_delta = 5e-7              # part of δ reserved for private partition selection
-                                        # (default δ/2; 0 turns selection off)
+                                        # (default δ/2 if a key column lacks public keys, else 0;
+                                        # an explicit 0 turns selection off)
     default_selection_delta = 1e-9      # δ one selecting query spends (default selection_delta/100)
 
     [allocations]                       # shares of the cap's ρ, summing to ≤ 1
@@ -101,6 +102,9 @@ from typing import Any, Iterable, Literal, Mapping, get_args
 
 from dpgate import limits
 from dpgate.errors import PolicyError, UnknownColumn, UnknownTable
+from dpgate.errors import policy_error as _policy_error
+from dpgate.policy_checks import check_population_cohorts, check_proxies
+from dpgate.selection_reserve import default_selection_deltas, population_selection_defaults, selection_key_columns
 
 ColumnType = Literal["int", "float", "text", "bool", "date", "timestamp"]
 #: The declared column types (one definition: the values of :data:`ColumnType`).
@@ -550,11 +554,17 @@ class BudgetPolicy:
         clamp_counts: clamp noisy counts at 0 (post-processing; default True).
         selection_delta: the part of δ reserved for private partition selection (issue 11;
             DESIGN.md "Accounting"): ρ_cap is fixed at δ − selection_delta and the δ_q of
-            selecting queries add up to at most it. Default δ/2; 0 turns partition
-            selection off. A population that exists keeps its ledger cap until
-            ``dpgate caps apply`` adopts the file's.
+            selecting queries add up to at most it. Default (issue 22, "no idle δ
+            reserve"): δ/2 when a protected table of the population's datasets has a key
+            column without public keys (:func:`selection_key_columns`: partition selection
+            may be needed), else 0 (no query can select, so all of δ goes to ρ_cap); a
+            value stated in the file always wins, and a stated 0 turns partition selection
+            off. Built directly (no tables known) the default is δ/2. A population that
+            exists keeps its ledger cap until ``dpgate caps apply`` adopts the file's.
         default_selection_delta: δ_q one selecting query spends unless the request names
             ``budget.delta``; default selection_delta/100; ≤ selection_delta.
+        selection_delta_stated: True when the file states ``selection_delta`` (or
+            ``default_selection_delta``), False when it is the default above.
     """
 
     epsilon: float
@@ -565,6 +575,7 @@ class BudgetPolicy:
     clamp_counts: bool = True
     selection_delta: float | None = None
     default_selection_delta: float | None = None
+    selection_delta_stated: bool = field(default=True, compare=False)
 
     def __post_init__(self) -> None:
         # defaults that depend on δ (issue 11): selection_delta = δ/2, default δ_q = selection_delta/100
@@ -662,13 +673,17 @@ def load_policies(folder: Path) -> dict[str, DatasetPolicy]:
         raise PolicyError(
             f"policies folder {str(folder)!r} does not exist", {"file": str(folder)}
         )
-    out: dict[str, DatasetPolicy] = {}
+    loaded: dict[str, DatasetPolicy] = {}
     for path in sorted(folder.glob("*.toml")):
         policy = load_policy(path)
-        if policy.name in out:
+        if policy.name in loaded:
             raise _policy_error(
-                path, f"dataset {policy.name!r} is also declared in {out[policy.name].path}"
+                path, f"dataset {policy.name!r} is also declared in {loaded[policy.name].path}"
             )
+        loaded[policy.name] = policy
+    out: dict[str, DatasetPolicy] = {}
+    for policy in population_selection_defaults(loaded).values():
+        path = policy.path
         for other in out.values():
             if other.population == policy.population and (
                 (other.budget.epsilon, other.budget.delta, other.budget.selection_delta)
@@ -728,20 +743,6 @@ def quote_identifier(name: str) -> str:
 
 
 # --- validation helpers ----------------------------------------------------------------
-
-
-def _policy_error(
-    path: Path | None, problem: str, table: str | None = None, column: str | None = None
-) -> PolicyError:
-    where = [f"policy file {str(path)!r}" if path is not None else "policy"]
-    if table is not None:
-        where.append(f"table {table!r}")
-    if column is not None:
-        where.append(f"column {column!r}")
-    return PolicyError(
-        f"{', '.join(where)}: {problem}",
-        {"file": str(path) if path else None, "table": table, "column": column, "problem": problem},
-    )
 
 
 def _check_keys(
@@ -1312,9 +1313,12 @@ def _check_unit_paths(tables: Mapping[str, TablePolicy], path: Path) -> None:
                                       f"privacy unit of {here.name!r} ({here.privacy_unit})", table.name)
 
 
-def _selection_deltas(b: Mapping[str, Any], delta: float, path: Path) -> tuple[float, float]:
-    """``[budget] selection_delta`` (default δ/2, in [0, δ)) and ``default_selection_delta``
-    (default selection_delta/100, in (0, selection_delta]; 0 when selection is off)."""
+def _selection_deltas(b: Mapping[str, Any], delta: float, path: Path) -> tuple[float, float, bool]:
+    """``[budget] selection_delta`` (in [0, δ)) and ``default_selection_delta`` (default
+    selection_delta/100, in (0, selection_delta]; 0 when selection is off), and whether the
+    file states either (False: the caller applies :func:`default_selection_deltas`; a stated
+    ``default_selection_delta`` alone means selection is wanted: δ/2 is reserved)."""
+    stated = "selection_delta" in b or "default_selection_delta" in b
     sel = delta / 2
     if "selection_delta" in b:
         sel = _finite_number(b["selection_delta"], "[budget] selection_delta", path)
@@ -1330,7 +1334,7 @@ def _selection_deltas(b: Mapping[str, Any], delta: float, path: Path) -> tuple[f
         elif not 0 < per_query <= sel:
             raise _policy_error(path, f"[budget] default_selection_delta must be in (0, selection_delta] = "
                                       f"(0, {sel:g}] (got {per_query:g})")
-    return sel, per_query
+    return sel, per_query, stated
 
 
 #: The value a draft policy (``dpgate policy init``) leaves for its author to decide.
@@ -1414,8 +1418,7 @@ def _parse_policy(raw: Mapping[str, Any], path: Path) -> DatasetPolicy:
     clamp = b.get("clamp_counts", True)
     if not isinstance(clamp, bool):
         raise _policy_error(path, "[budget] clamp_counts must be true or false")
-    selection, per_query = _selection_deltas(b, delta, path)
-    budget = BudgetPolicy(epsilon, delta, rho, mechanism, suppress, clamp, selection, per_query)
+    selection, per_query, stated = _selection_deltas(b, delta, path)
 
     alloc_raw = _section(raw, "allocations", path, required=False)
     allocations: dict[str, float] = {}
@@ -1438,6 +1441,9 @@ def _parse_policy(raw: Mapping[str, Any], path: Path) -> DatasetPolicy:
             raise _policy_error(path, "two tables differ only in case", tname)
         tables[tname] = _parse_table(tname, traw, path, name, engine)
     _check_unit_paths(tables, path)
+    if not stated:  # issue 22: no idle δ reserve when no query of this file can select keys
+        selection, per_query = default_selection_deltas(delta, bool(selection_key_columns(tables.values())))
+    budget = BudgetPolicy(epsilon, delta, rho, mechanism, suppress, clamp, selection, per_query, stated)
     cohorts = _parse_cohorts(_section(raw, "population", path, required=False), tables, path)
     proxy, provenance, proxy_default_for = _parse_proxy(ds, tables, name, path)
     return DatasetPolicy(
@@ -1609,58 +1615,3 @@ def _parse_proxy(ds: Mapping[str, Any], tables: Mapping[str, TablePolicy], name:
     if default_for and proxy is None:
         raise _policy_error(path, "[dataset] proxy_default_for needs [dataset] proxy")
     return proxy, provenance, tuple(default_for)
-
-
-def check_proxies(policies: Mapping[str, DatasetPolicy]) -> None:
-    """Every ``proxy`` names a loaded dataset with a ``provenance`` and the same schema: for each
-    protected table, a table of the same name declaring the same columns with the same types,
-    and the privacy unit column (a proxy's tables are public, so the unit is a plain column).
-
-    Raises:
-        PolicyError: naming the dataset, the proxy and the first difference.
-    """
-    for policy in policies.values():
-        if policy.proxy is None:
-            continue
-        proxy = policies.get(policy.proxy)
-        if proxy is None:
-            raise _policy_error(policy.path, f"[dataset] proxy {policy.proxy!r} names no dataset of the "
-                                             "policies folder")
-        if proxy.provenance is None:
-            raise _policy_error(policy.path, f"proxy {proxy.name!r} declares no provenance "
-                                             '("public" or "synthetic: …" in its [dataset])')
-        for table in policy.tables.values():
-            if table.public:
-                continue
-            twin = proxy.tables.get(table.name)
-            if twin is None:
-                raise _policy_error(policy.path, f"proxy {proxy.name!r} has no table {table.name!r} (a proxy has "
-                                                 "the same schema)", table.name)
-            needed = dict((c.name, c.type) for c in table.columns.values())
-            for cname, ctype in needed.items():
-                other = twin.find_column(cname)
-                if other is None or other.type != ctype:
-                    raise _policy_error(policy.path, f"proxy {proxy.name!r}: column {cname!r} of {table.name!r} "
-                                                     f"must be declared there with type {ctype}", table.name, cname)
-            if table.privacy_unit is not None and twin.find_column(table.privacy_unit) is None:
-                raise _policy_error(policy.path, f"proxy {proxy.name!r}: table {table.name!r} must declare the "
-                                                 f"privacy unit column {table.privacy_unit!r}", table.name)
-
-
-def check_population_cohorts(policies: Mapping[str, DatasetPolicy]) -> None:
-    """Datasets of one population agree on its cohort column (or all have none).
-
-    Raises:
-        PolicyError: two datasets of one population declare different cohort columns.
-    """
-    seen: dict[str, DatasetPolicy] = {}
-    for policy in policies.values():
-        if policy.provenance is not None:
-            continue  # a proxy never charges its population
-        other = seen.setdefault(policy.population, policy)
-        a = None if other.cohorts is None else other.cohorts.column
-        b = None if policy.cohorts is None else policy.cohorts.column
-        if a != b:
-            raise _policy_error(policy.path, f"population {policy.population!r} is also used by {other.path} "
-                                             f"with cohort column {a!r}, here {b!r}: one population has one "
-                                             "cohort rule")

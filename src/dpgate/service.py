@@ -58,10 +58,11 @@ from dpgate.mechanisms import calibrate, ci95_halfwidth, mechanism_name, sample
 from dpgate.notices import first_notice
 from dpgate.policy import MECHANISMS, DatasetPolicy, KeyTuples, load_policies, quote_identifier
 from dpgate.postprocess import check_postprocess_expression, finalize, output_unit
-from dpgate.postprocess.expected import expected_accuracy
+from dpgate.postprocess.expected import accuracy_reference, check_reference_rows, column_bounds, expected_accuracy
 from dpgate.postprocess.calibration import CellTarget, ci95_rules, scales_for_ci95
 from dpgate.postprocess.ranges import value_ranges
 from dpgate.representable import check_representable
+from dpgate.releases.keys import post_processing_settings
 from dpgate.releases import (
     CacheKeys,
     NoisyPrimitives,
@@ -98,9 +99,6 @@ MAX_PUBLIC_TABLE_KEYS = 100_000
 RELEASE_LEASE_MARGIN_S = 60.0
 #: Budget-policy fields that are not post-processing (the cap and the per-query defaults);
 #: every other field (``suppress_ci95_above``, ``clamp_counts``, …) is a display setting.
-_NOT_POST_PROCESSING = frozenset({"epsilon", "delta", "default_query_rho", "mechanism", "selection_delta",
-                                  "default_selection_delta"})
-
 log = logging.getLogger("dpgate")
 
 
@@ -624,13 +622,29 @@ class Gateway:
 
     def explain(self, dataset: str, sql: str, *, budget: QueryBudget | None = None,
                 mechanism: str | None = None, consumer: str | None = None,
-                dialect: str | None = None, trial: bool = False) -> dict[str, Any]:
+                dialect: str | None = None, trial: bool = False,
+                reference_rows: float | None = None) -> dict[str, Any]:
         """:meth:`_explain`'s document with ``expected_accuracy``: each primitive's sensitivity in
         its unit and each output's expected 95 % half-width
-        (:func:`dpgate.postprocess.expected.expected_accuracy`, from the document alone)."""
+        (:func:`dpgate.postprocess.expected.expected_accuracy`, from the document alone), and
+        ``warnings`` (issue 22 item 6): one sentence per output whose ± would swamp it, compared
+        with its column's bounds (``column_bounds``) at a group of ``reference_rows`` rows
+        (default: the budget's ``expected_count``, else
+        :data:`~dpgate.postprocess.expected.DEFAULT_REFERENCE_ROWS`), data-independent.
+
+        Raises:
+            as :meth:`_explain`; InvalidRequest: ``reference_rows`` not a number > 1.
+        """
+        check_reference_rows(reference_rows)
         doc = self._explain(dataset, sql, budget=budget, mechanism=mechanism, consumer=consumer,
                             dialect=dialect, trial=trial)
+        if doc.get("plan") and not doc.get("public") and not doc.get("public_keys_only"):
+            # issue 22 item 6: the bounds and group size each output's ± is compared with (data-independent)
+            doc["column_bounds"] = column_bounds(self.policy(dataset), doc["plan"])
+            doc["accuracy_reference"] = accuracy_reference(
+                self.policy(dataset), reference_rows, None if budget is None else budget.expected_count)
         doc["expected_accuracy"] = expected_accuracy(doc)
+        doc["warnings"] = [w["message"] for w in doc["expected_accuracy"].get("warnings", [])]
         return doc
 
     def _explain(self, dataset: str, sql: str, *, budget: QueryBudget | None = None,
@@ -1393,20 +1407,6 @@ class Gateway:
 _KEYS_ONLY_NOTE = ("keys only, all public: the release lists the policy's public key values (every "
                    "combination), not the keys present in the data; it reads no data and costs "
                    "nothing. Add COUNT(*) to learn which keys have rows")
-
-
-def post_processing_settings(policy: DatasetPolicy) -> dict[str, Any]:
-    """The policy's display settings — every budget-policy field that is post-processing
-    (``suppress_ci95_above``, ``clamp_counts``, …), i.e. not the cap or a per-query default.
-
-    They are part of each release key and recorded in each release (``post_processing``),
-    so that a change applies to the identical query and a reordered one alike.
-    """
-    budget = policy.budget
-    if dataclasses.is_dataclass(budget):
-        return {f.name: getattr(budget, f.name) for f in dataclasses.fields(budget)
-                if f.name not in _NOT_POST_PROCESSING}
-    return {}  # pragma: no cover - policies are dataclasses
 
 
 def population_policies(policies: Mapping[str, DatasetPolicy]) -> dict[str, DatasetPolicy]:

@@ -155,6 +155,9 @@ def run_query(
     if body.trial is not None:
         raise InvalidRequest("trial goes with POST /v1/queries/explain (a free run on the proxy), not with a query",
                              {"field": "trial"})
+    if body.reference_rows is not None:
+        raise InvalidRequest("reference_rows goes with POST /v1/queries/explain (the group size its warnings "
+                             "compare the ± at), not with a query", {"field": "reference_rows"})
     release = gateway.query(
         body.dataset,
         body.sql,
@@ -185,7 +188,8 @@ def explain_query(
         raise InvalidRequest("fallback goes with POST /v1/queries (explain charges nothing, so nothing is refused)",
                              {"field": "fallback"})
     explanation = gateway.explain(body.dataset, body.sql, budget=_budget(body.budget), mechanism=body.mechanism,
-                                  consumer=principal.consumer, dialect=body.dialect, trial=bool(body.trial))
+                                  consumer=principal.consumer, dialect=body.dialect, trial=bool(body.trial),
+                                  reference_rows=body.reference_rows)
     return json_safe(explanation)
 
 

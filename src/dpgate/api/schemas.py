@@ -200,6 +200,10 @@ class QueryRequest(RequestModel):
     trial: bool | None = Field(
         default=None, description="POST /v1/queries/explain only: also run the plan on the dataset's proxy (free) and "
         "show the answer it would give with each cell's ± at the requested budget (issue 23)")
+    reference_rows: Annotated[float, Field(gt=1, le=1e15, allow_inf_nan=False)] | None = Field(
+        default=None, description="POST /v1/queries/explain only: the group size (rows) at which each output's "
+        "expected ± is compared with its column's bounds for the warnings (issue 22); default the budget's "
+        "expected_count, else 100")
 
 
 class DpSgdRequest(RequestModel):
@@ -489,6 +493,13 @@ class Explanation(ResponseModel):
         "public), record_level, max_groups_per_unit (k), max_rows_per_unit (m), groups (key combinations "
         "released; null when keys are selected privately), selected_keys; public true for a query of "
         "public tables only")
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="before paying (issue 22, data-independent): one sentence per output whose expected ± would "
+        "swamp it at this budget: a count's ± at least reference_rows (or above the policy's "
+        "suppress_ci95_above), a SUM's ± above reference_rows × the bounds' width, an AVG's ± at "
+        "reference_rows rows above the bounds' width; the figures are in expected_accuracy (outputs[].bounds, "
+        "ci95_at_reference_rows, rows_for_ci95_within_width; warnings with their codes; reference_rows)")
 
 
 class Cap(ResponseModel):

@@ -222,7 +222,7 @@ def register(subparsers) -> None:
     p_eps.add_argument("--releases", type=int, default=1, help="number of releases (with --sigma; default 1)")
     p_eps.add_argument("--delta", type=float, required=True, help="delta in [0, 1) (a cap's total delta)")
     p_eps.add_argument("--selection-delta", type=float, default=None,
-                       help="the part of delta reserved for partition selection (default delta/2, as in a policy)")
+                       help="the part of delta reserved for partition selection (default delta/2, as in a policy with a key column without public keys; 0 for a policy whose key columns all have public keys)")
     add_common_options(p_eps)
     p_eps.set_defaults(func=_epsilon)
 
@@ -230,7 +230,7 @@ def register(subparsers) -> None:
     p_rho.add_argument("--epsilon", type=float, required=True, help="cap epsilon > 0")
     p_rho.add_argument("--delta", type=float, required=True, help="cap delta in [0, 1)")
     p_rho.add_argument("--selection-delta", type=float, default=None,
-                       help="the part of delta reserved for partition selection (default delta/2, as in a policy)")
+                       help="the part of delta reserved for partition selection (default delta/2, as in a policy with a key column without public keys; 0 for a policy whose key columns all have public keys)")
     p_rho.add_argument("--releases", type=int, help="split the cap over this many equal releases")
     p_rho.add_argument("--share", type=float, default=1.0, help="share of the cap to split (default 1)")
     p_rho.add_argument("--l2-sensitivity", type=float, default=1.0, help="L2 sensitivity for sigma (default 1)")

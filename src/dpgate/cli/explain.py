@@ -51,6 +51,9 @@ def register(subparsers) -> None:
     parser.add_argument("--delta", type=float,
                         help="δ spent on private partition selection (GROUP BY keys without public keys)")
     parser.add_argument("--mechanism", choices=tuple(MECHANISMS))
+    parser.add_argument("--reference-rows", type=float,
+                        help="the group size (rows) at which each output's ± is compared with its column's bounds "
+                             "for the warnings (default: --expected-count, else 100)")
     add_dialect_option(parser)
     parser.add_argument("--trial", action="store_true",
                         help="also run the query on the dataset's proxy (free) and show the answer it would give "
@@ -106,7 +109,8 @@ def run(args: argparse.Namespace, settings) -> int:
     # loading lines go to stderr: stdout holds the explanation only (or its JSON document)
     with Gateway.open(settings, progress=None if args.json else lambda line: print(line, file=sys.stderr)) as gw:
         doc = gw.explain(args.dataset, args.sql, budget=budget, mechanism=args.mechanism,
-                         consumer=_consumer(args, policies[args.dataset]), dialect=args.dialect)
+                         consumer=_consumer(args, policies[args.dataset]), dialect=args.dialect,
+                         reference_rows=args.reference_rows)
     if args.json:
         print_json(doc)  # the same document as POST /v1/queries/explain answers
         return 0
@@ -211,13 +215,31 @@ def print_cost(doc: dict) -> None:
               "(budget_exhausted) and charge nothing")
     if cost.get("message") and cost.get("fits") is None:
         print(f"              {cost['message']}")
-    outputs = (doc.get("expected_accuracy") or {}).get("outputs") or []
+    expected = doc.get("expected_accuracy") or {}
+    outputs = expected.get("outputs") or []
     if outputs:
         print()
+        n0 = expected.get("reference_rows")
         print("expected accuracy (95 %):")
-        print_table(["output", "±", "note"],
-                    [[o["label"], "" if o["ci95"] is None else ("± ~" if o.get("approximate") else "± ") + _num(o["ci95"]),
-                      o["note"]] for o in outputs])
+        print_table(["output", "±", "note", "bounds"],
+                    [[o["label"], _plus_minus(o, n0), o["note"], _bounds(o.get("bounds"))] for o in outputs])
+    if doc.get("warnings"):
+        print()
+        print("warnings (before paying: the noise would swamp these outputs):")
+        for w in doc["warnings"]:
+            print(f"  ! {w}")
+
+
+def _plus_minus(o: dict, n0: Any) -> str:
+    if o.get("ci95") is not None:
+        return ("± ~" if o.get("approximate") else "± ") + _num(o["ci95"])
+    if o.get("ci95_at_reference_rows") is not None:  # AVG: at a group of n0 rows (issue 22 item 6)
+        return f"± ≤ {_num(o['ci95_at_reference_rows'])} at {_num(n0)} rows"
+    return ""
+
+
+def _bounds(b: Any) -> str:
+    return f"[{_num(b['lower'])}, {_num(b['upper'])}]" if isinstance(b, dict) else ""
 
 
 def _short(value: Any) -> str:

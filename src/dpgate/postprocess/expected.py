@@ -15,6 +15,22 @@ console (:func:`dpgate.ui.data.explanation_view`) and ``dpgate explain`` show th
   a ``{"ci95": w}`` budget's ``accuracy_target`` gives each cell's bound (AVG/VAR/STDDEV at the
   stated ``expected_count``); otherwise AVG/VAR/STDDEV intervals depend on the noisy values
   and are known after the run; a quantile states its rank error instead of a value interval.
+* **Compared with the bounds, before paying** (issue 22 item 6; data-independent: the policy's
+  bounds, the budget and a stated group size n₀, ``reference_rows``: the budget's
+  ``expected_count``, else :data:`DEFAULT_REFERENCE_ROWS`). Each output over a bounded column
+  carries ``bounds`` ``{lower, upper, width}`` (W = upper − lower). A ``warnings`` entry is
+  added when the noise would swamp the answer:
+
+  - a count whose ± ≥ n₀ (a group of n₀ rows cannot be told from an empty one), or whose ±
+    exceeds the policy's ``suppress_ci95_above`` (every cell would be suppressed);
+  - a SUM whose ± exceeds n₀·W, the width of the range a sum over n₀ rows can take;
+  - an AVG whose ± at n₀ rows exceeds W. With S, C the sum and count, t_S, t_C their
+    97.5 % half-widths (:func:`dpgate.mechanisms.ci_halfwidth` at α = 0.025, so both hold
+    with probability ≥ 95 % by the union bound) and M = max(|lower|, |upper|) (the sum is of
+    the clamped raw values), a group of n > t_C rows has
+    |(S + e_S)/(C + e_C) − S/C| = |e_S − (S/C)·e_C| / (n + e_C) ≤ (t_S + M·t_C)/(n − t_C),
+    so the AVG's ± at n₀ is at most that, and it is within W once
+    n ≥ t_C + (t_S + M·t_C)/W (``rows_for_ci95_within_width``). VAR/STDDEV are not checked.
 """
 
 from __future__ import annotations
@@ -22,9 +38,15 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping
 
-from dpgate.mechanisms import ci95_halfwidth
+from dpgate.errors import DpgateError, InvalidRequest
+from dpgate.mechanisms import ci95_halfwidth, ci_halfwidth
 
-__all__ = ["expected_accuracy", "sensitivity_unit"]
+__all__ = ["DEFAULT_REFERENCE_ROWS", "expected_accuracy", "sensitivity_unit"]
+
+#: The group size n₀ (rows) at which explain compares each output's ± with its bounds when the
+#: budget names no ``expected_count`` (module docstring).
+DEFAULT_REFERENCE_ROWS = 100.0
+_COUNTS = ("count", "count_column", "count_distinct_unit", "count_distinct")
 
 _COUNT_UNITS = {"count": "rows", "count_column": "rows", "count_distinct_unit": "privacy units",
                 "count_distinct": "distinct values"}
@@ -135,4 +157,110 @@ def expected_accuracy(explanation: Mapping[str, Any]) -> dict[str, Any]:
             kinds = " and ".join(str(prims.get(i, {}).get("kind", i)).replace("count_column", "count") for i in ids)
             out["note"] = f"derived from noisy {kinds}: ± known after the run"
         outputs.append(out)
-    return {"primitives": primitives, "outputs": outputs}
+    warnings = _bounds_checks(explanation, prims, primitives, outputs, plan, mech)
+    return {"primitives": primitives, "outputs": outputs, "warnings": warnings,
+            "reference_rows": _reference_rows(explanation)}
+
+
+def _reference_rows(explanation: Mapping[str, Any]) -> float:
+    ref = explanation.get("accuracy_reference") or {}
+    return _number(ref.get("rows")) or DEFAULT_REFERENCE_ROWS
+
+
+def _bounds_checks(explanation: Mapping[str, Any], prims: Mapping[Any, Any], primitives: list[dict[str, Any]],
+                   outputs: list[dict[str, Any]], plan: Mapping[str, Any], mech: str) -> list[dict[str, Any]]:
+    """Add ``bounds`` (and the AVG figures) to ``outputs``; return the warnings (module docstring)."""
+    ref = explanation.get("accuracy_reference") or {}
+    n0 = _reference_rows(explanation)
+    suppress = _number(ref.get("suppress_ci95_above"))
+    bounds_of = explanation.get("column_bounds") or {}
+    by_id = {p["id"]: p for p in primitives}
+    by_name = {o.get("name"): o for o in plan.get("outputs", [])}
+    warnings: list[dict[str, Any]] = []
+
+    def warn(out: Mapping[str, Any], code: str, message: str) -> None:
+        warnings.append({"output": out["label"], "code": code, "message": message})
+
+    def part_ci(pid: Any) -> float | None:  # 97.5 % half-width in output units
+        p = by_id.get(pid) or {}
+        scale, value = p.get("scale"), p.get("scale_value")
+        if not scale or value is None:
+            return None
+        step = value / scale
+        try:
+            return float(ci_halfwidth(mech, scale, 0.025)) * step
+        except Exception:  # noqa: BLE001 - a display helper never fails the explanation
+            return None
+
+    for out in outputs:
+        o = by_name.get(out["name"]) or {}
+        fn, ids = out.get("function"), list(o.get("primitives") or [])
+        b = bounds_of.get(o.get("column")) if o.get("column") else None
+        lo, hi = (_number(b.get("lower")), _number(b.get("upper"))) if isinstance(b, Mapping) else (None, None)
+        width = None if lo is None or hi is None else hi - lo
+        out["bounds"] = None if width is None else {"lower": lo, "upper": hi, "width": width}
+        ci = out.get("ci95")
+        if fn in _COUNTS and ci is not None:
+            if suppress is not None and ci > suppress:
+                warn(out, "suppressed", f"{out['label']}: the count's ± {ci:.4g} exceeds the policy's "
+                     f"suppress_ci95_above ({suppress:g}): every cell would be suppressed")
+            elif ci >= n0:
+                warn(out, "count_ci95_above_reference", f"{out['label']}: the count's ± {ci:.4g} is at least "
+                     f"{n0:g} rows: a group of {n0:g} rows cannot be told from an empty one at this budget")
+        elif fn == "sum" and ci is not None and width is not None:
+            out["range_at_reference_rows"] = n0 * width
+            if ci > n0 * width:
+                warn(out, "ci95_exceeds_bounds_width", f"{out['label']}: the sum's ± {ci:.4g} exceeds "
+                     f"{n0:g} × the bounds' width {width:g} (the whole range of a sum over {n0:g} rows)")
+        elif fn == "avg" and width is not None and len(ids) == 2:
+            kinds = {str(prims.get(i, {}).get("kind")): i for i in ids}
+            count_id = next((i for k, i in kinds.items() if k in _COUNTS), None)
+            t_s, t_c = part_ci(kinds.get("sum")), part_ci(count_id)
+            if t_s is None or t_c is None:
+                continue
+            m = max(abs(lo), abs(hi))
+            at_n0 = (t_s + m * t_c) / (n0 - t_c) if n0 > t_c else math.inf
+            out["ci95_at_reference_rows"] = at_n0
+            out["rows_for_ci95_within_width"] = t_c + (t_s + m * t_c) / width if width > 0 else None
+            if at_n0 > width:
+                warn(out, "ci95_exceeds_bounds_width",
+                     f"{out['label']}: the average's ± in a group of {n0:g} rows is up to "
+                     f"{at_n0:.4g}, more than the bounds' width {width:g} ([{lo:g}, {hi:g}]); a group needs "
+                     f"about {out['rows_for_ci95_within_width']:.4g} rows for a ± within it")
+    return warnings
+
+
+def check_reference_rows(reference_rows: Any) -> None:
+    """Validate an explain request's ``reference_rows`` (None: the default).
+
+    Raises:
+        InvalidRequest: not a number of rows in (1, 1e15].
+    """
+    if reference_rows is not None and (isinstance(reference_rows, bool) or not isinstance(
+            reference_rows, (int, float)) or not 1 < reference_rows <= 1e15):
+        raise InvalidRequest("reference_rows must be a number of rows > 1 (and ≤ 1e15)",
+                             {"field": "reference_rows"})
+
+
+def accuracy_reference(policy: Any, reference_rows: float | None, expected_count: float | None) -> dict[str, Any]:
+    """The group size (rows) each output's ± is compared with — ``reference_rows``, else the
+    budget's ``expected_count``, else :data:`DEFAULT_REFERENCE_ROWS` — and the policy's
+    ``suppress_ci95_above`` (data-independent)."""
+    rows = reference_rows if reference_rows is not None else \
+        expected_count if expected_count is not None else DEFAULT_REFERENCE_ROWS
+    return {"rows": float(rows), "suppress_ci95_above": policy.budget.suppress_ci95_above}
+
+
+def column_bounds(policy: Any, plan: Mapping[str, Any]) -> dict[str, dict[str, float]]:
+    """``{column: {lower, upper}}`` of the bounded numeric columns the plan document's outputs
+    read (from the dataset policy ``policy``; empty when the plan's table is not the policy's)."""
+    out: dict[str, dict[str, float]] = {}
+    try:
+        table = policy.table(plan.get("table"))
+    except DpgateError:
+        return out
+    for o in plan.get("outputs", []):
+        col = table.find_column(o["column"]) if o.get("column") and hasattr(table, "find_column") else None
+        if col is not None and col.bounded and col.type in ("int", "float"):
+            out[o["column"]] = {"lower": float(col.lower), "upper": float(col.upper)}
+    return out

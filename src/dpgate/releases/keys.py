@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -84,3 +85,24 @@ class CacheKeys:
             release=cache_key(plan_hash, data_version, mechanism, budget, post_processing),
             noise=cache_key(noise_signature, data_version, mechanism, budget),
         )
+
+
+#: Budget-policy fields that are not post-processing (the cap and per-query defaults).
+#: (``selection_delta_stated`` says how the file set the reserve, not what a release shows: left out
+#: of release keys, so stored releases stay served — tests/test_plan_replay.py.)
+_NOT_POST_PROCESSING = frozenset({"epsilon", "delta", "default_query_rho", "mechanism", "selection_delta",
+                                  "default_selection_delta", "selection_delta_stated"})
+
+
+def post_processing_settings(policy: Any) -> dict[str, Any]:
+    """The dataset policy's display settings — every budget-policy field that is post-processing
+    (``suppress_ci95_above``, ``clamp_counts``, …), i.e. not the cap or a per-query default.
+
+    They are part of each release key and recorded in each release (``post_processing``),
+    so that a change applies to the identical query and a reordered one alike.
+    """
+    budget = policy.budget
+    if dataclasses.is_dataclass(budget):
+        return {f.name: getattr(budget, f.name) for f in dataclasses.fields(budget)
+                if f.name not in _NOT_POST_PROCESSING}
+    return {}  # pragma: no cover - policies are dataclasses
