@@ -20,7 +20,7 @@ import time
 
 import httpx
 
-from dpgate.api import middleware
+from dpgate.api import errors as api_errors
 import pytest
 from _api_server import LiveServer, assert_error, free_port, make_project
 
@@ -114,7 +114,7 @@ def test_an_unauthenticated_request_is_refused_before_its_body_is_read(project, 
     app = create_app(settings)
     # a body larger than the drain limit is never read: 401 and the connection closes
     receive = _NoBody()
-    big = str(middleware.DRAIN_LIMIT_BYTES + 1).encode()
+    big = str(api_errors.DRAIN_LIMIT_BYTES + 1).encode()
     headers = [(b"host", b"x"), (b"content-type", b"application/json"), (b"content-length", big), *auth]
     status, response_headers, body = anyio.run(_asgi, app, "/v1/queries", headers, receive)
     assert status == 401 and receive.called is False

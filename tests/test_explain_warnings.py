@@ -110,3 +110,18 @@ def test_http_and_cli_show_the_warnings(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "warnings (before paying" in out and "! a: the average's ±" in out
     assert "[0, 100]" in out and "at 100 rows" in out
+
+
+def test_bounds_of_zero_width_give_no_average_warning_and_no_error(gateway):
+    # robustness (Hypothesis) found it: a column bounded to [5, 5] has width 0, so "rows for a ±
+    # within the width" is undefined; explain raised TypeError formatting None. The average of
+    # such a column is its bound: no warning.
+    from dpgate.postprocess.expected import expected_accuracy
+
+    doc = gateway.explain("shop", SQL, budget=QueryBudget(rho=0.01))
+    doc["column_bounds"] = {"amount": {"lower": 5.0, "upper": 5.0}}
+    acc = expected_accuracy(doc)
+    avg = next(o for o in acc["outputs"] if o["label"] == "a")
+    assert avg["bounds"] == {"lower": 5.0, "upper": 5.0, "width": 0.0}
+    assert avg.get("rows_for_ci95_within_width") is None
+    assert not [w for w in acc["warnings"] if w["output"] == "a"]

@@ -26,10 +26,13 @@ import math
 import sqlite3
 from typing import Any
 
+import asyncio
+
 import anyio
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -204,6 +207,45 @@ class UnexpectedErrors:
                 scope, receive, send)
 
 
+#: The largest announced body an unauthenticated request may have read (and discarded) before
+#: its 401 or 413, and how long that may take (:class:`~dpgate.api.middleware.ApiKeyGate`,
+#: :class:`BodySizeLimitMiddleware`): answering while the client still sends makes its TCP stack
+#: reset the connection, and the client may lose the answer.
+DRAIN_LIMIT_BYTES = 64 * 1024
+DRAIN_TIMEOUT_S = 0.5
+
+
+async def drain_small_body(headers: Headers, receive: Receive) -> bool:
+    """Read and discard a body announced by ``Content-Length`` ≤ :data:`DRAIN_LIMIT_BYTES` within
+    :data:`DRAIN_TIMEOUT_S`; True when it was read to its end (the connection can stay open),
+    False when it is not drained (chunked, too large, too slow, or the client left)."""
+    if "transfer-encoding" in headers:
+        return False
+    try:
+        announced = int(headers.get("content-length", "0"))
+    except ValueError:
+        return False
+    if announced > DRAIN_LIMIT_BYTES:
+        return False
+
+    async def drain() -> bool:
+        total = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return False
+            total += len(message.get("body", b""))
+            if total > DRAIN_LIMIT_BYTES:
+                return False
+            if not message.get("more_body", False):
+                return True
+
+    try:
+        return await asyncio.wait_for(drain(), DRAIN_TIMEOUT_S)
+    except asyncio.TimeoutError:
+        return False
+
+
 class BodySizeLimitMiddleware:
     """Pure ASGI middleware bounding a request body's size and the time to receive it.
 
@@ -250,6 +292,7 @@ class BodySizeLimitMiddleware:
                     await self._reject(scope, receive, send, "invalid Content-Length header", 400)
                     return
         if declared is not None and declared > limit:
+            await drain_small_body(Headers(scope=scope), receive)  # so that the client reads the 413
             await self._reject(
                 scope, receive, send, f"request body of {declared} bytes exceeds the limit of {limit} bytes"
             )

@@ -15,7 +15,6 @@ connection cap by the server's protocol (:mod:`dpgate.api.server`).
 
 from __future__ import annotations
 
-import asyncio
 
 import logging
 
@@ -25,6 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from dpgate.api.authn import authenticate
 from dpgate.api.errors import error_response
+from dpgate.api.errors import drain_small_body as _drain_small_body
 from dpgate.errors import DpgateError, Unauthenticated
 
 log = logging.getLogger("dpgate.api")
@@ -65,43 +65,6 @@ class SecurityHeaders:
         await self.app(scope, receive, send_with_headers)
 
 
-#: The largest announced body an unauthenticated request may have read (and discarded) before
-#: its 401, and how long that may take (:class:`ApiKeyGate`).
-DRAIN_LIMIT_BYTES = 64 * 1024
-DRAIN_TIMEOUT_S = 0.5
-
-
-async def _drain_small_body(headers: Headers, receive: Receive) -> bool:
-    """Read and discard a body announced by ``Content-Length`` ≤ :data:`DRAIN_LIMIT_BYTES` within
-    :data:`DRAIN_TIMEOUT_S`; True when it was read to its end (the connection can stay open),
-    False when it is not drained (chunked, too large, too slow, or the client left)."""
-    if "transfer-encoding" in headers:
-        return False
-    try:
-        announced = int(headers.get("content-length", "0"))
-    except ValueError:
-        return False
-    if announced > DRAIN_LIMIT_BYTES:
-        return False
-
-    async def drain() -> bool:
-        total = 0
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                return False
-            total += len(message.get("body", b""))
-            if total > DRAIN_LIMIT_BYTES:
-                return False
-            if not message.get("more_body", False):
-                return True
-
-    try:
-        return await asyncio.wait_for(drain(), DRAIN_TIMEOUT_S)
-    except asyncio.TimeoutError:
-        return False
-
-
 def _has_body(headers: Headers) -> bool:
     """Whether the request announces a body (a positive Content-Length, or any Transfer-Encoding)."""
     if "transfer-encoding" in headers:
@@ -124,8 +87,8 @@ class ApiKeyGate:
     Only requests that a route takes (method and path) are checked: an unknown path or method keeps
     its 404 or 405 (from the headers too: the router never reads a body). The check is the routes' own (:func:`dpgate.api.authn.authenticate`: bearer token, then
     ``X-API-Key``; unknown, malformed and revoked keys refused), read from the headers only.
-    A small announced body (``Content-Length`` ≤ :data:`DRAIN_LIMIT_BYTES`) is read and discarded
-    within :data:`DRAIN_TIMEOUT_S` before the answer, so that the client reads its 401 (closing a
+    A small announced body (``Content-Length`` ≤ :data:`~dpgate.api.errors.DRAIN_LIMIT_BYTES`) is read and discarded
+    within :data:`~dpgate.api.errors.DRAIN_TIMEOUT_S` before the answer, so that the client reads its 401 (closing a
     socket with unread data makes TCP reset it, and a client still sending then sees "connection
     reset" instead of the answer); nothing of it is kept. A larger, chunked or slower body is not
     read: the answer carries ``Connection: close`` and the connection ends.

@@ -222,7 +222,7 @@ def _bounds_checks(explanation: Mapping[str, Any], prims: Mapping[Any, Any], pri
             at_n0 = (t_s + m * t_c) / (n0 - t_c) if n0 > t_c else math.inf
             out["ci95_at_reference_rows"] = at_n0
             out["rows_for_ci95_within_width"] = t_c + (t_s + m * t_c) / width if width > 0 else None
-            if at_n0 > width:
+            if at_n0 > width > 0:  # bounds of zero width: the average is the bound, released exactly
                 warn(out, "ci95_exceeds_bounds_width",
                      f"{out['label']}: the average's ± in a group of {n0:g} rows is up to "
                      f"{at_n0:.4g}, more than the bounds' width {width:g} ([{lo:g}, {hi:g}]); a group needs "
