@@ -4,17 +4,14 @@ population agree on its cohort rule."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Mapping
+from typing import Any, Mapping
 
 from dpgate.errors import policy_error as _policy_error
-
-if TYPE_CHECKING:  # dpgate.policy imports this module; its types only for annotations
-    from dpgate.policy import DatasetPolicy
 
 __all__ = ["check_population_cohorts", "check_proxies"]
 
 
-def check_proxies(policies: Mapping[str, DatasetPolicy]) -> None:
+def check_proxies(policies: Mapping[str, Any]) -> None:
     """Every ``proxy`` names a loaded dataset with a ``provenance`` and the same schema: for each
     protected table, a table of the same name declaring the same columns with the same types,
     and the privacy unit column (a proxy's tables are public, so the unit is a plain column).
@@ -50,13 +47,13 @@ def check_proxies(policies: Mapping[str, DatasetPolicy]) -> None:
                                                  f"privacy unit column {table.privacy_unit!r}", table.name)
 
 
-def check_population_cohorts(policies: Mapping[str, DatasetPolicy]) -> None:
+def check_population_cohorts(policies: Mapping[str, Any]) -> None:
     """Datasets of one population agree on its cohort column (or all have none).
 
     Raises:
         PolicyError: two datasets of one population declare different cohort columns.
     """
-    seen: dict[str, DatasetPolicy] = {}
+    seen: dict[str, Any] = {}
     for policy in policies.values():
         if policy.provenance is not None:
             continue  # a proxy never charges its population

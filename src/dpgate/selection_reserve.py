@@ -12,10 +12,7 @@ number is computed here (ρ_cap follows from :func:`dpgate.ledger.caps.validate_
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Iterable, Mapping
-
-if TYPE_CHECKING:  # policy imports this module; its types only for annotations
-    from dpgate.policy import DatasetPolicy, TablePolicy
+from typing import Any, Iterable, Mapping
 
 __all__ = ["SELECTION_KEY_TYPES", "default_selection_deltas", "population_selection_defaults",
            "selection_key_columns"]
@@ -27,7 +24,7 @@ __all__ = ["SELECTION_KEY_TYPES", "default_selection_deltas", "population_select
 SELECTION_KEY_TYPES: tuple[str, ...] = ("text", "int", "bool", "date", "timestamp")
 
 
-def selection_key_columns(tables: Iterable[TablePolicy]) -> tuple[tuple[str, str], ...]:
+def selection_key_columns(tables: Iterable[Any]) -> tuple[tuple[str, str], ...]:
     """``(table, column)`` of every key column without public keys of a protected table: the
     columns a GROUP BY would select privately (:mod:`dpgate.sql.partition_selection`), and
     why a default cap reserves δ for partition selection (issue 22).
@@ -50,7 +47,7 @@ def default_selection_deltas(delta: float, selects: bool) -> tuple[float, float]
     return sel, sel / 100
 
 
-def population_selection_defaults(policies: Mapping[str, DatasetPolicy]) -> dict[str, DatasetPolicy]:
+def population_selection_defaults(policies: Mapping[str, Any]) -> dict[str, Any]:
     """The policies with the default selection reserve decided per population (issue 22): a
     population's cap is one, so if a protected table of *any* of its datasets has a key column
     without public keys (:func:`selection_key_columns`), every dataset of it whose file states no

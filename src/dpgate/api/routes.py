@@ -17,7 +17,7 @@ from fastapi import APIRouter, Depends, Path, Query, Request, Security
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
 from dpgate import __version__
-from dpgate.api import schemas
+import dpgate.api.schemas as schemas
 from dpgate.api.errors import json_safe
 from dpgate.api.authn import authenticate
 from dpgate.auth import Permission, Principal, Role

@@ -217,6 +217,9 @@ class DpSgdRequest(RequestModel):
         description="how batches were drawn; only poisson is amplified by subsampling")
 
     def to_dict(self) -> dict[str, Any]:
+        """``{q, noise_multiplier, steps, sampler}``: the DP-SGD description as
+        :mod:`dpgate.training` validates it (q a sampling rate in (0, 1], σ the noise
+        multiplier, steps a count; no units)."""
         return {"q": self.q, "noise_multiplier": self.noise_multiplier, "steps": self.steps, "sampler": self.sampler}
 
 

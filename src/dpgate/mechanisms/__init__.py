@@ -70,7 +70,7 @@ import statistics
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import TYPE_CHECKING, Literal, Mapping
+from typing import Any, Literal, Mapping
 
 import numpy as np
 import opendp.prelude as dp
@@ -79,8 +79,6 @@ from dpgate import accounting, limits
 from dpgate.errors import InvalidBudget, InvalidRequest, MechanismError
 from dpgate.policy import MECHANISMS
 
-if TYPE_CHECKING:  # the selection mechanisms import this package, never the other way at run time
-    from dpgate.mechanisms.selection import SelectionCalibration
 
 __all__ = [
     "MAX_ABS_VALUE",
@@ -263,7 +261,9 @@ class Calibration:
     epsilon: float | None
     primitive_costs: dict[str, float]
     sensitivities: dict[str, float]
-    selection: "SelectionCalibration | None" = None
+    #: the partition selection's :class:`~dpgate.mechanisms.selection.SelectionCalibration`, or None
+    #: (typed Any: that module imports this package, never the other way)
+    selection: Any = None
     reused: tuple[str, ...] = ()
 
     @property

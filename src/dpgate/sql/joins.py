@@ -106,6 +106,7 @@ class JoinColumn:
 
     @property
     def label(self) -> str:
+        """``alias.column`` as the analyst wrote it (for messages)."""
         return f"{self.written}.{self.column}"
 
     def describe(self) -> str:
