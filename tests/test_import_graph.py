@@ -214,7 +214,6 @@ OVERSIZED.update({
     "dpgate.sql.parse": 1544,
     "dpgate.engines.base": 1374,
     "dpgate.sql.bind": 1175,
-    "dpgate.tpch": 817,
 })
 
 
