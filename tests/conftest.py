@@ -15,6 +15,9 @@ that was not pointed at its file leaves it out, and says so in the header.
 Hypothesis: every ``@settings(max_examples=N)`` is scaled at collection — N/4 (at least 10) in
 the fast tier, 2·N with ``--all`` or ``-m slow`` — and the profiles ``dpgate-fast`` /
 ``dpgate-all`` (25 / 200 examples, no deadline) apply to tests that set nothing.
+
+Shared fixtures: ``policy``, the planner tests' policy (``fixtures/policies/planner.toml``);
+modules with a policy of their own override it.
 """
 
 from __future__ import annotations
@@ -160,3 +163,19 @@ def pytest_terminal_summary(terminalreporter) -> None:
         terminalreporter.section("dpgate")
         for line in lines:
             terminalreporter.write_line(str(line))
+
+
+# --- shared fixtures -----------------------------------------------------------------------------
+
+#: The planner tests' policy file (dataset ``planner``; tables prompts, pums, ev, sv, fx, …).
+PLANNER_POLICY = Path(__file__).parent / "fixtures" / "policies" / "planner.toml"
+
+
+@pytest.fixture(scope="module")
+def policy():
+    """The planner tests' :class:`~dpgate.policy.DatasetPolicy` (:data:`PLANNER_POLICY`), loaded
+    once per test module. A test module with a policy of its own defines its own ``policy``
+    fixture, which takes precedence over this one."""
+    from dpgate.policy import load_policy
+
+    return load_policy(PLANNER_POLICY)

@@ -16,18 +16,12 @@ import duckdb
 import pyarrow as pa
 import pytest
 
-from dpgate.policy import load_policy, parse_policy, quote_identifier as q
+from dpgate.policy import parse_policy, quote_identifier as q
 from dpgate.sql.bound import SALT_PLACEHOLDER, bounded_sql, bounded_sql_template
 from dpgate.sql.parse import parse_query
 from tests.shared_data import smartnoise_dir
 
-FIXTURE = Path(__file__).parent / "fixtures" / "policies" / "planner.toml"
 SALT = 0x1234_5678_9ABC
-
-
-@pytest.fixture(scope="module")
-def policy():
-    return load_policy(FIXTURE)
 
 
 @pytest.fixture()

@@ -6,7 +6,6 @@ API (``dialect`` in the body) and the CLI (``--dialect``)."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 from _api_server import LiveServer, make_project
@@ -14,11 +13,9 @@ from _api_server import LiveServer, make_project
 from dpgate.api import create_app
 from dpgate.auth import KeyStore
 from dpgate.errors import InvalidRequest, UnknownTable, UnsupportedQuery
-from dpgate.policy import load_policy
 from dpgate.settings import Settings
 from dpgate.sql.parse import DIALECTS, parse_query
 
-POLICY = Path(__file__).parent / "fixtures" / "policies" / "planner.toml"
 FLAT = "SELECT region, COUNT(*) AS n FROM prompts WHERE age > 30 GROUP BY region ORDER BY n DESC LIMIT 3"
 
 SPELLINGS = {
@@ -38,11 +35,6 @@ SPELLINGS = {
     "trino": "SELECT region, COUNT(*) AS n FROM prompts WHERE age > 30 GROUP BY region "
              "ORDER BY n DESC LIMIT 3",
 }
-
-
-@pytest.fixture(scope="module")
-def policy():
-    return load_policy(POLICY)
 
 
 def test_every_dialect_is_covered():

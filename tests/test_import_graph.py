@@ -210,15 +210,10 @@ MODULE_LEVEL_CYCLES.update(frozenset(c) for c in _MODULE_LEVEL)
 ALL_CYCLES.update(frozenset(c) for c in _ALL)
 OVERSIZED.update({
     "dpgate.service": 1744,
-    "dpgate.policy": 1666,
     "dpgate.accounting": 1592,
     "dpgate.sql.parse": 1544,
     "dpgate.engines.base": 1374,
-    "dpgate.postprocess.expressions": 1292,
     "dpgate.sql.bind": 1175,
-    "dpgate.ui.pages": 872,
-    "dpgate.ledger.sql": 825,
-    "dpgate.tpch": 817,
 })
 
 

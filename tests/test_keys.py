@@ -23,11 +23,6 @@ from tests.test_bound import load
 FIXTURE = Path(__file__).parent / "fixtures" / "policies" / "planner.toml"
 
 
-@pytest.fixture(scope="module")
-def policy():
-    return load_policy(FIXTURE)
-
-
 def parse_policy(text, path):
     return _parse_policy(tomllib.loads(text), path)
 

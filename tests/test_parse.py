@@ -16,11 +16,6 @@ from dpgate.sql.plan import AggregateOutput, KeyOutput, QueryPlan, evaluate_pred
 FIXTURE = Path(__file__).parent / "fixtures" / "policies" / "planner.toml"
 
 
-@pytest.fixture(scope="module")
-def policy():
-    return load_policy(FIXTURE)
-
-
 def plan(sql, policy):
     return parse_query(sql, policy)
 

@@ -3,24 +3,16 @@ renders valid SQL (issue 10 item 2, issue 9 items 10 and 12)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import duckdb
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from dpgate.errors import UnsupportedQuery
-from dpgate.policy import load_policy
 from dpgate.sql.bound import bounded_sql
 from dpgate.sql.parse import parse_query
 from tests.test_bound import load
 
-FIXTURE = Path(__file__).parent / "fixtures" / "policies" / "planner.toml"
-
-
-@pytest.fixture(scope="module")
-def policy():
-    return load_policy(FIXTURE)
 
 
 # --- aggregate spellings --------------------------------------------------------------------

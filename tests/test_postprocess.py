@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,17 +17,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dpgate.errors import Internal
-from dpgate.policy import load_policy
 from dpgate.postprocess import ReleasedTable, finalize
 from dpgate.sql.parse import parse_query
 
-FIXTURE = Path(__file__).parent / "fixtures" / "policies" / "planner.toml"
 REGIONS = ["eu", "us", "apac", "latam", "africa"]
-
-
-@pytest.fixture(scope="module")
-def policy():
-    return load_policy(FIXTURE)
 
 
 def with_budget(policy, **changes):

@@ -18,13 +18,11 @@ import pytest
 import sqlglot
 
 from dpgate.errors import UnknownColumn, UnsupportedQuery
-from dpgate.policy import load_policy
 from dpgate.sql import rules
 from dpgate.sql.parse import parse_query
 
 HERE = Path(__file__).parent
 GOLDEN = HERE / "fixtures" / "golden" / "rules.json"
-POLICY = HERE / "fixtures" / "policies" / "planner.toml"
 UPDATE = os.environ.get("DPGATE_UPDATE_GOLDEN") == "1"
 
 CASES = {
@@ -88,11 +86,6 @@ def test_rules_are_idempotent():
 
 
 # --- through the planner: the flat query's plan -----------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def policy():
-    return load_policy(POLICY)
 
 
 FLAT = ("SELECT region, COUNT(*) AS n, SUM(tokens) FROM prompts WHERE age > 30 AND model = 'x' "

@@ -13,18 +13,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dpgate.policy import load_policy, parse_policy
+from dpgate.policy import parse_policy
 from dpgate.sensitivity import Sensitivity, max_groups_changed, sensitivities
 from dpgate.sql.bound import bounded_sql
 from dpgate.sql.parse import parse_query
 from test_bound import load
 
-FIXTURE = Path(__file__).parent / "fixtures" / "policies" / "planner.toml"
-
-
-@pytest.fixture(scope="module")
-def policy():
-    return load_policy(FIXTURE)
 
 
 def sens(sql, policy):
