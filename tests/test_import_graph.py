@@ -211,7 +211,6 @@ ALL_CYCLES.update(frozenset(c) for c in _ALL)
 OVERSIZED.update({
     "dpgate.service": 1744,
     "dpgate.policy": 1666,
-    "dpgate.accounting": 1592,
     "dpgate.sql.parse": 1544,
     "dpgate.engines.base": 1374,
     "dpgate.postprocess.expressions": 1292,
