@@ -100,7 +100,7 @@ class Cost:
         Raises:
             ValueError: ρ or μ NaN or negative.
         """
-        if gdp_mu is None or math.isinf(gdp_mu):
+        if gdp_mu is None or math.isinf(gdp_mu) or rho == 0:  # ρ = 0: exact, never charged
             return cls("zcdp", rho=rho)
         return cls("zcdp", rho=rho, gdp_mu=gdp_mu)
 
