@@ -224,3 +224,32 @@ def test_consumer_share_holds_in_gdp(rhos, share):
         if filter_decision(t, c, cb).ok:
             t = t.add(c)
     assert (t.gdp_mu2 or 0.0) <= share * cap.mu_cap ** 2 * (1 + 1e-9)
+
+
+def test_gateway_queries_compose_in_gdp(tmp_path):
+    """End to end: a population switched to Gaussian DP before its first charge admits the
+    service's discrete Gaussian releases by Σμ² (μ from each release's (Δ₂, σ)), refuses a
+    Laplace release, and its receipts name the filter."""
+    test_service = pytest.importorskip("test_service")
+    if not (test_service.DATA / "PUMS_dup.csv").exists():
+        pytest.skip("../shared/data not present")
+    from dpgate.accounting import discrete_gaussian_mu
+    from dpgate.service import QueryBudget
+
+    gw = test_service.make_gateway(tmp_path)
+    try:
+        pop = "census-people"
+        cap = gw.ledger.cap(pop)
+        gw.ledger.set_cap(pop, epsilon=cap.epsilon, delta=cap.delta, selection_delta=cap.selection_delta,
+                          actor="test", reason="gdp", composition="gdp")
+        r = gw.query("pums", "SELECT sex, COUNT(*) AS n FROM persons GROUP BY sex", consumer="analysts",
+                     budget=QueryBudget(rho=0.02))
+        (sigma,) = r["noise_scales"].values()
+        entry = [e for e in gw.ledger.entries(pop) if "cost" in e][-1]
+        assert entry["cost"]["gdp_mu"] == pytest.approx(discrete_gaussian_mu([(4.0, sigma)]), rel=1e-9)
+        with pytest.raises(InvalidBudget):
+            gw.query("pums", "SELECT sex, COUNT(*) AS n FROM persons GROUP BY sex", consumer="analysts",
+                     budget=QueryBudget(epsilon=0.1), mechanism="laplace")
+        assert gw.ledger.verify().ok
+    finally:
+        gw.close()
