@@ -25,6 +25,7 @@ from dpgate.accounting.gdp import (
     gdp_delta,
     gdp_epsilon,
     gdp_mu_for_cap,
+    pure_dp_mu,
 )
 
 pld = pytest.importorskip("dp_accounting.pld.privacy_loss_distribution")
@@ -201,3 +202,17 @@ def test_calibration_sets_the_release_mu():
     assert cal.cost.gdp_mu == pytest.approx(expect, rel=1e-8)
     assert cal.cost.gdp_mu >= math.sqrt(2 * cal.cost.rho)
     assert accounting.gdp_epsilon(cal.cost.gdp_mu, 1e-6) < accounting.cost_epsilon(cal.cost, 1e-6)
+
+
+@pytest.mark.parametrize("eps", [0.1, 0.5, 1.0, 2.0])
+def test_pure_dp_mu_is_randomised_responses(eps):
+    mu = pure_dp_mu(eps)
+    a = 1 / (1 + math.exp(eps))  # RR's vertex: α = β
+    assert norm.cdf(norm.ppf(1 - a) - mu) == pytest.approx(a, rel=1e-7)  # G_μ passes through it: tight
+    assert norm.cdf(norm.ppf(1 - a) - mu * (1 - 1e-6)) > a  # a smaller μ is not valid for RR
+    # the Laplace mechanism (ε-DP) under dp-accounting's PLD stays below μ-GDP at every ε'
+    ref = pld.from_laplace_mechanism(parameter=1.0 / eps, sensitivity=1.0, value_discretization_interval=1e-4)
+    for e in np.linspace(0.0, 3.0, 31):
+        assert ref.get_delta_for_epsilon(float(e)) <= gdp_delta(mu, float(e)) + 1e-4
+    assert Cost.pure(eps).gdp_bound == pytest.approx(mu) and Cost.laplace(eps).gdp_bound == pytest.approx(mu)
+    assert Cost.rdp([0.1] * 41 + [math.inf]).gdp_bound is None

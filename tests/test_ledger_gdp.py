@@ -119,11 +119,13 @@ def test_gdp_population_admits_what_the_exact_conversion_allows(ledger):
 def test_gdp_population_refuses_charges_without_a_gdp_claim(ledger):
     ledger.ensure_population("g", epsilon=EPS, delta=DELTA, selection_delta=DELTA / 2, composition="gdp")
     ledger.charge("g", "a", _gaussian(0.01), purpose="t")
-    for cost, sel in [(Cost.zcdp(0.01), 0.0), (Cost.pure(0.1), 0.0), (Cost.rdp([0.01] * 42), 0.0),
-                      (_gaussian(0.01), 1e-9)]:
+    for cost, sel in [(Cost.zcdp(0.01), 0.0), (Cost.rdp([0.01] * 41 + [math.inf]), 0.0), (_gaussian(0.01), 1e-9)]:
         with pytest.raises(InvalidBudget) as e:
             ledger.charge("g", "a", cost, purpose="t", selection_delta=sel)
         assert e.value.details["rule"] == "gdp_claim"
+    # a pure-ε charge is μ-GDP with μ = 2Φ⁻¹(e^ε/(1+e^ε)) and is admitted at that μ
+    r = ledger.charge("g", "a", Cost.pure(0.1), purpose="t")
+    assert r.filter == "gdp" and r.to_dict()["gdp_mu"] == pytest.approx(2 * norm.ppf(1 / (1 + math.exp(-0.1))))
     assert ledger.verify().ok
 
 
@@ -200,14 +202,17 @@ def test_adversarial_histories_never_exceed_the_cap(requests, eps, delta):
     for kind, x in requests:
         cost = _gaussian(x) if kind == "gauss" else Cost.zcdp(x) if kind == "zcdp" else Cost.pure(x)
         d = filter_decision(totals, cost, budget)
-        if kind != "gauss":
+        if kind == "zcdp":  # no GDP claim
             assert not d.ok and d.rule == "gdp_claim"
             continue
+        mu = cost.gdp_bound
+        if kind == "pure":  # independently: randomised response's μ
+            assert mu == pytest.approx(2 * norm.ppf(1 / (1 + math.exp(-x))), rel=1e-8)
         if d.ok:
             totals = totals.add(cost)
-            admitted_mu2 += cost.gdp_mu ** 2
+            admitted_mu2 += mu ** 2
         else:
-            assert admitted_mu2 + cost.gdp_mu ** 2 > cap.mu_cap ** 2 * (1 - 1e-9)
+            assert admitted_mu2 + mu ** 2 > cap.mu_cap ** 2 * (1 - 1e-9)
     if admitted_mu2 > 0:
         assert _oracle_delta(math.sqrt(admitted_mu2), eps) <= delta * (1 + 1e-6)
         assert totals.gdp_mu2 == pytest.approx(admitted_mu2, rel=1e-12)
@@ -228,8 +233,8 @@ def test_consumer_share_holds_in_gdp(rhos, share):
 
 def test_gateway_queries_compose_in_gdp(tmp_path):
     """End to end: a population switched to Gaussian DP before its first charge admits the
-    service's discrete Gaussian releases by Σμ² (μ from each release's (Δ₂, σ)), refuses a
-    Laplace release, and its receipts name the filter."""
+    service's discrete Gaussian releases by Σμ² (μ from each release's (Δ₂, σ)), a Laplace
+    release at randomised response's μ, and its receipts name the filter."""
     test_service = pytest.importorskip("test_service")
     if not (test_service.DATA / "PUMS_dup.csv").exists():
         pytest.skip("../shared/data not present")
@@ -247,9 +252,10 @@ def test_gateway_queries_compose_in_gdp(tmp_path):
         (sigma,) = r["noise_scales"].values()
         entry = [e for e in gw.ledger.entries(pop) if "cost" in e][-1]
         assert entry["cost"]["gdp_mu"] == pytest.approx(discrete_gaussian_mu([(4.0, sigma)]), rel=1e-9)
-        with pytest.raises(InvalidBudget):
-            gw.query("pums", "SELECT sex, COUNT(*) AS n FROM persons GROUP BY sex", consumer="analysts",
-                     budget=QueryBudget(epsilon=0.1), mechanism="laplace")
+        r2 = gw.query("pums", "SELECT sex, COUNT(*) AS n FROM persons GROUP BY sex", consumer="analysts",
+                      budget=QueryBudget(epsilon=0.1), mechanism="laplace")  # pure ε: μ-GDP with RR's μ
+        assert r2["charge"]["epsilon_at_delta"] == pytest.approx(0.1, rel=1e-9)  # admitted, its own ε at δ 0
+        assert len([e for e in gw.ledger.entries(pop) if "cost" in e]) == 2
         assert gw.ledger.verify().ok
     finally:
         gw.close()

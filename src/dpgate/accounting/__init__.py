@@ -126,6 +126,7 @@ from dpgate.accounting.gdp import (  # noqa: F401 - re-exported
     gdp_delta,
     gdp_epsilon,
     gdp_mu_for_cap,
+    pure_dp_mu,
 )
 
 __all__ = [
@@ -172,4 +173,5 @@ __all__ = [
     "gdp_mu_for_cap",
     "discrete_gaussian_unit_mu",
     "discrete_gaussian_mu",
+    "pure_dp_mu",
 ]

@@ -18,6 +18,7 @@ from dpgate.accounting.conversions import (
     rdp_epsilon_tight,
     zcdp_epsilon_tight,
 )
+from dpgate.accounting.gdp import pure_dp_mu
 from dpgate.accounting.orders import ORDERS, CostKind, _curve, _nonneg, _orders, gaussian_rdp, laplace_rdp, pure_dp_rdp
 
 
@@ -174,9 +175,13 @@ class Cost:
     def gdp_bound(self) -> float | None:
         """The μ of a μ-GDP claim for this cost, or None: ``gdp_mu`` for a discrete Gaussian,
         √(2ρ) for a "gaussian" (continuous, [DRS22] Thm. 2.7: Δ/σ per release, composed
-        exactly, Cor. 3.3), None otherwise."""
+        exactly, Cor. 3.3), ``pure_dp_mu(ε)`` for an RDP curve finite at α = ∞ (pure ε-DP:
+        the discrete Laplace, ``Cost.pure``), None otherwise."""
         if self.kind == "gaussian":
             return math.sqrt(2.0 * float(self.rho))  # type: ignore[arg-type]
+        if self.kind == "rdp":  # a finite D_∞: pure ε-DP, hence pure_dp_mu(ε)-GDP
+            eps = float(self.curve[-1])  # type: ignore[index]
+            return pure_dp_mu(eps) if math.isfinite(eps) and eps < 700 else None
         return self.gdp_mu
 
     def curve_at(self, orders: Sequence[float] = ORDERS) -> np.ndarray:

@@ -22,6 +22,7 @@ References
         2022 (arXiv:2210.17520).
 [CKS20] C. Canonne, G. Kamath, T. Steinke. The Discrete Gaussian for Differential Privacy.
         NeurIPS 2020 (arXiv:2004.00010).
+[KOV15] P. Kairouz, S. Oh, P. Viswanath. The Composition Theorem for Differential Privacy. ICML 2015.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import math
 from typing import Iterable
 
 from scipy.optimize import brentq
-from scipy.special import erfinv, log_ndtr
+from scipy.special import erfinv, log_ndtr, ndtri
 
 from dpgate.accounting.conversions import gaussian_epsilon_exact
 from dpgate.accounting.orders import _delta, _nonneg, _positive
@@ -42,6 +43,7 @@ __all__ = [
     "gdp_mu_for_cap",
     "discrete_gaussian_unit_mu",
     "discrete_gaussian_mu",
+    "pure_dp_mu",
 ]
 
 #: The smallest scale σ (integer units) for which :func:`discrete_gaussian_unit_mu` claims a μ:
@@ -215,3 +217,29 @@ def discrete_gaussian_mu(primitives: Iterable[tuple[float, float]]) -> float:
             return math.inf
         total += m * m
     return math.sqrt(total) * (1.0 + _MU_MARGIN)
+
+
+def pure_dp_mu(epsilon: float) -> float:
+    """The smallest μ such that every ε-DP mechanism is μ-GDP: ``μ = 2·Φ⁻¹(e^ε/(1 + e^ε))``.
+
+    Every ε-DP pair's trade-off function is ≥ f_ε(α) = max(0, 1 − e^ε·α, e^{−ε}(1 − α))
+    ([DRS22] Sec. 2.3, the (ε, 0) trade-off function; randomised response's, [KOV15] Thm. 2.1), which is
+    piecewise linear with one vertex at α = β = 1/(1 + e^ε). G_μ is convex with G_μ(0) = 1 and
+    G_μ(1) = 0, so f_ε ≥ G_μ iff the vertex is above it: Φ(Φ⁻¹(1 − α) − μ) ≤ α, i.e.
+    μ ≥ Φ⁻¹(1 − α) − Φ⁻¹(α) = 2Φ⁻¹(e^ε/(1 + e^ε)). Randomised response attains it, so no smaller
+    μ is valid for every ε-DP mechanism. (Times 1 + 1e-9 against rounding.)
+
+    Args:
+        epsilon: ε ≥ 0 (pure, total for the charge).
+
+    Returns:
+        μ ≥ 0 (∞ for ε = ∞).
+
+    Raises:
+        ValueError: ε NaN or negative.
+    """
+    e = _nonneg("epsilon", epsilon, allow_inf=True)
+    if math.isinf(e):
+        return math.inf
+    # e^ε/(1+e^ε) = 1/(1+e^−ε); Φ⁻¹ of it from the small tail 1/(1+e^ε) (no cancellation)
+    return float(-2.0 * ndtri(1.0 / (1.0 + math.exp(e)))) * (1.0 + _MU_MARGIN) if e < 700 else math.inf

@@ -27,8 +27,8 @@ convert to (ε, δ), compare with the cap" is not a proven rule. The ledger uses
 * **Gaussian-DP filter** — for a population whose cap fixes ``composition = "gdp"``
   (:mod:`dpgate.ledger.caps`): every charge must carry a μ-GDP claim
   (:attr:`dpgate.accounting.Cost.gdp_bound`: dpgate's discrete Gaussian with the μ of
-  :func:`dpgate.accounting.discrete_gaussian_mu`, or a continuous Gaussian, √(2ρ)) and spend
-  no selection δ; admit iff ``Σμ_i² + μ_req² ≤ μ_B²`` with μ_B² = share × μ_cap². Smith &
+  :func:`dpgate.accounting.discrete_gaussian_mu`, a continuous Gaussian, √(2ρ), or a pure
+  ε-DP charge, :func:`dpgate.accounting.pure_dp_mu`) and spend no selection δ; admit iff ``Σμ_i² + μ_req² ≤ μ_B²`` with μ_B² = share × μ_cap². Smith &
   Thakurta 2022 ("Fully adaptive composition for Gaussian differential privacy",
   arXiv:2210.17520, Thm. 1.2): adaptively chosen μ_i-GDP mechanisms stopped before Σμ_i²
   exceeds μ² form a μ-GDP interaction; μ_cap is the largest μ whose exact conversion
@@ -50,8 +50,8 @@ convert to (ε, δ), compare with the cap" is not a proven rule. The ledger uses
   admits the history": the switch time is chosen from the outputs. A rule fixed before any
   output of the population exists is a data-independent choice between two valid filters,
   hence valid. So a ``"gdp"`` population refuses (as :class:`~dpgate.errors.InvalidBudget`)
-  a charge without a GDP claim — a DP-SGD curve, a top-k selection, a partition selection's
-  δ — and the cap's composition can change only while the population has no charge.
+  a charge without a GDP claim — a DP-SGD curve, a top-k selection, an external zCDP charge,
+  a partition selection's δ — and the cap's composition can change only while the population has no charge.
   Totals keep Σμ² exactly (:attr:`Totals.gdp`, in 2**-1074 units; each μ² rounded up).
 
 At a legacy cap's α* (off the grid) a ρ-cost contributes α*·ρ and an RDP curve
@@ -538,19 +538,19 @@ def charge_epsilon(cost: Cost, delta: float) -> float:
 def charge_statement(cost: Cost, delta: float, gdp: bool = False) -> tuple[float, float]:
     """The (ε, δ) a receipt states for one charge made at ``delta`` (the cap's δ less its selection δ).
 
-    In a Gaussian-DP population (``gdp``) a charge with a GDP claim μ states the exact ε of
-    μ-GDP at ``delta`` ([DRS22] Cor. 2.13). Otherwise:
+    A pure-ε charge states its ε at δ = 0; in a Gaussian-DP population (``gdp``) another charge
+    with a GDP claim μ states the exact ε of μ-GDP at ``delta`` ([DRS22] Cor. 2.13). Otherwise:
 
     A cost with a finite pure-ε value (its curve at α = ∞: a discrete Laplace release, an ε-DP
     mechanism) states that ε at δ = 0 for its own part; any other cost states the ledger's ε
     (:func:`charge_epsilon`) at ``delta``, the δ it was charged at.
     """
-    mu = cost.gdp_bound if gdp else None
-    if mu is not None:
-        return accounting.gdp_epsilon(mu, delta), delta
     pure = float(cost.curve_at((math.inf,))[0])
     if math.isfinite(pure):
         return pure, 0.0
+    mu = cost.gdp_bound if gdp else None
+    if mu is not None:
+        return accounting.gdp_epsilon(mu, delta), delta
     return charge_epsilon(cost, delta), delta
 
 
@@ -643,13 +643,13 @@ def exhausted_error(
         return BudgetExhausted(message, details)
     if decision.rule == "gdp_claim":
         why = ("it spends δ on partition selection" if selection_delta > 0.0 else
-               "its cost has no Gaussian-DP claim (a DP-SGD curve, a top-k selection, a Laplace or an "
-               "external zCDP charge)")
+               "its cost has no Gaussian-DP claim (a DP-SGD curve, a top-k selection or an external zCDP "
+               "charge)")
         message = (f"population {population} composes in Gaussian DP (its cap's composition is \"gdp\"), and this "
                    f"charge cannot be composed there: {why}; nothing was charged")
         details["explanation"] = (
             f"{who} admits only charges with a mu-GDP claim (dpgate's discrete Gaussian releases, continuous "
-            "Gaussians), fixed before its first charge so that the Gaussian-DP filter stays valid under "
+            "Gaussians, pure-epsilon charges), fixed before its first charge so that the Gaussian-DP filter stays valid under "
             f"adaptive composition (Smith & Thakurta 2022); {why}")
         return BudgetExhausted(message, details)
     if decision.rule == "gdp":
