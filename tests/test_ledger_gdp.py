@@ -259,3 +259,39 @@ def test_gateway_queries_compose_in_gdp(tmp_path):
         assert gw.ledger.verify().ok
     finally:
         gw.close()
+
+
+def test_switching_filters_after_seeing_outputs_is_not_a_filter():
+    """Why the composition is fixed per population (``dpgate.ledger.filter`` docstring): the rule
+    "GDP filter while every charge is Gaussian; at a non-Gaussian charge the Rényi filter, if it
+    admits the whole history" exceeds the cap's δ. Two steps: a Gaussian of ρ₁ = 0.7·ρ_cap; then,
+    seeing the privacy loss l₁ of its output, either the Gaussian that exhausts μ_cap (the GDP
+    filter admits it) or randomised response with the largest ε₂ the Rényi filter admits after
+    ρ₁ — whichever adds more to δ(ε) given l₁. Computed exactly by quadrature over l₁."""
+    import numpy as np
+
+    cap = validate_cap(EPS, DELTA, selection_delta=DELTA / 2, composition="gdp")
+    renyi = validate_cap(EPS, DELTA, selection_delta=DELTA / 2)
+    d, mu_cap = cap.rho_delta, _oracle_mu_cap(EPS, DELTA / 2)
+    rho1 = 0.7 * renyi.rho_cap
+    mu1 = math.sqrt(2 * rho1)
+    mu2 = math.sqrt(mu_cap ** 2 - mu1 ** 2)
+    assert filter_decision(Totals().add(Cost.continuous_gaussian(rho1)), Cost.continuous_gaussian(mu2 ** 2 / 2),
+                           BudgetCurve.of(cap)).ok
+    t, b = Totals().add(Cost.zcdp(rho1)), BudgetCurve.of(renyi)
+    lo, hi = 0.0, 5.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if filter_decision(t, Cost.pure(mid), b).ok else (lo, mid)
+    e2 = lo
+    assert e2 > 0.4 and filter_decision(t, Cost.pure(e2), b).ok  # the Rényi filter admits this RR
+    l1 = np.linspace(mu1 ** 2 / 2 - 12 * mu1, mu1 ** 2 / 2 + 12 * mu1, 200001)
+    w = norm.pdf(l1, mu1 ** 2 / 2, mu1) * (l1[1] - l1[0])
+    x = EPS - l1  # what the rest of the transcript must add to the privacy loss
+    gauss = norm.cdf(-x / mu2 + mu2 / 2) - np.exp(x) * norm.cdf(-x / mu2 - mu2 / 2)
+    p = math.exp(e2) / (1 + math.exp(e2))
+    rr = p * np.clip(1 - np.exp(x - e2), 0, None) + (1 - p) * np.clip(1 - np.exp(x + e2), 0, None)
+    only_gdp = float(np.sum(w * gauss))
+    switching = float(np.sum(w * np.maximum(gauss, rr)))
+    assert only_gdp == pytest.approx(d, rel=1e-8)  # the GDP filter alone meets the cap exactly
+    assert switching > d * (1 + 5e-5)  # choosing the continuation from the output does not

@@ -43,9 +43,11 @@ convert to (ε, δ), compare with the cap" is not a proven rule. The ledger uses
   outputs an analyst can choose the continuation (more Gaussians under the GDP budget, or a
   Laplace/RDP charge under the Rényi budget) whose conditional privacy loss is worst given
   what was seen, and the mixture of the two continuations can exceed δ at the cap's ε even
-  though each alone meets it (e.g. spend 0.9·ρ_cap in Gaussians, then, when the observed
-  privacy loss is just below ε, switch to a randomised response whose ±ε' step crosses ε
-  with more probability than the Gaussian remainder would). The same holds for "GDP while
+  though each alone meets it. Example (computed in ``tests/test_ledger_gdp.py``): at ε = 4,
+  δ − selection δ = 5e-7, a Gaussian of ρ = 0.7·ρ_cap, then — given its output's privacy loss —
+  either the Gaussian that exhausts μ_cap (the GDP filter admits it) or randomised response
+  at the largest ε' the Rényi filter admits after it (ε' ≈ 0.42), whichever adds more to δ(ε):
+  δ(4) = 5.00046e-7 > 5e-7, while the Gaussian continuation alone gives exactly 5e-7. The same holds for "GDP while
   every charge is Gaussian, then the Rényi filter from the first non-Gaussian charge on, if it
   admits the history": the switch time is chosen from the outputs. A rule fixed before any
   output of the population exists is a data-independent choice between two valid filters,
