@@ -158,9 +158,11 @@ def discrete_gaussian_unit_mu(sigma: float) -> float:
        Σ_x e^{−x²/(2σ²)} = √(2π)σ·(1 + 2Σ_{j≥1} e^{−2π²σ²j²}) ≥ √(2π)σ). Φ⁻¹ is increasing,
        so D(0) ≤ μ₁(σ) (proven).
     4. *Every other increment is smaller*: sup_m D(m) = D(0). This step is checked
-       numerically, not proven: ``tests/test_accounting_gdp.py`` sums the pmf in log space for
-       σ on a grid in [1, 64] and at random σ, over every m until the tail is below 2⁻¹⁰⁷⁴
-       (where no vertex is representable), and finds the maximum at m = 0 each time. An
+       numerically, not proven: ``tests/test_accounting_gdp.py`` sums the pmf in log space (support
+       ±(40σ + 40), beyond which the mass is below e⁻⁸⁰⁰) for σ on a grid in [1, 40] and at
+       random σ in [1, 30], checks every vertex whose α and β exceed e⁻⁷⁰⁰ (for k = 1, 2, 3),
+       and finds the maximum at the centre each time (equal to μ₁(σ) to 1e-7). The far tail
+       (α or β below e⁻⁷⁰⁰) is not checked; the asymptotic argument that follows covers it. An
        asymptotic expansion of the tail (log P[X > m] = −(m+1)²/(2σ²) − log(√(2π)σ) + …)
        gives D(m) − 1/σ ≈ σ(log(m/σ²) − 1)/m², at most ≈ 0.025/σ³ (at m ≈ 4.5σ²) against
        D(0) − 1/σ ≈ 0.042/σ³, and → 0 as m → ∞, so the maximum stays at the centre for
