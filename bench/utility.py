@@ -21,6 +21,15 @@ Variants of dpgate (issue 22 item 2, "no idle δ reserve"):
   now no key column lacks public keys, the default reserve is 0 and ρ_cap is fixed at the
   full δ (the ledger's ``selection_delta`` is checked to be 0).
 
+Variants of dpgate (issue 22 item 1, "tightest valid composition for Gaussian charges"):
+
+* ``dpgate_gdp`` / ``dpgate_gdp_no_reserve``: the same two policies, with the population's
+  composition set to Gaussian DP (``Ledger.set_cap(..., composition="gdp")``, before its first
+  charge; a policy file cannot state it yet). Each release asks for the ρ whose discrete
+  Gaussian μ (``accounting.discrete_gaussian_unit_mu`` at σ = 1/√(2ρ), the largest μ a ρ can
+  have for a sensitivity ≥ 1) is μ_cap/√52, μ_cap read from the ledger (``cap.mu_cap``: the
+  exact GDP conversion of the cap at δ less its selection reserve).
+
 PipelineDP (its PLD accountant over the 52 declared aggregations) runs in its own venv
 (:mod:`bench.peers`) when it is installed there or installable; otherwise its entry says why.
 
@@ -48,7 +57,7 @@ UTILITY_PUMS = ("pums_120k", 120_000)
 #: The policy line of ``age`` in :func:`bench.datagen.pums_table_toml`, and with public keys.
 _AGE = 'age     = { type = "int", lower = 0, upper = 100 }'
 _AGE_KEYED = 'age     = { type = "int", lower = 0, upper = 100, public_keys = "range(0, 101)" }'
-VARIANTS = ("dpgate_default", "dpgate_no_reserve")
+VARIANTS = ("dpgate_default", "dpgate_no_reserve", "dpgate_gdp", "dpgate_gdp_no_reserve")
 
 
 def ensure_pums(data: Path | None) -> tuple[Path | None, str | None]:
@@ -92,7 +101,7 @@ def measure(data: Path, *, weeks: int = 52, epsilon: float = 4.0, delta: float =
         tmp = Path(tempfile.mkdtemp(prefix="dpgate-utility-"))
         try:
             entry = write_policies(data, tmp / "policies", epsilon=epsilon, delta=delta, clamp_counts=False)[0]
-            if variant == "dpgate_no_reserve":
+            if variant in ("dpgate_no_reserve", "dpgate_gdp_no_reserve"):
                 path = tmp / "policies" / f"{entry['dataset']}.toml"
                 text = path.read_text()
                 if _AGE not in text:
@@ -101,9 +110,16 @@ def measure(data: Path, *, weeks: int = 52, epsilon: float = 4.0, delta: float =
             with Gateway.open(Settings(policies=tmp / "policies", home=tmp / "home")) as gw:
                 population = gw.policy(entry["dataset"]).population
                 cap = gw.ledger.cap(population)  # the ledger's cap rule, not a hand copy
-                if variant == "dpgate_no_reserve" and cap.selection_delta != 0.0:
+                if variant.endswith("no_reserve") and cap.selection_delta != 0.0:
                     raise RuntimeError(f"expected no selection reserve, the ledger has {cap.selection_delta}")
-                rho = cap.rho_cap / weeks * (1 - 1e-9)
+                if variant.startswith("dpgate_gdp"):
+                    gw.ledger.set_cap(population, epsilon=cap.epsilon, delta=cap.delta,
+                                      selection_delta=cap.selection_delta, actor="bench",
+                                      reason="Gaussian-DP composition (issue 22)", composition="gdp")
+                    cap = gw.ledger.cap(population)
+                    rho = gdp_rho_per_release(cap.mu_cap, weeks)
+                else:
+                    rho = cap.rho_cap / weeks * (1 - 1e-9)
                 for i in range(weeks):
                     rel = gw.query(entry["dataset"], sql, consumer="analysts",
                                    budget=QueryBudget(rho=rho * (1 - i * 1e-12)))
@@ -119,12 +135,28 @@ def measure(data: Path, *, weeks: int = 52, epsilon: float = 4.0, delta: float =
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return {"variant": variant, "rmse": math.sqrt(sq / n), "cells": n, "trials": trials, "releases": weeks,
-            "rho_cap": cap.rho_cap, "selection_delta": cap.selection_delta, "rho_delta": cap.rho_delta,
+            "rho_cap": cap.rho_cap, "composition": cap.composition,
+            "mu_cap": cap.mu_cap if cap.gdp else None, "rho_requested_per_release": rho, "selection_delta": cap.selection_delta, "rho_delta": cap.rho_delta,
             "alpha_cap": cap.alpha_cap, "rho_per_release": cap.rho_cap / weeks, "noise_sigma": sigma,
             "release_after_last_refused": all(refused), "release_53_refused": all(refused),
             "releases_run": weeks * trials,
-            "accountant": "dpgate ledger: Rényi filter at α_cap, ρ_cap read from the ledger",
+            "accountant": ("dpgate ledger: Gaussian-DP filter, μ_cap read from the ledger" if cap.gdp else
+                           "dpgate ledger: Rényi filter at α_cap, ρ_cap read from the ledger"),
             "exact_gaussian_epsilon": accounting.gaussian_epsilon_exact(cap.rho_cap, cap.rho_delta)}
+
+
+def gdp_rho_per_release(mu_cap: float, weeks: int) -> float:
+    """The largest ρ (to 1e-12) whose discrete Gaussian μ, at the smallest σ = 1/√(2ρ) a release of
+    sensitivity ≥ 1 can have, is at most μ_cap/√weeks (times 1 − 1e-9 against rounding)."""
+    target = mu_cap / math.sqrt(weeks) * (1 - 1e-9)
+    lo, hi = 0.0, target * target / 2
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        if accounting.discrete_gaussian_unit_mu(1.0 / math.sqrt(2 * mid)) <= target:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 def measure_pipelinedp(data: Path, *, trials: int, install: bool, weeks: int = 52) -> dict[str, Any]:

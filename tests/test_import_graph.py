@@ -210,7 +210,6 @@ MODULE_LEVEL_CYCLES.update(frozenset(c) for c in _MODULE_LEVEL)
 ALL_CYCLES.update(frozenset(c) for c in _ALL)
 OVERSIZED.update({
     "dpgate.service": 1744,
-    "dpgate.accounting": 1592,
     "dpgate.sql.parse": 1544,
     "dpgate.engines.base": 1374,
     "dpgate.sql.bind": 1175,

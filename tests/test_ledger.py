@@ -88,7 +88,7 @@ def test_migrations_recorded_once_and_idempotent(tmp_path):
     conn = sqlite3.connect(str(tmp_path / "l.sqlite"))
     first = conn.execute("SELECT version, name, applied_at FROM schema_migrations").fetchall()
     conn.close()
-    assert [r[0] for r in first] == [v for v, _, _ in MIGRATIONS] == [1, 2, 3, 5]
+    assert [r[0] for r in first] == [v for v, _, _ in MIGRATIONS] == [1, 2, 3, 5, 6]
     datetime.fromisoformat(first[0][2].replace("Z", "+00:00"))
     open_ledger(url).close()
     open_ledger(url).close()

@@ -74,7 +74,7 @@ def test_a_v1_sqlite_ledger_migrates_and_keeps_verifying(tmp_path):
         conn = sqlite3.connect(str(tmp_path / "old.sqlite"))
         versions = [r[0] for r in conn.execute("SELECT version FROM schema_migrations ORDER BY version")]
         conn.close()
-        assert versions == [1, 2, 3, 5]
+        assert versions == [1, 2, 3, 5, 6]
         _check_opened_legacy(led)
     finally:
         led.close()
@@ -120,7 +120,7 @@ def test_a_v1_history_in_postgresql_migrates_and_keeps_verifying(tmp_path):
         url = f"{server}?schema={schema}"
         led = open_ledger(url)
         try:
-            assert [r[0] for r in admin.execute("SELECT version FROM schema_migrations ORDER BY version")] == [1, 2, 3, 5]
+            assert [r[0] for r in admin.execute("SELECT version FROM schema_migrations ORDER BY version")] == [1, 2, 3, 5, 6]
             _check_opened_legacy(led)
         finally:
             led.close()

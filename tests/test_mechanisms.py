@@ -34,7 +34,7 @@ def test_gaussian_equal_split_hand_values():
     assert cal.scales == {"p0": pytest.approx(math.sqrt(2), rel=1e-15),
                           "p1": pytest.approx(math.sqrt(2), rel=1e-15)}
     assert cal.rho == 0.5 and cal.epsilon is None
-    assert cal.cost == accounting.Cost.zcdp(0.5)
+    assert cal.cost.kind == "zcdp" and cal.cost.rho == 0.5 and cal.cost.gdp_mu is not None  # + its μ-GDP claim
     for pid in ("p0", "p1"):
         assert cal.primitive_costs[pid] == pytest.approx(0.25, rel=1e-12)
         assert cal.primitive_costs[pid] <= 0.25  # OpenDP certifies the share, never more

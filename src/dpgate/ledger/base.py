@@ -151,9 +151,12 @@ class Ledger(Protocol):
         reason: str = "policy file",
         rho_cap: float | None = None,
         selection_delta: float | None = None,
+        composition: str | None = None,
     ) -> PolicyDrift:
         """Create population ``name`` from a policy file's values if absent; never change an
-        existing one (the ledger owns its cap and allocations once created).
+        existing one (the ledger owns its cap and allocations once created). ``composition``:
+        ``"renyi"`` (None: the default) or ``"gdp"`` (the Gaussian-DP filter,
+        :mod:`dpgate.ledger.filter`).
 
         Returns:
             The :class:`~dpgate.ledger.reports.PolicyDrift` of the file's values against the
@@ -203,9 +206,11 @@ class Ledger(Protocol):
         reason: str,
         rho_cap: float | None = None,
         selection_delta: float | None = None,
+        composition: str | None = None,
     ) -> dict[str, Any]:
         """Record a cap change (governance event). Lowering it below the spend is allowed:
-        every later charge is refused, and the result says so.
+        every later charge is refused, and the result says so. ``composition`` (None: keep the
+        current one) cannot change once the population has a charge (``InvalidBudget``).
 
         Returns:
             ``{population, changed, old, new, event_id, actor, reason, created_at, exhausted,

@@ -33,6 +33,15 @@ When a cap is set (a population is created, an admin changes the cap, or
   it, and :meth:`~dpgate.ledger.sql.SqlLedger.verify` replays them by it) until a
   governance event sets a new cap.
 
+* **Gaussian-DP composition** (``composition = "gdp"``, opt-in per population, for caps
+  stated in ε): the population's charges are composed in μ-GDP instead (Dong, Roth & Su
+  2022; the filter of Smith & Thakurta 2022): μ_cap = :func:`dpgate.accounting.gdp_mu_for_cap`
+  (ε, δ_ρ) is the largest μ whose *exact* conversion ([DRS22] Cor. 2.13) meets the cap, and
+  the filter admits a charge iff Σμ_i² stays ≤ μ_cap² (:mod:`dpgate.ledger.filter`). Only
+  charges with a GDP claim are admitted there (:attr:`dpgate.accounting.Cost.gdp_bound`).
+  The rule is fixed per population before its first charge (why: the module docstring of
+  :mod:`dpgate.ledger.filter`); ``"renyi"`` (the default) is the rule above.
+
 Partition selection (approximate zCDP, design "Accounting"): a cap may reserve
 ``selection_delta`` of its δ; the δ_q spent by selecting queries add up against
 it (a union bound), and ρ_cap is fixed at δ − selection_delta.
@@ -47,7 +56,7 @@ import json
 import math
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from scipy.optimize import minimize_scalar
 
@@ -75,7 +84,25 @@ __all__ = [
     "validate_population",
     "POPULATION_COLUMNS",
     "population_from_row",
+    "COMPOSITIONS",
+    "GDP_MIGRATION",
+    "new_composition",
 ]
+
+#: The composition rules a cap may fix: the Rényi/zCDP filter (default) or the Gaussian-DP filter.
+COMPOSITIONS: tuple[str, ...] = ("renyi", "gdp")
+
+#: Schema migration 6 (both backends): the population's composition rule (NULL: ``"renyi"``)
+#: and the exact Σμ² of a scope's Gaussian-DP account (NULL: no GDP account — a charge without
+#: a GDP claim, or totals written before this version).
+GDP_MIGRATION: tuple[int, str, tuple[str, ...]] = (
+    6,
+    "Gaussian-DP composition: the population's composition rule, the totals' sum of mu squared",
+    (
+        "ALTER TABLE populations ADD COLUMN composition TEXT",
+        "ALTER TABLE spend_totals ADD COLUMN gdp TEXT",
+    ),
+)
 
 #: The finite orders of the ledger grid (the pure-ε order ∞ never binds: B(∞) = ∞).
 FINITE_ORDERS: tuple[float, ...] = tuple(a for a in ORDERS if math.isfinite(a))
@@ -238,6 +265,8 @@ class CapSpec:
         selection_delta: the part of ``delta`` reserved for partition selection
             (δ_q of selecting queries add up against it); ρ_cap is fixed at
             ``delta − selection_delta``.
+        composition: ``"renyi"`` (the Rényi/zCDP filter) or ``"gdp"`` (the Gaussian-DP
+            filter against :attr:`mu_cap`; a cap stated in ε only).
     """
 
     epsilon: float
@@ -247,6 +276,18 @@ class CapSpec:
     rho_stated: bool = False
     alpha_cap: float | None = None
     selection_delta: float = 0.0
+    composition: str = "renyi"
+
+    @property
+    def gdp(self) -> bool:
+        """True if the population composes in Gaussian DP (``composition == "gdp"``)."""
+        return self.composition == "gdp"
+
+    @property
+    def mu_cap(self) -> float:
+        """The Gaussian-DP filter's μ: the largest μ with δ_μ(ε) ≤ δ − selection δ, exactly
+        ([DRS22] Cor. 2.13, :func:`dpgate.accounting.gdp_mu_for_cap`); 0 for a ``"renyi"`` cap."""
+        return _mu_cap(self.epsilon, self.rho_delta) if self.gdp else 0.0
 
     def rho_checked(self, cost: accounting.Cost) -> float:
         """A charge in ρ units as this cap's filter sees it (display only; nothing stored).
@@ -292,14 +333,21 @@ class CapSpec:
             out["alpha_cap"] = self.alpha_cap
         if self.selection_delta:
             out["selection_delta"] = self.selection_delta
+        if self.gdp:
+            out["composition"] = self.composition
         return out
 
     def public(self) -> dict[str, Any]:
         """The cap as published with a release or a dataset: ``{epsilon, delta, rho, alpha_cap,
-        selection_delta, rule}`` (``alpha_cap`` is α* for a legacy cap)."""
-        return {"epsilon": self.epsilon, "delta": self.delta, "rho": self.rho_cap,
-                "alpha_cap": self.alpha_star if self.alpha_cap is None else self.alpha_cap,
-                "selection_delta": self.selection_delta, "rule": self.rule}
+        selection_delta, rule}`` (``alpha_cap`` is α* for a legacy cap), and ``composition`` and
+        ``mu_cap`` for a Gaussian-DP population."""
+        out = {"epsilon": self.epsilon, "delta": self.delta, "rho": self.rho_cap,
+               "alpha_cap": self.alpha_star if self.alpha_cap is None else self.alpha_cap,
+               "selection_delta": self.selection_delta, "rule": self.rule}
+        if self.gdp:
+            out["composition"] = self.composition
+            out["mu_cap"] = self.mu_cap
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "CapSpec":
@@ -307,13 +355,15 @@ class CapSpec:
         alpha_cap = data.get("alpha_cap")
         return cls(float(data["epsilon"]), float(data["delta"]), float(data["rho_cap"]),
                    float(data["alpha_star"]), bool(data.get("rho_stated", False)),
-                   None if alpha_cap is None else float(alpha_cap), float(data.get("selection_delta", 0.0)))
+                   None if alpha_cap is None else float(alpha_cap), float(data.get("selection_delta", 0.0)),
+                   str(data.get("composition", "renyi")))
 
     def same_cap(self, other: "CapSpec") -> bool:
         """True if ``other`` states the same cap under the same rule: same (ε, δ) (or same
         (ρ_cap, δ) if stated in ρ), same selection δ, and both legacy or both not."""
         if self.rho_stated != other.rho_stated or self.delta != other.delta \
-                or self.selection_delta != other.selection_delta or self.rule != other.rule:
+                or self.selection_delta != other.selection_delta or self.rule != other.rule \
+                or self.composition != other.composition:
             return False
         return self.rho_cap == other.rho_cap if self.rho_stated else self.epsilon == other.epsilon
 
@@ -333,6 +383,7 @@ def validate_cap(
     rho_cap: float | None = None,
     selection_delta: float | None = None,
     error: type[DpgateError] = InvalidBudget,
+    composition: str | None = None,
 ) -> CapSpec:
     """Validate a cap and fix it into a budget curve (rule ``"alpha_cap"``).
 
@@ -347,6 +398,7 @@ def validate_cap(
         selection_delta: the part of δ reserved for partition selection, in [0, δ)
             (None or 0: none).
         error: the error class to raise (``PolicyError`` for policy files).
+        composition: ``"renyi"`` (None: the default) or ``"gdp"`` (a cap stated in ε only).
 
     Returns:
         The :class:`CapSpec`.
@@ -364,8 +416,15 @@ def validate_cap(
         raise error(f"selection_delta must be in [0, delta) = [0, {d:g}), got {sel!r}",
                     {"selection_delta": json_float(sel), "delta": d})
     d_rho = d - sel
+    comp = "renyi" if composition is None else composition
+    if comp not in COMPOSITIONS:
+        raise error(f"composition must be one of {', '.join(COMPOSITIONS)}, got {composition!r}",
+                    {"composition": repr(composition)})
     if (epsilon is None) == (rho_cap is None):
         raise error("state the cap as exactly one of epsilon and rho_cap", {})
+    if comp == "gdp" and rho_cap is not None:
+        raise error("Gaussian-DP composition needs the cap stated in epsilon (a rho_cap is a zCDP budget)",
+                    {"composition": comp})
     if rho_cap is not None:
         r = real(rho_cap, "rho_cap", error)
         if not (0.0 < r < math.inf):
@@ -379,7 +438,31 @@ def validate_cap(
     if not r > 0.0:
         raise error(f"the cap (epsilon={e!r}, delta={d!r}) admits no spending (rho_cap = 0)",
                     {"epsilon": e, "delta": d})
-    return CapSpec(e, d, r, a_cap, False, a_cap, sel)
+    return CapSpec(e, d, r, a_cap, False, a_cap, sel, comp)
+
+
+@lru_cache(maxsize=256)
+def _mu_cap(epsilon: float, delta: float) -> float:
+    return accounting.gdp_mu_for_cap(epsilon, delta)
+
+
+def new_composition(population: str, old: CapSpec, composition: str | None, rho_stated: bool,
+                    has_charges: Callable[[], bool]) -> str:
+    """The composition of a changed cap (:meth:`Ledger.set_cap`): ``composition``, or None to keep
+    the current one (``"renyi"`` for a cap stated in ρ). A change is refused once the population
+    has a charge: a switch chosen after outputs were seen is not a valid filter
+    (:mod:`dpgate.ledger.filter`).
+
+    Raises:
+        InvalidBudget: the composition would change and ``has_charges()``.
+    """
+    comp = composition if composition is not None else ("renyi" if rho_stated else old.composition)
+    if comp != old.composition and has_charges():
+        raise InvalidBudget(
+            f"population {population!r} has charges: its composition rule ({old.composition}) is fixed "
+            f"before its first charge and cannot become {comp!r}",
+            {"population": population, "composition": old.composition})
+    return comp
 
 
 def legacy_cap(epsilon: float | None, delta: float, *, rho_cap: float | None = None) -> CapSpec:
@@ -408,6 +491,7 @@ def validate_population(
     reason: Any,
     rho_cap: float | None,
     selection_delta: float | None = None,
+    composition: str | None = None,
 ) -> tuple[CapSpec, dict[str, float]]:
     """Validate policy input for a population (:meth:`Ledger.ensure_population`,
     :meth:`Ledger.apply_policy`).
@@ -420,7 +504,8 @@ def validate_population(
         PolicyError: invalid name, cap, allocations, actor or reason.
     """
     validate_name(name, "population", PolicyError)
-    cap = validate_cap(epsilon, delta, rho_cap=rho_cap, selection_delta=selection_delta, error=PolicyError)
+    cap = validate_cap(epsilon, delta, rho_cap=rho_cap, selection_delta=selection_delta, error=PolicyError,
+                       composition=composition)
     allocs = validate_allocations(allocations, PolicyError)
     if not isinstance(actor, str) or not actor.strip() or not isinstance(reason, str) or not reason.strip():
         raise PolicyError("actor and reason must be non-empty strings", {})
@@ -428,9 +513,11 @@ def validate_population(
 
 
 #: Columns of a stored population (the cap and allocations in force), in storage order;
-#: ``alpha_cap`` (NULL: a legacy cap) and ``selection_delta`` came with schema version 2.
+#: ``alpha_cap`` (NULL: a legacy cap) and ``selection_delta`` came with schema version 2,
+#: ``composition`` (NULL: ``"renyi"``) with version 6 (:data:`GDP_MIGRATION`).
 POPULATION_COLUMNS: tuple[str, ...] = (
     "epsilon", "delta", "rho_cap", "alpha_star", "rho_stated", "allocations", "alpha_cap", "selection_delta",
+    "composition",
 )  # fmt: skip
 
 
@@ -441,7 +528,8 @@ def _parse_allocations(text: str) -> tuple[tuple[str, float], ...]:
 
 def population_from_row(row: Iterable[Any]) -> tuple[CapSpec, dict[str, float]]:
     """``(cap, allocations)`` from a stored population row in :data:`POPULATION_COLUMNS` order."""
-    epsilon, delta, rho_cap, alpha_star, rho_stated, allocations, alpha_cap, selection_delta = row
+    epsilon, delta, rho_cap, alpha_star, rho_stated, allocations, alpha_cap, selection_delta, composition = row
     cap = CapSpec(epsilon, delta, rho_cap, alpha_star, bool(rho_stated),
-                  None if alpha_cap is None else float(alpha_cap), float(selection_delta or 0.0))
+                  None if alpha_cap is None else float(alpha_cap), float(selection_delta or 0.0),
+                  composition or "renyi")
     return cap, dict(_parse_allocations(allocations))

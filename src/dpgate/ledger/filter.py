@@ -24,6 +24,38 @@ convert to (ε, δ), compare with the cap" is not a proven rule. The ledger uses
   approximate zCDP): admit only if Σδ_q + δ_req ≤ the scope's selection δ. The
   δ parts add up by the union bound, which holds under adaptivity.
 
+* **Gaussian-DP filter** — for a population whose cap fixes ``composition = "gdp"``
+  (:mod:`dpgate.ledger.caps`): every charge must carry a μ-GDP claim
+  (:attr:`dpgate.accounting.Cost.gdp_bound`: dpgate's discrete Gaussian with the μ of
+  :func:`dpgate.accounting.discrete_gaussian_mu`, a continuous Gaussian, √(2ρ), or a pure
+  ε-DP charge, :func:`dpgate.accounting.pure_dp_mu`) and spend no selection δ; admit iff ``Σμ_i² + μ_req² ≤ μ_B²`` with μ_B² = share × μ_cap². Smith &
+  Thakurta 2022 ("Fully adaptive composition for Gaussian differential privacy",
+  arXiv:2210.17520, Thm. 1.2): adaptively chosen μ_i-GDP mechanisms stopped before Σμ_i²
+  exceeds μ² form a μ-GDP interaction; μ_cap is the largest μ whose exact conversion
+  (Dong, Roth & Su 2022, Cor. 2.13) meets the cap's (ε, δ − selection δ), so the cap holds
+  exactly, with no RDP conversion's slack (ρ-equivalent μ_cap²/2 is ~13 % above the Rényi
+  ρ_cap at ε = 4, δ = 5e-7). A consumer's filter against share × μ_cap² only refuses more
+  (an extra refusal is a choice the analyst could have made), so the population's filter
+  alone carries the guarantee.
+
+  **Why the rule is fixed per population, before its first charge.** Taking, per charge,
+  whichever of two valid filters admits the history is *not* a filter: after seeing earlier
+  outputs an analyst can choose the continuation (more Gaussians under the GDP budget, or a
+  Laplace/RDP charge under the Rényi budget) whose conditional privacy loss is worst given
+  what was seen, and the mixture of the two continuations can exceed δ at the cap's ε even
+  though each alone meets it. Example (computed in ``tests/test_ledger_gdp.py``): at ε = 4,
+  δ − selection δ = 5e-7, a Gaussian of ρ = 0.7·ρ_cap, then — given its output's privacy loss —
+  either the Gaussian that exhausts μ_cap (the GDP filter admits it) or randomised response
+  at the largest ε' the Rényi filter admits after it (ε' ≈ 0.42), whichever adds more to δ(ε):
+  δ(4) = 5.00046e-7 > 5e-7, while the Gaussian continuation alone gives exactly 5e-7. The same holds for "GDP while
+  every charge is Gaussian, then the Rényi filter from the first non-Gaussian charge on, if it
+  admits the history": the switch time is chosen from the outputs. A rule fixed before any
+  output of the population exists is a data-independent choice between two valid filters,
+  hence valid. So a ``"gdp"`` population refuses (as :class:`~dpgate.errors.InvalidBudget`)
+  a charge without a GDP claim — a DP-SGD curve, a top-k selection, an external zCDP charge,
+  a partition selection's δ — and the cap's composition can change only while the population has no charge.
+  Totals keep Σμ² exactly (:attr:`Totals.gdp`, in 2**-1074 units; each μ² rounded up).
+
 At a legacy cap's α* (off the grid) a ρ-cost contributes α*·ρ and an RDP curve
 ``c`` (known at grid orders only) the smaller of two valid bounds on D_α*:
 (i) ``c(α₂)``, α₂ the next grid order ≥ α*, since Rényi divergence is
@@ -112,6 +144,20 @@ def _cost_fixed(cost: Cost) -> tuple[int, tuple[int | None, ...] | None]:
     return 0, tuple(_fix(v) for v in cost.curve)  # type: ignore[union-attr]
 
 
+@lru_cache(maxsize=4096)
+def _mu2_fixed(mu: float) -> int:
+    """μ² in fixed point, rounded up (the float product may round down by half an ulp)."""
+    return _fix(math.nextafter(mu * mu, math.inf))  # type: ignore[return-value]
+
+
+def _gdp_add(total: int | None, cost: Cost, selection_delta: float) -> int | None:
+    """Σμ² plus the cost's GDP claim; None (no account) once a charge has none or spends δ."""
+    mu = cost.gdp_bound
+    if total is None or mu is None or selection_delta > 0.0:
+        return None
+    return total + _mu2_fixed(mu)
+
+
 def _fix_text(n: int | None) -> str:
     return "inf" if n is None else format(n, "x")
 
@@ -155,17 +201,26 @@ class BudgetCurve:
         alpha_star: the order that proves the cap (α_cap, or a legacy cap's α*); always checked.
         alpha_cap: the largest grid order checked (None: a legacy cap, every finite order).
         selection_delta: the scope's δ for partition selection (share × the cap's).
+        mu2: the scope's Gaussian-DP budget μ_B² (share × μ_cap²) when the cap composes in
+            Gaussian DP, else None (the Rényi/zCDP filter).
     """
 
     rho: float
     alpha_star: float
     alpha_cap: float | None = None
     selection_delta: float = 0.0
+    mu2: float | None = None
 
     @classmethod
     def of(cls, cap: CapSpec, share: float = 1.0) -> "BudgetCurve":
         """The budget of a population (``share`` 1) or of a consumer with ``share`` of it."""
-        return cls(share * cap.rho_cap, cap.alpha_star, cap.alpha_cap, share * cap.selection_delta)
+        mu2 = share * cap.mu_cap * cap.mu_cap if cap.gdp else None
+        return cls(share * cap.rho_cap, cap.alpha_star, cap.alpha_cap, share * cap.selection_delta, mu2)
+
+    @property
+    def gdp(self) -> bool:
+        """True if this scope is held to the Gaussian-DP filter."""
+        return self.mu2 is not None
 
     @property
     def mask(self) -> np.ndarray:
@@ -211,6 +266,9 @@ class Totals:
         curve: exact Σ of the RDP curves (kind "rdp") at ``ORDERS``, in 2**-1074
             units (None entries are +inf), or None if no RDP curve was charged.
         selection: exact Σδ_q spent on partition selection, in 2**-1074 units.
+        gdp: exact Σμ_i² of the charges' GDP claims (each μ² rounded up), in 2**-1074 units,
+            or None once a charge without a GDP claim (or spending selection δ) was added
+            (no Gaussian-DP account; also totals stored before schema version 6).
 
     The spent curve is ``S(α) = α·Σρ + Σcurve(α)``.
     """
@@ -220,6 +278,7 @@ class Totals:
     rho: int = 0
     curve: tuple[int | None, ...] | None = None
     selection: int = 0
+    gdp: int | None = 0
 
     # -- arithmetic --------------------------------------------------------------------
 
@@ -227,13 +286,19 @@ class Totals:
         """These totals plus one charge of ``cost`` spending ``selection_delta`` (exact)."""
         kinds = self.kinds | _KIND_BITS[cost.kind]
         sel = self.selection + (_fix(selection_delta) or 0) if selection_delta else self.selection
+        gdp = _gdp_add(self.gdp, cost, selection_delta)
         rho, curve = _cost_fixed(cost)
         if curve is None:
-            return Totals(self.charges + 1, kinds, self.rho + rho, self.curve, sel)
+            return Totals(self.charges + 1, kinds, self.rho + rho, self.curve, sel, gdp)
         if self.curve is None:
-            return Totals(self.charges + 1, kinds, self.rho, curve, sel)
+            return Totals(self.charges + 1, kinds, self.rho, curve, sel, gdp)
         return Totals(self.charges + 1, kinds, self.rho,
-                      tuple(None if a is None or b is None else a + b for a, b in zip(self.curve, curve)), sel)
+                      tuple(None if a is None or b is None else a + b for a, b in zip(self.curve, curve)), sel, gdp)
+
+    @property
+    def gdp_mu2(self) -> float | None:
+        """Σμ_i² of the GDP claims as a float (correctly rounded exact sum), None without an account."""
+        return None if self.gdp is None else _unfix(self.gdp)
 
     @property
     def zcdp_only(self) -> bool:
@@ -288,7 +353,10 @@ class Totals:
 
     def rho_equivalent(self, budget: BudgetCurve) -> float:
         """The spend in ρ units: Σρ for zcdp-only histories, else the smallest ρ' with
-        S(α) ≤ α·ρ' at every order the budget checks."""
+        S(α) ≤ α·ρ' at every order the budget checks. In a Gaussian-DP scope: the share of
+        μ_B² spent, times the scope's ρ (so that spent/remaining ρ keep their ratio to the cap)."""
+        if budget.gdp and self.gdp is not None:
+            return _unfix(self.gdp) / budget.mu2 * budget.rho if budget.mu2 else 0.0  # type: ignore[operator]
         if self.zcdp_only:
             return self.rho_value
         mask = budget.mask
@@ -304,6 +372,9 @@ class Totals:
     def spent_epsilon(self, budget: BudgetCurve, delta: float) -> tuple[float, str]:
         """ε at ``delta`` of everything composed, and the conversion used.
 
+        A Gaussian-DP scope (``budget.gdp``) with a GDP account: the exact ε of √(Σμ²)-GDP
+        ([DRS22] Cor. 2.13, :func:`dpgate.accounting.gdp_epsilon`): ``"gdp"``. Otherwise:
+
         Always the ledger's rule (:func:`dpgate.ledger.caps.ledger_epsilon`: [BBG+20] Thm. 21 at
         the grid's orders, the best one), for a legacy cap also at its α* (whichever is
         smaller; its ρ_cap was fixed by the continuous [CKS20] conversion at α*, which the grid
@@ -313,6 +384,8 @@ class Totals:
         cost = self.spent_cost()
         if cost is None:
             return 0.0, "none"
+        if budget.gdp and self.gdp is not None:
+            return accounting.gdp_epsilon(math.sqrt(_unfix(self.gdp)), delta), "gdp"
         eps = ledger_epsilon(cost, delta)
         if budget.alpha_star not in _GRID_ORDERS:  # a legacy cap: its ρ_cap was fixed at α*
             at_star = self.spent_at(budget)
@@ -322,17 +395,19 @@ class Totals:
 
     # -- storage -----------------------------------------------------------------------
 
-    def to_row(self) -> tuple[int, int, str, str | None, str | None]:
-        """``(charges, kinds, rho_text, curve_text, selection_text)`` for storage (hex fixed
-        point, exact; ``selection_text`` None when no δ was spent)."""
+    def to_row(self) -> tuple[int, int, str, str | None, str | None, str | None]:
+        """``(charges, kinds, rho_text, curve_text, selection_text, gdp_text)`` for storage (hex
+        fixed point, exact; ``selection_text`` None when no δ was spent; ``gdp_text`` None
+        without a GDP account)."""
         curve = None if self.curve is None else ",".join(_fix_text(v) for v in self.curve)
         return self.charges, self.kinds, _fix_text(self.rho), curve, \
-            (_fix_text(self.selection) if self.selection else None)
+            (_fix_text(self.selection) if self.selection else None), \
+            (None if self.gdp is None else _fix_text(self.gdp))
 
     @classmethod
     def from_row(cls, charges: int, kinds: int, rho: str, curve: str | None,
-                 selection: str | None = None) -> "Totals":
-        """Inverse of :meth:`to_row`."""
+                 selection: str | None = None, gdp: str | None = None) -> "Totals":
+        """Inverse of :meth:`to_row` (a row without ``gdp_text``, or NULL: no GDP account)."""
         c = None if curve is None else tuple(_fix_parse(s) for s in curve.split(","))
         if c is not None and len(c) != len(ORDERS):
             raise ValueError("stored curve totals do not match accounting.ORDERS")
@@ -342,7 +417,8 @@ class Totals:
         sel = 0 if selection is None else _fix_parse(selection)
         if sel is None:
             raise ValueError("stored selection delta total is infinite")
-        return cls(int(charges), int(kinds), r, c, sel)
+        g = None if gdp is None else _fix_parse(gdp)
+        return cls(int(charges), int(kinds), r, c, sel, g)
 
 
 # --------------------------------------------------------------------------------------
@@ -356,8 +432,11 @@ class Decision:
 
     Attributes:
         ok: True if the request fits.
-        rule: ``"zcdp"`` (zCDP filter on ρ), ``"renyi"`` (Rényi filter on curves) or
-            ``"selection_delta"`` (the selection δ would be exceeded).
+        rule: ``"zcdp"`` (zCDP filter on ρ), ``"renyi"`` (Rényi filter on curves),
+            ``"gdp"`` (Gaussian-DP filter on Σμ²), ``"gdp_claim"`` (a Gaussian-DP scope
+            refuses a charge without a GDP claim) or ``"selection_delta"`` (the selection δ
+            would be exceeded). For ``"gdp"`` refusals ``spent_at``/``request_at``/
+            ``budget_at`` are Σμ², μ_req² and μ_B².
         binding_order: for a refusal by the Rényi filter, the checked order α where the
             spent curve plus the request most exceeds B(α) (relative); else None.
         spent_at, request_at, budget_at: at ``binding_order``: what was spent, what the
@@ -396,6 +475,8 @@ def filter_decision(spent: Totals, request: Cost, budget: BudgetCurve, after: To
         A :class:`Decision`.
     """
     slack = 1.0 + TOLERANCE
+    if budget.gdp:
+        return _gdp_decision(spent, request, budget, selection_delta, slack)
     if selection_delta > 0.0:
         total = _unfix(spent.selection + _fix(selection_delta))  # type: ignore[operator]
         if total > budget.selection_delta * slack:
@@ -427,6 +508,19 @@ def filter_decision(spent: Totals, request: Cost, budget: BudgetCurve, after: To
                     budget.alpha_star * budget.rho)
 
 
+def _gdp_decision(spent: Totals, request: Cost, budget: BudgetCurve, selection_delta: float,
+                  slack: float) -> Decision:
+    """The Gaussian-DP filter (module docstring): Σμ² + μ_req² ≤ μ_B²·(1 + TOLERANCE)."""
+    mu = request.gdp_bound
+    if mu is None or selection_delta > 0.0 or spent.gdp is None:
+        return Decision(False, "gdp_claim")
+    need = _mu2_fixed(mu)
+    total = _unfix(spent.gdp + need)
+    if total <= budget.mu2 * slack:  # type: ignore[operator]
+        return Decision(True, "gdp")
+    return Decision(False, "gdp", None, _unfix(spent.gdp), _unfix(need), budget.mu2)
+
+
 # --------------------------------------------------------------------------------------
 # conversions used in refusals and reports
 # --------------------------------------------------------------------------------------
@@ -443,8 +537,11 @@ def charge_epsilon(cost: Cost, delta: float) -> float:
     return _cost_eps(cost, delta)
 
 
-def charge_statement(cost: Cost, delta: float) -> tuple[float, float]:
+def charge_statement(cost: Cost, delta: float, gdp: bool = False) -> tuple[float, float]:
     """The (ε, δ) a receipt states for one charge made at ``delta`` (the cap's δ less its selection δ).
+
+    A pure-ε charge states its ε at δ = 0; in a Gaussian-DP population (``gdp``) another charge
+    with a GDP claim μ states the exact ε of μ-GDP at ``delta`` ([DRS22] Cor. 2.13). Otherwise:
 
     A cost with a finite pure-ε value (its curve at α = ∞: a discrete Laplace release, an ε-DP
     mechanism) states that ε at δ = 0 for its own part; any other cost states the ledger's ε
@@ -453,6 +550,9 @@ def charge_statement(cost: Cost, delta: float) -> tuple[float, float]:
     pure = float(cost.curve_at((math.inf,))[0])
     if math.isfinite(pure):
         return pure, 0.0
+    mu = cost.gdp_bound if gdp else None
+    if mu is not None:
+        return accounting.gdp_epsilon(mu, delta), delta
     return charge_epsilon(cost, delta), delta
 
 
@@ -543,6 +643,30 @@ def exhausted_error(
                 f"{selection_delta:.3g} but only {left:.3g} of the selection delta "
                 f"{budget.selection_delta:.3g}{share} remains")
         return BudgetExhausted(message, details)
+    if decision.rule == "gdp_claim":
+        why = ("it spends δ on partition selection" if selection_delta > 0.0 else
+               "its cost has no Gaussian-DP claim (a DP-SGD curve, a top-k selection or an external zCDP "
+               "charge)")
+        message = (f"population {population} composes in Gaussian DP (its cap's composition is \"gdp\"), and this "
+                   f"charge cannot be composed there: {why}; nothing was charged")
+        details["explanation"] = (
+            f"{who} admits only charges with a mu-GDP claim (dpgate's discrete Gaussian releases, continuous "
+            "Gaussians, pure-epsilon charges), fixed before its first charge so that the Gaussian-DP filter stays valid under "
+            f"adaptive composition (Smith & Thakurta 2022); {why}")
+        return BudgetExhausted(message, details)
+    if decision.rule == "gdp":
+        s2, r2, b2 = decision.spent_at, decision.request_at, decision.budget_at
+        assert s2 is not None and r2 is not None and b2 is not None
+        left = max(0.0, b2 - s2)
+        details["gdp"] = {"requested_mu": math.sqrt(r2), "spent_mu": math.sqrt(s2), "mu_budget": math.sqrt(b2),
+                          "remaining_mu": math.sqrt(left)}
+        message = (f"needs μ {_s(math.sqrt(r2))} (Gaussian DP); {payer}: μ {_s(math.sqrt(left))} of "
+                   f"{_s(math.sqrt(b2))}{of_what}; nothing was charged")
+        details["explanation"] = (
+            f"privacy budget exhausted for {who}: the charge is mu = {math.sqrt(r2):.6g}-GDP but mu^2 = {s2:.6g} "
+            f"of the budget mu^2 = {b2:.6g}{share} is spent, so only mu = {math.sqrt(left):.6g} remains "
+            "(Gaussian-DP filter, Smith & Thakurta 2022: mu_i^2 add up)")
+        return BudgetExhausted(message, details)
     if decision.rule == "renyi":
         a, s, r, b = (decision.binding_order, decision.spent_at, decision.request_at, decision.budget_at)
         assert a is not None and s is not None and r is not None and b is not None
@@ -617,6 +741,8 @@ class Refusal:
                               self.budget, self.cap, self.decision, self.selection_delta)
         if self.decision.rule == "renyi" and self.decision.request_at is not None \
                 and math.isinf(self.decision.request_at):
+            return InvalidBudget(err.message, err.details)
+        if self.decision.rule == "gdp_claim":
             return InvalidBudget(err.message, err.details)
         return err
 

@@ -59,6 +59,7 @@ from dpgate.errors import LedgerError, LedgerUnavailable
 from dpgate.ledger.connections import first_line as _first_line
 from dpgate.ledger.base import GENESIS_HASH, utc_now
 from dpgate.ledger.browse import BROWSE_MIGRATION
+from dpgate.ledger.caps import GDP_MIGRATION
 from dpgate.ledger.cohorts import COHORT_MIGRATION
 from dpgate.ledger.sql import SqlLedger, SqlTransaction, orders_json
 
@@ -179,6 +180,7 @@ MIGRATIONS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
 
 MIGRATIONS += (BROWSE_MIGRATION,)  # the ledger browser's indexes (dpgate.ledger.browse)
 MIGRATIONS += (COHORT_MIGRATION,)  # cohorts: one budget per cohort (dpgate.ledger.cohorts; version 5)
+MIGRATIONS += (GDP_MIGRATION,)  # Gaussian-DP composition (dpgate.ledger.caps; version 6)
 
 _SCHEMA_RE_MAX = 63  # PostgreSQL identifiers are at most 63 bytes
 _OPTIONS = ("schema", "lock_timeout_ms", "pool_size", "pool_timeout_ms")

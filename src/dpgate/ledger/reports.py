@@ -80,6 +80,13 @@ class ChargeReceipt:
     cohorts: tuple[str, ...] | None = None
 
     @property
+    def filter(self) -> str | None:
+        """The filter that admitted the charge: ``"gdp"`` (the Gaussian-DP filter of a population
+        whose cap composes in Gaussian DP) or ``"renyi"`` (the Rényi/zCDP filter); None if the
+        cap is unknown."""
+        return None if self.cap is None else ("gdp" if self.cap.gdp else "renyi")
+
+    @property
     def rho_checked(self) -> float:
         """The charge in ρ units at the orders the cap checks (:meth:`CapSpec.rho_checked`);
         ``rho`` (the stored bound over every order) when the cap is unknown."""
@@ -106,6 +113,7 @@ class ChargeReceipt:
             "seq": self.seq,
             "cap": None if self.cap is None else self.cap.public(),
             **({"cohorts": list(self.cohorts)} if self.cohorts is not None else {}),
+            **({"filter": "gdp", "gdp_mu": self.cost.gdp_bound} if self.filter == "gdp" else {}),
         }
 
 

@@ -1,47 +1,45 @@
 """The SQL plumbing both ledger backends share (:class:`SqlLedger`).
 
-Every decision, report, entry and hash comes from :mod:`dpgate.ledger.base`;
-this module holds what the SQLite and PostgreSQL backends do *with SQL* in the
-same way: the statements on the common layout (``populations``, ``events``,
-``charges``, ``spend_totals``, ``chain_head``), the governance and charge
-transactions, the reads and the replay of :meth:`SqlLedger.verify`.
+Every decision, report, entry and hash comes from :mod:`dpgate.ledger.base`; this module holds
+what the SQLite and PostgreSQL backends do *with SQL* in the same way: the statements on the
+common layout (``populations``, ``events``, ``charges``, ``spend_totals``, ``chain_head``), the
+governance and charge transactions, the reads and the replay of :meth:`SqlLedger.verify`.
 
 A backend subclass keeps only what is its own and fills these hooks:
 
-* :attr:`SqlLedger._PARAM` — the driver's placeholder (``?`` for ``sqlite3``,
-  ``%s`` for psycopg); every shared statement is built with it once per class;
-* :meth:`SqlLedger._begin` — one transaction (write: serialised against every
-  other writer of the hash chain; read: one consistent snapshot), committed on
-  success and rolled back on error, yielding an *executor* (an object with
-  DB-API ``execute(query, params)`` returning a cursor, and ``executemany``) and
-  turning driver errors into :class:`~dpgate.errors.LedgerError`;
-* :attr:`SqlLedger._HEAD_LOCK` — a statement run first in every write
-  transaction that locks the chain-head row and returns ``(seq, hash)``
-  (PostgreSQL ``SELECT … FOR UPDATE``), or None when the transaction itself
-  already excludes every other writer (SQLite ``BEGIN IMMEDIATE``; the head is
-  then read when first needed);
-* :meth:`SqlLedger._flag` (how a boolean column is written),
-  :attr:`SqlLedger._NAME_ORDER` (the binary collation of population names),
-  :meth:`SqlLedger._entry_streams` (how :meth:`~SqlLedger.verify` streams the
-  entries), :meth:`SqlLedger._trigger_names`, :attr:`SqlLedger._REQUIRED_TRIGGERS`
-  and :attr:`SqlLedger._MIGRATIONS` (what :meth:`~SqlLedger.verify` requires).
+* :attr:`SqlLedger._PARAM` — the driver's placeholder (``?`` for ``sqlite3``, ``%s`` for
+  psycopg); every shared statement is built with it once per class;
+* :meth:`SqlLedger._begin` — one transaction (write: serialised against every other writer of
+  the hash chain; read: one consistent snapshot), committed on success and rolled back on
+  error, yielding an *executor* (an object with DB-API ``execute(query, params)`` returning a
+  cursor, and ``executemany``) and turning driver errors into :class:`~dpgate.errors.LedgerError`;
+* :attr:`SqlLedger._HEAD_LOCK` — a statement run first in every write transaction that locks
+  the chain-head row and returns ``(seq, hash)`` (PostgreSQL ``SELECT … FOR UPDATE``), or None
+  when the transaction itself already excludes every other writer (SQLite ``BEGIN IMMEDIATE``;
+  the head is then read when first needed);
+* :meth:`SqlLedger._flag` (how a boolean column is written), :attr:`SqlLedger._NAME_ORDER` (the
+  binary collation of population names), :meth:`SqlLedger._entry_streams` (how
+  :meth:`~SqlLedger.verify` streams the entries), :meth:`SqlLedger._trigger_names`,
+  :attr:`SqlLedger._REQUIRED_TRIGGERS` and :attr:`SqlLedger._MIGRATIONS` (what
+  :meth:`~SqlLedger.verify` requires).
 
-Connection management, pragmas and pooling, the schema DDL and triggers,
-migrations and the locking itself stay in ``sqlite.py`` and ``postgres.py``.
-The statements themselves, :class:`SqlTransaction` and :func:`orders_json` are in
-:mod:`dpgate.ledger.sql_statements` (importable from here as before).
+Connection management, pragmas and pooling, the schema DDL and triggers, migrations and the
+locking itself stay in ``sqlite.py`` and ``postgres.py``. The statements themselves,
+:class:`SqlTransaction` and :func:`orders_json` are in :mod:`dpgate.ledger.sql_statements`
+(importable from here as before).
 """
 
 from __future__ import annotations
 
 from contextlib import AbstractContextManager, contextmanager
+from dataclasses import replace
 from typing import Any, ClassVar, Iterable, Iterator, Mapping
 
 from dpgate.accounting import Cost
 from dpgate.errors import InvalidRequest, PolicyError
 from dpgate.ledger.browse import LedgerBrowsing
 from dpgate.ledger.cohorts import CohortStore, check_cohort_charge, cohort_refusal_error, totals_from_text
-from dpgate.ledger.caps import CapSpec, population_from_row, validate_cap, validate_population
+from dpgate.ledger.caps import CapSpec, new_composition, population_from_row, validate_cap, validate_population
 from dpgate.ledger.entries import (
     EVENT_COLUMNS,
     STORED_CHARGE_COLUMNS,
@@ -185,7 +183,7 @@ class SqlLedger(LedgerBrowsing, CohortStore):
                    actor: str, reason: str) -> dict[str, Any]:
         tx.execute(self._sql.update_cap,
                    (new.epsilon, new.delta, new.rho_cap, new.alpha_star, self._flag(new.rho_stated),
-                    new.alpha_cap, new.selection_delta, name))
+                    new.alpha_cap, new.selection_delta, new.composition if new.gdp else None, name))
         return self._append_event(tx, name, "cap_changed", actor, reason, old.to_dict(), new.to_dict())
 
     def _apply_allocations(self, tx: SqlTransaction, name: str, old: Mapping[str, float],
@@ -208,19 +206,19 @@ class SqlLedger(LedgerBrowsing, CohortStore):
         rho_cap: float | None = None,
         selection_delta: float | None = None,
         cohort_column: str | None = None,
+        composition: str | None = None,
     ) -> PolicyDrift:
         """Create population ``name`` from a policy file's values if it is absent; never change
         an existing population.
 
-        The cap (ε, δ) is fixed into its budget curve by
-        :func:`dpgate.ledger.caps.validate_cap` (ρ_cap and α_cap on the ledger's order
-        grid; ``rho_cap`` states the budget directly in ρ instead). Creation is recorded as
-        a ``population_created`` event. Once a population exists, the ledger owns its cap
-        and allocations: a policy file that states other values changes nothing here (a
-        restart, a deploy or a CLI command must not undo an admin's change or renew spent
-        budget); the returned drift says how they differ, and :meth:`apply_policy`
-        (``dpgate caps apply``) adopts them as a recorded governance event. Idempotent,
-        also when several processes or replicas start at once (one write transaction).
+        The cap (ε, δ) is fixed into its budget curve by :func:`dpgate.ledger.caps.validate_cap`
+        (ρ_cap and α_cap on the ledger's order grid; ``rho_cap`` states the budget in ρ instead).
+        Creation is recorded as a ``population_created`` event. Once a population exists, the
+        ledger owns its cap and allocations: a policy file that states other values changes
+        nothing here (a restart, a deploy or a CLI command must not undo an admin's change or
+        renew spent budget); the returned drift says how they differ, and :meth:`apply_policy`
+        (``dpgate caps apply``) adopts them as a recorded governance event. Idempotent, also when
+        several processes or replicas start at once (one write transaction).
 
         Args:
             name: population name (1-128 characters ``[A-Za-z0-9._:@/+-]``).
@@ -233,7 +231,8 @@ class SqlLedger(LedgerBrowsing, CohortStore):
             rho_cap: the budget in ρ (total), instead of ε.
             selection_delta: the part of δ reserved for partition selection (default 0).
             cohort_column: the population's cohort column (one budget per cohort,
-                :mod:`dpgate.ledger.cohorts`), or None; recorded in the creation event.
+                :mod:`dpgate.ledger.cohorts`), or None; recorded in the creation event. composition:
+                ``"renyi"`` (None: the default) or ``"gdp"`` (:mod:`dpgate.ledger.filter`).
 
         Returns:
             :class:`~dpgate.ledger.reports.PolicyDrift`: the file's values against the
@@ -244,7 +243,7 @@ class SqlLedger(LedgerBrowsing, CohortStore):
             LedgerError: the store failed.
         """
         cap, allocs = validate_population(name, epsilon, delta, allocations, actor, reason, rho_cap,
-                                          selection_delta)
+                                          selection_delta, composition)
         if cohort_column is not None:
             validate_name(cohort_column, "cohort_column", PolicyError)
         with self._tx(write=False) as tx:  # the common case (it exists) takes no write lock
@@ -258,7 +257,7 @@ class SqlLedger(LedgerBrowsing, CohortStore):
                     tx.execute(self._sql.insert_population,
                                (name, cap.epsilon, cap.delta, cap.rho_cap, cap.alpha_star,
                                 self._flag(cap.rho_stated), canonical_json(allocs), cap.alpha_cap,
-                                cap.selection_delta, utc_now()))
+                                cap.selection_delta, cap.composition if cap.gdp else None, utc_now()))
                     new: dict[str, Any] = {"cap": cap.to_dict(), "allocations": allocs}
                     if cohort_column is not None:  # only when set: earlier events hash as they were
                         new["cohort_column"] = cohort_column
@@ -284,12 +283,12 @@ class SqlLedger(LedgerBrowsing, CohortStore):
         selection_delta: float | None = None,
         cohort_column: str | None = None,
     ) -> dict[str, Any]:
-        """Adopt a policy file's cap and allocations for population ``name`` (``dpgate caps
-        apply``): a ``cap_changed`` event if the cap differs (also when only its rule does: a
-        legacy cap is re-fixed by the α_cap rule), an ``allocations_changed`` event if the
-        allocations differ, both with ``actor`` and ``reason``; nothing if both are equal.
-        Charges are never refunded or rewritten: a cap below what was spent refuses every
-        later charge, and the result says by how much it is exceeded.
+        """Adopt a policy file's cap and allocations for population ``name`` (``dpgate caps apply``):
+        a ``cap_changed`` event if the cap differs (also when only its rule does: a legacy cap is
+        re-fixed by the α_cap rule; a policy file states no composition, so the ledger's is kept),
+        an ``allocations_changed`` event if the allocations differ, both with ``actor`` and
+        ``reason``; nothing if both are equal. Charges are never refunded or rewritten: a cap below
+        what was spent refuses every later charge, and the result says by how much it is exceeded.
 
         Args:
             name: an existing population.
@@ -333,6 +332,7 @@ class SqlLedger(LedgerBrowsing, CohortStore):
                 self._set_cohort_column(tx, name, cohort_column)
                 events.append(self._append_event(tx, name, "cohorts_changed", actor, reason,
                                                  {"cohort_column": old_column}, {"cohort_column": cohort_column}))
+            cap = replace(cap, composition=old_cap.composition) if old_cap.gdp and not cap.rho_stated else cap
             if not old_cap.same_cap(cap):
                 events.append(self._apply_cap(tx, name, old_cap, cap, actor, reason))
             else:
@@ -367,25 +367,25 @@ class SqlLedger(LedgerBrowsing, CohortStore):
         reason: str,
         rho_cap: float | None = None,
         selection_delta: float | None = None,
+        composition: str | None = None,
     ) -> dict[str, Any]:
         """Change a population's cap: a recorded ``cap_changed`` event, never an edit.
 
-        The new cap is fixed into a new budget curve (see :meth:`ensure_population`).
-        Lowering it below what was already spent is allowed; every later charge is
-        then refused, the remaining budget is reported as 0, and the result says so
-        (``exhausted``, ``over_by``). Charges are never refunded or rewritten. A cap
-        equal to the current one (same values, same rule) records nothing (``changed``
-        is False).
+        The new cap is fixed into a new budget curve (see :meth:`ensure_population`). Lowering it
+        below what was already spent is allowed; every later charge is then refused, the remaining
+        budget is reported as 0, and the result says so (``exhausted``, ``over_by``). Charges are
+        never refunded or rewritten. A cap equal to the current one (same values, same rule)
+        records nothing (``changed`` is False).
 
         Args:
             population: the population.
             epsilon: new cap ε > 0 (total), or None with ``rho_cap``.
             delta: new cap δ in (0, 1).
-            actor: who made the change (non-empty).
-            reason: why (non-empty).
+            actor: who made the change (non-empty). reason: why (non-empty).
             rho_cap: the new budget in ρ (total), instead of ε.
             selection_delta: the part of δ reserved for partition selection (None: keep the
                 current one if it is below the new δ, else 0).
+            composition: ``"renyi"``, ``"gdp"`` or None (:func:`~dpgate.ledger.caps.new_composition`).
 
         Returns:
             ``{population, changed, old, new, event_id, actor, reason, created_at, exhausted,
@@ -398,7 +398,7 @@ class SqlLedger(LedgerBrowsing, CohortStore):
             UnknownPopulation: no such population. LedgerError: the store failed.
         """
         validate_name(population, "population")
-        validate_cap(epsilon, delta, rho_cap=rho_cap, selection_delta=selection_delta)  # fail before any I/O
+        validate_cap(epsilon, delta, rho_cap=rho_cap, selection_delta=selection_delta, composition=composition)
         validate_governance(actor, reason)
         event = None
         with self._tx(write=True) as tx:
@@ -409,7 +409,9 @@ class SqlLedger(LedgerBrowsing, CohortStore):
             sel = selection_delta
             if sel is None:
                 sel = old.selection_delta if old.selection_delta < delta else 0.0
-            cap = validate_cap(epsilon, delta, rho_cap=rho_cap, selection_delta=sel)
+            comp = new_composition(population, old, composition, rho_cap is not None,
+                                   lambda: self._has_charges(tx, population))
+            cap = validate_cap(epsilon, delta, rho_cap=rho_cap, selection_delta=sel, composition=comp)
             if not old.same_cap(cap):
                 event = self._apply_cap(tx, population, old, cap, actor, reason)
             pt, _ = self._totals(tx, population, "")
@@ -445,18 +447,18 @@ class SqlLedger(LedgerBrowsing, CohortStore):
     ) -> ChargeReceipt:
         """Atomically check the consumer's and the population's filter and append one charge.
 
-        One write transaction that excludes every other writer of the ledger for
-        its whole length, across threads, processes and (PostgreSQL) replicas —
-        SQLite: ``BEGIN IMMEDIATE``; PostgreSQL: READ COMMITTED with the chain-head
-        row locked first (``SELECT … FOR UPDATE``): read the cap, allocations and
-        exact totals; return the stored receipt if ``release_key`` was charged
-        before (single flight); decide with :func:`dpgate.ledger.filter.check_charge`
-        (zCDP filter and one fixed-order Rényi filter per checked order: Feldman &
-        Zrnic 2021, "Individual privacy accounting via a Rényi filter", Thm. 3.1;
-        Whitehouse et al. 2023, "Fully-adaptive composition in differential privacy")
-        against share × B(α) for the consumer and B(α) = α·ρ_cap for the population
-        (and the selection δ for ``selection_delta``); append the hash-chained entry;
-        update the totals and the chain head; commit. The charge is never refunded.
+        One write transaction that excludes every other writer of the ledger for its whole length,
+        across threads, processes and (PostgreSQL) replicas — SQLite: ``BEGIN IMMEDIATE``;
+        PostgreSQL: READ COMMITTED with the chain-head row locked first (``SELECT … FOR UPDATE``):
+        read the cap, allocations and exact totals; return the stored receipt if ``release_key``
+        was charged before (single flight); decide with :func:`dpgate.ledger.filter.check_charge`
+        (zCDP filter and one fixed-order Rényi filter per checked order: Feldman & Zrnic 2021,
+        "Individual privacy accounting via a Rényi filter", Thm. 3.1; Whitehouse et al. 2023,
+        "Fully-adaptive composition in differential privacy"; or, for a cap of composition
+        ``"gdp"``, the Gaussian-DP filter, Smith & Thakurta 2022) against share × B(α) for the
+        consumer and B(α) = α·ρ_cap for the population (and the selection δ for
+        ``selection_delta``); append the hash-chained entry; update the totals and the chain
+        head; commit. The charge is never refunded.
 
         Args:
             population: the population charged.
@@ -477,18 +479,17 @@ class SqlLedger(LedgerBrowsing, CohortStore):
             ``release_key`` had been charged: nothing new written), with the cap in force.
 
         Raises:
-            InvalidBudget: invalid cost (NaN, negative, zero, wrong grid), or a curve with no
-                claim (∞) at an order the population's cap checks.
-            InvalidRequest: invalid name, purpose, release_key, metadata or cohorts; cohorts
-                missing for a population with cohorts, or given for one without.
-            UnknownPopulation: no such population.
-            UnknownConsumer: the population allocates nothing to ``consumer``.
-            BudgetExhausted: a filter refuses (details: the rule, the order that failed and
-                by how much, requested/spent/cap/remaining in ρ and ε);
-                nothing written.
-            LedgerError: the store failed, or stayed busy (locked by another writer)
-                past the backend's busy or lock timeout; ``details["outcome"] ==
-                "unknown"`` when the commit itself failed (the charge may or may not exist).
+            InvalidBudget: invalid cost (NaN, negative, zero, wrong grid), a curve with no claim (∞)
+                at an order the population's cap checks, or a charge without a GDP claim in a
+                population of composition ``"gdp"``.
+            InvalidRequest: invalid name, purpose, release_key, metadata or cohorts; cohorts missing
+                for a population with cohorts, or given for one without.
+            UnknownPopulation: no such population. UnknownConsumer: no allocation for ``consumer``.
+            BudgetExhausted: a filter refuses (details: the rule, the order that failed and by how
+                much, requested/spent/cap/remaining in ρ and ε); nothing written.
+            LedgerError: the store failed, or stayed busy (locked by another writer) past the
+                backend's busy or lock timeout; ``details["outcome"] == "unknown"`` when the commit
+                itself failed (the charge may or may not exist).
         """
         req = prepare_charge(population, consumer, cost, purpose=purpose, release_key=release_key,
                              metadata=metadata, selection_delta=selection_delta, cohorts=cohorts)
@@ -528,8 +529,8 @@ class SqlLedger(LedgerBrowsing, CohortStore):
                         self._cohort_totals(tx, population, consumer, req.cohorts), req.selection_delta)
                     refusal = None if cohort_refusal is None else cohort_refusal[1]
                 if refusal is None:
-                    if stated is None or hint != cap.rho_delta:
-                        stated = charge_statement(cost, cap.rho_delta)
+                    if stated is None or hint != cap.rho_delta or cap.gdp:
+                        stated = charge_statement(cost, cap.rho_delta, gdp=cap.gdp)
                     seq, prev_hash = tx.head()
                     entry = new_charge_entry(req, seq=seq + 1, prev_hash=prev_hash, epsilon_at_delta=stated[0],
                                              delta=stated[1])

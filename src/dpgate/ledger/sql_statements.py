@@ -59,7 +59,7 @@ class _Statements:
     def build(cls, p: str) -> "_Statements":
         """Every shared statement with ``p`` as the driver's placeholder (``?`` or ``%s``)."""
         charges = f"SELECT {', '.join(STORED_CHARGE_COLUMNS)} FROM charges"
-        totals_cols = "consumer, charges, kinds, rho, curve, selection_delta"
+        totals_cols = "consumer, charges, kinds, rho, curve, selection_delta, gdp"
         return cls(
             population=f"SELECT {', '.join(POPULATION_COLUMNS)} FROM populations WHERE name = {p}",
             insert_population=(
@@ -69,7 +69,7 @@ class _Statements:
             update_allocations=f"UPDATE populations SET allocations = {p} WHERE name = {p}",
             update_cap=(
                 f"UPDATE populations SET epsilon = {p}, delta = {p}, rho_cap = {p}, alpha_star = {p},"
-                f" rho_stated = {p}, alpha_cap = {p}, selection_delta = {p} WHERE name = {p}"
+                f" rho_stated = {p}, alpha_cap = {p}, selection_delta = {p}, composition = {p} WHERE name = {p}"
             ),
             insert_event=(f"INSERT INTO events ({', '.join(EVENT_COLUMNS)})"
                           f" VALUES ({', '.join([p] * len(EVENT_COLUMNS))})"),
@@ -79,10 +79,10 @@ class _Statements:
             totals=(f"SELECT {totals_cols} FROM spend_totals"
                     f" WHERE population = {p} AND consumer IN ('', {p})"),
             upsert_totals=(
-                "INSERT INTO spend_totals (population, consumer, charges, kinds, rho, curve, selection_delta)"
-                f" VALUES ({', '.join([p] * 7)}) ON CONFLICT (population, consumer) DO UPDATE SET"
+                "INSERT INTO spend_totals (population, consumer, charges, kinds, rho, curve, selection_delta, gdp)"
+                f" VALUES ({', '.join([p] * 8)}) ON CONFLICT (population, consumer) DO UPDATE SET"
                 " charges = excluded.charges, kinds = excluded.kinds, rho = excluded.rho,"
-                " curve = excluded.curve, selection_delta = excluded.selection_delta"
+                " curve = excluded.curve, selection_delta = excluded.selection_delta, gdp = excluded.gdp"
             ),
             charge_by_release_key=f"{charges} WHERE population = {p} AND release_key = {p}",
             spend_totals=f"SELECT {totals_cols} FROM spend_totals WHERE population = {p}",
@@ -91,7 +91,7 @@ class _Statements:
             where_population=f" WHERE population = {p}",
             limit=f" LIMIT {p}",
             all_populations=f"SELECT name, {', '.join(POPULATION_COLUMNS)} FROM populations",
-            all_totals=("SELECT population, consumer, charges, kinds, rho, curve, selection_delta"
+            all_totals=("SELECT population, consumer, charges, kinds, rho, curve, selection_delta, gdp"
                         " FROM spend_totals"),
         )
 

@@ -48,6 +48,7 @@ from dpgate.errors import DpgateError, LedgerError, LedgerUnavailable
 from dpgate.ledger.base import GENESIS_HASH, utc_now
 from dpgate.ledger.browse import BROWSE_MIGRATION
 from dpgate.ledger.connections import is_unavailable
+from dpgate.ledger.caps import GDP_MIGRATION
 from dpgate.ledger.cohorts import COHORT_MIGRATION
 from dpgate.ledger.sql import SqlLedger, SqlTransaction, orders_json
 
@@ -151,6 +152,7 @@ MIGRATIONS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
 
 MIGRATIONS += (BROWSE_MIGRATION,)  # the ledger browser's indexes (dpgate.ledger.browse)
 MIGRATIONS += (COHORT_MIGRATION,)  # cohorts: one budget per cohort (dpgate.ledger.cohorts; version 5)
+MIGRATIONS += (GDP_MIGRATION,)  # Gaussian-DP composition (dpgate.ledger.caps; version 6)
 
 _SYNC_MODES = {"off": "OFF", "normal": "NORMAL", "full": "FULL", "extra": "EXTRA"}
 

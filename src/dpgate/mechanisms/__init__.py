@@ -394,7 +394,10 @@ def calibrate(
     return Calibration(
         mechanism=mech,
         scales=out_scales,
-        cost=accounting.Cost.zcdp(total) if gaussian else accounting.Cost.pure(total),
+        # μ-GDP of the discrete Gaussian from each primitive's (Δ₂, σ) (issue 22; the ledger's GDP filter)
+        cost=accounting.Cost.discrete_gaussian(
+            total, accounting.discrete_gaussian_mu((d_in[p], out_scales[p]) for p in d_in))
+        if gaussian else accounting.Cost.pure(total),
         rho=total if gaussian else None,
         epsilon=None if gaussian else total,
         primitive_costs=costs,
