@@ -80,13 +80,13 @@ from dpgate.sql.bound import bounded_sql, bounded_sql_template
 from dpgate.sql.explain import contribution, released_columns
 from dpgate.sql.constant import refuse_constant_plan
 from dpgate.sql.parse import nothing_charged, parse_query, parse_statement
-from dpgate.sql.selection_query import check_candidates, recognize as recognize_selection
+from dpgate.sql.selection_query import check_candidates
 from dpgate.sql.plan import AggregateOutput, DerivedOutput, KeyOutput, QueryPlan
 from dpgate import quantile_release
-from dpgate.quantile_release import PlanCalibration, has_quantiles, without_quantiles
+from dpgate.pipeline.strategy import (ExactPublic, NoisyWithPartitionSelection, PublicKeysOnly, Strategy, TopK,
+                                     WithQuantiles, choose)
 from dpgate.sql.quantile import histogram_sql, histogram_sql_template
-from dpgate.sql.public import (MAX_PUBLIC_ROWS, exact_sql, public_key_columns, reads_public_only, reads_rows,
-                               releases_public_keys_only)
+from dpgate.sql.public import MAX_PUBLIC_ROWS, exact_sql, public_key_columns, reads_rows
 from dpgate.sql.joins import JoinedTable, policy_for
 from dpgate.sql.per_unit import PerUnitTable
 from types import MappingProxyType
@@ -441,6 +441,19 @@ class Gateway:
 
     # ----------------------------------------------------------------- planning
 
+    def compile(self, dataset: str, sql: str, dialect: str | None = None
+                ) -> tuple[DatasetPolicy, QueryPlan, Strategy]:
+        """Plan ``sql`` once and choose its release strategy (:func:`dpgate.pipeline.strategy.choose`).
+
+        Returns:
+            ``(policy, plan, strategy)``: the policy the plan reads (a joined table's for a join),
+            the validated plan and its strategy. Reads no protected data, charges nothing.
+        Raises:
+            UnknownDataset, InvalidSql, UnsupportedQuery, UnknownTable, UnknownColumn (nothing charged).
+        """
+        policy, plan = self._plan(dataset, sql, dialect)
+        return policy, plan, choose(plan, policy)
+
     def _plan(self, dataset: str, sql: str, dialect: str | None = None) -> tuple[DatasetPolicy, QueryPlan]:
         policy = self.policy(dataset)
         if not isinstance(sql, str) or not sql.strip():
@@ -513,15 +526,6 @@ class Gateway:
             cache[(policy.name, version)] = out
         return out
 
-    @staticmethod
-    def _selection_of(plan: QueryPlan, policy: DatasetPolicy):
-        """The selection query ``plan`` is (:mod:`dpgate.sql.selection_query`), or None; its
-        refusals happen while planning, so they say that nothing was charged."""
-        try:
-            return recognize_selection(plan, policy)
-        except DpgateError as e:
-            raise nothing_charged(e)
-
     def _mechanism(self, policy: DatasetPolicy, mechanism: str | None) -> str:
         mech = mechanism or policy.budget.mechanism
         if not isinstance(mech, str) or mech not in MECHANISMS:
@@ -558,14 +562,15 @@ class Gateway:
         delta = partition_selection.selection_budget(policy, plan, cap, requested, "ci95" in resolved)
         return resolved if delta is None else {**resolved, "selection_delta": delta}
 
-    def _calibrate(self, policy: DatasetPolicy, plan: QueryPlan, mech: str, resolved: Mapping[str, Any]):
+    def _calibrate(self, policy: DatasetPolicy, strategy: Strategy, mech: str, resolved: Mapping[str, Any]):
         """Return (calibration, sensitivities) for a resolved budget (see :meth:`_resolve_budget`).
 
         A ``ci95`` budget constrains each released aggregate cell (AVG/VAR/STDDEV at the
         budget's ``expected_count``; :func:`~dpgate.postprocess.calibration.scales_for_ci95`).
         """
+        plan = strategy.plan
         try:
-            return self._calibrate_plan(policy, plan, mech, resolved)
+            return self._calibrate_plan(policy, strategy, mech, resolved)
         except InvalidBudget as e:  # name the aggregate, not the internal primitive id
             pid = e.details.get("primitive")
             if isinstance(pid, str) and pid in {p.id for p in plan.primitives}:
@@ -575,20 +580,21 @@ class Gateway:
                 e.details["aggregate"] = label
             raise nothing_charged(e) from None
 
-    def _calibrate_plan(self, policy: DatasetPolicy, plan: QueryPlan, mech: str, resolved: Mapping[str, Any]):
+    def _calibrate_plan(self, policy: DatasetPolicy, strategy: Strategy, mech: str, resolved: Mapping[str, Any]):
+        plan = strategy.plan
         check_representable(plan, policy)
-        if plan.selected_keys and has_quantiles(plan):  # issue 11: not combined yet
+        if plan.selected_keys and isinstance(strategy, WithQuantiles):  # issue 11: not combined yet
             raise UnsupportedQuery(
                 "quantiles (MEDIAN, PERCENTILE_CONT, MIN/MAX, …) are not supported with private partition "
                 f"selection yet: give GROUP BY {', '.join(plan.selected_keys)} public keys",
                 {"selected_keys": list(plan.selected_keys)})
-        if has_quantiles(plan):  # quantiles hook: budget split over counts/sums and quantiles
-            sens = sensitivities(without_quantiles(plan), policy)
+        if isinstance(strategy, WithQuantiles):  # budget split over counts/sums and quantiles
+            sens = sensitivities(strategy.base, policy)
             pairs = {pid: (s.l1, s.l2) for pid, s in sens.items()}
             return quantile_release.calibrate_plan(plan, policy, mech, resolved, pairs, calibrate), sens
         sens = sensitivities(plan, policy)
         pairs = {pid: (s.l1, s.l2) for pid, s in sens.items()}
-        if plan.selected_keys:  # issue 11 hook: the selection histogram shares the budget
+        if isinstance(strategy, NoisyWithPartitionSelection):  # the selection histogram shares the budget
             gaussian = mech == "gaussian"
             budget_arg = (
                 {"rho": (ledger_rho(resolved["epsilon"], resolved["delta"])
@@ -667,29 +673,28 @@ class Gateway:
         Raises:
             as :meth:`query` before its charge; InvalidRequest: ``trial`` without a proxy.
         """
-        policy, plan = self._plan(dataset, sql, dialect)
+        policy, plan, strategy = self.compile(dataset, sql, dialect)
         # what dpgate explain prints as well: the released columns and the contribution bounds
         shown = {"columns": released_columns(plan), "contribution": contribution(plan, policy)}
-        if reads_public_only(plan, policy):  # public tables hook: exact and free
+        if isinstance(strategy, ExactPublic):  # public tables hook: exact and free
             return {"dataset": dataset, "canonical_sql": plan.canonical_sql, "plan_hash": plan.plan_hash, **shown,
                     "plan": plan.canonical_dict(), "public": True, "exact_sql": exact_sql(plan, policy),
                     "bounded_sql": None, "sensitivity": {}, "mechanism": None, "noise_scales": {},
                     "budget": None, "cost": {"rho": 0.0, "epsilon": 0.0, "epsilon_at_delta": 0.0, "fits": True,
                                              "message": "reads public tables only: answered exactly, no charge"}}
-        if releases_public_keys_only(plan, policy):  # keys only: the policy's keys, free
+        if isinstance(strategy, PublicKeysOnly):  # keys only: the policy's keys, free
             return {"dataset": dataset, "canonical_sql": plan.canonical_sql, "plan_hash": plan.plan_hash, **shown,
                     "plan": plan.canonical_dict(), "public_keys_only": True, "exact_sql": None,
                     "bounded_sql": None, "sensitivity": {}, "mechanism": None, "noise_scales": {},
                     "budget": None, "cost": {"rho": 0.0, "epsilon": 0.0, "epsilon_at_delta": 0.0, "fits": True,
                                              "message": _KEYS_ONLY_NOTE}}
-        selection = self._selection_of(plan, policy)
-        if selection is not None:  # selection hook (issue 15): keys only, exponential mechanism
+        if isinstance(strategy, TopK):  # selection hook (issue 15): keys only, exponential mechanism
             from dpgate.selection import explain_selection
 
-            return {**explain_selection(self, dataset, policy, selection, budget, consumer), **shown}
+            return {**explain_selection(self, dataset, policy, strategy.selection, budget, consumer), **shown}
         mech = self._mechanism(policy, mechanism)
         resolved = self._resolve_selection(policy, plan, self._resolve_budget(policy, mech, budget), budget)
-        cal, sens = self._calibrate(policy, plan, mech, resolved)
+        cal, sens = self._calibrate(policy, strategy, mech, resolved)
         delta = self.ledger.cap(policy.population).rho_delta
         extra: dict[str, Any] = {}
         scope = charge_scope(self.ledger, policy, plan)  # cohorts hook (issue 23)
@@ -699,7 +704,8 @@ class Gateway:
             from dpgate.proxy import trial as proxy_trial
 
             extra["trial"] = proxy_trial(self, policy, plan, cal)
-        if getattr(cal, "selection", None) is not None:  # issue 11: threshold, δ and the units a key needs
+        selecting = isinstance(strategy, NoisyWithPartitionSelection)
+        if selecting:  # issue 11: threshold, δ and the units a key needs
             extra["partition_selection"] = partition_selection.describe(plan, cal, resolved["selection_delta"])
         if "ci95" in resolved:
             extra["accuracy_target"] = self._ci95_scales(policy, plan, mech, resolved, sens).describe(
@@ -714,7 +720,7 @@ class Gateway:
                 "bounding": (f"after the join, on the joined rows: at most k = {joined.max_groups_per_unit} "
                              f"groups and m = {joined.max_rows_per_unit} rows per unit and group, values clamped"),
             }
-        if isinstance(cal, PlanCalibration):  # quantiles hook: grid, scale, rank error, cost
+        if isinstance(strategy, WithQuantiles):  # quantiles hook: grid, scale, rank error, cost
             extra["quantiles"] = {pid: {**q.describe(), "histogram_sql": histogram_sql_template(plan, policy, q.column)}
                                   for pid, q in cal.quantiles.items()}
         return {
@@ -726,7 +732,7 @@ class Gateway:
             # the analyst's names of the outputs (the plan's canonical form leaves labels out)
             "columns": [o.label or o.name for o in plan.visible_outputs],
             "labels": {o.name: o.label or o.name for o in plan.outputs},
-            "bounded_sql": _bounded_template(plan, policy),
+            "bounded_sql": _bounded_template(strategy, policy),
             "computed_keys": [
                 {"name": k.name, "expression": k.expression, "rule": k.rule, "type": k.type,
                  "domain_size": len(k.domain)}
@@ -741,7 +747,7 @@ class Gateway:
                 "rho": cal.rho,
                 "epsilon": cal.epsilon,
                 **_stated(cal.cost, delta),
-                **({"selection_delta": cal.selection.delta} if getattr(cal, "selection", None) is not None else {}),
+                **({"selection_delta": cal.selection.delta} if selecting else {}),
                 **self._fit(policy, cal.cost, consumer, scope),
             },
             **extra,
@@ -831,14 +837,13 @@ class Gateway:
             BudgetExhausted: the charge did not fit; nothing was written.
             QueryTimeout, ExecutionError, MechanismError: after the charge, which stays.
         """
-        policy, plan = self._plan(dataset, sql, dialect)
-        if reads_public_only(plan, policy) and search_id is None:  # public tables hook: exact and free
+        policy, plan, strategy = self.compile(dataset, sql, dialect)
+        if isinstance(strategy, ExactPublic) and search_id is None:  # public tables hook: exact and free
             return self._public_release(policy, plan)
-        if releases_public_keys_only(plan, policy) and search_id is None:  # keys only: the policy's keys, free
+        if isinstance(strategy, PublicKeysOnly) and search_id is None:  # keys only: the policy's keys, free
             return self._public_keys_release(policy, plan)
-        selection = self._selection_of(plan, policy)
-        if selection is not None or search_id is not None:  # selection hook (issue 15)
-            return self._selection_query(dataset, policy, plan, selection, consumer=consumer, budget=budget,
+        if isinstance(strategy, TopK) or search_id is not None:  # selection hook (issue 15)
+            return self._selection_query(dataset, policy, strategy, consumer=consumer, budget=budget,
                                          search_id=search_id)
         mech = self._mechanism(policy, mechanism)
         resolved = self._resolve_selection(policy, plan, self._resolve_budget(policy, mech, budget), budget)
@@ -862,13 +867,14 @@ class Gateway:
                 return self._serve(hit, policy, plan, keys.release, display)
             # Calibrate and bind the rewrite before charging (reads no data): a query
             # DuckDB refuses whatever the data costs nothing.
-            cal, _ = self._calibrate(policy, plan, mech, resolved)
-            if has_quantiles(plan):
-                for statement in _engine_statements(plan, policy):
+            cal, _ = self._calibrate(policy, strategy, mech, resolved)
+            selecting = isinstance(strategy, NoisyWithPartitionSelection)
+            if isinstance(strategy, WithQuantiles):
+                for statement in _engine_statements(strategy, policy):
                     self.engine.check(statement)
             else:
                 self._run_bounded(self.engine.check, plan, policy, salt=0)
-            if getattr(cal, "selection", None) is not None:  # what select_rows reads of the plan, before the charge
+            if selecting:  # what select_rows reads of the plan, before the charge
                 selection_plan.public_combinations(plan, policy)
 
             def charge(release_key: str):
@@ -885,20 +891,20 @@ class Gateway:
                     release_key=release_key,
                     metadata={"dataset": dataset, "plan_hash": plan.plan_hash, "data_version": version},
                     # issue 11: the δ OpenDP's threshold map gives, against the cap's selection_delta
-                    **({"selection_delta": cal.selection.delta} if getattr(cal, "selection", None) is not None else {}),
+                    **({"selection_delta": cal.selection.delta} if selecting else {}),
                     **({"cohorts": scope} if scope is not None else {}),
                 )
 
             # ---- once charged, nothing refunds the charge (a failed attempt stays charged) ----
             release, fresh = flight.run(
                 charge=charge,
-                compute=lambda receipt: self._compute(policy, plan, cal, resolved, receipt, keys.noise, version),
+                compute=lambda receipt: self._compute(policy, strategy, cal, resolved, receipt, keys.noise, version),
             )
         if fresh:
             return release.to_dict(cached=False)
         return self._serve(release, policy, plan, keys.release, display)
 
-    def _selection_query(self, dataset: str, policy: DatasetPolicy, plan: QueryPlan, selection, *,
+    def _selection_query(self, dataset: str, policy: DatasetPolicy, strategy: Strategy, *,
                          consumer: str, budget: QueryBudget | None, search_id: str | None) -> dict[str, Any]:
         """A selection query (issue 15; :func:`dpgate.selection.run_selection`), recorded in its
         search when ``search_id`` is given.
@@ -909,17 +915,17 @@ class Gateway:
         """
         from dpgate.selection import run_selection
 
-        if reads_public_only(plan, policy):
+        if isinstance(strategy, (ExactPublic, PublicKeysOnly)):
             raise UnsupportedQuery("this query reads public tables only: it is answered exactly and free, without "
                                    "search_id; a search records public-data selection when it is closed",
                                    {"reason": "search_public_query"})
-        if selection is None:
+        if not isinstance(strategy, TopK):
             raise UnsupportedQuery("search_id goes with a selection query (keys only, ORDER BY an aggregate, "
                                    "LIMIT k); charge other steps of a search through /v1/ledger/charges",
                                    {"reason": "search_needs_selection"})
         if search_id is not None:  # the consumer's own search only (another's: NotFound)
             self.searches.check_open(search_id, population=policy.population, consumer=consumer)
-        release = run_selection(self, dataset, policy, selection, budget, consumer, search_id=search_id)
+        release = run_selection(self, dataset, policy, strategy.selection, budget, consumer, search_id=search_id)
         if search_id is not None:
             self.searches.record_selection(search_id, release, consumer=consumer)
         return release
@@ -987,12 +993,15 @@ class Gateway:
         except Conflict:
             return run(bounded_sql(plan, policy, salt=salt))
 
-    def _compute(self, policy: DatasetPolicy, plan: QueryPlan, cal, resolved: Mapping[str, Any],
+    def _compute(self, policy: DatasetPolicy, strategy: Strategy, cal, resolved: Mapping[str, Any],
                  receipt, key: str, version: str) -> Release:
+        plan = strategy.plan
         salt = self._salt_source()
+        quantiles = isinstance(strategy, WithQuantiles)
+        selecting = isinstance(strategy, NoisyWithPartitionSelection)
         try:
-            if isinstance(cal, PlanCalibration):  # quantiles hook
-                keys, noisy, halfwidths = self._compute_quantiles(policy, plan, cal, salt)
+            if quantiles:  # quantiles hook
+                keys, noisy, halfwidths = self._compute_quantiles(policy, strategy, cal, salt)
             else:
                 values = self._run_bounded(self.engine.execute, plan, policy, salt=salt)
         except DpgateError:
@@ -1001,8 +1010,8 @@ class Gateway:
             raise ExecutionError("executing the bounded query failed; the charge stays",
                                  {"charge_id": receipt and receipt.charge_id}) from exc
         del salt
-        if not isinstance(cal, PlanCalibration):
-            if getattr(cal, "selection", None) is not None:  # issue 11 hook: threshold, then noise on the selected rows
+        if not quantiles:
+            if selecting:  # issue 11 hook: threshold, then noise on the selected rows
                 keys, noisy = partition_selection.select_rows(plan, policy, cal, values)
             else:
                 keys = {k: values[k] for k in plan.group_by}
@@ -1055,7 +1064,7 @@ class Gateway:
             "value_ranges": value_ranges(plan, policy),
             "post_processing": post_processing_settings(policy),
             **({"partition_selection": partition_selection.describe(plan, cal, resolved["selection_delta"])}
-               if getattr(cal, "selection", None) is not None else {}),
+               if selecting else {}),
             # the published guarantee: the cap the ledger enforced when it charged this release
             "guarantee": {
                 "population": policy.population,
@@ -1074,9 +1083,9 @@ class Gateway:
         )
         return Release(release_id, key, policy.name, plan.plan_hash, created, document, primitives)
 
-    def _compute_quantiles(self, policy: DatasetPolicy, plan: QueryPlan, cal: PlanCalibration, salt: int):
+    def _compute_quantiles(self, policy: DatasetPolicy, strategy: WithQuantiles, cal, salt: int):
         """Keys, noisy values and half-widths of a plan with quantiles (quantile index per group)."""
-        base = without_quantiles(plan)
+        plan, base = strategy.plan, strategy.base
         keys: dict[str, Any] = {}
         noisy: dict[str, Any] = {}
         if base.primitives:
@@ -1572,22 +1581,18 @@ def _primitive_sig(p) -> str:
     return f"{p.kind}:{p.column or ''}" + (f":{alpha!r}" if alpha is not None else "")
 
 
-def _engine_statements(plan: QueryPlan, policy: DatasetPolicy) -> list[str]:
-    """The SQL the engine will run for ``plan`` (salt 0), to bind before the charge."""
-    if not has_quantiles(plan):
-        return [bounded_sql(plan, policy, salt=0)]
-    base = without_quantiles(plan)
+def _engine_statements(strategy: WithQuantiles, policy: DatasetPolicy) -> list:
+    """The statements the engine will run for a plan with quantiles (salt 0), to bind before the charge."""
+    base = strategy.base
     out = [bounded_sql(base, policy, salt=0)] if base.primitives else []
-    columns = dict.fromkeys(p.column for p in plan.primitives if p.kind == "quantile")
-    return out + [histogram_sql(plan, policy, c, salt=0) for c in columns]
+    return out + [histogram_sql(strategy.plan, policy, c, salt=0) for c in strategy.columns]
 
 
-def _bounded_template(plan: QueryPlan, policy: DatasetPolicy) -> str | None:
+def _bounded_template(strategy: Strategy, policy: DatasetPolicy):
     """The bounded SQL of the count/sum primitives (salt hidden); None when there are none."""
-    if not has_quantiles(plan):
-        return bounded_sql_template(plan, policy)
-    base = without_quantiles(plan)
-    return bounded_sql_template(base, policy) if base.primitives else None
+    if not isinstance(strategy, WithQuantiles):
+        return bounded_sql_template(strategy.plan, policy)
+    return bounded_sql_template(strategy.base, policy) if strategy.base.primitives else None
 
 
 def _primitive_text(p) -> str:
