@@ -209,7 +209,6 @@ _ALL: list[set[str]] = [
 MODULE_LEVEL_CYCLES.update(frozenset(c) for c in _MODULE_LEVEL)
 ALL_CYCLES.update(frozenset(c) for c in _ALL)
 OVERSIZED.update({
-    "dpgate.service": 1744,
     "dpgate.policy": 1666,
     "dpgate.accounting": 1592,
     "dpgate.sql.parse": 1544,

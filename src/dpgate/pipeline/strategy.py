@@ -22,11 +22,12 @@ The strategies, in the order they are tried (the first that applies wins):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Union
 
 from dpgate.errors import DpgateError
 from dpgate.policy import DatasetPolicy
+from dpgate.quantile_release import without_quantiles
 from dpgate.sql.parse import nothing_charged
 from dpgate.sql.plan import QueryPlan
 from dpgate.sql.public import reads_public_only, releases_public_keys_only
@@ -104,11 +105,6 @@ class WithQuantiles:
 
 
 Strategy = Union[ExactPublic, PublicKeysOnly, TopK, Noisy, NoisyWithPartitionSelection, WithQuantiles]
-
-
-def without_quantiles(plan: QueryPlan) -> QueryPlan:
-    """The plan's count/sum primitives only (what :func:`dpgate.sql.bound.bounded_sql` computes)."""
-    return replace(plan, primitives=tuple(p for p in plan.primitives if p.kind != "quantile"))
 
 
 def choose(plan: QueryPlan, policy: DatasetPolicy) -> Strategy:
