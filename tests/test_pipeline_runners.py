@@ -193,6 +193,17 @@ def test_a_ledger_charging_another_cost_is_an_internal_error(gw, monkeypatch):
         gw.query("shop", QUERIES[Noisy][0], consumer="default", budget=QueryBudget(rho=0.02))
 
 
+def test_every_strategy_has_its_own_runner():
+    from typing import get_args
+
+    from dpgate.pipeline.strategy import Strategy
+
+    assert set(runners.RUNNERS) == set(get_args(Strategy))
+    assert len(set(runners.RUNNERS.values())) == len(runners.RUNNERS)
+    with pytest.raises(Internal, match="no runner"):
+        runners.runner_for(object(), None)  # type: ignore[arg-type]
+
+
 def test_the_resolved_budget_is_frozen_and_keeps_the_dict_order():
     b = ResolvedBudget(epsilon=1.0, delta=1e-6).with_selection_delta(1e-9)
     assert list(b.to_dict()) == ["epsilon", "delta", "selection_delta"]

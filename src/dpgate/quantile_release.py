@@ -139,7 +139,7 @@ def calibrate_quantile(p: Primitive, plan: QueryPlan, policy: DatasetPolicy, mea
 class PlanCalibration:
     """The calibration of a plan with quantiles: the count/sum part and the quantiles.
 
-    Duck-types :class:`dpgate.mechanisms.Calibration` where the service reads it
+    Duck-types :class:`dpgate.mechanisms.Calibration` where the runners read it
     (``mechanism``, ``scales``, ``cost``, ``rho``, ``epsilon``, ``exact``).
     ``scales`` maps quantile primitives to their rank scale.
     """

@@ -31,8 +31,8 @@ from dpgate.mechanisms import calibrate as calibrate_noise, ci95_halfwidth, mech
 from dpgate.pipeline import documents
 from dpgate.pipeline.budget import (QueryBudget, ResolvedBudget, fit, mechanism_of, resolve, resolve_selection,
                                     stated)
-from dpgate.pipeline.strategy import (ExactPublic, NoisyWithPartitionSelection, PublicKeysOnly, Strategy, TopK,
-                                      WithQuantiles)
+from dpgate.pipeline.strategy import (ExactPublic, Noisy, NoisyWithPartitionSelection, PublicKeysOnly, Strategy,
+                                      TopK, WithQuantiles)
 from dpgate.policy import DatasetPolicy
 from dpgate.postprocess import finalize
 from dpgate.postprocess.calibration import scales_for_ci95
@@ -49,7 +49,7 @@ from dpgate.sql.per_unit import PerUnitTable
 from dpgate.sql.public import MAX_PUBLIC_ROWS, exact_sql, public_key_columns, reads_rows
 from dpgate.sql.quantile import histogram_sql, histogram_sql_template
 
-__all__ = ["Calibrated", "QueryContext", "Runner", "runner_for"]
+__all__ = ["RUNNERS", "Calibrated", "QueryContext", "Runner", "runner_for"]
 
 
 @dataclass(frozen=True)
@@ -327,11 +327,13 @@ def ci95_scales(policy: DatasetPolicy, plan: Any, mech: str, resolved: ResolvedB
 
 
 class NoisyRunner(Runner):
-    """Counts and sums: one noisy vector per primitive (over public keys, or selected keys)."""
+    """Counts and sums over public keys: one noisy vector per primitive."""
+
+    #: the plan's keys are selected privately (:class:`PartitionSelectionRunner`)
+    selecting = False
 
     def __init__(self, strategy: Strategy, ctx: QueryContext) -> None:
         super().__init__(strategy, ctx)
-        self.selecting = isinstance(strategy, NoisyWithPartitionSelection)
         self.mechanism = ""
 
     # ------------------------------------------------------------ budget and calibration
@@ -558,6 +560,14 @@ def _source_description(policy: DatasetPolicy, plan: Any) -> dict[str, Any]:
     return {}
 
 
+class PartitionSelectionRunner(NoisyRunner):
+    """Counts and sums grouped by keys without public keys: the selection histogram shares the
+    budget, the threshold mechanism selects the keys, the selected rows are noised
+    (:mod:`dpgate.partition_selection`)."""
+
+    selecting = True
+
+
 class QuantilesRunner(NoisyRunner):
     """Counts/sums noised as :class:`NoisyRunner`'s, and each quantile selected on its histogram."""
 
@@ -605,14 +615,24 @@ class QuantilesRunner(NoisyRunner):
                               for pid, q in measurement.quantiles.items()}}
 
 
-_RUNNERS: dict[type, type[Runner]] = {
+#: strategy → its runner: one each (a strategy without a runner fails in :func:`runner_for`).
+RUNNERS: dict[type, type[Runner]] = {
     ExactPublic: ExactPublicRunner,
     PublicKeysOnly: PublicKeysOnlyRunner,
     TopK: TopKRunner,
+    Noisy: NoisyRunner,
+    NoisyWithPartitionSelection: PartitionSelectionRunner,
     WithQuantiles: QuantilesRunner,
 }
 
 
 def runner_for(strategy: Strategy, ctx: QueryContext) -> Runner:
-    """The runner of ``strategy`` (Noisy and NoisyWithPartitionSelection: :class:`NoisyRunner`)."""
-    return _RUNNERS.get(type(strategy), NoisyRunner)(strategy, ctx)
+    """The runner of ``strategy`` (:data:`RUNNERS`).
+
+    Raises:
+        Internal: a strategy without a runner (a new strategy must bring one).
+    """
+    try:
+        return RUNNERS[type(strategy)](strategy, ctx)
+    except KeyError:
+        raise Internal(f"no runner for the release strategy {type(strategy).__name__}") from None
