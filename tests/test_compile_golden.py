@@ -190,7 +190,7 @@ def strategy(plan, policy: DatasetPolicy) -> dict[str, Any]:
 
 
 def statements(plan, policy: DatasetPolicy, *, unit_unique: bool) -> list[str]:
-    """The SQL the gateway hands the engine for ``plan`` with salt 0 (service._engine_statements;
+    """The SQL the gateway hands the engine for ``plan`` with salt 0 (the runners' prepare, dpgate.pipeline.runners;
     the exact SQL of a public-only query; none for a keys-only query)."""
     if reads_public_only(plan, policy):
         return [exact_sql(plan, policy)]

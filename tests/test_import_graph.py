@@ -209,7 +209,6 @@ _ALL: list[set[str]] = [
 MODULE_LEVEL_CYCLES.update(frozenset(c) for c in _MODULE_LEVEL)
 ALL_CYCLES.update(frozenset(c) for c in _ALL)
 OVERSIZED.update({
-    "dpgate.service": 1744,
     "dpgate.sql.parse": 1544,
     "dpgate.engines.base": 1374,
     "dpgate.sql.bind": 1175,

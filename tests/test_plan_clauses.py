@@ -449,14 +449,14 @@ def test_refusals_of_these_clauses_charge_nothing(gw, sql, text):
 
 
 def test_a_row_by_row_read_of_a_public_table_is_capped(policy, gw, monkeypatch):
-    import dpgate.service as service
+    import dpgate.pipeline.runners as runners
     import dpgate.sql.public as public
 
     p = plan("SELECT name FROM cities", policy)
     assert exact_sql(p, policy).endswith(f"LIMIT {public.MAX_PUBLIC_ROWS + 1}")
     assert exact_sql(plan("SELECT name FROM cities LIMIT 2", policy), policy).endswith("LIMIT 2")
     monkeypatch.setattr(public, "MAX_PUBLIC_ROWS", 2)
-    monkeypatch.setattr(service, "MAX_PUBLIC_ROWS", 2)
+    monkeypatch.setattr(runners, "MAX_PUBLIC_ROWS", 2)
     with pytest.raises(UnsupportedQuery, match="more than 2 rows"):
         ask(gw, "SELECT name FROM cities")
     assert ask(gw, "SELECT name FROM cities ORDER BY name LIMIT 2")["rows"] == [["Aarau"], ["Lyon"]]

@@ -204,12 +204,12 @@ def test_charge_stays_when_execution_fails_after_it(gw, monkeypatch):
 
 
 def test_charge_stays_when_noise_fails_after_it(gw, monkeypatch):
-    import dpgate.service as service
+    import dpgate.pipeline.runners as runners
 
     def broken(cal, values):
         raise MechanismError("sampler unavailable")
 
-    monkeypatch.setattr(service, "sample", broken)
+    monkeypatch.setattr(runners, "sample", broken)
     with pytest.raises(MechanismError):
         gw.query("pums", "SELECT COUNT(*) FROM persons", consumer="analysts", budget=QueryBudget(rho=0.01))
     assert len(gw.ledger_entries()) == 1

@@ -1,7 +1,7 @@
 """Private partition selection in the query pipeline (issue 11): budget, calibration, release.
 
-The gateway (:mod:`dpgate.service`) calls these for a plan with privately selected
-keys (:attr:`~dpgate.sql.plan.QueryPlan.selected_keys`; plan side in
+The partition-selection runner (:class:`dpgate.pipeline.runners.PartitionSelectionRunner`) calls
+these for a plan with privately selected keys (:attr:`~dpgate.sql.plan.QueryPlan.selected_keys`; plan side in
 :mod:`dpgate.sql.partition_selection`, the OpenDP threshold mechanism in
 :mod:`dpgate.mechanisms`):
 

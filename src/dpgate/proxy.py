@@ -138,9 +138,11 @@ def fallback_answer(gateway: Any, dataset: str, sql: str, *, consumer: str | Non
     if not wants_proxy(policy, consumer, fallback):
         return None
     proxy = gateway.policy(policy.proxy)
-    _, plan = gateway._plan(dataset, sql, dialect)
+    from dpgate.pipeline.strategy import TopK
+
+    _, plan, strategy = gateway.compile(dataset, sql, dialect)
     try:
-        if gateway._selection_of(plan, policy) is not None:
+        if isinstance(strategy, TopK):
             raise ExecutionError("keys-only selection queries (ORDER BY … LIMIT k) are not answered from a proxy")
         keys, exact = run_on_proxy(gateway, policy, plan)
         zero = {p.id: 0.0 for p in plan.primitives}

@@ -139,7 +139,7 @@ def calibrate_quantile(p: Primitive, plan: QueryPlan, policy: DatasetPolicy, mea
 class PlanCalibration:
     """The calibration of a plan with quantiles: the count/sum part and the quantiles.
 
-    Duck-types :class:`dpgate.mechanisms.Calibration` where the service reads it
+    Duck-types :class:`dpgate.mechanisms.Calibration` where the runners read it
     (``mechanism``, ``scales``, ``cost``, ``rho``, ``epsilon``, ``exact``).
     ``scales`` maps quantile primitives to their rank scale.
     """
@@ -249,10 +249,13 @@ def select(noise: QuantileNoise, hist: np.ndarray) -> np.ndarray:
                      for row in hist], dtype=np.int64)
 
 
-def run(plan: QueryPlan, policy: DatasetPolicy, cal: PlanCalibration, execute: Callable[[str], Mapping[str, np.ndarray]],
-        salt: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """Execute each quantile column's histogram SQL and select every quantile.
+def run(plan: QueryPlan, policy: DatasetPolicy, cal: PlanCalibration, execute: Callable[[Any], Mapping[str, np.ndarray]],
+        salt: int, statements: Mapping[str, Any] | None = None) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Execute each quantile column's histogram statement and select every quantile.
 
+    Args:
+        statements: column → its histogram statement, rendered (and checked) before the charge
+            (:class:`dpgate.pipeline.runners.QuantilesRunner`); None: rendered here with ``salt``.
     Returns (group keys, primitive id → candidate index per group).
     """
     table = policy.table(plan.table)
@@ -262,7 +265,9 @@ def run(plan: QueryPlan, policy: DatasetPolicy, cal: PlanCalibration, execute: C
     keys: dict[str, np.ndarray] = {}
     for pid, q in cal.quantiles.items():
         if q.column not in by_column:
-            by_column[q.column] = execute(histogram_sql(plan, policy, q.column, salt=salt))
+            statement = statements[q.column] if statements is not None else \
+                histogram_sql(plan, policy, q.column, salt=salt)
+            by_column[q.column] = execute(statement)
             keys = keys or group_keys(by_column[q.column], plan)
         hist = histograms(by_column[q.column], n_groups, q.grid.size)
         out[pid] = select(q, hist)

@@ -52,25 +52,25 @@ import hashlib
 import json
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
 from dpgate import accounting
-from dpgate.cohorts import charge_scope, release_guarantee, scope_signature
-from dpgate.errors import DpgateError, ExecutionError, InvalidBudget, MechanismError, UnsupportedQuery
+from dpgate.cohorts import release_guarantee
+from dpgate.errors import InvalidBudget, MechanismError, UnsupportedQuery
 from dpgate.ledger.filter import charge_statement
 from dpgate.mechanisms.selection import select_top_k, top_k_rho
 from dpgate.policy import DatasetPolicy
-from dpgate.releases import CacheKeys, Release, new_release_id, now
+from dpgate.releases import Release, new_release_id, now
 from dpgate.representable import check_representable
 from dpgate.sensitivity import primitive_linf
-from dpgate.sql.bound import bounded_sql, bounded_sql_template
+from dpgate.sql.bound import bounded_sql_template
 from dpgate.sql.plan import KeyOutput
 from dpgate.sql.selection_query import SelectionQuery
 
-__all__ = ["MECHANISM", "SelectionCalibration", "calibrate_selection", "explain_selection",
-           "resolve_selection_budget", "run_selection"]
+__all__ = ["MECHANISM", "SelectionCalibration", "calibrate_selection", "explain_selection", "noise_signature",
+           "resolve_selection_budget", "selection_release"]
 
 #: The mechanism named in every selection release.
 MECHANISM = "exponential_mechanism"
@@ -222,13 +222,18 @@ def _candidate_list(sel: SelectionQuery, policy: DatasetPolicy, n: int) -> list[
     return [_json_key(k) for k in keys] if keys is not None else None
 
 
-def explain_selection(gateway: Any, dataset: str, policy: DatasetPolicy, sel: SelectionQuery,
-                      budget: Any, consumer: str | None) -> dict[str, Any]:
-    """What :meth:`dpgate.service.Gateway.explain` shows for a selection: plan, bounded SQL, Δu, ε,
-    the mechanism and the charge. Reads no data, charges nothing."""
+def explain_selection(ledger: Any, dataset: str, policy: DatasetPolicy, sel: SelectionQuery,
+                      budget: Any, fit: Callable[[accounting.Cost], Mapping[str, Any]]) -> dict[str, Any]:
+    """What :meth:`dpgate.pipeline.gateway.Gateway.explain` shows for a selection: plan, bounded SQL,
+    Δu, ε, the mechanism and the charge. Reads no data, charges nothing.
+
+    Args:
+        ledger: the ledger (the cap's δ the charge is stated at).
+        fit: cost → whether it fits what is left (``cost.fits``, :func:`dpgate.pipeline.budget.fit`).
+    """
     resolved = resolve_selection_budget(policy, budget)
     cal = calibrate_selection(sel, policy, resolved)
-    delta = gateway.ledger.cap(policy.population).rho_delta
+    delta = ledger.cap(policy.population).rho_delta
     plan = sel.plan
     return {
         "dataset": dataset,
@@ -243,7 +248,7 @@ def explain_selection(gateway: Any, dataset: str, policy: DatasetPolicy, sel: Se
         "budget": resolved,
         "cost": {"rho": cal.rho, "epsilon": cal.epsilon,
                  **_stated(cal.cost, delta),
-                 **gateway._fit(policy, cal.cost, consumer)},
+                 **fit(cal.cost)},
     }
 
 
@@ -253,69 +258,24 @@ def _stated(cost: accounting.Cost, delta: float) -> dict[str, float]:
     return {"epsilon_at_delta": eps, "delta": d}
 
 
-def _noise_signature(sel: SelectionQuery) -> str:
+def noise_signature(sel: SelectionQuery) -> str:
+    """What a selection noises (its plan, k and direction): the release cache's noise key."""
     body = {"selection": sel.plan.plan_hash, "k": sel.k, "descending": sel.descending}
     return "selection:" + hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
-def run_selection(gateway: Any, dataset: str, policy: DatasetPolicy, sel: SelectionQuery, budget: Any,
-                  consumer: str, *, search_id: str | None = None) -> dict[str, Any]:
-    """Answer a selection query: charge ρ, run the bounded query, release the k selected keys.
+def selection_release(policy: DatasetPolicy, sel: SelectionQuery, cal: SelectionCalibration,
+                      resolved: Mapping[str, float], receipt: Any, key: str, version: str,
+                      values: Mapping[str, Any]) -> Release:
+    """The release of a selection from the bounded query's result ``values``: the k keys the
+    exponential mechanism picks (best first) as ``rows``, ``accuracy = {}``, and ``selection``
+    (candidates, Δu, ε, the mechanism, ρ). The scores are never released or stored.
 
     Args:
-        gateway: the :class:`~dpgate.service.Gateway` (its ledger, engine and release cache).
-        dataset, policy, sel: the dataset and its recognised selection query.
-        budget: a :class:`~dpgate.service.QueryBudget` or None.
-        consumer: the allocation that pays.
-        search_id: recorded in the charge's metadata when the selection belongs to a search.
-    Returns:
-        The release document: the selected keys as ``rows`` (best first), ``accuracy = {}``, and
-        ``selection`` (candidates, Δu, ε, the mechanism, ρ); a repeat is served cached, free.
-    Raises:
-        as :meth:`~dpgate.service.Gateway.query`.
+        cal: the calibration that was charged. resolved: the resolved budget (dict form).
+        receipt: the ledger's receipt. key: the noise cache key. version: the data version.
     """
     plan = sel.plan
-    resolved = resolve_selection_budget(policy, budget)
-    version = gateway._data_version(dataset)
-    scope = charge_scope(gateway.ledger, policy, plan)  # cohorts hook (issue 23)
-    keys = CacheKeys.of(plan_hash=plan.plan_hash + scope_signature(scope),
-                        noise_signature=_noise_signature(sel) + scope_signature(scope),
-                        data_version=version, mechanism=MECHANISM, budget=resolved, post_processing={})
-    with gateway.release_cache.flight(keys) as flight:
-        hit = flight.lookup()
-        if hit is not None:
-            return hit.to_dict(cached=True)
-        cal = calibrate_selection(sel, policy, resolved)
-        gateway.engine.check(bounded_sql(plan, policy, salt=0))
-
-        def charge(release_key: str):
-            metadata = {"dataset": dataset, "plan_hash": plan.plan_hash, "data_version": version,
-                        "kind": "selection"}
-            if search_id is not None:
-                metadata["search_id"] = search_id
-            return gateway.ledger.charge(policy.population, consumer, cal.cost,
-                                         purpose=f"selection on {dataset}: {plan.canonical_sql}"[:500],
-                                         release_key=release_key, metadata=metadata,
-                                         **({"cohorts": scope} if scope is not None else {}))
-
-        release, fresh = flight.run(
-            charge=charge,
-            compute=lambda receipt: _compute(gateway, policy, sel, cal, resolved, receipt, keys.noise, version))
-    return release.to_dict(cached=not fresh)
-
-
-def _compute(gateway: Any, policy: DatasetPolicy, sel: SelectionQuery, cal: SelectionCalibration,
-             resolved: Mapping[str, float], receipt: Any, key: str, version: str) -> Release:
-    plan = sel.plan
-    salt = gateway._salt_source()
-    try:
-        values = gateway.engine.execute(bounded_sql(plan, policy, salt=salt))
-    except DpgateError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - no data in the message
-        raise ExecutionError("executing the bounded query failed; the charge stays",
-                             {"charge_id": receipt and receipt.charge_id}) from exc
-    del salt
     scores = np.asarray(values[sel.utility.id])
     picked = select_top_k(scores, sel.k, cal.scale, monotonic=cal.monotonic, descending=sel.descending)
     del scores

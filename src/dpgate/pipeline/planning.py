@@ -1,0 +1,159 @@
+"""Planning one query in the gateway: the policy it is planned against, the plan, its checks and its
+release strategy, once (issue 20, "Compile once"; split from :mod:`dpgate.service`).
+
+:func:`compile_query` parses the analyst's text once, plans it, refuses what post-processing
+could not evaluate, and chooses the strategy (:func:`dpgate.pipeline.strategy.choose`). Every
+refusal here says that nothing was charged. :func:`with_public_table_keys` gives a public table's
+columns their values as keys (read from the public data through the engine, cached per data version).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from types import MappingProxyType
+from typing import Any, Mapping, MutableMapping
+
+import numpy as np
+
+from dpgate.errors import DpgateError, InvalidSql, UnsupportedQuery
+from dpgate.pipeline.documents import plain
+from dpgate.pipeline.strategy import Strategy, choose
+from dpgate.policy import DatasetPolicy, KeyTuples, quote_identifier
+from dpgate.postprocess import check_postprocess_expression
+from dpgate.sql.constant import refuse_constant_plan
+from dpgate.sql.joins import policy_for
+from dpgate.sql.parse import nothing_charged, parse_query, parse_statement
+from dpgate.sql.plan import AggregateOutput, DerivedOutput, KeyOutput, QueryPlan
+from dpgate.sql.selection_query import check_candidates
+
+__all__ = ["MAX_PUBLIC_TABLE_KEYS", "check_text", "compile_query", "with_public_table_keys"]
+
+#: Most distinct values of a public table's column used as its keys.
+MAX_PUBLIC_TABLE_KEYS = 100_000
+
+
+def compile_query(policy: DatasetPolicy, sql: str, dialect: str | None = None
+                  ) -> tuple[DatasetPolicy, QueryPlan, Strategy]:
+    """Plan ``sql`` once against ``policy`` (with its public tables' keys) and choose its strategy.
+
+    Returns:
+        ``(policy, plan, strategy)``: the policy the plan reads (a joined table's for a join),
+        the validated plan and its release strategy. Reads no protected data, charges nothing.
+    Raises:
+        InvalidSql, UnsupportedQuery, UnknownTable, UnknownColumn (each saying nothing was charged).
+    """
+    check_text(sql)
+    try:
+        statement = parse_statement(sql, dialect)  # the analyst's text, parsed once
+        check_candidates(statement, policy)  # selection hook (issue 15); reads the tree only
+    except DpgateError as e:
+        raise nothing_charged(e)
+    plan = parse_query(sql, policy, dialect=dialect, statement=statement)
+    planned = policy_for(plan.table, policy)  # joins hook: the plan's joined table
+    try:
+        refuse_constant_plan(plan)
+        check_derived_outputs(plan, planned)
+    except DpgateError as e:
+        raise nothing_charged(e)
+    return planned, plan, choose(plan, planned)
+
+
+def check_text(sql: Any) -> None:
+    """Refuse an empty SQL text (InvalidSql), before anything is read."""
+    if not isinstance(sql, str) or not sql.strip():
+        raise InvalidSql("the SQL text is empty")
+
+
+def with_public_table_keys(engine: Any, policy: DatasetPolicy, version: str | None,
+                           cache: MutableMapping[tuple[str, str], DatasetPolicy]) -> DatasetPolicy:
+    """The policy with each public table's key-less text/int/bool columns keyed by their
+    values, and the combinations of its key columns that occur together (issue 19 item 5).
+
+    A public table holds nothing to protect, so its distinct values (read from the
+    policy's data source, NULLs left out, at most :data:`MAX_PUBLIC_TABLE_KEYS`) are
+    public keys: grouping a protected aggregate by a joined public table's column
+    releases every one of them (empty groups as noisy zeros). Its distinct rows over the
+    columns with public keys (at most as many; NULLs kept) are its
+    :class:`~dpgate.policy.KeyTuples`: grouping by several of its columns releases those
+    combinations, never the product of the columns' keys. Cached per data version.
+    """
+    def keyed(c) -> bool:
+        return c.public_keys is not None or c.type in ("text", "int", "bool")
+
+    targets = [t for t in policy.tables.values() if t.public and (any(
+        c.public_keys is None and c.type in ("text", "int", "bool") for c in t.columns.values())
+        or sum(keyed(c) for c in t.columns.values()) > 1)]
+    if not targets:
+        return policy
+    if version is not None and (policy.name, version) in cache:
+        return cache[(policy.name, version)]
+    tables = dict(policy.tables)
+    for t in targets:
+        cols = {}
+        for name, col in t.columns.items():
+            if col.public_keys is None and col.type in ("text", "int", "bool"):
+                ref = quote_identifier(name)
+                values = engine.execute(
+                    f"SELECT DISTINCT {ref} AS v FROM {t.relation} WHERE {ref} IS NOT NULL ORDER BY v "
+                    f"LIMIT {MAX_PUBLIC_TABLE_KEYS + 1}")["v"]
+                keys = tuple(plain(v) for v in np.asarray(values).tolist())
+                if 0 < len(keys) <= MAX_PUBLIC_TABLE_KEYS:
+                    col = dataclasses.replace(col, public_keys=keys)
+            cols[name] = col
+        key_tuples = ()
+        keyed_names = [n for n, c in cols.items() if c.public_keys is not None]
+        if len(keyed_names) > 1:
+            refs = ", ".join(quote_identifier(n) for n in keyed_names)
+            values = engine.execute(
+                f"SELECT DISTINCT {refs} FROM {t.relation} LIMIT {MAX_PUBLIC_TABLE_KEYS + 1}")
+            columns = [[plain(v) for v in np.asarray(values[n]).tolist()] for n in keyed_names]
+            rows = tuple(zip(*columns)) if columns else ()
+            key_tuples = (KeyTuples(tuple(keyed_names), rows if len(rows) <= MAX_PUBLIC_TABLE_KEYS else None),)
+        tables[t.name] = dataclasses.replace(t, columns=MappingProxyType(cols), key_tuples=key_tuples)
+    out = dataclasses.replace(policy, tables=MappingProxyType(tables))
+    if version is not None:
+        cache[(policy.name, version)] = out
+    return out
+
+
+def check_derived_outputs(plan: QueryPlan, policy: DatasetPolicy) -> None:
+    """Refuse, before the charge, a select-list expression that post-processing cannot evaluate.
+
+    Each :class:`~dpgate.sql.plan.DerivedOutput` is checked by
+    :func:`dpgate.postprocess.check_postprocess_expression` on zero rows with the types its
+    inputs can have (group keys: their type; aggregates: int and float), so that a charged
+    release never fails in post-processing.
+
+    Raises:
+        UnsupportedQuery: an unsupported or non-deterministic construct, or a type error.
+    """
+    derived = [o for o in plan.outputs if isinstance(o, DerivedOutput)]
+    if not derived:
+        return
+    table = policy.table(plan.table)
+    keys: dict[str, str] = {}
+    for o in plan.outputs:
+        if isinstance(o, KeyOutput):
+            computed = plan.computed_key(o.column)
+            keys[o.name] = computed.type if computed is not None else table.column(o.column).type
+    labels = {o.name: o.label or o.name for o in plan.outputs}
+    try:
+        for value_type in ("int", "float"):
+            types = {**{o.name: value_type for o in plan.outputs if isinstance(o, AggregateOutput)}, **keys}
+            for o in derived:
+                check_postprocess_expression(o.expression, types)
+    except UnsupportedQuery as e:
+        raise in_analyst_terms(e, labels) from None
+
+
+def in_analyst_terms(e: UnsupportedQuery, labels: Mapping[str, str]) -> UnsupportedQuery:
+    """``e`` with the plan's output names (``"g0"``, ``"count"``) replaced by the titles the
+    analyst gave them (``bin``, ``COUNT(*)``): internal names never reach a message."""
+    def title(m: re.Match) -> str:
+        name = m.group(1).replace('""', '"')
+        return labels.get(name, m.group(0))
+
+    quoted = re.compile(r'"((?:[^"]|"")+)"')
+    details = {k: quoted.sub(title, v) if isinstance(v, str) else v for k, v in e.details.items()}
+    return UnsupportedQuery(quoted.sub(title, e.message), details)

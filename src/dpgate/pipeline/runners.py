@@ -1,0 +1,638 @@
+"""One runner per release strategy (issue 20 step 5, DESIGN.md "Compile once").
+
+:func:`runner_for` maps a :mod:`~dpgate.pipeline.strategy` value to its runner; ``Gateway.query``
+and ``Gateway.explain`` both go through it (one dispatch). Every runner has
+
+* ``resolve(budget, mechanism) → ResolvedBudget`` — cheap, before the release cache lookup;
+* ``calibrate(budget) → Calibrated`` — sensitivities, noise scales and the cost (reads no data);
+* ``prepare(engine, salt)`` — renders every statement the release runs and has the engine check
+  (bind) each, before anything is charged: a query the engine refuses costs nothing;
+* ``run(engine, salt)`` — executes the prepared statements and noises the result;
+* ``explain(...)`` and ``answer(...)`` — the explain document, and the release.
+
+The charge (:meth:`Runner._charge`) refuses to happen before ``prepare`` finished and checks that
+the ledger charged exactly the calibrated cost (Tumult Analytics' assertion that a measurement's
+cost equals its charge); either violation is an :class:`~dpgate.errors.Internal` error. Once
+charged, nothing refunds the charge (a failed execution stays charged).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Mapping
+
+import numpy as np
+
+from dpgate import accounting, partition_selection, quantile_release
+from dpgate.cohorts import charge_scope, scope_signature
+from dpgate.errors import Conflict, DpgateError, ExecutionError, Internal, InvalidBudget, UnsupportedQuery
+from dpgate.mechanisms import calibrate as calibrate_noise, ci95_halfwidth, mechanism_name, sample
+from dpgate.pipeline import documents
+from dpgate.pipeline.budget import (QueryBudget, ResolvedBudget, fit, mechanism_of, resolve, resolve_selection,
+                                    stated)
+from dpgate.pipeline.strategy import (ExactPublic, Noisy, NoisyWithPartitionSelection, PublicKeysOnly, Strategy,
+                                      TopK, WithQuantiles)
+from dpgate.policy import DatasetPolicy
+from dpgate.postprocess import finalize
+from dpgate.postprocess.calibration import scales_for_ci95
+from dpgate.releases import CacheKeys, Release
+from dpgate.releases.keys import post_processing_settings
+from dpgate.representable import check_representable
+from dpgate import selection as top_k
+from dpgate.sensitivity import sensitivities
+from dpgate.sql import partition_selection as selection_plan
+from dpgate.sql.bound import bounded_sql, bounded_sql_template
+from dpgate.sql.joins import JoinedTable
+from dpgate.sql.parse import nothing_charged
+from dpgate.sql.per_unit import PerUnitTable
+from dpgate.sql.public import MAX_PUBLIC_ROWS, exact_sql, public_key_columns, reads_rows
+from dpgate.sql.quantile import histogram_sql, histogram_sql_template
+
+__all__ = ["RUNNERS", "Calibrated", "QueryContext", "Runner", "runner_for"]
+
+
+@dataclass(frozen=True)
+class Calibrated:
+    """A calibrated release, before the charge.
+
+    Attributes:
+        mechanism: the mechanism's name as releases state it (None: exact, no noise).
+        cost: what the ledger is charged (zero for an exact release).
+        scales: primitive id → noise scale (integer units; quantiles: rank scale).
+        exact: True when nothing is noised and nothing is charged.
+        measurement: the mechanism side's calibration (:class:`dpgate.mechanisms.Calibration`,
+            :class:`dpgate.quantile_release.PlanCalibration`,
+            :class:`dpgate.selection.SelectionCalibration`), None for a free release.
+        sensitivities: primitive id → :class:`dpgate.sensitivity.Sensitivity`.
+        selection_delta: δ the threshold mechanism spends (partition selection), else None.
+    """
+
+    mechanism: str | None
+    cost: accounting.Cost
+    scales: Mapping[str, float] = field(default_factory=dict)
+    exact: bool = False
+    measurement: Any = None
+    sensitivities: Mapping[str, Any] = field(default_factory=dict)
+    selection_delta: float | None = None
+
+    def describe(self) -> dict[str, Any]:
+        """``{mechanism, noise_scales, exact, cost: {rho, epsilon}}`` (JSON-ready)."""
+        m = self.measurement
+        return {"mechanism": self.mechanism, "noise_scales": dict(self.scales), "exact": self.exact,
+                "cost": {"rho": getattr(m, "rho", 0.0 if m is None else None),
+                         "epsilon": getattr(m, "epsilon", 0.0 if m is None else None)}}
+
+
+@dataclass(frozen=True)
+class QueryContext:
+    """What a runner may use, given explicitly (no gateway internals).
+
+    Attributes:
+        dataset: the dataset queried. policy: the policy the plan reads (a join's for a join).
+        ledger: the budget ledger. engine: the dataset's engine (``check``, ``execute``,
+        ``unit_is_unique``). release_cache: the release cache (its ``store`` stores releases).
+        data_version: the published data version a release is cached under (called per query).
+        salt_source: draws the secret salt of the bounding rewrite.
+    """
+
+    dataset: str
+    policy: DatasetPolicy
+    ledger: Any
+    engine: Any
+    release_cache: Any
+    data_version: Callable[[], str]
+    salt_source: Callable[[], int]
+
+
+@contextmanager
+def _charged_execution(receipt: Any) -> Iterator[None]:
+    """Engine failures after the charge as one :class:`ExecutionError` naming the charge (no data in
+    the message); dpgate's own errors pass as they are."""
+    try:
+        yield
+    except DpgateError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - no data in the message
+        raise ExecutionError("executing the bounded query failed; the charge stays",
+                             {"charge_id": receipt and receipt.charge_id}) from exc
+
+
+class Runner:
+    """The common part of every runner: the charge and its two assertions (module docstring)."""
+
+    def __init__(self, strategy: Strategy, ctx: QueryContext) -> None:
+        self.strategy = strategy
+        self.plan = strategy.plan
+        self.ctx = ctx
+        self.policy = ctx.policy
+        self._prepared = False
+
+    def prepare(self, engine: Any, salt: int) -> None:  # pragma: no cover - every runner has one
+        raise NotImplementedError
+
+    def _charge(self, cal: Calibrated, consumer: str, release_key: str, *, purpose: str,
+                metadata: Mapping[str, Any], scope: tuple[str, ...] | None, **extra: Any) -> Any:
+        """Charge ``cal.cost`` under the attempt's single-flight key (None for an exact release).
+
+        Raises:
+            Internal: called before :meth:`prepare` finished, or the ledger charged another cost.
+            BudgetExhausted and the ledger's errors.
+        """
+        if not self._prepared:
+            raise Internal("a release was about to be charged before its statements were rendered and checked")
+        if cal.exact:
+            return None
+        receipt = self.ctx.ledger.charge(self.policy.population, consumer, cal.cost, purpose=purpose[:500],
+                                         release_key=release_key, metadata=dict(metadata), **extra,
+                                         **({"cohorts": scope} if scope is not None else {}))
+        charged = getattr(receipt, "cost", None)
+        if charged is not None and not getattr(receipt, "duplicate", False) and charged != cal.cost:
+            raise Internal("the ledger charged a cost other than the calibrated one",
+                           {"charge_id": getattr(receipt, "charge_id", None)})
+        return receipt
+
+    def _serve(self, hit: Release, key: str, display: list[str]) -> dict[str, Any]:
+        """Serve a stored release for this plan at no cost.
+
+        The same query (same plan hash) under the same display settings gets the stored
+        release under this request's column labels. A query that differs in
+        post-processing — outputs, HAVING, ORDER BY, LIMIT, or the policy's display
+        settings since the release was made — gets a new release derived from the stored
+        noisy primitives with the rules in force now (post-processing: free, Dwork & Roth
+        2014 Prop. 2.1), stored under its own key and pointing at the release it was
+        derived from.
+        """
+        same = hit.plan_hash == self.plan.plan_hash and hit.post_processing == post_processing_settings(self.policy)
+        if same or hit.noisy is None:
+            return documents.rename(hit.to_dict(cached=True), display)
+        stored = self.ctx.release_cache.store.put(documents.derived_release(hit, self.policy, self.plan, key))
+        return documents.rename(stored.to_dict(cached=True), display)
+
+
+class ExactPublicRunner(Runner):
+    """Public tables only: the exact answer of SQL generated from the plan, free."""
+
+    def resolve(self, budget: QueryBudget | None, mechanism: str | None) -> ResolvedBudget | None:
+        return None
+
+    def calibrate(self, budget: ResolvedBudget | None = None) -> Calibrated:
+        return Calibrated(None, accounting.Cost.zcdp(0.0), exact=True)
+
+    def prepare(self, engine: Any, salt: int = 0) -> None:
+        self._statement = exact_sql(self.plan, self.policy)
+        self._prepared = True
+
+    def run(self, engine: Any, salt: int = 0) -> Mapping[str, Any]:
+        try:
+            return engine.execute(self._statement)
+        except DpgateError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - public data, but keep one error shape
+            raise ExecutionError("executing the exact query on public tables failed") from exc
+
+    def explain(self, shown: Mapping[str, Any], **_: Any) -> dict[str, Any]:
+        return documents.free_explain(self.ctx.dataset, self.plan, shown, public=True,
+                                      exact_sql=exact_sql(self.plan, self.policy))
+
+    def answer(self, **_: Any) -> dict[str, Any]:
+        """The exact answer of a query that reads public tables only (no charge, no noise).
+
+        Public tables hold nothing to protect (``public = true`` in the policy), so the
+        release is the exact result of SQL generated from the plan
+        (:func:`dpgate.sql.public.exact_sql`), marked ``exact`` and ``public`` and stored
+        like any release; it is not charged and carries no accuracy entries.
+        """
+        plan = self.plan
+        version = self.ctx.data_version()
+        self.prepare(self.ctx.engine)
+        values = self.run(self.ctx.engine)
+        names = [o.name for o in plan.visible_outputs]
+        columns = [[documents.plain(v) for v in np.asarray(values[n]).tolist()] for n in names]
+        rows = [list(r) for r in zip(*columns)] if columns else []
+        if reads_rows(plan) and len(rows) > MAX_PUBLIC_ROWS:
+            raise UnsupportedQuery(
+                f"the query reads more than {MAX_PUBLIC_ROWS:,} rows of a public table: narrow it with "
+                "WHERE or LIMIT, or aggregate (nothing was charged: public data costs nothing)",
+                {"rows": MAX_PUBLIC_ROWS, "charged": False})
+        release = documents.free_release(self.policy, plan, rows, version, key_prefix="public", extra={
+            "public": True,
+            "note": "this query reads public tables only (public = true in the policy): answered "
+                    "exactly and at no privacy cost",
+        })
+        return self.ctx.release_cache.store.put(release).to_dict(cached=False)
+
+
+class PublicKeysOnlyRunner(ExactPublicRunner):
+    """Keys only, every key public: the policy's key combinations, free, no data read."""
+
+    def prepare(self, engine: Any, salt: int = 0) -> None:
+        self._prepared = True  # nothing to render: no data is read
+
+    def run(self, engine: Any, salt: int = 0) -> Mapping[str, Any]:
+        return public_key_columns(self.plan, self.policy)
+
+    def explain(self, shown: Mapping[str, Any], **_: Any) -> dict[str, Any]:
+        return documents.free_explain(self.ctx.dataset, self.plan, shown, public=False, exact_sql=None)
+
+    def answer(self, **_: Any) -> dict[str, Any]:
+        """The release of a keys-only query whose keys are all public (no charge, no data read).
+
+        ``SELECT educ FROM pums GROUP BY educ`` asks which keys there are; with public keys
+        that is the policy's key list (every combination, as any GROUP BY over public keys
+        releases it, empty groups included), which is a function of the policy alone and
+        so costs nothing. Which keys occur in the data is *not* released: that would need a
+        noisy count per key (ask ``COUNT(*)``) or private partition selection (keys without
+        public keys). HAVING / ORDER BY / LIMIT / select-list expressions run on the keys
+        (:func:`dpgate.postprocess.finalize`).
+        """
+        self.prepare(self.ctx.engine)
+        table = finalize(self.plan, self.policy, self.run(self.ctx.engine), {}, {}, {}, mechanism="none")
+        release = documents.free_release(self.policy, self.plan, [list(r) for r in table.rows],
+                                         self.ctx.data_version(), key_prefix="keys",
+                                         extra={"public_keys_only": True, "note": documents.KEYS_ONLY_NOTE})
+        return self.ctx.release_cache.store.put(release).to_dict(cached=False)
+
+
+class TopKRunner(Runner):
+    """A selection query: the exponential mechanism releases the k best keys (:mod:`dpgate.selection`)."""
+
+    strategy: TopK
+
+    def resolve(self, budget: QueryBudget | None, mechanism: str | None = None) -> ResolvedBudget:
+        return ResolvedBudget(**top_k.resolve_selection_budget(self.policy, budget))
+
+    def calibrate(self, budget: ResolvedBudget) -> Calibrated:
+        cal = top_k.calibrate_selection(self.strategy.selection, self.policy, budget.to_dict())
+        return Calibrated(top_k.MECHANISM, cal.cost, {}, False, cal)
+
+    def prepare(self, engine: Any, salt: int) -> None:
+        self._statement = bounded_sql(self.plan, self.policy, salt=salt)
+        engine.check(self._statement)
+        self._prepared = True
+
+    def run(self, engine: Any, salt: int | None = None) -> Mapping[str, Any]:
+        return engine.execute(self._statement)
+
+    def explain(self, shown: Mapping[str, Any], *, budget: QueryBudget | None, consumer: str | None,
+                **_: Any) -> dict[str, Any]:
+        ledger, policy = self.ctx.ledger, self.policy
+        doc = top_k.explain_selection(ledger, self.ctx.dataset, policy, self.strategy.selection, budget,
+                                      lambda cost: fit(ledger, policy, cost, consumer))
+        return {**doc, **shown}
+
+    def answer(self, *, consumer: str, budget: QueryBudget | None, search_id: str | None = None,
+               **_: Any) -> dict[str, Any]:
+        """Charge ρ, run the bounded query, release the k selected keys; a repeat is served cached, free."""
+        plan, policy, ctx = self.plan, self.policy, self.ctx
+        sel = self.strategy.selection
+        resolved = self.resolve(budget)
+        version = ctx.data_version()
+        scope = charge_scope(ctx.ledger, policy, plan)  # cohorts hook (issue 23)
+        keys = CacheKeys.of(plan_hash=plan.plan_hash + scope_signature(scope),
+                            noise_signature=top_k.noise_signature(sel) + scope_signature(scope),
+                            data_version=version, mechanism=top_k.MECHANISM, budget=resolved.to_dict(),
+                            post_processing={})
+        with ctx.release_cache.flight(keys) as flight:
+            hit = flight.lookup()
+            if hit is not None:
+                return hit.to_dict(cached=True)
+            cal = self.calibrate(resolved)
+            salt = ctx.salt_source()
+            self.prepare(ctx.engine, salt)
+            metadata = {"dataset": ctx.dataset, "plan_hash": plan.plan_hash, "data_version": version,
+                        "kind": "selection", **({"search_id": search_id} if search_id is not None else {})}
+
+            def compute(receipt: Any) -> Release:
+                with _charged_execution(receipt):
+                    values = self.run(ctx.engine, salt)
+                return top_k.selection_release(policy, sel, cal.measurement, resolved.to_dict(), receipt,
+                                               keys.noise, version, values)
+
+            release, fresh = flight.run(
+                charge=lambda key: self._charge(cal, consumer, key, purpose=f"selection on {ctx.dataset}: "
+                                                f"{plan.canonical_sql}", metadata=metadata, scope=scope),
+                compute=compute)
+        return release.to_dict(cached=not fresh)
+
+
+def ci95_scales(policy: DatasetPolicy, plan: Any, mech: str, resolved: ResolvedBudget, sens: Mapping[str, Any]):
+    """Scales (integer units) meeting a ``ci95`` budget on every aggregate output."""
+    targets = documents.cell_targets(policy, plan)
+    gaussian = mechanism_name(mech) == "discrete_gaussian"
+    d_in = {pid: (s.l2 if gaussian else s.l1) for pid, s in sens.items()}
+    units = {p.id: documents.primitive_unit(policy, plan, p.id) for p in plan.primitives}
+    return scales_for_ci95(targets, d_in, units, mechanism=mech, halfwidth=resolved.ci95,
+                           expected_count=resolved.expected_count)
+
+
+class NoisyRunner(Runner):
+    """Counts and sums over public keys: one noisy vector per primitive."""
+
+    #: the plan's keys are selected privately (:class:`PartitionSelectionRunner`)
+    selecting = False
+
+    def __init__(self, strategy: Strategy, ctx: QueryContext) -> None:
+        super().__init__(strategy, ctx)
+        self.mechanism = ""
+
+    # ------------------------------------------------------------ budget and calibration
+
+    def resolve(self, budget: QueryBudget | None, mechanism: str | None) -> ResolvedBudget:
+        """The mechanism (remembered for :meth:`calibrate`) and the resolved budget with δ_q."""
+        ledger, policy = self.ctx.ledger, self.policy
+        self.mechanism = mechanism_of(policy, mechanism)
+        return resolve_selection(ledger, policy, self.plan, resolve(ledger, policy, self.mechanism, budget), budget)
+
+    def calibrate(self, budget: ResolvedBudget) -> Calibrated:
+        """Calibration and sensitivities for a resolved budget; refusals cost nothing.
+
+        A ``ci95`` budget constrains each released aggregate cell (AVG/VAR/STDDEV at the
+        budget's ``expected_count``; :func:`~dpgate.postprocess.calibration.scales_for_ci95`).
+        """
+        plan = self.plan
+        try:
+            check_representable(plan, self.policy)
+            if plan.selected_keys and isinstance(self.strategy, WithQuantiles):  # issue 11: not combined yet
+                raise UnsupportedQuery(
+                    "quantiles (MEDIAN, PERCENTILE_CONT, MIN/MAX, …) are not supported with private partition "
+                    f"selection yet: give GROUP BY {', '.join(plan.selected_keys)} public keys",
+                    {"selected_keys": list(plan.selected_keys)})
+            cal, sens = self._measure(budget)
+        except InvalidBudget as e:  # name the aggregate, not the internal primitive id
+            pid = e.details.get("primitive")
+            if isinstance(pid, str) and pid in {p.id for p in plan.primitives}:
+                label = documents.primitive_text(plan.primitive(pid))
+                e.message = e.message.replace(f"primitive {pid!r}", label)
+                e.args = (e.message,)
+                e.details["aggregate"] = label
+            raise nothing_charged(e) from None
+        selection = getattr(cal, "selection", None) if self.selecting else None
+        return Calibrated(cal.mechanism, cal.cost, dict(cal.scales), bool(cal.exact), cal, sens,
+                          None if selection is None else selection.delta)
+
+    def _measure(self, budget: ResolvedBudget):
+        plan, policy, mech = self.plan, self.policy, self.mechanism
+        sens = sensitivities(plan, policy)
+        pairs = {pid: (s.l1, s.l2) for pid, s in sens.items()}
+        if self.selecting:  # issue 11: the selection histogram shares the budget
+            budget_arg = ({"rho": budget.zcdp_rho()} if mech == "gaussian" else {"epsilon": budget.pure_epsilon()})
+            return partition_selection.calibrate_selecting(
+                plan, policy, pairs, mechanism=mech, delta=budget.selection_delta, **budget_arg), sens
+        if budget.is_ci95:
+            return calibrate_noise(pairs, mechanism=mech,
+                                   scales=ci95_scales(policy, plan, mech, budget, sens).scales), sens
+        if mech == "gaussian":
+            # a standalone ε at the δ it is charged at → ρ by the ledger's one conversion (its cap rule)
+            return calibrate_noise(pairs, mechanism=mech, rho=budget.zcdp_rho()), sens
+        # laplace: pure ε; a ρ budget buys ε = √(2ρ) (ε-DP ⇒ ε²/2-zCDP, Bun–Steinke 2016 Prop. 1.4)
+        return calibrate_noise(pairs, mechanism=mech, epsilon=budget.pure_epsilon()), sens
+
+    # ------------------------------------------------------------ statements
+
+    def _bounded(self, plan: Any, salt: int) -> tuple[Any, Any]:
+        """The bounded statement in the fast form (None when the engine's load found more than one
+        row per unit, or for a join) and in the general form.
+
+        Where the engine's load found one row per privacy unit in the table, the query skips the
+        per-unit aggregation (same bounded values, less work; see :mod:`dpgate.sql.bound`). A
+        joined table never takes the fast path: a join can give one unit several rows even where
+        each table read has one row per unit.
+        """
+        policy = self.policy
+        unique = not isinstance(policy.table(plan.table), JoinedTable) and \
+            self.ctx.engine.unit_is_unique(policy.name, plan.table)
+        fast = bounded_sql(plan, policy, salt=salt, unit_unique=True) if unique else None
+        return fast, bounded_sql(plan, policy, salt=salt)
+
+    @staticmethod
+    def _either(run: Callable[[Any], Any], fast: Any, general: Any) -> Any:
+        """``run`` on the fast form; the engine refuses it with ``Conflict`` if a reload swapped in
+        data without one row per unit meanwhile, and it then runs once more in the general form,
+        so a reload never fails a charged query."""
+        if fast is None:
+            return run(general)
+        try:
+            return run(fast)
+        except Conflict:
+            return run(general)
+
+    def prepare(self, engine: Any, salt: int) -> None:
+        """Render the bounded statement and have the engine check it (before the charge)."""
+        self._fast, self._general = self._bounded(self.plan, salt)
+        self._either(engine.check, self._fast, self._general)
+        if self.selecting:  # what select_rows reads of the plan, before the charge
+            selection_plan.public_combinations(self.plan, self.policy)
+        self._prepared = True
+
+    def run(self, engine: Any, salt: int, cal: Calibrated, receipt: Any = None) -> tuple[dict, dict, dict]:
+        """Execute and noise: ``(group keys, noisy values, 95 % half-widths)`` per primitive."""
+        with _charged_execution(receipt):
+            values = self._either(engine.execute, self._fast, self._general)
+        m, plan = cal.measurement, self.plan
+        if self.selecting:  # issue 11: threshold, then noise on the selected rows
+            keys, noisy = partition_selection.select_rows(plan, self.policy, m, values)
+        else:
+            keys = {k: values[k] for k in plan.group_by}
+            noisy = sample(m, {p.id: values[p.id] for p in plan.primitives})
+        return keys, noisy, {pid: ci95_halfwidth(m.mechanism, s) for pid, s in m.scales.items()}
+
+    def bounded_template(self) -> Any:
+        """The bounded SQL of the count/sum primitives (salt hidden)."""
+        return bounded_sql_template(self.plan, self.policy)
+
+    # ------------------------------------------------------------ explain and answer
+
+    def explain(self, shown: Mapping[str, Any], *, budget: QueryBudget | None, mechanism: str | None,
+                consumer: str | None, trial: Callable[[Any, Any], Any] | None = None) -> dict[str, Any]:
+        """Plan, bounded SQL (salt hidden), sensitivities and cost; reads no data, charges nothing."""
+        plan, policy, ledger = self.plan, self.policy, self.ctx.ledger
+        resolved = self.resolve(budget, mechanism)
+        cal = self.calibrate(resolved)
+        m, sens = cal.measurement, cal.sensitivities
+        delta = ledger.cap(policy.population).rho_delta
+        extra: dict[str, Any] = {}
+        scope = charge_scope(ledger, policy, plan)  # cohorts hook (issue 23)
+        if scope is not None:
+            extra["cohorts"] = {"column": policy.cohorts.column, "drew_on": list(scope)}
+        if trial is not None:  # utility trial on the proxy (issue 23 item 6): free, reads only the proxy
+            extra["trial"] = trial(plan, m)
+        if self.selecting:  # issue 11: threshold, δ and the units a key needs
+            extra["partition_selection"] = partition_selection.describe(plan, m, resolved.selection_delta)
+        if resolved.is_ci95:
+            extra["accuracy_target"] = ci95_scales(policy, plan, self.mechanism, resolved, sens).describe(
+                resolved.ci95, resolved.expected_count)
+        extra.update(_source_description(policy, plan))
+        extra.update(self._quantiles_description(m))
+        return {
+            "dataset": self.ctx.dataset,
+            "canonical_sql": plan.canonical_sql,
+            "plan_hash": plan.plan_hash,
+            **shown,
+            "plan": plan.canonical_dict(),
+            # the analyst's names of the outputs (the plan's canonical form leaves labels out)
+            "columns": [o.label or o.name for o in plan.visible_outputs],
+            "labels": {o.name: o.label or o.name for o in plan.outputs},
+            "bounded_sql": self.bounded_template(),
+            "computed_keys": [
+                {"name": k.name, "expression": k.expression, "rule": k.rule, "type": k.type,
+                 "domain_size": len(k.domain)}
+                for k in plan.computed_keys
+            ],
+            "sensitivity": {pid: {"l1": s.l1, "l2": s.l2, "linf": s.linf} for pid, s in sens.items()},
+            "mechanism": m.mechanism,
+            "noise_scales": dict(m.scales),
+            "noise_scale_units": documents.noise_scale_units(policy, plan, m.scales),
+            "budget": resolved.to_dict(),
+            "cost": {
+                "rho": m.rho,
+                "epsilon": m.epsilon,
+                **stated(m.cost, delta),
+                **({"selection_delta": cal.selection_delta} if self.selecting else {}),
+                **fit(ledger, policy, m.cost, consumer, scope),
+            },
+            **extra,
+        }
+
+    def _quantiles_description(self, measurement: Any) -> dict[str, Any]:
+        return {}
+
+    def answer(self, *, consumer: str, budget: QueryBudget | None, mechanism: str | None,
+               **_: Any) -> dict[str, Any]:
+        """The DP release of this plan, charged to ``consumer`` (see ``Gateway.query``)."""
+        plan, policy, ctx = self.plan, self.policy, self.ctx
+        resolved = self.resolve(budget, mechanism)
+        scope = charge_scope(ctx.ledger, policy, plan)  # cohorts hook (issue 23): the cohorts this charge draws on
+        version = ctx.data_version()
+        # Two keys: the noise key names the noisy primitives (what is charged and noised:
+        # table, filter, grouping, primitives, bounds, budget, mechanism, data version); the
+        # release key names this exact query, post-processing (outputs, HAVING, ORDER BY,
+        # LIMIT) and display settings included. Queries that differ only in post-processing
+        # share one charge.
+        budget_doc = resolved.to_dict()
+        keys = CacheKeys.of(plan_hash=plan.plan_hash + scope_signature(scope),
+                            noise_signature=documents.noise_signature(plan, cell_targets=resolved.is_ci95)
+                            + scope_signature(scope),
+                            data_version=version, mechanism=self.mechanism, budget=budget_doc,
+                            post_processing=post_processing_settings(policy))
+        display = documents.labels(plan)
+        with ctx.release_cache.flight(keys) as flight:
+            hit = flight.lookup()
+            if hit is not None:
+                return self._serve(hit, keys.release, display)
+            # Calibrate, render and bind before charging (reads no data): a query the engine
+            # refuses whatever the data costs nothing.
+            cal = self.calibrate(resolved)
+            salt = ctx.salt_source()
+            self.prepare(ctx.engine, salt)
+            metadata = {"dataset": ctx.dataset, "plan_hash": plan.plan_hash, "data_version": version}
+            # issue 11: the δ OpenDP's threshold map gives, against the cap's selection_delta
+            extra = {"selection_delta": cal.selection_delta} if self.selecting else {}
+
+            def compute(receipt: Any) -> Release:
+                out = self.run(ctx.engine, salt, cal, receipt)
+                return documents.noisy_release(policy, plan, cal.measurement, budget_doc, receipt, keys.noise,
+                                               version, *out, selecting=self.selecting)
+
+            # ---- once charged, nothing refunds the charge (a failed attempt stays charged) ----
+            release, fresh = flight.run(
+                charge=lambda key: self._charge(cal, consumer, key,
+                                                purpose=f"query on {ctx.dataset}: {plan.canonical_sql}",
+                                                metadata=metadata, scope=scope, **extra),
+                compute=compute)
+        if fresh:
+            return release.to_dict(cached=False)
+        return self._serve(release, keys.release, display)
+
+
+def _source_description(policy: DatasetPolicy, plan: Any) -> dict[str, Any]:
+    """Explain's ``per_unit`` (the outer row's derived ranges) or ``join`` (where bounding happens)."""
+    joined = policy.table(plan.table)
+    if isinstance(joined, PerUnitTable):  # per-unit hook
+        return {"per_unit": joined.describe()}
+    if isinstance(joined, JoinedTable):  # joins hook
+        return {"join": {
+            "tables": list(joined.sources), "join_sql": joined.join_sql,
+            "privacy_unit": joined.privacy_unit,
+            "bounding": (f"after the join, on the joined rows: at most k = {joined.max_groups_per_unit} "
+                         f"groups and m = {joined.max_rows_per_unit} rows per unit and group, values clamped"),
+        }}
+    return {}
+
+
+class PartitionSelectionRunner(NoisyRunner):
+    """Counts and sums grouped by keys without public keys: the selection histogram shares the
+    budget, the threshold mechanism selects the keys, the selected rows are noised
+    (:mod:`dpgate.partition_selection`)."""
+
+    selecting = True
+
+
+class QuantilesRunner(NoisyRunner):
+    """Counts/sums noised as :class:`NoisyRunner`'s, and each quantile selected on its histogram."""
+
+    strategy: WithQuantiles
+
+    def _measure(self, budget: ResolvedBudget):
+        sens = sensitivities(self.strategy.base, self.policy)
+        pairs = {pid: (s.l1, s.l2) for pid, s in sens.items()}
+        return quantile_release.calibrate_plan(self.plan, self.policy, self.mechanism, budget.to_dict(), pairs,
+                                               calibrate_noise), sens
+
+    def prepare(self, engine: Any, salt: int) -> None:
+        """Render the count/sum statement and one histogram per quantile column; check each
+        (the count/sum statement in its general form) before the charge."""
+        base = self.strategy.base
+        self._fast, self._general = self._bounded(base, salt) if base.primitives else (None, None)
+        self._histograms = {c: histogram_sql(self.plan, self.policy, c, salt=salt) for c in self.strategy.columns}
+        for statement in ([self._general] if base.primitives else []) + list(self._histograms.values()):
+            engine.check(statement)
+        self._prepared = True
+
+    def run(self, engine: Any, salt: int, cal: Calibrated, receipt: Any = None) -> tuple[dict, dict, dict]:
+        """Keys, noisy values and half-widths (quantiles: the candidate index per group, rank error)."""
+        plan, base, m = self.plan, self.strategy.base, cal.measurement
+        keys: dict[str, Any] = {}
+        noisy: dict[str, Any] = {}
+        with _charged_execution(receipt):
+            if base.primitives:
+                values = self._either(engine.execute, self._fast, self._general)
+                keys = {k: values[k] for k in plan.group_by}
+                noisy = dict(sample(m.base, {p.id: values[p.id] for p in base.primitives}))
+            qkeys, qnoisy = quantile_release.run(plan, self.policy, m, engine.execute, salt,
+                                                 statements=self._histograms)
+        noisy.update(qnoisy)
+        return keys or qkeys, noisy, m.halfwidths()
+
+    def bounded_template(self) -> Any:
+        base = self.strategy.base
+        return bounded_sql_template(base, self.policy) if base.primitives else None
+
+    def _quantiles_description(self, measurement: Any) -> dict[str, Any]:
+        # grid, scale, rank error, cost
+        return {"quantiles": {pid: {**q.describe(),
+                                    "histogram_sql": histogram_sql_template(self.plan, self.policy, q.column)}
+                              for pid, q in measurement.quantiles.items()}}
+
+
+#: strategy → its runner: one each (a strategy without a runner fails in :func:`runner_for`).
+RUNNERS: dict[type, type[Runner]] = {
+    ExactPublic: ExactPublicRunner,
+    PublicKeysOnly: PublicKeysOnlyRunner,
+    TopK: TopKRunner,
+    Noisy: NoisyRunner,
+    NoisyWithPartitionSelection: PartitionSelectionRunner,
+    WithQuantiles: QuantilesRunner,
+}
+
+
+def runner_for(strategy: Strategy, ctx: QueryContext) -> Runner:
+    """The runner of ``strategy`` (:data:`RUNNERS`).
+
+    Raises:
+        Internal: a strategy without a runner (a new strategy must bring one).
+    """
+    try:
+        return RUNNERS[type(strategy)](strategy, ctx)
+    except KeyError:
+        raise Internal(f"no runner for the release strategy {type(strategy).__name__}") from None

@@ -1,0 +1,142 @@
+"""The release strategy of a plan, chosen once (issue 20 step 5, DESIGN.md "Compile once").
+
+:func:`choose` looks at a validated plan and its policy once and returns one frozen value; the
+gateway dispatches on it (one runner per strategy, :mod:`dpgate.pipeline.runners`) and nothing
+downstream asks again "is this public / keys only / a selection / quantiles?".
+
+The strategies, in the order they are tried (the first that applies wins):
+
+* :class:`ExactPublic` — every table read is public (:func:`dpgate.sql.public.reads_public_only`):
+  the exact answer, free.
+* :class:`PublicKeysOnly` — no aggregate and every key public
+  (:func:`dpgate.sql.public.releases_public_keys_only`): the policy's key list, free, no data read.
+* :class:`TopK` — keys only, ORDER BY an aggregate, LIMIT k (:func:`dpgate.sql.selection_query.recognize`):
+  the exponential mechanism releases the k best keys (:mod:`dpgate.selection`).
+* :class:`WithQuantiles` — at least one quantile primitive (MEDIAN, PERCENTILE, MIN/MAX):
+  counts/sums noised, quantiles selected on histograms (:mod:`dpgate.quantile_release`).
+* :class:`NoisyWithPartitionSelection` — a GROUP BY key without public keys
+  (:attr:`~dpgate.sql.plan.QueryPlan.selected_keys`): the threshold mechanism selects the keys
+  (:mod:`dpgate.partition_selection`).
+* :class:`Noisy` — everything else: one noisy vector per primitive.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Union
+
+from dpgate.errors import DpgateError
+from dpgate.policy import DatasetPolicy
+from dpgate.quantile_release import without_quantiles
+from dpgate.sql.parse import nothing_charged
+from dpgate.sql.plan import QueryPlan
+from dpgate.sql.public import reads_public_only, releases_public_keys_only
+from dpgate.sql.selection_query import SelectionQuery, recognize
+
+__all__ = ["ExactPublic", "PublicKeysOnly", "TopK", "Noisy", "NoisyWithPartitionSelection", "WithQuantiles",
+           "Strategy", "choose", "free", "without_quantiles"]
+
+
+@dataclass(frozen=True)
+class ExactPublic:
+    """A plan that reads public tables only: answered exactly, no charge."""
+
+    plan: QueryPlan
+    name: str = "exact_public"
+
+
+@dataclass(frozen=True)
+class PublicKeysOnly:
+    """A keys-only plan over public keys: the policy's key combinations, no data read, no charge."""
+
+    plan: QueryPlan
+    name: str = "public_keys_only"
+
+
+@dataclass(frozen=True)
+class TopK:
+    """A selection query: the k best keys of a public candidate set (exponential mechanism).
+
+    Attributes:
+        plan: the plan. selection: what :func:`dpgate.sql.selection_query.recognize` found
+            (utility primitive, k, direction).
+    """
+
+    plan: QueryPlan
+    selection: SelectionQuery
+    name: str = "top_k"
+
+
+@dataclass(frozen=True)
+class Noisy:
+    """Counts and sums over public keys: one noisy vector per primitive."""
+
+    plan: QueryPlan
+    name: str = "noisy"
+
+
+@dataclass(frozen=True)
+class NoisyWithPartitionSelection:
+    """Counts and sums grouped by keys without public keys, selected by the threshold mechanism.
+
+    Attributes:
+        plan: the plan. selected_keys: the group keys selected privately (in plan order).
+    """
+
+    plan: QueryPlan
+    selected_keys: tuple[str, ...]
+    name: str = "noisy_with_partition_selection"
+
+
+@dataclass(frozen=True)
+class WithQuantiles:
+    """A plan with quantile primitives (and possibly counts/sums beside them).
+
+    Attributes:
+        plan: the plan. base: the plan's count/sum primitives only (what the bounded query
+            computes; :func:`without_quantiles`). columns: the quantile columns, in first-use
+            order (one histogram statement each).
+    """
+
+    plan: QueryPlan
+    base: QueryPlan
+    columns: tuple[str, ...]
+    name: str = "with_quantiles"
+
+
+Strategy = Union[ExactPublic, PublicKeysOnly, TopK, Noisy, NoisyWithPartitionSelection, WithQuantiles]
+
+
+def choose(plan: QueryPlan, policy: DatasetPolicy) -> Strategy:
+    """The release strategy of ``plan`` (module docstring; the first that applies).
+
+    Args:
+        plan: a validated plan (:func:`dpgate.sql.parse.parse_query`).
+        policy: the policy the plan was planned against (a joined table's, for joins).
+    Returns:
+        One of the strategy values, each carrying what its runner needs.
+    Raises:
+        UnsupportedQuery: the plan has a selection's shape but cannot be answered as one
+            (:func:`dpgate.sql.selection_query.recognize`); the refusal says nothing was charged.
+    """
+    if reads_public_only(plan, policy):
+        return ExactPublic(plan)
+    if releases_public_keys_only(plan, policy):
+        return PublicKeysOnly(plan)
+    try:
+        selection = recognize(plan, policy)
+    except DpgateError as e:
+        raise nothing_charged(e)
+    if selection is not None:
+        return TopK(plan, selection)
+    quantile_columns = tuple(dict.fromkeys(p.column for p in plan.primitives if p.kind == "quantile"))
+    if quantile_columns:
+        return WithQuantiles(plan, without_quantiles(plan), quantile_columns)
+    if plan.selected_keys:
+        return NoisyWithPartitionSelection(plan, tuple(plan.selected_keys))
+    return Noisy(plan)
+
+
+def free(strategy: Strategy) -> bool:
+    """True for the strategies that read no protected data and cost nothing."""
+    return isinstance(strategy, (ExactPublic, PublicKeysOnly))
