@@ -204,8 +204,6 @@ _ALL: list[set[str]] = [
     # bound → joins → per_unit → bound (parse and quantile left it when per_unit took its scope
     # from sql.resolve and parse was split into parse / resolve / compile)
     {"dpgate.sql.bound", "dpgate.sql.joins", "dpgate.sql.per_unit"},
-    # bind → expr (module level) → bind (temporal_sql, date_part_of, guard_arithmetic in functions)
-    {"dpgate.sql.bind", "dpgate.sql.expr"},
 ]
 MODULE_LEVEL_CYCLES.update(frozenset(c) for c in _MODULE_LEVEL)
 ALL_CYCLES.update(frozenset(c) for c in _ALL)

@@ -19,16 +19,16 @@ The privacy unit column may not appear in any row expression: a predicate or a v
 computed from it singles out units (``SUM(CASE WHEN pid = 42 THEN …)``).
 
 Also here: the literal canonicalisation (numbers keep their exact value; ``IN`` lists
-sorted and deduplicated) and :func:`guard_arithmetic` (DuckDB ``TRY(…)`` around every
-``+ - *`` that reads a column).
+sorted and deduplicated). :func:`~dpgate.sql.expr.guard_arithmetic` (DuckDB ``TRY(…)`` around
+every ``+ - *`` that reads a column) lives with the IR in :mod:`dpgate.sql.expr`, the message
+helpers in :mod:`dpgate.sql.messages` and the date helpers in :mod:`dpgate.sql.temporal`
+(re-exported here).
 """
 
 from __future__ import annotations
 
-import datetime as _dt
 import math
 import re
-from contextvars import ContextVar
 from dataclasses import dataclass
 from decimal import MAX_EMAX, MIN_EMIN, Decimal, InvalidOperation, localcontext
 from fractions import Fraction
@@ -41,9 +41,26 @@ from sqlglot.optimizer.simplify import simplify
 from dpgate import limits
 from dpgate.errors import UnknownColumn, UnsupportedQuery
 from dpgate.policy import ColumnPolicy, TablePolicy
-from dpgate.sql.expr import MAX_FLOAT, MAX_INT, Expr, Interval, round_half_away
+from dpgate.sql.expr import MAX_FLOAT, MAX_INT, Expr, Interval, guard_arithmetic, round_half_away
+# the message helpers, date helpers and TRY guard moved out (sql.messages, sql.temporal, sql.expr:
+# expr no longer imports this module); every name stays importable from here
+from dpgate.sql.messages import SOURCE, as_written  # noqa: F401 - re-exported
+from dpgate.sql.messages import DIALECT, only_args, real_args, snippet, unsupported
+from dpgate.sql.temporal import TRUNC_UNITS, date_part_of, temporal_sql  # noqa: F401 - re-exported
+from dpgate.sql.temporal import (
+    NOW,
+    NOW_NAMES,
+    PART_FUNCS,
+    PART_RANGES,
+    check_interval,
+    date_part,
+    from_ordinal,
+    temporal_ordinal,
+    trunc_unit,
+)
 
-DIALECT = "duckdb"
+_PART_FUNCS = PART_FUNCS  # sql.keys reads it under this name
+
 _NUMERIC = ("int", "float")
 _TEMPORAL = ("date", "timestamp")
 _INT_RE = re.compile(r"^\d+$")
@@ -98,52 +115,10 @@ _BOOL = Interval.of(0, 1)
 # --- messages ---------------------------------------------------------------------------------
 
 
-#: The SQL text being planned (so that messages can quote a function call as written).
-SOURCE: ContextVar[str | None] = ContextVar("dpgate_sql_source", default=None)
 
 
-def as_written(node: exp.Expression) -> str | None:
-    """A function call exactly as the analyst wrote it, from the source text, or None.
-
-    sqlglot records where a function's name starts; the call runs to the matching closing
-    parenthesis (quotes respected). Other nodes carry no position and are rendered.
-    """
-    source = SOURCE.get()
-    start = node.meta.get("start") if isinstance(node, exp.Func) else None
-    if source is None or not isinstance(start, int) or not 0 <= start < len(source):
-        return None
-    depth, quote, i = 0, None, start
-    while i < len(source):
-        ch = source[i]
-        if quote:
-            if ch == quote:
-                quote = None
-        elif ch in "'\"`":
-            quote = ch
-        elif ch == "(":
-            depth += 1
-        elif ch == ")":
-            depth -= 1
-            if depth == 0:
-                return source[start:i + 1]
-        elif depth == 0 and not (ch.isalnum() or ch in "_. "):
-            return None
-        i += 1
-    return None
 
 
-def snippet(node: exp.Expression, limit: int = 80, dialect: str = DIALECT) -> str:
-    """The construct as SQL text (the analyst's own construct; never data).
-
-    A function call is quoted as written (``COUNT(DISTINCT a, b)``, not DuckDB's rewrite of
-    it; see :func:`as_written`); anything else is rendered by sqlglot in ``dialect``.
-    """
-    try:
-        text = as_written(node) or node.sql(dialect=dialect, comments=False)
-    except Exception:  # pragma: no cover - sqlglot cannot render some fragments
-        text = type(node).__name__
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _check_typed_division(node: exp.Div, a: Expr, b: Expr) -> None:
@@ -166,22 +141,10 @@ def _check_typed_division(node: exp.Div, a: Expr, b: Expr) -> None:
         )
 
 
-def unsupported(message: str, node: exp.Expression | None = None) -> UnsupportedQuery:
-    """An UnsupportedQuery whose details name the construct."""
-    details = {"construct": snippet(node)} if node is not None else {}
-    return UnsupportedQuery(message, details)
 
 
-def real_args(node: exp.Expression) -> set[str]:
-    """Names of the arguments of ``node`` that are set."""
-    return {k for k, v in node.args.items() if v not in (None, False, [], "")}
 
 
-def only_args(node: exp.Expression, allowed: set[str]) -> None:
-    """Refuse ``node`` when it uses an argument outside ``allowed`` (an option we don't check)."""
-    extra = real_args(node) - allowed
-    if extra:
-        raise unsupported(f"{snippet(node)} uses options that are not supported", node)
 
 
 def is_aggregate(node: exp.Expression) -> bool:
@@ -487,8 +450,8 @@ class Binder:
                                       "excludes 0)" if self._values else ""),
                 node,
             )
-        if isinstance(node, _NOW) or (isinstance(node, exp.Anonymous)
-                                      and node.name.lower() in _NOW_NAMES):
+        if isinstance(node, NOW) or (isinstance(node, exp.Anonymous)
+                                      and node.name.lower() in NOW_NAMES):
             raise unsupported(
                 f"{snippet(node)} is not deterministic (its value depends on when the query "
                 "runs, so a cached or repeated release would answer another question); write "
@@ -515,7 +478,7 @@ class Binder:
                         _fit(-a.range if a.range else None, a.type), a.nullable)
         if isinstance(node, (exp.Add, exp.Sub)) and isinstance(node.expression, exp.Interval):
             a = self._expect(node.this, _TEMPORAL, "INTERVAL arithmetic")
-            _check_interval(node.expression)
+            check_interval(node.expression)
             # DuckDB: DATE ± INTERVAL is a TIMESTAMP; used in comparisons (no range needed).
             return Expr("other", "timestamp", node, (a,), None, a.nullable)
         if isinstance(node, exp.Interval):
@@ -661,13 +624,13 @@ class Binder:
                     any(b.nullable for b in branches))
 
     def _function(self, node: exp.Func) -> Expr:
-        part = _date_part(node)
+        part = date_part(node)
         if part is not None:
             unit, arg = part
             a = self._expect(arg, _TEMPORAL, f"EXTRACT({unit.upper()} FROM …)")
             return Expr("extract", "int", node, (a,), _part_range(unit, a), a.nullable)
         if isinstance(node, (exp.TimestampTrunc, exp.DateTrunc)):
-            unit = _trunc_unit(node)
+            unit = trunc_unit(node)
             a = self._expect(node.this, _TEMPORAL, "date_trunc")
             # DuckDB: date_trunc of a DATE is a TIMESTAMP (monotone; range in µs not needed).
             return Expr("other", "timestamp", node, (a,), None, a.nullable)
@@ -785,47 +748,12 @@ class Binder:
 
 # --- dates and timestamps ---------------------------------------------------------------------
 
-_EPOCH = _dt.datetime(1970, 1, 1)
-#: Date parts of EXTRACT / date_part / YEAR(…) and the range of each (the year's from bounds).
-_PART_RANGES = {
-    "quarter": (1, 4), "month": (1, 12), "week": (1, 53), "day": (1, 31), "dow": (0, 6),
-    "isodow": (1, 7), "doy": (1, 366), "hour": (0, 23), "minute": (0, 59), "second": (0, 59),
-}
-_PART_ALIASES = {"dayofweek": "dow", "dayofyear": "doy", "weekofyear": "week",
-                 "dayofmonth": "day", "yearofweek": None, "epoch": None}
-_PART_FUNCS = {
-    exp.Year: "year", exp.Quarter: "quarter", exp.Month: "month", exp.Day: "day",
-    exp.DayOfWeek: "dow", exp.DayOfYear: "doy", exp.DayOfMonth: "day", exp.Hour: "hour",
-    exp.Minute: "minute", exp.Second: "second", exp.WeekOfYear: "week", exp.Week: "week",
-}
-TRUNC_UNITS = ("year", "quarter", "month", "week", "day", "hour")
-_NOW = (exp.CurrentDate, exp.CurrentTimestamp, exp.CurrentTime, exp.CurrentDatetime)
-_NOW_NAMES = {"now", "today", "current_date", "current_timestamp", "localtimestamp",
-              "get_current_timestamp", "transaction_timestamp", "getdate", "sysdate"}
-_INTERVAL_UNITS = {"year", "years", "quarter", "quarters", "month", "months", "week", "weeks",
-                   "day", "days", "hour", "hours", "minute", "minutes", "second", "seconds"}
 
 
-def temporal_ordinal(v: _dt.date) -> Fraction:
-    """A date as days since 1970-01-01, a timestamp as microseconds since then (exact)."""
-    if isinstance(v, _dt.datetime):
-        d = v - _EPOCH
-        return Fraction((d.days * 86_400 + d.seconds) * 1_000_000 + d.microseconds)
-    return Fraction((v - _EPOCH.date()).days)
 
 
-def from_ordinal(v: Fraction, type_: str) -> _dt.date:
-    """Inverse of :func:`temporal_ordinal` for a value of ``type_`` (date or timestamp)."""
-    if type_ == "date":
-        return _EPOCH.date() + _dt.timedelta(days=int(v))
-    return _EPOCH + _dt.timedelta(microseconds=int(v))
 
 
-def temporal_sql(v: Fraction, type_: str) -> exp.Expression:
-    """``CAST('iso' AS DATE|TIMESTAMP)`` of an ordinal (:func:`temporal_ordinal`)."""
-    value = from_ordinal(v, type_)
-    text = value.isoformat(sep=" ") if isinstance(value, _dt.datetime) else value.isoformat()
-    return exp.Cast(this=exp.Literal.string(text), to=exp.DataType.build(type_.upper()))
 
 
 def _temporal_literal(node: exp.Expression) -> Expr | None:
@@ -875,44 +803,10 @@ def _coerce_temporal(args: list[Expr], node: exp.Expression) -> list[str]:
     return out
 
 
-def _check_interval(node: exp.Interval) -> None:
-    """An INTERVAL must be a constant count of a known unit (``INTERVAL 30 DAY``)."""
-    unit = node.args.get("unit")
-    unit_name = (unit.name if unit is not None else "").lower()
-    value = node.this
-    ok = isinstance(value, exp.Literal) and _INT_RE.match(str(value.this).strip() or "x")
-    if not ok or unit_name not in _INTERVAL_UNITS:
-        raise unsupported(f"{snippet(node)}: an INTERVAL must be a constant whole number of "
-                          "years, quarters, months, weeks, days, hours, minutes or seconds, "
-                          "e.g. INTERVAL 30 DAY", node)
 
 
-def _date_part(node: exp.Expression) -> tuple[str, exp.Expression] | None:
-    """(part, argument) of EXTRACT(part FROM d), date_part('part', d), YEAR(d), …, or None."""
-    if isinstance(node, exp.Extract):
-        unit, arg = node.this.name.lower(), node.expression
-    elif isinstance(node, exp.Anonymous) and node.name.lower() in ("date_part", "datepart"):
-        if len(node.expressions) != 2 or not isinstance(node.expressions[0], (exp.Literal, exp.Var)):
-            raise unsupported(f"{snippet(node)}: date_part needs a constant part name", node)
-        unit, arg = node.expressions[0].name.lower(), node.expressions[1]
-    elif type(node) in _PART_FUNCS:
-        unit, arg = _PART_FUNCS[type(node)], node.this
-    else:
-        return None
-    written = unit
-    unit = _PART_ALIASES.get(unit, unit) or ""
-    if unit != "year" and unit not in _PART_RANGES:
-        raise unsupported(f"{snippet(node)}: the date part {written or 'given'!r} is not supported "
-                          f"(year, {', '.join(_PART_RANGES)})", node)
-    return unit, arg
 
 
-def date_part_of(node: exp.Expression) -> str:
-    """The canonical part name (``year``, ``month``, ``dow``…) of a bound date-part node."""
-    part = _date_part(node)
-    if part is None:  # pragma: no cover - only called on extract nodes
-        raise ValueError("not a date part")
-    return part[0]
 
 
 def _part_range(unit: str, a: Expr) -> Interval | None:
@@ -924,17 +818,10 @@ def _part_range(unit: str, a: Expr) -> Interval | None:
                            from_ordinal(a.range.hi, a.type).year)
     if unit in ("hour", "minute", "second") and a.type == "date":
         return Interval.point(0)
-    lo, hi = _PART_RANGES[unit]
+    lo, hi = PART_RANGES[unit]
     return Interval.of(lo, hi)
 
 
-def _trunc_unit(node: exp.Expression) -> str:
-    unit = node.args.get("unit")
-    name = (unit.name if unit is not None else "").lower()
-    if name not in TRUNC_UNITS:
-        raise unsupported(f"{snippet(node)}: date_trunc to {name or '?'!r} is not supported "
-                          f"({', '.join(TRUNC_UNITS)})", node)
-    return name
 
 
 def _hull(branches: list[Expr], t: str) -> Interval | None:
@@ -950,27 +837,8 @@ def _hull(branches: list[Expr], t: str) -> Interval | None:
 # --- guards, canonical trees ----------------------------------------------------------------
 
 
-_ARITHMETIC = (exp.Add, exp.Sub, exp.Mul, exp.Neg, exp.Abs)
 
 
-def guard_arithmetic(tree: exp.Expression) -> exp.Expression:
-    """Wrap every non-constant ``+ - *``, unary minus and ABS in DuckDB's ``TRY(…)``.
-
-    Integer and DECIMAL arithmetic raises on overflow (``abs(-2**63)``, ``age * 2``, a
-    DECIMAL product beyond 38 digits); an error after the charge would be a failure the
-    analyst paid for, and its occurrence would depend on the data. ``TRY`` turns it into
-    NULL and leaves every other value (and its type) unchanged. Idempotent.
-    """
-    targets = [n for n in tree.walk() if isinstance(n, _ARITHMETIC) and n.find(exp.Column)
-               and not isinstance(n.parent, exp.Try)]
-    for node in targets:
-        if node is tree:
-            tree = exp.Try(this=node)
-            continue
-        wrapper = exp.Try()
-        node.replace(wrapper)
-        wrapper.set("this", node)
-    return tree
 
 
 def canonical_columns(tree: exp.Expression, rename: Callable[[exp.Column], str]) -> exp.Expression:
