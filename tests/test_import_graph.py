@@ -213,7 +213,6 @@ OVERSIZED.update({
     "dpgate.accounting": 1592,
     "dpgate.engines.base": 1374,
     "dpgate.postprocess.expressions": 1292,
-    "dpgate.sql.bind": 1175,
     "dpgate.ui.pages": 872,
     "dpgate.ledger.sql": 825,
     "dpgate.tpch": 817,

@@ -29,21 +29,28 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
-from decimal import MAX_EMAX, MIN_EMIN, Decimal, InvalidOperation, localcontext
 from fractions import Fraction
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, NoReturn
 
 from sqlglot import exp
-from sqlglot.errors import SqlglotError
-from sqlglot.optimizer.simplify import simplify
 
-from dpgate import limits
 from dpgate.errors import UnknownColumn, UnsupportedQuery
-from dpgate.policy import ColumnPolicy, TablePolicy
+from dpgate.policy import TablePolicy
 from dpgate.sql.expr import MAX_FLOAT, MAX_INT, Expr, Interval, guard_arithmetic, round_half_away
-# the message helpers, date helpers and TRY guard moved out (sql.messages, sql.temporal, sql.expr:
-# expr no longer imports this module); every name stays importable from here
+
+# concept groups moved to their own modules (literals, canonical trees, column info, derived
+# values); every name stays importable from here
+from dpgate.sql.columns import ColumnInfo, Scope, TableScope, column_info, row_column  # noqa: F401 - re-exported
+from dpgate.sql.derived import Derived, derived_value, unbounded_message, unquoted  # noqa: F401 - re-exported
+from dpgate.sql.literals import (  # noqa: F401 - re-exported
+    canonical_number_text,
+    canonicalize_literals,
+    exact_number,
+    number,
+)
+from dpgate.sql.trees import canonical_columns, cast_as_try_cast, searched_case, simplify_tree  # noqa: F401 - re-exported
+# the message helpers, date helpers and TRY guard (sql.messages, sql.temporal, sql.expr: expr
+# no longer imports this module)
 from dpgate.sql.messages import SOURCE, as_written  # noqa: F401 - re-exported
 from dpgate.sql.messages import DIALECT, only_args, real_args, snippet, unsupported
 from dpgate.sql.temporal import TRUNC_UNITS, date_part_of, temporal_sql  # noqa: F401 - re-exported
@@ -112,13 +119,7 @@ _HAVING_NODES = (
 _BOOL = Interval.of(0, 1)
 
 
-# --- messages ---------------------------------------------------------------------------------
-
-
-
-
-
-
+# --- typed division, aggregate calls -------------------------------------------------------
 
 
 def _check_typed_division(node: exp.Div, a: Expr, b: Expr) -> None:
@@ -141,12 +142,6 @@ def _check_typed_division(node: exp.Div, a: Expr, b: Expr) -> None:
         )
 
 
-
-
-
-
-
-
 def is_aggregate(node: exp.Expression) -> bool:
     """True for an aggregate call the planner knows (COUNT, SUM, AVG, MEAN, VAR…, STDDEV…)."""
     if isinstance(node, _AGGREGATES):
@@ -154,166 +149,6 @@ def is_aggregate(node: exp.Expression) -> bool:
     if isinstance(node, exp.Filter):
         return is_aggregate(node.this)
     return isinstance(node, exp.Anonymous) and node.name.lower() in _ANON_AGGREGATES
-
-
-# --- literals ---------------------------------------------------------------------------------
-
-
-def number(lit: exp.Literal) -> int | float:
-    """The value of a numeric literal (int when written as digits), refusing non-finite ones."""
-    text = str(lit.this)
-    try:
-        value: int | float = int(text) if _INT_RE.match(text) else float(text)
-    except ValueError:
-        raise unsupported(f"numeric literal {text} is not a number", lit) from None
-    if isinstance(value, float) and not math.isfinite(value):
-        raise unsupported(f"numeric literal {text} is not a finite number", lit)
-    if isinstance(value, int) and value >= 2**63:
-        raise unsupported(f"integer literal {text} is outside the 64-bit range", lit)
-    return value
-
-
-def exact_number(lit: exp.Literal) -> Fraction:
-    """The exact value of a numeric literal as written (a decimal text, never a double)."""
-    number(lit)  # the same refusals
-    try:
-        return Fraction(Decimal(str(lit.this)))
-    except (InvalidOperation, ValueError):  # pragma: no cover - number() refused it
-        raise unsupported(f"numeric literal {lit.this} is not a number", lit) from None
-
-
-def canonical_number_text(text: str) -> str:
-    """The canonical text of a numeric literal with exactly the same value.
-
-    Integers stay integers of any size (``9007199254740993``); a decimal keeps its digits
-    (trailing zeros dropped, exponent spelled out: ``1.50`` → ``1.5``, ``1e2`` → ``100``,
-    ``0.1000000000000000000001`` unchanged); a decimal with an integer value becomes the
-    integer (``2.0`` → ``2``).
-    """
-    with localcontext() as ctx:  # exact: enough digits for every digit of the text
-        ctx.prec = max(28, 2 * len(text) + 10)
-        ctx.Emax, ctx.Emin = MAX_EMAX, MIN_EMIN
-        return _canonical_number_text(text)
-
-
-def _canonical_number_text(text: str) -> str:
-    d = Decimal(text)
-    if d == d.to_integral_value() and abs(d) < 2**63:
-        return str(int(d))
-    sign, digits, exponent = d.normalize().as_tuple()
-    s = "".join(map(str, digits))
-    if "e" in text.lower() or d == d.to_integral_value():
-        adjusted = exponent + len(s) - 1
-        mantissa = s[0] + ("." + s[1:] if len(s) > 1 else "")
-        return ("-" if sign else "") + f"{mantissa}e{adjusted}"
-    if -exponent >= len(s):
-        s = "0." + "0" * (-exponent - len(s)) + s
-    else:
-        s = s[:exponent] + "." + s[exponent:]
-    return ("-" if sign else "") + s
-
-
-def canonicalize_literals(tree: exp.Expression) -> exp.Expression:
-    """Normalise numeric literals (``1.0`` → ``1``; the value never changes), sort and
-    deduplicate IN lists and turn a one-element IN into ``=``, in place."""
-
-    def canonical(node: exp.Expression) -> exp.Expression:
-        if isinstance(node, exp.Literal) and not node.is_string:
-            number(node)
-            text = canonical_number_text(str(node.this))
-            return node if text == node.this else exp.Literal.number(text)
-        return node
-
-    def fix(node: exp.Expression) -> exp.Expression:
-        if isinstance(node, exp.In) and node.expressions:
-            items = {}
-            for e in node.expressions:
-                e = canonical(e)
-                key = (f"{'s' if e.is_string else 'n'}:{e.this}" if isinstance(e, exp.Literal)
-                       else e.sql(dialect=DIALECT))
-                items.setdefault(key, e)
-            if len(items) == 1:  # x IN (v) is x = v, NULLs included
-                return exp.EQ(this=node.this, expression=next(iter(items.values())))
-            node.set("expressions", [items[k] for k in sorted(items)])  # one set: linear
-            return node
-        return canonical(node)
-
-    return tree.transform(fix, copy=False)
-
-
-# --- the scope a binder resolves names in ------------------------------------------------------
-
-
-class Scope(Protocol):
-    """What the binder needs from the planner's scope."""
-
-    def resolve(self, node: exp.Column) -> str:  # pragma: no cover - protocol
-        """Declared column name (or the unit's name) of ``node``."""
-
-    def is_unit(self, name: str) -> bool:  # pragma: no cover - protocol
-        """True for the privacy unit column."""
-
-
-@dataclass
-class TableScope:
-    """A scope over one table's declared columns (canonical names, no qualifiers)."""
-
-    table: TablePolicy
-
-    def resolve(self, node: exp.Column) -> str:
-        """Declared column name of ``node`` (UnknownColumn otherwise)."""
-        col = self.table.find_column(node.name)
-        if col is not None:
-            return col.name
-        unit = self.table.privacy_unit
-        if unit is not None and node.name.casefold() == unit.casefold():
-            return unit
-        raise UnknownColumn(f"table {self.table.name!r} declares no column {node.name!r}",
-                            {"table": self.table.name, "column": node.name})
-
-    def is_unit(self, name: str) -> bool:
-        """True for the privacy unit column."""
-        unit = self.table.privacy_unit
-        return unit is not None and name.casefold() == unit.casefold()
-
-
-@dataclass(frozen=True)
-class ColumnInfo:
-    """What a column reference means to the binder: its name, type and declared clamp."""
-
-    name: str
-    type: str
-    bounds: Interval | None = None
-
-
-def column_info(col: ColumnPolicy) -> ColumnInfo:
-    """:class:`ColumnInfo` of a declared column (bounds only for bounded numeric columns)."""
-    bounds = Interval.of(col.lower, col.upper) if col.bounded and col.type in _NUMERIC else None
-    if col.type in _TEMPORAL and col.time_bounded:
-        bounds = Interval(temporal_ordinal(col.time_lower), temporal_ordinal(col.time_upper))
-    return ColumnInfo(col.name, col.type, bounds)
-
-
-def row_column(scope: Any) -> Callable[[exp.Column], ColumnInfo]:
-    """The column callback for row expressions of ``scope``'s table: the unit is refused."""
-    table: TablePolicy = scope.table
-
-    def info(node: exp.Column) -> ColumnInfo:
-        name = scope.resolve(node)
-        if scope.is_unit(name):
-            raise UnsupportedQuery(
-                f"the privacy unit column {name!r} may not appear in a row expression "
-                f"({snippet(node.parent or node)}): it can only be counted, with "
-                f"COUNT(DISTINCT {name}) or COUNT({name})",
-                {"table": table.name, "column": name, "construct": snippet(node.parent or node)},
-            )
-        col = table.find_column(name)
-        if col is None:  # pragma: no cover - resolve() raised already
-            raise UnknownColumn(f"table {table.name!r} declares no column {name!r}",
-                                {"table": table.name, "column": name})
-        return column_info(col)
-
-    return info
 
 
 # --- the binder -------------------------------------------------------------------------------
@@ -384,13 +219,30 @@ class Binder:
         return self.bind(node).type
 
     def bind(self, node: exp.Expression) -> Expr:
-        """The typed IR of ``node`` (UnsupportedQuery if refused)."""
+        """The typed IR of ``node`` (UnsupportedQuery if refused).
+
+        Each step binds the nodes it knows and returns None for the others; the steps run
+        from this frame (a nested expression costs as few Python frames as before the split:
+        the depth limits of :mod:`dpgate.sql.rules` hold from a caller 300 frames deep).
+        """
         if self.clause == "HAVING":
             if self.is_aggregate(node):
                 return Expr("other", self._info(node).type, node)
             if not isinstance(node, _HAVING_NODES):
                 raise unsupported(f"{snippet(node)} is not supported in HAVING", node)
-        return self._bind(node)
+        for step in (self._leaf, self._refusal_or_division, self._conversion, self._arithmetic,
+                     self._predicate, self._case_or_if):
+            e = step(node)
+            if e is not None:
+                return e
+        if isinstance(node, exp.Func):
+            for step in (self._temporal_function, self._text_function, self._numeric_function,
+                         self._choice_function, self._try_cast):
+                e = step(node)
+                if e is not None:
+                    return e
+            self._refuse_function(node)
+        raise unsupported(f"{snippet(node)} is not supported in a row predicate", node)
 
     # -- helpers
 
@@ -412,7 +264,8 @@ class Binder:
     def _values(self) -> bool:
         return self.clause == "aggregate"
 
-    def _bind(self, node: exp.Expression) -> Expr:
+    def _leaf(self, node: exp.Expression) -> Expr | None:
+        """Leaves: parentheses, columns, literals, booleans, NULL."""
         if isinstance(node, exp.Paren):
             return self.bind(node.this)
         if isinstance(node, exp.Column):
@@ -429,6 +282,10 @@ class Binder:
             return Expr("predicate", "bool", node, (), Interval.point(1 if node.this else 0), False)
         if isinstance(node, exp.Null):
             return Expr("null", "null", node)
+        return None
+
+    def _refusal_or_division(self, node: exp.Expression) -> Expr | None:
+        """Nested or misplaced aggregates, division (where it cannot fail), the clock."""
         if self.is_aggregate(node) or isinstance(node, exp.AggFunc):
             if self._values:
                 raise unsupported(f"aggregates cannot be nested: {snippet(node)}", node)
@@ -456,6 +313,10 @@ class Binder:
                 f"{snippet(node)} is not deterministic (its value depends on when the query "
                 "runs, so a cached or repeated release would answer another question); write "
                 "the date as a literal, e.g. DATE '2024-01-01'", node)
+        return None
+
+    def _conversion(self, node: exp.Expression) -> Expr | None:
+        """Date/timestamp literals, CAST and TRY_CAST, TRY."""
         temporal = _temporal_literal(node)
         if temporal is not None:
             return temporal
@@ -472,6 +333,10 @@ class Binder:
             inner = self.bind(node.this)
             return Expr("predicate" if inner.type == "bool" else "other", inner.type, node,
                         (inner,), inner.range if inner.type == "bool" else None)
+        return None
+
+    def _arithmetic(self, node: exp.Expression) -> Expr | None:
+        """Unary minus, ``+ - *``, INTERVAL arithmetic, ``||``."""
         if isinstance(node, exp.Neg):
             a = self._expect(node.this, _NUMERIC, "unary minus")
             return Expr("neg", a.type, node, (a,),
@@ -499,6 +364,10 @@ class Binder:
             a = self._expect(node.this, ("text",), "||")
             b = self._expect(node.expression, ("text",), "||")
             return Expr("other", "text", node, (a, b))
+        return None
+
+    def _predicate(self, node: exp.Expression) -> Expr | None:
+        """Comparisons, IS, IN, BETWEEN, LIKE, AND/OR/NOT."""
         if isinstance(node, _COMPARISONS):
             a, b = self.bind(node.this), self.bind(node.expression)
             _common(_coerce_temporal([a, b], node), node)
@@ -536,6 +405,10 @@ class Binder:
         if isinstance(node, exp.Not):
             a = self._expect(node.this, ("bool",), "NOT")
             return self._pred(node, [a])
+        return None
+
+    def _case_or_if(self, node: exp.Expression) -> Expr | None:
+        """CASE (inside aggregates) and the refusal of IF(…) as a node."""
         if isinstance(node, exp.Case):
             if self._values:
                 return self._case(node)
@@ -543,10 +416,7 @@ class Binder:
         if isinstance(node, exp.If) and self._values:
             raise unsupported(f"{snippet(node)} is not supported (IF(c, a, b) is accepted as a "
                               "function call)", node)
-        if isinstance(node, exp.Func):
-            return self._function(node)
-        raise unsupported(f"{snippet(node)} is not supported in a row predicate", node)
-
+        return None
     def _divide(self, node: exp.Div) -> Expr:
         only_args(node, {"this", "expression", "typed", "safe"})
         a = self._expect(node.this, _NUMERIC, "division")
@@ -555,7 +425,7 @@ class Binder:
         r = None
         if b.range is not None and b.range.contains_zero():
             raise unsupported(
-                f"division by {snippet(_unquoted(node.expression))}, whose range {b.range} contains 0 "
+                f"division by {snippet(unquoted(node.expression))}, whose range {b.range} contains 0 "
                 f"(from the policy's bounds): {snippet(node)} could divide by zero; divide by "
                 "an expression whose range excludes 0 (e.g. x + 1 for x ≥ 0)",
                 node,
@@ -623,7 +493,17 @@ class Binder:
         return Expr("case", t, node, tuple(args), _hull(branches, t),
                     any(b.nullable for b in branches))
 
-    def _function(self, node: exp.Func) -> Expr:
+    def _refuse_function(self, node: exp.Func) -> NoReturn:
+        """The refusal of a function call outside the allow-list."""
+        if self._values and isinstance(node, exp.Anonymous) and node.name.lower() == "if":
+            raise unsupported(f"function {snippet(node)} is not allowed", node)  # pragma: no cover
+        if isinstance(node, exp.Collate):
+            raise unsupported(f"{snippet(node)}: COLLATE is not supported (compare with LOWER()/UPPER() "
+                              "instead)", node)
+        raise unsupported(f"function {snippet(node)} is not allowed", node)
+
+    def _temporal_function(self, node: exp.Func) -> Expr | None:
+        """EXTRACT / date_part / YEAR(…) and date_trunc."""
         part = date_part(node)
         if part is not None:
             unit, arg = part
@@ -634,6 +514,10 @@ class Binder:
             a = self._expect(node.this, _TEMPORAL, "date_trunc")
             # DuckDB: date_trunc of a DATE is a TIMESTAMP (monotone; range in µs not needed).
             return Expr("other", "timestamp", node, (a,), None, a.nullable)
+        return None
+
+    def _text_function(self, node: exp.Func) -> Expr | None:
+        """LOWER, UPPER, LENGTH, TRIM, CONCAT, STARTS_WITH, ENDS_WITH, CONTAINS."""
         if isinstance(node, (exp.Lower, exp.Upper)):
             only_args(node, {"this"})
             return Expr("other", "text", node, (self._expect(node.this, ("text",), node.key.upper()),))
@@ -654,6 +538,10 @@ class Binder:
             a = self._expect(node.this, ("text",), node.key.upper())
             b = self._expect(node.expression, ("text",), node.key.upper())
             return self._pred(node, [a, b])
+        return None
+
+    def _numeric_function(self, node: exp.Func) -> Expr | None:
+        """ABS, SIGN, FLOOR, CEIL and ROUND, with their ranges."""
         if isinstance(node, (exp.Abs, exp.Sign, exp.Floor, exp.Ceil)):
             only_args(node, {"this"})
             a = self._expect(node.this, _NUMERIC, node.key.upper())
@@ -692,6 +580,10 @@ class Binder:
                         r = Interval(r.lo - half, r.hi + half)
             kind = "round" if digits is None else "other"
             return Expr(kind, a.type, node, (a,), _fit(r, a.type), a.nullable)
+        return None
+
+    def _choice_function(self, node: exp.Func) -> Expr | None:
+        """COALESCE, GREATEST, LEAST and NULLIF."""
         if isinstance(node, (exp.Coalesce, exp.Greatest, exp.Least)):
             only_args(node, {"this", "expressions", "is_nvl", "is_null", "ignore_nulls"})
             args = [self.bind(a) for a in [node.this] + list(node.expressions)]
@@ -723,6 +615,10 @@ class Binder:
             a = self.bind(node.this)
             _common([a.type, self.type(node.expression)], node)
             return Expr("other", a.type, node, (a,), None)
+        return None
+
+    def _try_cast(self, node: exp.Func) -> Expr | None:
+        """TRY_CAST to the types of :data:`_TRY_CAST_TYPES`."""
         if isinstance(node, exp.TryCast):
             only_args(node, {"this", "to", "safe"})
             a = self.bind(node.this)
@@ -738,22 +634,10 @@ class Binder:
                 return self._converted(node, a, target, to)
             kind = "predicate" if target == "bool" else "other"
             return Expr(kind, target, node, (a,), _BOOL if target == "bool" else None)
-        if self._values and isinstance(node, exp.Anonymous) and node.name.lower() == "if":
-            raise unsupported(f"function {snippet(node)} is not allowed", node)  # pragma: no cover
-        if isinstance(node, exp.Collate):
-            raise unsupported(f"{snippet(node)}: COLLATE is not supported (compare with LOWER()/UPPER() "
-                              "instead)", node)
-        raise unsupported(f"function {snippet(node)} is not allowed", node)
+        return None
 
 
 # --- dates and timestamps ---------------------------------------------------------------------
-
-
-
-
-
-
-
 
 
 def _temporal_literal(node: exp.Expression) -> Expr | None:
@@ -803,12 +687,6 @@ def _coerce_temporal(args: list[Expr], node: exp.Expression) -> list[str]:
     return out
 
 
-
-
-
-
-
-
 def _part_range(unit: str, a: Expr) -> Interval | None:
     """Range of a date part of a (clamped) date/timestamp: the year from the bounds."""
     if unit == "year":
@@ -822,8 +700,6 @@ def _part_range(unit: str, a: Expr) -> Interval | None:
     return Interval.of(lo, hi)
 
 
-
-
 def _hull(branches: list[Expr], t: str) -> Interval | None:
     real = [b for b in branches if b.type != "null"]
     if not real or any(b.range is None for b in real):
@@ -834,53 +710,7 @@ def _hull(branches: list[Expr], t: str) -> Interval | None:
     return _fit(r, t)
 
 
-# --- guards, canonical trees ----------------------------------------------------------------
-
-
-
-
-
-
-def canonical_columns(tree: exp.Expression, rename: Callable[[exp.Column], str]) -> exp.Expression:
-    """A copy of ``tree`` whose columns are the declared names, double-quoted, unqualified."""
-
-    def fix(node: exp.Expression) -> exp.Expression:
-        if isinstance(node, exp.Column):
-            return exp.column(rename(node), quoted=True)
-        return node
-
-    return tree.transform(fix, copy=True)
-
-
-def simplify_tree(tree: exp.Expression) -> exp.Expression:
-    """sqlglot's ``simplify`` on a copy (the tree itself when sqlglot cannot simplify it)."""
-    try:
-        out = simplify(tree.copy(), dialect=DIALECT)
-    except (SqlglotError, RecursionError, ValueError, TypeError):  # pragma: no cover
-        return tree
-    return out
-
-
-def _searched_case(tree: exp.Expression) -> exp.Expression:
-    """``IF(c, a, b)`` → ``CASE WHEN c THEN a ELSE b END``; ``CASE x WHEN v …`` →
-    ``CASE WHEN x = v …`` (one spelling per meaning)."""
-
-    def fix(node: exp.Expression) -> exp.Expression:
-        if isinstance(node, exp.If) and not isinstance(node.parent, exp.Case) and (
-                node.args.get("true") is not None):
-            return exp.Case(ifs=[exp.If(this=node.this, true=node.args["true"])],
-                            default=node.args.get("false"))
-        if isinstance(node, exp.Anonymous) and node.name.lower() == "if" and len(node.expressions) == 3:
-            c, a, b = node.expressions
-            return exp.Case(ifs=[exp.If(this=c, true=a)], default=b)
-        if isinstance(node, exp.Case) and node.this is not None:
-            operand = node.this
-            ifs = [exp.If(this=exp.EQ(this=operand.copy(), expression=i.this), true=i.args["true"])
-                   for i in node.args["ifs"]]
-            return exp.Case(ifs=ifs, default=node.args.get("default"))
-        return node
-
-    return tree.transform(fix, copy=False)
+# --- entry points: WHERE, aggregated values, row expressions ------------------------------
 
 
 def plan_where(node: exp.Expression | None, scope: Any) -> str | None:
@@ -909,27 +739,6 @@ def plan_where(node: exp.Expression | None, scope: Any) -> str | None:
     return tree.sql(dialect=DIALECT, comments=False)
 
 
-def cast_as_try_cast(node: exp.Expression) -> exp.Expression:
-    """A copy of the row predicate ``node`` with every ``CAST(x AS t)`` (and ``x::t``) read as
-    ``TRY_CAST(x AS t)``.
-
-    A per-row CAST that fails on some row (``CAST(educ AS INTEGER)`` of a text ``'n/a'``)
-    would make the bounded query raise *after* the charge, and whether it raises depends
-    on the data. Under TRY semantics such a row's value is NULL, so the comparison is
-    unknown and the row is filtered out (DESIGN_NOTES, "SQL"). The target types are those
-    of TRY_CAST; other targets stay refused by the binder, and so does a cast of a constant
-    (nothing per row about it; write the literal).
-    """
-
-    def fix(n: exp.Expression) -> exp.Expression:
-        if isinstance(n, exp.Cast) and not isinstance(n, exp.TryCast) and n.this.find(exp.Column) \
-                and not any(n.args.get(k) for k in ("format", "action", "default")):
-            return exp.TryCast(this=n.this, to=n.args["to"])
-        return n
-
-    return node.copy().transform(fix, copy=False)
-
-
 def canonical_value(node: exp.Expression, scope: Any) -> tuple[Expr, exp.Expression]:
     """Bind an aggregate's argument: (the bound canonical expression, its canonical tree).
 
@@ -938,7 +747,7 @@ def canonical_value(node: exp.Expression, scope: Any) -> tuple[Expr, exp.Express
     sqlglot) is bound again, so that equivalent spellings give one expression.
     """
     binder = Binder(row_column(scope), "aggregate")
-    tree = _searched_case(node.copy())
+    tree = searched_case(node.copy())
     binder.bind(tree)
     tree = canonical_columns(tree, scope.resolve)
     tree = canonicalize_literals(tree)
@@ -970,74 +779,3 @@ def bind_value(tree: exp.Expression, table: TablePolicy) -> Expr:
     return Binder(row_column(TableScope(table)), "aggregate").bind(tree)
 
 
-# --- a bounded value: its clamp and resolution -------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Derived:
-    """The clamp and fixed-point resolution of an aggregated expression."""
-
-    type: str
-    lower: float
-    upper: float
-    resolution: float
-
-
-def derived_value(e: Expr, node: exp.Expression) -> Derived:
-    """The published clamp ``[lower, upper]`` and resolution of a bounded expression.
-
-    Integer-valued expressions (int or bool type): ``[lo, hi]`` itself, resolution 1.
-    Float expressions: the range (rounded outward to doubles at every node, so that the
-    double rounding of each operation cannot leave it) rounded outward to a multiple of
-    ``resolution`` = the power of ten 10^(⌊log10 max|bound|⌋ − 6) (about 7 significant
-    digits, as the policy's float default; at least 1e-100), so that the bounds are exact
-    multiples of the resolution (:attr:`dpgate.policy.ColumnPolicy.fixed_point_bounds`).
-
-    Raises:
-        UnsupportedQuery: the range is unknown or too wide to represent (naming ``node``).
-    """
-    r = e.range
-    if r is None:  # pragma: no cover - callers check unbounded() first
-        raise unsupported(f"{snippet(node)} has no bounds", node)
-    if e.type in ("int", "bool"):
-        lo, hi = math.floor(r.lo), math.ceil(r.hi)
-        if max(abs(lo), abs(hi)) > limits.MAX_STEPS:
-            raise unsupported(f"the range {r} of {snippet(node)} is wider than 2**62", node)
-        return Derived("int", int(lo), int(hi), 1.0)  # ints: exact beyond 2**53
-    big = r.magnitude
-    if big == 0:
-        return Derived("float", 0.0, 0.0, 1.0)
-    lo, hi = r.lo, r.hi  # already outward-rounded to doubles at every node (_fit)
-    e10 = max(Decimal(float(big)).adjusted() - 6, -100)
-    res = Fraction(10) ** e10
-    slo, shi = math.floor(lo / res), math.ceil(hi / res)
-    dec = lambda s: float(Decimal(s).scaleb(e10))  # noqa: E731
-    return Derived("float", dec(slo), dec(shi), float(Decimal(1).scaleb(e10)))
-
-
-def _unquoted(node: exp.Expression) -> exp.Expression:
-    """A copy with plain identifiers (messages quote the analyst's spelling, not ours)."""
-    def fix(n: exp.Expression) -> exp.Expression:
-        if isinstance(n, exp.Identifier) and n.quoted and re.fullmatch(r"[A-Za-z_]\w*", n.name):
-            return exp.to_identifier(n.name, quoted=False)
-        return n
-    return node.transform(fix, copy=True)
-
-
-def unbounded_message(e: Expr, node: exp.Expression) -> str:
-    """Why the value of an aggregate argument has no derived bounds (naming the sub-expression)."""
-    bad = e.unbounded() or e
-    what = snippet(_unquoted(bad.node))
-    if bad.kind == "column":
-        why = (f"column {bad.column!r} has no bounds in the policy (declare lower and upper)"
-               if bad.type in _NUMERIC else f"column {bad.column!r} is {bad.type}, not numeric")
-    elif bad.type == "int" and bad.args and all(a.range is not None for a in bad.args):
-        why = "it can overflow 64-bit integers for values inside the policy's bounds"
-    elif bad.type == "float" and bad.args and all(a.range is not None for a in bad.args):
-        why = f"its range exceeds ±{limits.MAX_ABS_BOUND:g} for values inside the policy's bounds"
-    elif bad.type not in _NUMERIC + ("bool",):
-        why = f"it is a {bad.type} value, not a number"
-    else:
-        why = "no bounds follow from the policy"
-    return (f"{snippet(node)}: the sub-expression {what} is unbounded ({why}); every value "
-            "inside an aggregate needs bounds derived from the policy")
