@@ -201,6 +201,11 @@ class Binder:
         self.column = column
         self.clause = clause
         self.is_aggregate = is_aggregate or globals()["is_aggregate"]
+        # the steps of :meth:`bind`, in order (bound once: bind runs for every node)
+        self._steps = (self._leaf, self._refusal_or_division, self._conversion, self._arithmetic,
+                       self._predicate, self._case_or_if)
+        self._function_steps = (self._temporal_function, self._text_function, self._numeric_function,
+                                self._choice_function, self._try_cast)
 
     # -- entry points
 
@@ -230,14 +235,12 @@ class Binder:
                 return Expr("other", self._info(node).type, node)
             if not isinstance(node, _HAVING_NODES):
                 raise unsupported(f"{snippet(node)} is not supported in HAVING", node)
-        for step in (self._leaf, self._refusal_or_division, self._conversion, self._arithmetic,
-                     self._predicate, self._case_or_if):
+        for step in self._steps:
             e = step(node)
             if e is not None:
                 return e
         if isinstance(node, exp.Func):
-            for step in (self._temporal_function, self._text_function, self._numeric_function,
-                         self._choice_function, self._try_cast):
+            for step in self._function_steps:
                 e = step(node)
                 if e is not None:
                     return e
