@@ -66,6 +66,8 @@ class Agg:
     column: str | None
     alpha: float | None = None  # quantiles only (dpgate.sql.quantile)
     derived: DerivedValue | None = None  # an aggregated expression (dpgate.sql.bind)
+    #: the declared columns the aggregated expression reads (from its bound tree: not parsed again)
+    derived_columns: frozenset[str] = frozenset()
 
 
 def unparen(node: exp.Expression) -> exp.Expression:
@@ -282,7 +284,8 @@ def expression_aggregate(function: str, arg: exp.Expression, node: exp.Expressio
     text = e.text()
     value = DerivedValue(text, d.type, d.lower, d.upper, d.resolution, str(e.range))
     check_squares(function, value.column_policy().fixed_point_bounds, text, node)
-    return Agg(function, text, derived=value)
+    return Agg(function, text, derived=value,
+               derived_columns=frozenset(c.name for c in e.node.find_all(exp.Column)))
 
 
 def aggregate_sql(function: str, column: str | None, scope: QueryScope, alpha: float | None = None) -> str:

@@ -717,7 +717,19 @@ def _hull(branches: list[Expr], t: str) -> Interval | None:
 
 
 def plan_where(node: exp.Expression | None, scope: Any) -> str | None:
-    """The canonical SQL of a WHERE predicate over declared columns, or None (always true).
+    """The canonical SQL of a WHERE predicate over declared columns, or None (always true):
+    the text of :func:`plan_where_tree`.
+
+    Raises:
+        UnsupportedQuery, UnknownColumn, UnknownTable: a refused construct or name.
+    """
+    tree = plan_where_tree(node, scope)
+    return None if tree is None else tree.sql(dialect=DIALECT, comments=False)
+
+
+def plan_where_tree(node: exp.Expression | None, scope: Any) -> exp.Expression | None:
+    """The canonical tree of a WHERE predicate over declared columns (names declared and quoted,
+    literals canonical, arithmetic guarded by TRY, simplified), or None (always true).
 
     Raises:
         UnsupportedQuery, UnknownColumn, UnknownTable: a refused construct or name.
@@ -738,8 +750,7 @@ def plan_where(node: exp.Expression | None, scope: Any) -> str | None:
     binder.check_predicate(tree)
     if isinstance(tree, exp.Boolean) and tree.this:
         return None
-    tree = guard_arithmetic(tree)
-    return tree.sql(dialect=DIALECT, comments=False)
+    return guard_arithmetic(tree)
 
 
 def canonical_value(node: exp.Expression, scope: Any) -> tuple[Expr, exp.Expression]:

@@ -37,7 +37,7 @@ from dpgate.policy import ColumnPolicy, DatasetPolicy, TablePolicy, key_domain, 
 from dpgate.sql import partition_selection as selection
 from dpgate.sql.aggregates import Agg, aggregate, aggregate_label, aggregate_sql, is_aggregate_call, unparen
 from dpgate.sql.allow_list import check_size, check_structure
-from dpgate.sql.bind import AGGREGATES, DIALECT, plan_where, snippet, unsupported
+from dpgate.sql.bind import AGGREGATES, DIALECT, plan_where_tree, snippet, unsupported
 from dpgate.sql.group_keys import Keys, plan_group_by
 from dpgate.sql.joins import JOIN_MARK, rewrite_joins
 from dpgate.sql.narrow import narrow_keys
@@ -129,7 +129,8 @@ def plan_statement(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
     outputs = _select_outputs(stmt, scope, keys)
 
     where_node = stmt.args.get("where")
-    where = plan_where(where_node.this if where_node is not None else None, scope)
+    where_tree = plan_where_tree(where_node.this if where_node is not None else None, scope)
+    where = None if where_tree is None else where_tree.sql(dialect=DIALECT, comments=False)
     having_tree, having_refs = plan_having(
         stmt.args["having"].this if stmt.args.get("having") else None, outputs
     )
@@ -146,7 +147,7 @@ def plan_statement(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
     outputs.check_labels()
     outputs.assign_names()
     primitives, plan_outputs = _primitives_and_outputs(outputs, table)
-    referenced, values = _referenced(keys, outputs, table, where)
+    referenced, values = _referenced(keys, outputs, table, where_tree)
     plan = QueryPlan(
         dataset=policy.name,
         table=table.name,
@@ -332,10 +333,11 @@ def _primitives_and_outputs(outputs: Outputs, table: TablePolicy
     return tuple(primitives.values()), tuple(plan_outputs)
 
 
-def _referenced(keys: Keys, outputs: Outputs, table: TablePolicy, where: str | None
+def _referenced(keys: Keys, outputs: Outputs, table: TablePolicy, where: exp.Expression | None
                 ) -> tuple[set[str], tuple[DerivedValue, ...]]:
     """Policy settings the plan depends on: columns of the final (simplified) predicate, group
-    keys and aggregated columns; and the derived values the aggregates read."""
+    keys and aggregated columns; and the derived values the aggregates read. Read from the
+    bound trees (no SQL text is parsed again)."""
     referenced = set(keys.columns) | {o.column for o in outputs.items if o.column in table.columns}
     for key in keys.computed:
         referenced.update(key.inputs)
@@ -343,10 +345,9 @@ def _referenced(keys: Keys, outputs: Outputs, table: TablePolicy, where: str | N
     for o in outputs.items:
         if o.derived is not None:
             values.setdefault(o.derived.expression, o.derived)
-            referenced.update(c.name for c in sqlglot.parse_one(o.derived.expression,
-                                                                 read=DIALECT).find_all(exp.Column))
+            referenced.update(o.derived_columns)
     if where is not None:
-        referenced.update(c.name for c in sqlglot.parse_one(where, read=DIALECT).find_all(exp.Column))
+        referenced.update(c.name for c in where.find_all(exp.Column))
     return referenced, tuple(values.values())
 
 
