@@ -26,7 +26,7 @@ import hashlib
 import json
 import math
 import re
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Mapping
 
 import sqlglot
@@ -44,8 +44,8 @@ from dpgate.sql.narrow import narrow_keys
 from dpgate.sql.outputs import (
     Outputs,
     default_label,
-    finish_expression,
-    finish_having,
+    finish_expression_tree,
+    finish_having_tree,
     nondeterministic,
     plan_having,
     plan_limit,
@@ -146,7 +146,8 @@ def plan_statement(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
 
     outputs.check_labels()
     outputs.assign_names()
-    primitives, plan_outputs = _primitives_and_outputs(outputs, table)
+    primitives, plan_outputs, derived_trees = _primitives_and_outputs(outputs, table)
+    having = finish_having_tree(having_tree, having_refs)
     referenced, values = _referenced(keys, outputs, table, where_tree)
     plan = QueryPlan(
         dataset=policy.name,
@@ -155,7 +156,7 @@ def plan_statement(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
         group_by=tuple(group_by),
         primitives=primitives,
         outputs=plan_outputs,
-        having=finish_having(having_tree, having_refs),
+        having=None if having is None else having.sql(dialect=DIALECT, comments=False),
         order_by=tuple(OrderItem(o.name, desc, nf) for o, desc, nf in order_refs),
         limit=limit,
         policy_digest=policy_digest(table, referenced, tuples),
@@ -170,7 +171,7 @@ def plan_statement(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
             "columns with public keys, or release COUNT/SUM/AVG per computed key",
             {"construct": plan.computed_keys[0].expression},
         )
-    return with_canonical_sql(plan, scope)
+    return with_canonical_sql(plan, scope, _Fragments.of(keys, derived_trees, having))
 
 
 def _raw_rows(stmt: exp.Select, table: TablePolicy, group_by: list[str]) -> bool:
@@ -306,17 +307,20 @@ def _released_keys(where: str | None, table: TablePolicy, keys: Keys, selected_k
 
 
 def _primitives_and_outputs(outputs: Outputs, table: TablePolicy
-                            ) -> tuple[tuple[Primitive, ...], tuple[Output, ...]]:
-    """The plan's primitives (shared by the outputs that need them) and outputs, in order."""
+                            ) -> tuple[tuple[Primitive, ...], tuple[Output, ...], dict[str, exp.Expression]]:
+    """The plan's primitives (shared by the outputs that need them) and outputs, in order, and
+    the canonical tree of each derived output (by name)."""
     prefix = primitive_prefix(table)
     primitives: dict[tuple[str, str | None, float | None], Primitive] = {}
     plan_outputs: list[Output] = []
+    derived_trees: dict[str, exp.Expression] = {}
     for out in outputs.items:
         if out.kind == "key":
             plan_outputs.append(KeyOutput(out.name, out.column, out.hidden, out.label))
             continue
         if out.kind == "expr":
-            plan_outputs.append(DerivedOutput(out.name, finish_expression(out.tree, out.refs or {}),
+            tree = derived_trees[out.name] = finish_expression_tree(out.tree, out.refs or {})
+            plan_outputs.append(DerivedOutput(out.name, tree.sql(dialect=DIALECT, comments=False),
                                               out.hidden, out.label))
             continue
         ids = []
@@ -330,7 +334,7 @@ def _primitives_and_outputs(outputs: Outputs, table: TablePolicy
         plan_outputs.append(
             AggregateOutput(out.name, out.function, out.column, tuple(ids), out.hidden, out.label)
         )
-    return tuple(primitives.values()), tuple(plan_outputs)
+    return tuple(primitives.values()), tuple(plan_outputs), derived_trees
 
 
 def _referenced(keys: Keys, outputs: Outputs, table: TablePolicy, where: exp.Expression | None
@@ -407,21 +411,76 @@ def refuse_raw_rows(stmt: exp.Select, table: TablePolicy) -> None:
             )
 
 
-def with_canonical_sql(plan: QueryPlan, scope: QueryScope) -> QueryPlan:
+@dataclass
+class _Fragments:
+    """The canonical trees the canonical SQL is assembled from, so that it is not parsed back:
+    computed keys and derived outputs by name, HAVING. A fragment without a tree (a quantile or
+    an aggregated expression's SQL) is parsed from its text, as before."""
+
+    trees: dict[str, exp.Expression] = field(default_factory=dict)
+    having: exp.Expression | None = None
+
+    @classmethod
+    def of(cls, keys: Keys, derived: dict[str, exp.Expression], having: exp.Expression | None) -> "_Fragments":
+        return cls({**keys.trees, **derived}, having)
+
+
+_AGGREGATE_NODES = {"count_column": exp.Count, "sum": exp.Sum, "avg": exp.Avg,
+                    "var_pop": exp.VariancePop, "stddev_pop": exp.StddevPop}
+
+
+def _aggregate_tree(function: str, column: str | None, scope: QueryScope) -> exp.Expression | None:
+    """The tree of :func:`~dpgate.sql.aggregates.aggregate_sql` over a declared column (None for a
+    quantile or an aggregated expression: those are parsed from their text)."""
+    if function == "count":
+        return exp.Count(this=exp.Star())
+    if function == "count_distinct_unit":
+        column = scope.table.privacy_unit
+    if column is None or (column not in scope.table.columns and column != scope.table.privacy_unit):
+        return None
+    col = exp.column(column, quoted=True)
+    if function in ("count_distinct_unit", "count_distinct"):
+        return exp.Count(this=exp.Distinct(expressions=[col]))
+    node = _AGGREGATE_NODES.get(function)
+    return None if node is None else node(this=col)
+
+
+def with_canonical_sql(plan: QueryPlan, scope: QueryScope, fragments: _Fragments | None = None) -> QueryPlan:
+    """``plan`` with its canonical SQL: a SELECT of the outputs over the table, WHERE, GROUP BY,
+    HAVING (over the outputs' SQL), ORDER BY and LIMIT; assembled from ``fragments``' trees (no
+    SQL text of the plan is parsed where a tree is known)."""
+    fragments = fragments or _Fragments()
     exprs: dict[str, str] = {}
+    trees: dict[str, exp.Expression] = {}
     key_sql = {k.name: k.expression for k in plan.computed_keys}
     for out in plan.outputs:
         if isinstance(out, KeyOutput):
             exprs[out.name] = key_sql.get(out.column) or quote_identifier(out.column)
+            tree = (fragments.trees.get(out.column) if out.column in key_sql
+                    else exp.column(out.column, quoted=True))
         elif isinstance(out, AggregateOutput):
             alpha = plan.primitive(out.primitives[0]).alpha if out.function in QUANTILE_FUNCTIONS else None
             exprs[out.name] = aggregate_sql(out.function, out.column, scope, alpha)
+            tree = None if alpha is not None else _aggregate_tree(out.function, out.column, scope)
+        else:
+            continue
+        if tree is not None:
+            trees[out.name] = tree
+
+    def fragment(name: str) -> exp.Expression:
+        tree = trees.get(name)
+        return tree.copy() if tree is not None else sqlglot.parse_one(exprs[name], read=DIALECT)
+
+    def expand(node: exp.Expression) -> exp.Expression:
+        return fragment(node.name) if isinstance(node, exp.Column) and node.name in exprs else node
+
     for out in plan.outputs:  # post-processing items, over the others' SQL
         if isinstance(out, DerivedOutput):
-            tree = sqlglot.parse_one(out.expression, read=DIALECT).transform(
-                lambda n: sqlglot.parse_one(exprs[n.name], read=DIALECT)
-                if isinstance(n, exp.Column) and n.name in exprs else n)
+            own = fragments.trees.get(out.name)
+            own = own.copy() if own is not None else sqlglot.parse_one(out.expression, read=DIALECT)
+            tree = own.transform(expand)
             exprs[out.name] = tree.sql(dialect=DIALECT)
+            trees[out.name] = tree
     items = []
     for out in plan.visible_outputs:
         text = exprs[out.name]
@@ -437,13 +496,8 @@ def with_canonical_sql(plan: QueryPlan, scope: QueryScope) -> QueryPlan:
     if plan.group_by:
         sql += " GROUP BY " + ", ".join(key_sql.get(c) or quote_identifier(c) for c in plan.group_by)
     if plan.having:
-        tree = sqlglot.parse_one(plan.having, read=DIALECT)
-
-        def expand(node: exp.Expression) -> exp.Expression:
-            if isinstance(node, exp.Column) and node.name in exprs:
-                return sqlglot.parse_one(exprs[node.name], read=DIALECT)
-            return node
-
+        tree = (fragments.having.copy() if fragments.having is not None
+                else sqlglot.parse_one(plan.having, read=DIALECT))
         sql += " HAVING " + tree.transform(expand).sql(dialect=DIALECT)
     if plan.order_by:
         parts = []

@@ -9,7 +9,7 @@ GROUPING SETS and GROUP BY ALL are refused.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sqlglot import exp
 
@@ -37,6 +37,8 @@ class Keys:
 
     columns: list[str]
     computed: list[ComputedKey]
+    #: computed key name → its canonical tree (``ComputedKey.expression`` is its text)
+    trees: dict[str, exp.Expression] = field(default_factory=dict)
 
     @property
     def names(self) -> list[str]:
@@ -166,9 +168,11 @@ def plan_group_by(stmt: exp.Select, scope: QueryScope) -> Keys:
         computed.setdefault(text, (domain, target))
     order = list(scope.table.columns)
     prefix = key_prefix(scope.table)
+    ordered = sorted(computed.items())
     keys = [
         ComputedKey(f"{prefix}{i}", text, d.type, d.domain, d.rule, d.inputs)
-        for i, (text, (d, _)) in enumerate(sorted(computed.items()))
+        for i, (text, (d, _)) in enumerate(ordered)
     ]
-    return Keys(sorted(cols, key=order.index), keys)
+    trees = {k.name: d.expression for k, (_, (d, _)) in zip(keys, ordered)}
+    return Keys(sorted(cols, key=order.index), keys, trees)
 

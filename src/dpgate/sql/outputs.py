@@ -275,17 +275,28 @@ def nondeterministic(node: exp.Expression) -> bool:
 
 def finish_expression(tree: exp.Expression, refs: dict[str, Out]) -> str:
     """Canonical SQL of a select-list post-processing item over output names."""
+    return finish_expression_tree(tree, refs).sql(dialect=DIALECT, comments=False)
+
+
+def finish_expression_tree(tree: exp.Expression, refs: dict[str, Out]) -> exp.Expression:
+    """The canonical tree of a select-list post-processing item over output names."""
 
     def rename(node: exp.Expression) -> exp.Expression:
         if isinstance(node, exp.Column) and node.name in refs:
             return exp.column(refs[node.name].name, quoted=True)
         return node
 
-    tree = canonicalize_literals(tree.transform(rename, copy=True))
-    return tree.sql(dialect=DIALECT, comments=False)
+    return canonicalize_literals(tree.transform(rename, copy=True))
 
 
 def finish_having(tree: exp.Expression | None, refs: dict[str, Out]) -> str | None:
+    """Canonical SQL of HAVING over output names, or None (always true)."""
+    tree = finish_having_tree(tree, refs)
+    return None if tree is None else tree.sql(dialect=DIALECT, comments=False)
+
+
+def finish_having_tree(tree: exp.Expression | None, refs: dict[str, Out]) -> exp.Expression | None:
+    """The canonical tree of HAVING over output names (simplified), or None (always true)."""
     if tree is None:
         return None
 
@@ -300,7 +311,7 @@ def finish_having(tree: exp.Expression | None, refs: dict[str, Out]) -> str | No
     tree = canonicalize_literals(tree)
     if isinstance(tree, exp.Boolean) and tree.this:
         return None
-    return tree.sql(dialect=DIALECT, comments=False)
+    return tree
 
 
 def plan_order_by(stmt: exp.Select, outputs: Outputs) -> list[tuple[Out, bool, bool]]:
