@@ -11,7 +11,7 @@ refused with the call quoted.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sqlglot import exp
 
@@ -68,6 +68,8 @@ class Agg:
     derived: DerivedValue | None = None  # an aggregated expression (dpgate.sql.bind)
     #: the declared columns the aggregated expression reads (from its bound tree: not parsed again)
     derived_columns: frozenset[str] = frozenset()
+    #: the aggregated expression's canonical tree (its SQL is ``column``)
+    derived_tree: exp.Expression | None = field(default=None, compare=False)
 
 
 def unparen(node: exp.Expression) -> exp.Expression:
@@ -285,7 +287,7 @@ def expression_aggregate(function: str, arg: exp.Expression, node: exp.Expressio
     value = DerivedValue(text, d.type, d.lower, d.upper, d.resolution, str(e.range))
     check_squares(function, value.column_policy().fixed_point_bounds, text, node)
     return Agg(function, text, derived=value,
-               derived_columns=frozenset(c.name for c in e.node.find_all(exp.Column)))
+               derived_columns=frozenset(c.name for c in e.node.find_all(exp.Column)), derived_tree=e.node)
 
 
 def aggregate_sql(function: str, column: str | None, scope: QueryScope, alpha: float | None = None) -> str:

@@ -313,7 +313,7 @@ def _primitives_and_outputs(outputs: Outputs, table: TablePolicy
     prefix = primitive_prefix(table)
     primitives: dict[tuple[str, str | None, float | None], Primitive] = {}
     plan_outputs: list[Output] = []
-    derived_trees: dict[str, exp.Expression] = {}
+    derived_trees: dict[str, exp.Expression] = {}  # derived outputs; aggregates of an expression
     for out in outputs.items:
         if out.kind == "key":
             plan_outputs.append(KeyOutput(out.name, out.column, out.hidden, out.label))
@@ -323,6 +323,9 @@ def _primitives_and_outputs(outputs: Outputs, table: TablePolicy
             plan_outputs.append(DerivedOutput(out.name, tree.sql(dialect=DIALECT, comments=False),
                                               out.hidden, out.label))
             continue
+        node = _AGGREGATE_NODES.get(out.function)
+        if out.derived_tree is not None and node is not None:
+            derived_trees[out.name] = node(this=out.derived_tree.copy())
         ids = []
         for kind in FUNCTION_PRIMITIVES[out.function]:
             column = out.column if kind not in ("count", "count_distinct_unit") else None
@@ -461,7 +464,9 @@ def with_canonical_sql(plan: QueryPlan, scope: QueryScope, fragments: _Fragments
         elif isinstance(out, AggregateOutput):
             alpha = plan.primitive(out.primitives[0]).alpha if out.function in QUANTILE_FUNCTIONS else None
             exprs[out.name] = aggregate_sql(out.function, out.column, scope, alpha)
-            tree = None if alpha is not None else _aggregate_tree(out.function, out.column, scope)
+            tree = fragments.trees.get(out.name) if alpha is None else None
+            if tree is None and alpha is None:
+                tree = _aggregate_tree(out.function, out.column, scope)
         else:
             continue
         if tree is not None:

@@ -50,6 +50,7 @@ class Out:
     alpha: float | None = None  # quantiles only
     derived: DerivedValue | None = None
     derived_columns: frozenset[str] = frozenset()  # the columns ``derived`` reads
+    derived_tree: exp.Expression | None = None  # its canonical tree
     tree: exp.Expression | None = None  # kind "expr": the item over placeholder columns
     refs: dict[str, "Out"] | None = None  # kind "expr": placeholder → output
 
@@ -76,7 +77,7 @@ class Outputs:
     def add_agg(self, agg: Agg, label: str, hidden: bool = False) -> Out:
         """Append an aggregate output."""
         out = Out("agg", agg.column, agg.function, label, hidden, alpha=agg.alpha,
-                   derived=agg.derived, derived_columns=agg.derived_columns)
+                   derived=agg.derived, derived_columns=agg.derived_columns, derived_tree=agg.derived_tree)
         self.items.append(out)
         return out
 
