@@ -57,6 +57,11 @@ sorted and deduplicated, numeric literals are normalised (``1.0`` → ``1``); la
 
 Every refusal raises before anything is executed, with a message that quotes the
 offending construct and never contains data.
+
+This module is the text entry: dialects, :func:`parse_statement` and :func:`parse_query`, which
+hands the tree to the compiler, :func:`dpgate.sql.compile.compile_statement` (rules, allow-list,
+scope, binding, plan; DESIGN.md, "Compile once"). The names the planner's steps moved to their
+own modules are still importable from here.
 """
 
 from __future__ import annotations
