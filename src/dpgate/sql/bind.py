@@ -19,31 +19,55 @@ The privacy unit column may not appear in any row expression: a predicate or a v
 computed from it singles out units (``SUM(CASE WHEN pid = 42 THEN …)``).
 
 Also here: the literal canonicalisation (numbers keep their exact value; ``IN`` lists
-sorted and deduplicated) and :func:`guard_arithmetic` (DuckDB ``TRY(…)`` around every
-``+ - *`` that reads a column).
+sorted and deduplicated). :func:`~dpgate.sql.expr.guard_arithmetic` (DuckDB ``TRY(…)`` around
+every ``+ - *`` that reads a column) lives with the IR in :mod:`dpgate.sql.expr`, the message
+helpers in :mod:`dpgate.sql.messages` and the date helpers in :mod:`dpgate.sql.temporal`
+(re-exported here).
 """
 
 from __future__ import annotations
 
-import datetime as _dt
 import math
 import re
-from contextvars import ContextVar
-from dataclasses import dataclass
-from decimal import MAX_EMAX, MIN_EMIN, Decimal, InvalidOperation, localcontext
 from fractions import Fraction
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, NoReturn
 
 from sqlglot import exp
-from sqlglot.errors import SqlglotError
-from sqlglot.optimizer.simplify import simplify
 
-from dpgate import limits
 from dpgate.errors import UnknownColumn, UnsupportedQuery
-from dpgate.policy import ColumnPolicy, TablePolicy
-from dpgate.sql.expr import MAX_FLOAT, MAX_INT, Expr, Interval, round_half_away
+from dpgate.policy import TablePolicy
+from dpgate.sql.expr import MAX_FLOAT, MAX_INT, Expr, Interval, guard_arithmetic, round_half_away
 
-DIALECT = "duckdb"
+# concept groups moved to their own modules (literals, canonical trees, column info, derived
+# values); every name stays importable from here
+from dpgate.sql.columns import ColumnInfo, Scope, TableScope, column_info, row_column  # noqa: F401 - re-exported
+from dpgate.sql.derived import Derived, derived_value, unbounded_message, unquoted  # noqa: F401 - re-exported
+from dpgate.sql.literals import (  # noqa: F401 - re-exported
+    canonical_number_text,
+    canonicalize_literals,
+    exact_number,
+    number,
+)
+from dpgate.sql.trees import canonical_columns, cast_as_try_cast, searched_case, simplify_tree  # noqa: F401 - re-exported
+# the message helpers, date helpers and TRY guard (sql.messages, sql.temporal, sql.expr: expr
+# no longer imports this module)
+from dpgate.sql.messages import SOURCE, as_written  # noqa: F401 - re-exported
+from dpgate.sql.messages import DIALECT, only_args, real_args, snippet, unsupported
+from dpgate.sql.temporal import TRUNC_UNITS, date_part_of, temporal_sql  # noqa: F401 - re-exported
+from dpgate.sql.temporal import (
+    NOW,
+    NOW_NAMES,
+    PART_FUNCS,
+    PART_RANGES,
+    check_interval,
+    date_part,
+    from_ordinal,
+    temporal_ordinal,
+    trunc_unit,
+)
+
+_PART_FUNCS = PART_FUNCS  # sql.keys reads it under this name
+
 _NUMERIC = ("int", "float")
 _TEMPORAL = ("date", "timestamp")
 _INT_RE = re.compile(r"^\d+$")
@@ -95,55 +119,7 @@ _HAVING_NODES = (
 _BOOL = Interval.of(0, 1)
 
 
-# --- messages ---------------------------------------------------------------------------------
-
-
-#: The SQL text being planned (so that messages can quote a function call as written).
-SOURCE: ContextVar[str | None] = ContextVar("dpgate_sql_source", default=None)
-
-
-def as_written(node: exp.Expression) -> str | None:
-    """A function call exactly as the analyst wrote it, from the source text, or None.
-
-    sqlglot records where a function's name starts; the call runs to the matching closing
-    parenthesis (quotes respected). Other nodes carry no position and are rendered.
-    """
-    source = SOURCE.get()
-    start = node.meta.get("start") if isinstance(node, exp.Func) else None
-    if source is None or not isinstance(start, int) or not 0 <= start < len(source):
-        return None
-    depth, quote, i = 0, None, start
-    while i < len(source):
-        ch = source[i]
-        if quote:
-            if ch == quote:
-                quote = None
-        elif ch in "'\"`":
-            quote = ch
-        elif ch == "(":
-            depth += 1
-        elif ch == ")":
-            depth -= 1
-            if depth == 0:
-                return source[start:i + 1]
-        elif depth == 0 and not (ch.isalnum() or ch in "_. "):
-            return None
-        i += 1
-    return None
-
-
-def snippet(node: exp.Expression, limit: int = 80, dialect: str = DIALECT) -> str:
-    """The construct as SQL text (the analyst's own construct; never data).
-
-    A function call is quoted as written (``COUNT(DISTINCT a, b)``, not DuckDB's rewrite of
-    it; see :func:`as_written`); anything else is rendered by sqlglot in ``dialect``.
-    """
-    try:
-        text = as_written(node) or node.sql(dialect=dialect, comments=False)
-    except Exception:  # pragma: no cover - sqlglot cannot render some fragments
-        text = type(node).__name__
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+# --- typed division, aggregate calls -------------------------------------------------------
 
 
 def _check_typed_division(node: exp.Div, a: Expr, b: Expr) -> None:
@@ -166,24 +142,6 @@ def _check_typed_division(node: exp.Div, a: Expr, b: Expr) -> None:
         )
 
 
-def unsupported(message: str, node: exp.Expression | None = None) -> UnsupportedQuery:
-    """An UnsupportedQuery whose details name the construct."""
-    details = {"construct": snippet(node)} if node is not None else {}
-    return UnsupportedQuery(message, details)
-
-
-def real_args(node: exp.Expression) -> set[str]:
-    """Names of the arguments of ``node`` that are set."""
-    return {k for k, v in node.args.items() if v not in (None, False, [], "")}
-
-
-def only_args(node: exp.Expression, allowed: set[str]) -> None:
-    """Refuse ``node`` when it uses an argument outside ``allowed`` (an option we don't check)."""
-    extra = real_args(node) - allowed
-    if extra:
-        raise unsupported(f"{snippet(node)} uses options that are not supported", node)
-
-
 def is_aggregate(node: exp.Expression) -> bool:
     """True for an aggregate call the planner knows (COUNT, SUM, AVG, MEAN, VAR…, STDDEV…)."""
     if isinstance(node, _AGGREGATES):
@@ -191,166 +149,6 @@ def is_aggregate(node: exp.Expression) -> bool:
     if isinstance(node, exp.Filter):
         return is_aggregate(node.this)
     return isinstance(node, exp.Anonymous) and node.name.lower() in _ANON_AGGREGATES
-
-
-# --- literals ---------------------------------------------------------------------------------
-
-
-def number(lit: exp.Literal) -> int | float:
-    """The value of a numeric literal (int when written as digits), refusing non-finite ones."""
-    text = str(lit.this)
-    try:
-        value: int | float = int(text) if _INT_RE.match(text) else float(text)
-    except ValueError:
-        raise unsupported(f"numeric literal {text} is not a number", lit) from None
-    if isinstance(value, float) and not math.isfinite(value):
-        raise unsupported(f"numeric literal {text} is not a finite number", lit)
-    if isinstance(value, int) and value >= 2**63:
-        raise unsupported(f"integer literal {text} is outside the 64-bit range", lit)
-    return value
-
-
-def exact_number(lit: exp.Literal) -> Fraction:
-    """The exact value of a numeric literal as written (a decimal text, never a double)."""
-    number(lit)  # the same refusals
-    try:
-        return Fraction(Decimal(str(lit.this)))
-    except (InvalidOperation, ValueError):  # pragma: no cover - number() refused it
-        raise unsupported(f"numeric literal {lit.this} is not a number", lit) from None
-
-
-def canonical_number_text(text: str) -> str:
-    """The canonical text of a numeric literal with exactly the same value.
-
-    Integers stay integers of any size (``9007199254740993``); a decimal keeps its digits
-    (trailing zeros dropped, exponent spelled out: ``1.50`` → ``1.5``, ``1e2`` → ``100``,
-    ``0.1000000000000000000001`` unchanged); a decimal with an integer value becomes the
-    integer (``2.0`` → ``2``).
-    """
-    with localcontext() as ctx:  # exact: enough digits for every digit of the text
-        ctx.prec = max(28, 2 * len(text) + 10)
-        ctx.Emax, ctx.Emin = MAX_EMAX, MIN_EMIN
-        return _canonical_number_text(text)
-
-
-def _canonical_number_text(text: str) -> str:
-    d = Decimal(text)
-    if d == d.to_integral_value() and abs(d) < 2**63:
-        return str(int(d))
-    sign, digits, exponent = d.normalize().as_tuple()
-    s = "".join(map(str, digits))
-    if "e" in text.lower() or d == d.to_integral_value():
-        adjusted = exponent + len(s) - 1
-        mantissa = s[0] + ("." + s[1:] if len(s) > 1 else "")
-        return ("-" if sign else "") + f"{mantissa}e{adjusted}"
-    if -exponent >= len(s):
-        s = "0." + "0" * (-exponent - len(s)) + s
-    else:
-        s = s[:exponent] + "." + s[exponent:]
-    return ("-" if sign else "") + s
-
-
-def canonicalize_literals(tree: exp.Expression) -> exp.Expression:
-    """Normalise numeric literals (``1.0`` → ``1``; the value never changes), sort and
-    deduplicate IN lists and turn a one-element IN into ``=``, in place."""
-
-    def canonical(node: exp.Expression) -> exp.Expression:
-        if isinstance(node, exp.Literal) and not node.is_string:
-            number(node)
-            text = canonical_number_text(str(node.this))
-            return node if text == node.this else exp.Literal.number(text)
-        return node
-
-    def fix(node: exp.Expression) -> exp.Expression:
-        if isinstance(node, exp.In) and node.expressions:
-            items = {}
-            for e in node.expressions:
-                e = canonical(e)
-                key = (f"{'s' if e.is_string else 'n'}:{e.this}" if isinstance(e, exp.Literal)
-                       else e.sql(dialect=DIALECT))
-                items.setdefault(key, e)
-            if len(items) == 1:  # x IN (v) is x = v, NULLs included
-                return exp.EQ(this=node.this, expression=next(iter(items.values())))
-            node.set("expressions", [items[k] for k in sorted(items)])  # one set: linear
-            return node
-        return canonical(node)
-
-    return tree.transform(fix, copy=False)
-
-
-# --- the scope a binder resolves names in ------------------------------------------------------
-
-
-class Scope(Protocol):
-    """What the binder needs from the planner's scope."""
-
-    def resolve(self, node: exp.Column) -> str:  # pragma: no cover - protocol
-        """Declared column name (or the unit's name) of ``node``."""
-
-    def is_unit(self, name: str) -> bool:  # pragma: no cover - protocol
-        """True for the privacy unit column."""
-
-
-@dataclass
-class TableScope:
-    """A scope over one table's declared columns (canonical names, no qualifiers)."""
-
-    table: TablePolicy
-
-    def resolve(self, node: exp.Column) -> str:
-        """Declared column name of ``node`` (UnknownColumn otherwise)."""
-        col = self.table.find_column(node.name)
-        if col is not None:
-            return col.name
-        unit = self.table.privacy_unit
-        if unit is not None and node.name.casefold() == unit.casefold():
-            return unit
-        raise UnknownColumn(f"table {self.table.name!r} declares no column {node.name!r}",
-                            {"table": self.table.name, "column": node.name})
-
-    def is_unit(self, name: str) -> bool:
-        """True for the privacy unit column."""
-        unit = self.table.privacy_unit
-        return unit is not None and name.casefold() == unit.casefold()
-
-
-@dataclass(frozen=True)
-class ColumnInfo:
-    """What a column reference means to the binder: its name, type and declared clamp."""
-
-    name: str
-    type: str
-    bounds: Interval | None = None
-
-
-def column_info(col: ColumnPolicy) -> ColumnInfo:
-    """:class:`ColumnInfo` of a declared column (bounds only for bounded numeric columns)."""
-    bounds = Interval.of(col.lower, col.upper) if col.bounded and col.type in _NUMERIC else None
-    if col.type in _TEMPORAL and col.time_bounded:
-        bounds = Interval(temporal_ordinal(col.time_lower), temporal_ordinal(col.time_upper))
-    return ColumnInfo(col.name, col.type, bounds)
-
-
-def row_column(scope: Any) -> Callable[[exp.Column], ColumnInfo]:
-    """The column callback for row expressions of ``scope``'s table: the unit is refused."""
-    table: TablePolicy = scope.table
-
-    def info(node: exp.Column) -> ColumnInfo:
-        name = scope.resolve(node)
-        if scope.is_unit(name):
-            raise UnsupportedQuery(
-                f"the privacy unit column {name!r} may not appear in a row expression "
-                f"({snippet(node.parent or node)}): it can only be counted, with "
-                f"COUNT(DISTINCT {name}) or COUNT({name})",
-                {"table": table.name, "column": name, "construct": snippet(node.parent or node)},
-            )
-        col = table.find_column(name)
-        if col is None:  # pragma: no cover - resolve() raised already
-            raise UnknownColumn(f"table {table.name!r} declares no column {name!r}",
-                                {"table": table.name, "column": name})
-        return column_info(col)
-
-    return info
 
 
 # --- the binder -------------------------------------------------------------------------------
@@ -403,6 +201,11 @@ class Binder:
         self.column = column
         self.clause = clause
         self.is_aggregate = is_aggregate or globals()["is_aggregate"]
+        # the steps of :meth:`bind`, in order (bound once: bind runs for every node)
+        self._steps = (self._leaf, self._refusal_or_division, self._conversion, self._arithmetic,
+                       self._predicate, self._case_or_if)
+        self._function_steps = (self._temporal_function, self._text_function, self._numeric_function,
+                                self._choice_function, self._try_cast)
 
     # -- entry points
 
@@ -421,13 +224,28 @@ class Binder:
         return self.bind(node).type
 
     def bind(self, node: exp.Expression) -> Expr:
-        """The typed IR of ``node`` (UnsupportedQuery if refused)."""
+        """The typed IR of ``node`` (UnsupportedQuery if refused).
+
+        Each step binds the nodes it knows and returns None for the others; the steps run
+        from this frame (a nested expression costs as few Python frames as before the split:
+        the depth limits of :mod:`dpgate.sql.rules` hold from a caller 300 frames deep).
+        """
         if self.clause == "HAVING":
             if self.is_aggregate(node):
                 return Expr("other", self._info(node).type, node)
             if not isinstance(node, _HAVING_NODES):
                 raise unsupported(f"{snippet(node)} is not supported in HAVING", node)
-        return self._bind(node)
+        for step in self._steps:
+            e = step(node)
+            if e is not None:
+                return e
+        if isinstance(node, exp.Func):
+            for step in self._function_steps:
+                e = step(node)
+                if e is not None:
+                    return e
+            self._refuse_function(node)
+        raise unsupported(f"{snippet(node)} is not supported in a row predicate", node)
 
     # -- helpers
 
@@ -449,7 +267,8 @@ class Binder:
     def _values(self) -> bool:
         return self.clause == "aggregate"
 
-    def _bind(self, node: exp.Expression) -> Expr:
+    def _leaf(self, node: exp.Expression) -> Expr | None:
+        """Leaves: parentheses, columns, literals, booleans, NULL."""
         if isinstance(node, exp.Paren):
             return self.bind(node.this)
         if isinstance(node, exp.Column):
@@ -466,6 +285,10 @@ class Binder:
             return Expr("predicate", "bool", node, (), Interval.point(1 if node.this else 0), False)
         if isinstance(node, exp.Null):
             return Expr("null", "null", node)
+        return None
+
+    def _refusal_or_division(self, node: exp.Expression) -> Expr | None:
+        """Nested or misplaced aggregates, division (where it cannot fail), the clock."""
         if self.is_aggregate(node) or isinstance(node, exp.AggFunc):
             if self._values:
                 raise unsupported(f"aggregates cannot be nested: {snippet(node)}", node)
@@ -487,12 +310,16 @@ class Binder:
                                       "excludes 0)" if self._values else ""),
                 node,
             )
-        if isinstance(node, _NOW) or (isinstance(node, exp.Anonymous)
-                                      and node.name.lower() in _NOW_NAMES):
+        if isinstance(node, NOW) or (isinstance(node, exp.Anonymous)
+                                      and node.name.lower() in NOW_NAMES):
             raise unsupported(
                 f"{snippet(node)} is not deterministic (its value depends on when the query "
                 "runs, so a cached or repeated release would answer another question); write "
                 "the date as a literal, e.g. DATE '2024-01-01'", node)
+        return None
+
+    def _conversion(self, node: exp.Expression) -> Expr | None:
+        """Date/timestamp literals, CAST and TRY_CAST, TRY."""
         temporal = _temporal_literal(node)
         if temporal is not None:
             return temporal
@@ -509,13 +336,17 @@ class Binder:
             inner = self.bind(node.this)
             return Expr("predicate" if inner.type == "bool" else "other", inner.type, node,
                         (inner,), inner.range if inner.type == "bool" else None)
+        return None
+
+    def _arithmetic(self, node: exp.Expression) -> Expr | None:
+        """Unary minus, ``+ - *``, INTERVAL arithmetic, ``||``."""
         if isinstance(node, exp.Neg):
             a = self._expect(node.this, _NUMERIC, "unary minus")
             return Expr("neg", a.type, node, (a,),
                         _fit(-a.range if a.range else None, a.type), a.nullable)
         if isinstance(node, (exp.Add, exp.Sub)) and isinstance(node.expression, exp.Interval):
             a = self._expect(node.this, _TEMPORAL, "INTERVAL arithmetic")
-            _check_interval(node.expression)
+            check_interval(node.expression)
             # DuckDB: DATE ± INTERVAL is a TIMESTAMP; used in comparisons (no range needed).
             return Expr("other", "timestamp", node, (a,), None, a.nullable)
         if isinstance(node, exp.Interval):
@@ -536,6 +367,10 @@ class Binder:
             a = self._expect(node.this, ("text",), "||")
             b = self._expect(node.expression, ("text",), "||")
             return Expr("other", "text", node, (a, b))
+        return None
+
+    def _predicate(self, node: exp.Expression) -> Expr | None:
+        """Comparisons, IS, IN, BETWEEN, LIKE, AND/OR/NOT."""
         if isinstance(node, _COMPARISONS):
             a, b = self.bind(node.this), self.bind(node.expression)
             _common(_coerce_temporal([a, b], node), node)
@@ -573,6 +408,10 @@ class Binder:
         if isinstance(node, exp.Not):
             a = self._expect(node.this, ("bool",), "NOT")
             return self._pred(node, [a])
+        return None
+
+    def _case_or_if(self, node: exp.Expression) -> Expr | None:
+        """CASE (inside aggregates) and the refusal of IF(…) as a node."""
         if isinstance(node, exp.Case):
             if self._values:
                 return self._case(node)
@@ -580,10 +419,7 @@ class Binder:
         if isinstance(node, exp.If) and self._values:
             raise unsupported(f"{snippet(node)} is not supported (IF(c, a, b) is accepted as a "
                               "function call)", node)
-        if isinstance(node, exp.Func):
-            return self._function(node)
-        raise unsupported(f"{snippet(node)} is not supported in a row predicate", node)
-
+        return None
     def _divide(self, node: exp.Div) -> Expr:
         only_args(node, {"this", "expression", "typed", "safe"})
         a = self._expect(node.this, _NUMERIC, "division")
@@ -592,7 +428,7 @@ class Binder:
         r = None
         if b.range is not None and b.range.contains_zero():
             raise unsupported(
-                f"division by {snippet(_unquoted(node.expression))}, whose range {b.range} contains 0 "
+                f"division by {snippet(unquoted(node.expression))}, whose range {b.range} contains 0 "
                 f"(from the policy's bounds): {snippet(node)} could divide by zero; divide by "
                 "an expression whose range excludes 0 (e.g. x + 1 for x ≥ 0)",
                 node,
@@ -660,17 +496,31 @@ class Binder:
         return Expr("case", t, node, tuple(args), _hull(branches, t),
                     any(b.nullable for b in branches))
 
-    def _function(self, node: exp.Func) -> Expr:
-        part = _date_part(node)
+    def _refuse_function(self, node: exp.Func) -> NoReturn:
+        """The refusal of a function call outside the allow-list."""
+        if self._values and isinstance(node, exp.Anonymous) and node.name.lower() == "if":
+            raise unsupported(f"function {snippet(node)} is not allowed", node)  # pragma: no cover
+        if isinstance(node, exp.Collate):
+            raise unsupported(f"{snippet(node)}: COLLATE is not supported (compare with LOWER()/UPPER() "
+                              "instead)", node)
+        raise unsupported(f"function {snippet(node)} is not allowed", node)
+
+    def _temporal_function(self, node: exp.Func) -> Expr | None:
+        """EXTRACT / date_part / YEAR(…) and date_trunc."""
+        part = date_part(node)
         if part is not None:
             unit, arg = part
             a = self._expect(arg, _TEMPORAL, f"EXTRACT({unit.upper()} FROM …)")
             return Expr("extract", "int", node, (a,), _part_range(unit, a), a.nullable)
         if isinstance(node, (exp.TimestampTrunc, exp.DateTrunc)):
-            unit = _trunc_unit(node)
+            unit = trunc_unit(node)
             a = self._expect(node.this, _TEMPORAL, "date_trunc")
             # DuckDB: date_trunc of a DATE is a TIMESTAMP (monotone; range in µs not needed).
             return Expr("other", "timestamp", node, (a,), None, a.nullable)
+        return None
+
+    def _text_function(self, node: exp.Func) -> Expr | None:
+        """LOWER, UPPER, LENGTH, TRIM, CONCAT, STARTS_WITH, ENDS_WITH, CONTAINS."""
         if isinstance(node, (exp.Lower, exp.Upper)):
             only_args(node, {"this"})
             return Expr("other", "text", node, (self._expect(node.this, ("text",), node.key.upper()),))
@@ -691,6 +541,10 @@ class Binder:
             a = self._expect(node.this, ("text",), node.key.upper())
             b = self._expect(node.expression, ("text",), node.key.upper())
             return self._pred(node, [a, b])
+        return None
+
+    def _numeric_function(self, node: exp.Func) -> Expr | None:
+        """ABS, SIGN, FLOOR, CEIL and ROUND, with their ranges."""
         if isinstance(node, (exp.Abs, exp.Sign, exp.Floor, exp.Ceil)):
             only_args(node, {"this"})
             a = self._expect(node.this, _NUMERIC, node.key.upper())
@@ -729,6 +583,10 @@ class Binder:
                         r = Interval(r.lo - half, r.hi + half)
             kind = "round" if digits is None else "other"
             return Expr(kind, a.type, node, (a,), _fit(r, a.type), a.nullable)
+        return None
+
+    def _choice_function(self, node: exp.Func) -> Expr | None:
+        """COALESCE, GREATEST, LEAST and NULLIF."""
         if isinstance(node, (exp.Coalesce, exp.Greatest, exp.Least)):
             only_args(node, {"this", "expressions", "is_nvl", "is_null", "ignore_nulls"})
             args = [self.bind(a) for a in [node.this] + list(node.expressions)]
@@ -760,6 +618,10 @@ class Binder:
             a = self.bind(node.this)
             _common([a.type, self.type(node.expression)], node)
             return Expr("other", a.type, node, (a,), None)
+        return None
+
+    def _try_cast(self, node: exp.Func) -> Expr | None:
+        """TRY_CAST to the types of :data:`_TRY_CAST_TYPES`."""
         if isinstance(node, exp.TryCast):
             only_args(node, {"this", "to", "safe"})
             a = self.bind(node.this)
@@ -775,57 +637,10 @@ class Binder:
                 return self._converted(node, a, target, to)
             kind = "predicate" if target == "bool" else "other"
             return Expr(kind, target, node, (a,), _BOOL if target == "bool" else None)
-        if self._values and isinstance(node, exp.Anonymous) and node.name.lower() == "if":
-            raise unsupported(f"function {snippet(node)} is not allowed", node)  # pragma: no cover
-        if isinstance(node, exp.Collate):
-            raise unsupported(f"{snippet(node)}: COLLATE is not supported (compare with LOWER()/UPPER() "
-                              "instead)", node)
-        raise unsupported(f"function {snippet(node)} is not allowed", node)
+        return None
 
 
 # --- dates and timestamps ---------------------------------------------------------------------
-
-_EPOCH = _dt.datetime(1970, 1, 1)
-#: Date parts of EXTRACT / date_part / YEAR(…) and the range of each (the year's from bounds).
-_PART_RANGES = {
-    "quarter": (1, 4), "month": (1, 12), "week": (1, 53), "day": (1, 31), "dow": (0, 6),
-    "isodow": (1, 7), "doy": (1, 366), "hour": (0, 23), "minute": (0, 59), "second": (0, 59),
-}
-_PART_ALIASES = {"dayofweek": "dow", "dayofyear": "doy", "weekofyear": "week",
-                 "dayofmonth": "day", "yearofweek": None, "epoch": None}
-_PART_FUNCS = {
-    exp.Year: "year", exp.Quarter: "quarter", exp.Month: "month", exp.Day: "day",
-    exp.DayOfWeek: "dow", exp.DayOfYear: "doy", exp.DayOfMonth: "day", exp.Hour: "hour",
-    exp.Minute: "minute", exp.Second: "second", exp.WeekOfYear: "week", exp.Week: "week",
-}
-TRUNC_UNITS = ("year", "quarter", "month", "week", "day", "hour")
-_NOW = (exp.CurrentDate, exp.CurrentTimestamp, exp.CurrentTime, exp.CurrentDatetime)
-_NOW_NAMES = {"now", "today", "current_date", "current_timestamp", "localtimestamp",
-              "get_current_timestamp", "transaction_timestamp", "getdate", "sysdate"}
-_INTERVAL_UNITS = {"year", "years", "quarter", "quarters", "month", "months", "week", "weeks",
-                   "day", "days", "hour", "hours", "minute", "minutes", "second", "seconds"}
-
-
-def temporal_ordinal(v: _dt.date) -> Fraction:
-    """A date as days since 1970-01-01, a timestamp as microseconds since then (exact)."""
-    if isinstance(v, _dt.datetime):
-        d = v - _EPOCH
-        return Fraction((d.days * 86_400 + d.seconds) * 1_000_000 + d.microseconds)
-    return Fraction((v - _EPOCH.date()).days)
-
-
-def from_ordinal(v: Fraction, type_: str) -> _dt.date:
-    """Inverse of :func:`temporal_ordinal` for a value of ``type_`` (date or timestamp)."""
-    if type_ == "date":
-        return _EPOCH.date() + _dt.timedelta(days=int(v))
-    return _EPOCH + _dt.timedelta(microseconds=int(v))
-
-
-def temporal_sql(v: Fraction, type_: str) -> exp.Expression:
-    """``CAST('iso' AS DATE|TIMESTAMP)`` of an ordinal (:func:`temporal_ordinal`)."""
-    value = from_ordinal(v, type_)
-    text = value.isoformat(sep=" ") if isinstance(value, _dt.datetime) else value.isoformat()
-    return exp.Cast(this=exp.Literal.string(text), to=exp.DataType.build(type_.upper()))
 
 
 def _temporal_literal(node: exp.Expression) -> Expr | None:
@@ -875,46 +690,6 @@ def _coerce_temporal(args: list[Expr], node: exp.Expression) -> list[str]:
     return out
 
 
-def _check_interval(node: exp.Interval) -> None:
-    """An INTERVAL must be a constant count of a known unit (``INTERVAL 30 DAY``)."""
-    unit = node.args.get("unit")
-    unit_name = (unit.name if unit is not None else "").lower()
-    value = node.this
-    ok = isinstance(value, exp.Literal) and _INT_RE.match(str(value.this).strip() or "x")
-    if not ok or unit_name not in _INTERVAL_UNITS:
-        raise unsupported(f"{snippet(node)}: an INTERVAL must be a constant whole number of "
-                          "years, quarters, months, weeks, days, hours, minutes or seconds, "
-                          "e.g. INTERVAL 30 DAY", node)
-
-
-def _date_part(node: exp.Expression) -> tuple[str, exp.Expression] | None:
-    """(part, argument) of EXTRACT(part FROM d), date_part('part', d), YEAR(d), …, or None."""
-    if isinstance(node, exp.Extract):
-        unit, arg = node.this.name.lower(), node.expression
-    elif isinstance(node, exp.Anonymous) and node.name.lower() in ("date_part", "datepart"):
-        if len(node.expressions) != 2 or not isinstance(node.expressions[0], (exp.Literal, exp.Var)):
-            raise unsupported(f"{snippet(node)}: date_part needs a constant part name", node)
-        unit, arg = node.expressions[0].name.lower(), node.expressions[1]
-    elif type(node) in _PART_FUNCS:
-        unit, arg = _PART_FUNCS[type(node)], node.this
-    else:
-        return None
-    written = unit
-    unit = _PART_ALIASES.get(unit, unit) or ""
-    if unit != "year" and unit not in _PART_RANGES:
-        raise unsupported(f"{snippet(node)}: the date part {written or 'given'!r} is not supported "
-                          f"(year, {', '.join(_PART_RANGES)})", node)
-    return unit, arg
-
-
-def date_part_of(node: exp.Expression) -> str:
-    """The canonical part name (``year``, ``month``, ``dow``…) of a bound date-part node."""
-    part = _date_part(node)
-    if part is None:  # pragma: no cover - only called on extract nodes
-        raise ValueError("not a date part")
-    return part[0]
-
-
 def _part_range(unit: str, a: Expr) -> Interval | None:
     """Range of a date part of a (clamped) date/timestamp: the year from the bounds."""
     if unit == "year":
@@ -924,17 +699,8 @@ def _part_range(unit: str, a: Expr) -> Interval | None:
                            from_ordinal(a.range.hi, a.type).year)
     if unit in ("hour", "minute", "second") and a.type == "date":
         return Interval.point(0)
-    lo, hi = _PART_RANGES[unit]
+    lo, hi = PART_RANGES[unit]
     return Interval.of(lo, hi)
-
-
-def _trunc_unit(node: exp.Expression) -> str:
-    unit = node.args.get("unit")
-    name = (unit.name if unit is not None else "").lower()
-    if name not in TRUNC_UNITS:
-        raise unsupported(f"{snippet(node)}: date_trunc to {name or '?'!r} is not supported "
-                          f"({', '.join(TRUNC_UNITS)})", node)
-    return name
 
 
 def _hull(branches: list[Expr], t: str) -> Interval | None:
@@ -947,76 +713,23 @@ def _hull(branches: list[Expr], t: str) -> Interval | None:
     return _fit(r, t)
 
 
-# --- guards, canonical trees ----------------------------------------------------------------
-
-
-_ARITHMETIC = (exp.Add, exp.Sub, exp.Mul, exp.Neg, exp.Abs)
-
-
-def guard_arithmetic(tree: exp.Expression) -> exp.Expression:
-    """Wrap every non-constant ``+ - *``, unary minus and ABS in DuckDB's ``TRY(…)``.
-
-    Integer and DECIMAL arithmetic raises on overflow (``abs(-2**63)``, ``age * 2``, a
-    DECIMAL product beyond 38 digits); an error after the charge would be a failure the
-    analyst paid for, and its occurrence would depend on the data. ``TRY`` turns it into
-    NULL and leaves every other value (and its type) unchanged. Idempotent.
-    """
-    targets = [n for n in tree.walk() if isinstance(n, _ARITHMETIC) and n.find(exp.Column)
-               and not isinstance(n.parent, exp.Try)]
-    for node in targets:
-        if node is tree:
-            tree = exp.Try(this=node)
-            continue
-        wrapper = exp.Try()
-        node.replace(wrapper)
-        wrapper.set("this", node)
-    return tree
-
-
-def canonical_columns(tree: exp.Expression, rename: Callable[[exp.Column], str]) -> exp.Expression:
-    """A copy of ``tree`` whose columns are the declared names, double-quoted, unqualified."""
-
-    def fix(node: exp.Expression) -> exp.Expression:
-        if isinstance(node, exp.Column):
-            return exp.column(rename(node), quoted=True)
-        return node
-
-    return tree.transform(fix, copy=True)
-
-
-def simplify_tree(tree: exp.Expression) -> exp.Expression:
-    """sqlglot's ``simplify`` on a copy (the tree itself when sqlglot cannot simplify it)."""
-    try:
-        out = simplify(tree.copy(), dialect=DIALECT)
-    except (SqlglotError, RecursionError, ValueError, TypeError):  # pragma: no cover
-        return tree
-    return out
-
-
-def _searched_case(tree: exp.Expression) -> exp.Expression:
-    """``IF(c, a, b)`` → ``CASE WHEN c THEN a ELSE b END``; ``CASE x WHEN v …`` →
-    ``CASE WHEN x = v …`` (one spelling per meaning)."""
-
-    def fix(node: exp.Expression) -> exp.Expression:
-        if isinstance(node, exp.If) and not isinstance(node.parent, exp.Case) and (
-                node.args.get("true") is not None):
-            return exp.Case(ifs=[exp.If(this=node.this, true=node.args["true"])],
-                            default=node.args.get("false"))
-        if isinstance(node, exp.Anonymous) and node.name.lower() == "if" and len(node.expressions) == 3:
-            c, a, b = node.expressions
-            return exp.Case(ifs=[exp.If(this=c, true=a)], default=b)
-        if isinstance(node, exp.Case) and node.this is not None:
-            operand = node.this
-            ifs = [exp.If(this=exp.EQ(this=operand.copy(), expression=i.this), true=i.args["true"])
-                   for i in node.args["ifs"]]
-            return exp.Case(ifs=ifs, default=node.args.get("default"))
-        return node
-
-    return tree.transform(fix, copy=False)
+# --- entry points: WHERE, aggregated values, row expressions ------------------------------
 
 
 def plan_where(node: exp.Expression | None, scope: Any) -> str | None:
-    """The canonical SQL of a WHERE predicate over declared columns, or None (always true).
+    """The canonical SQL of a WHERE predicate over declared columns, or None (always true):
+    the text of :func:`plan_where_tree`.
+
+    Raises:
+        UnsupportedQuery, UnknownColumn, UnknownTable: a refused construct or name.
+    """
+    tree = plan_where_tree(node, scope)
+    return None if tree is None else tree.sql(dialect=DIALECT, comments=False)
+
+
+def plan_where_tree(node: exp.Expression | None, scope: Any) -> exp.Expression | None:
+    """The canonical tree of a WHERE predicate over declared columns (names declared and quoted,
+    literals canonical, arithmetic guarded by TRY, simplified), or None (always true).
 
     Raises:
         UnsupportedQuery, UnknownColumn, UnknownTable: a refused construct or name.
@@ -1037,29 +750,7 @@ def plan_where(node: exp.Expression | None, scope: Any) -> str | None:
     binder.check_predicate(tree)
     if isinstance(tree, exp.Boolean) and tree.this:
         return None
-    tree = guard_arithmetic(tree)
-    return tree.sql(dialect=DIALECT, comments=False)
-
-
-def cast_as_try_cast(node: exp.Expression) -> exp.Expression:
-    """A copy of the row predicate ``node`` with every ``CAST(x AS t)`` (and ``x::t``) read as
-    ``TRY_CAST(x AS t)``.
-
-    A per-row CAST that fails on some row (``CAST(educ AS INTEGER)`` of a text ``'n/a'``)
-    would make the bounded query raise *after* the charge, and whether it raises depends
-    on the data. Under TRY semantics such a row's value is NULL, so the comparison is
-    unknown and the row is filtered out (DESIGN_NOTES, "SQL"). The target types are those
-    of TRY_CAST; other targets stay refused by the binder, and so does a cast of a constant
-    (nothing per row about it; write the literal).
-    """
-
-    def fix(n: exp.Expression) -> exp.Expression:
-        if isinstance(n, exp.Cast) and not isinstance(n, exp.TryCast) and n.this.find(exp.Column) \
-                and not any(n.args.get(k) for k in ("format", "action", "default")):
-            return exp.TryCast(this=n.this, to=n.args["to"])
-        return n
-
-    return node.copy().transform(fix, copy=False)
+    return guard_arithmetic(tree)
 
 
 def canonical_value(node: exp.Expression, scope: Any) -> tuple[Expr, exp.Expression]:
@@ -1070,7 +761,7 @@ def canonical_value(node: exp.Expression, scope: Any) -> tuple[Expr, exp.Express
     sqlglot) is bound again, so that equivalent spellings give one expression.
     """
     binder = Binder(row_column(scope), "aggregate")
-    tree = _searched_case(node.copy())
+    tree = searched_case(node.copy())
     binder.bind(tree)
     tree = canonical_columns(tree, scope.resolve)
     tree = canonicalize_literals(tree)
@@ -1102,74 +793,3 @@ def bind_value(tree: exp.Expression, table: TablePolicy) -> Expr:
     return Binder(row_column(TableScope(table)), "aggregate").bind(tree)
 
 
-# --- a bounded value: its clamp and resolution -------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Derived:
-    """The clamp and fixed-point resolution of an aggregated expression."""
-
-    type: str
-    lower: float
-    upper: float
-    resolution: float
-
-
-def derived_value(e: Expr, node: exp.Expression) -> Derived:
-    """The published clamp ``[lower, upper]`` and resolution of a bounded expression.
-
-    Integer-valued expressions (int or bool type): ``[lo, hi]`` itself, resolution 1.
-    Float expressions: the range (rounded outward to doubles at every node, so that the
-    double rounding of each operation cannot leave it) rounded outward to a multiple of
-    ``resolution`` = the power of ten 10^(⌊log10 max|bound|⌋ − 6) (about 7 significant
-    digits, as the policy's float default; at least 1e-100), so that the bounds are exact
-    multiples of the resolution (:attr:`dpgate.policy.ColumnPolicy.fixed_point_bounds`).
-
-    Raises:
-        UnsupportedQuery: the range is unknown or too wide to represent (naming ``node``).
-    """
-    r = e.range
-    if r is None:  # pragma: no cover - callers check unbounded() first
-        raise unsupported(f"{snippet(node)} has no bounds", node)
-    if e.type in ("int", "bool"):
-        lo, hi = math.floor(r.lo), math.ceil(r.hi)
-        if max(abs(lo), abs(hi)) > limits.MAX_STEPS:
-            raise unsupported(f"the range {r} of {snippet(node)} is wider than 2**62", node)
-        return Derived("int", int(lo), int(hi), 1.0)  # ints: exact beyond 2**53
-    big = r.magnitude
-    if big == 0:
-        return Derived("float", 0.0, 0.0, 1.0)
-    lo, hi = r.lo, r.hi  # already outward-rounded to doubles at every node (_fit)
-    e10 = max(Decimal(float(big)).adjusted() - 6, -100)
-    res = Fraction(10) ** e10
-    slo, shi = math.floor(lo / res), math.ceil(hi / res)
-    dec = lambda s: float(Decimal(s).scaleb(e10))  # noqa: E731
-    return Derived("float", dec(slo), dec(shi), float(Decimal(1).scaleb(e10)))
-
-
-def _unquoted(node: exp.Expression) -> exp.Expression:
-    """A copy with plain identifiers (messages quote the analyst's spelling, not ours)."""
-    def fix(n: exp.Expression) -> exp.Expression:
-        if isinstance(n, exp.Identifier) and n.quoted and re.fullmatch(r"[A-Za-z_]\w*", n.name):
-            return exp.to_identifier(n.name, quoted=False)
-        return n
-    return node.transform(fix, copy=True)
-
-
-def unbounded_message(e: Expr, node: exp.Expression) -> str:
-    """Why the value of an aggregate argument has no derived bounds (naming the sub-expression)."""
-    bad = e.unbounded() or e
-    what = snippet(_unquoted(bad.node))
-    if bad.kind == "column":
-        why = (f"column {bad.column!r} has no bounds in the policy (declare lower and upper)"
-               if bad.type in _NUMERIC else f"column {bad.column!r} is {bad.type}, not numeric")
-    elif bad.type == "int" and bad.args and all(a.range is not None for a in bad.args):
-        why = "it can overflow 64-bit integers for values inside the policy's bounds"
-    elif bad.type == "float" and bad.args and all(a.range is not None for a in bad.args):
-        why = f"its range exceeds ±{limits.MAX_ABS_BOUND:g} for values inside the policy's bounds"
-    elif bad.type not in _NUMERIC + ("bool",):
-        why = f"it is a {bad.type} value, not a number"
-    else:
-        why = "no bounds follow from the policy"
-    return (f"{snippet(node)}: the sub-expression {what} is unbounded ({why}); every value "
-            "inside an aggregate needs bounds derived from the policy")

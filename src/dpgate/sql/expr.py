@@ -8,7 +8,7 @@ bounds, never from data**:
 * ``type`` — ``int``, ``float``, ``text``, ``bool``, ``date``, ``timestamp`` or ``null``
   (DuckDB semantics: ``/`` is a double division, ``+ - *`` of two ints is an int);
   a date's range is in days since 1970-01-01, a timestamp's in microseconds since then
-  (:func:`dpgate.sql.bind.temporal_ordinal`); a date part (``EXTRACT(year FROM d)``) is an
+  (:func:`dpgate.sql.temporal.temporal_ordinal`); a date part (``EXTRACT(year FROM d)``) is an
   int whose range follows from the column's declared ISO bounds (year) or the calendar;
 * ``range`` — an :class:`Interval` of exact rationals that contains every non-NULL value
   the expression can take when each numeric column is first clamped to its declared
@@ -55,6 +55,7 @@ from typing import Callable, Iterator
 from sqlglot import exp
 
 from dpgate import limits
+from dpgate.sql.temporal import date_part_of, temporal_sql
 
 DIALECT = "duckdb"
 #: Largest |value| of an integer-typed expression (a BIGINT never overflows inside it).
@@ -261,7 +262,6 @@ def value_sql(e: Expr, ref: Callable[[str], exp.Expression]) -> exp.Expression:
             return v
         lo, hi = e.bounds.lo, e.bounds.hi
         if e.type in ("date", "timestamp"):  # clamped to the declared [lower, upper]
-            from dpgate.sql.bind import temporal_sql
             clamp = exp.Least(this=exp.Greatest(this=v.copy(), expressions=[temporal_sql(lo, e.type)],
                                                 ignore_nulls=True),
                               expressions=[temporal_sql(hi, e.type)], ignore_nulls=True)
@@ -293,7 +293,6 @@ def value_sql(e: Expr, ref: Callable[[str], exp.Expression]) -> exp.Expression:
     if k == "neg":
         return exp.Neg(this=exp.Paren(this=a[0]))
     if k == "extract":  # a date part of the clamped date/timestamp
-        from dpgate.sql.bind import date_part_of
         return exp.Extract(this=exp.var(date_part_of(e.node).upper()), expression=a[0])
     if k in ("abs", "floor", "ceil"):
         return {"abs": exp.Abs, "floor": exp.Floor, "ceil": exp.Ceil}[k](this=a[0])
@@ -329,7 +328,7 @@ def total_sql(tree: exp.Expression, ref: Callable[[str], exp.Expression]) -> exp
     that can never raise, whatever the data.
 
     Every column node is replaced by ``ref(name)`` (on a copy), every non-constant
-    ``+ - *``, unary minus and ABS is wrapped in ``TRY`` (:func:`dpgate.sql.bind.guard_arithmetic`;
+    ``+ - *``, unary minus and ABS is wrapped in ``TRY`` (:func:`guard_arithmetic`;
     idempotent, so an already canonical predicate is unchanged) and the whole expression in
     ``TRY(…)``: a row on which any part would raise (an overflow in ``ROUND(pages, -1)``, a
     failing cast) gets NULL — filtered out by a WHERE, the NULL group of a key — instead of
@@ -347,8 +346,6 @@ def total_sql(tree: exp.Expression, ref: Callable[[str], exp.Expression]) -> exp
         tree: a canonical sqlglot expression (declared column names); not modified.
         ref: declared column name → the sqlglot expression reading it.
     """
-    from dpgate.sql.bind import guard_arithmetic
-
     def swap(node: exp.Expression) -> exp.Expression:
         if isinstance(node, exp.Column):
             return ref(node.name)
@@ -366,3 +363,30 @@ def _num(v: Fraction, type_: str) -> exp.Expression:
     if v.denominator == 1 and type_ == "int":
         return exp.Literal.number(str(v.numerator))
     return exp.Cast(this=exp.Literal.string(repr(float(v))), to=exp.DataType.build("double"))
+
+
+# --- overflow guards ------------------------------------------------------------------------
+
+
+_ARITHMETIC = (exp.Add, exp.Sub, exp.Mul, exp.Neg, exp.Abs)
+
+
+def guard_arithmetic(tree: exp.Expression) -> exp.Expression:
+    """Wrap every non-constant ``+ - *``, unary minus and ABS in DuckDB's ``TRY(…)``.
+
+    Integer and DECIMAL arithmetic raises on overflow (``abs(-2**63)``, ``age * 2``, a
+    DECIMAL product beyond 38 digits); an error after the charge would be a failure the
+    analyst paid for, and its occurrence would depend on the data. ``TRY`` turns it into
+    NULL and leaves every other value (and its type) unchanged. Idempotent.
+    """
+    targets = [n for n in tree.walk() if isinstance(n, _ARITHMETIC) and n.find(exp.Column)
+               and not isinstance(n.parent, exp.Try)]
+    for node in targets:
+        if node is tree:
+            tree = exp.Try(this=node)
+            continue
+        wrapper = exp.Try()
+        node.replace(wrapper)
+        wrapper.set("this", node)
+    return tree
+

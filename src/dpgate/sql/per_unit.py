@@ -143,7 +143,7 @@ def build_table(inner: exp.Select, policy: DatasetPolicy) -> PerUnitTable:
     """
     from dpgate.sql.bind import plan_where
     from dpgate.sql.bound import row_sql
-    from dpgate.sql.parse import _Scope  # the planner's name resolution (imports flow parse → here)
+    from dpgate.sql.resolve import QueryScope as _Scope  # the planner's name resolution (imports flow resolve → here)
     from dpgate.sql.rules import check_nesting
 
     check_nesting(inner)  # the outer statement's check no longer sees the inner query

@@ -1,0 +1,178 @@
+"""GROUP BY → :class:`Keys`: declared columns (policy order) and computed keys (canonical order).
+
+A key is a declared column (by name, SELECT alias or position) or a row expression over
+declared columns whose values form a public domain (:mod:`dpgate.sql.keys`: CASE, bins,
+``date_trunc``, EXTRACT…), named ``g0``, ``g1``… The privacy unit is never a key; ROLLUP, CUBE,
+GROUPING SETS and GROUP BY ALL are refused.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from sqlglot import exp
+
+from dpgate.errors import InvalidSql, UnknownColumn, UnknownTable, UnsupportedQuery
+from dpgate.policy import ColumnPolicy, TablePolicy
+from dpgate.sql.aggregates import AGGREGATES, is_aggregate_call, unparen
+from dpgate.sql.bind import (
+    DIALECT,
+    Binder,
+    canonical_columns,
+    canonicalize_literals,
+    number,
+    real_args,
+    simplify_tree,
+    snippet,
+    unsupported,
+)
+from dpgate.sql.keys import KeyDomain, canonical_date_key, derive_key_domain, width_bucket_to_case
+from dpgate.sql.plan import ComputedKey
+from dpgate.sql.resolve import QueryScope
+
+@dataclass
+class Keys:
+    """The GROUP BY keys: declared columns (policy order), then computed keys (canonical order)."""
+
+    columns: list[str]
+    computed: list[ComputedKey]
+    #: computed key name → its canonical tree (``ComputedKey.expression`` is its text)
+    trees: dict[str, exp.Expression] = field(default_factory=dict)
+
+    @property
+    def names(self) -> list[str]:
+        """Every group key's name, in release order."""
+        return self.columns + [k.name for k in self.computed]
+
+    def match(self, node: exp.Expression, scope: QueryScope) -> ComputedKey | None:
+        """The computed key whose expression ``node`` spells, or None."""
+        if not self.computed or is_aggregate_call(node) or node.find(*AGGREGATES):
+            return None
+        try:
+            text = key_tree(node, scope).sql(dialect=DIALECT, comments=False)
+        except (UnsupportedQuery, UnknownColumn, UnknownTable):
+            return None
+        return next((k for k in self.computed if k.expression == text), None)
+
+    def column(self, name: str, table: TablePolicy) -> ColumnPolicy:
+        """The group key ``name`` as a column (a computed key's domain as its public keys)."""
+        for k in self.computed:
+            if k.name == name:
+                return k.as_column()
+        return table.column(name)
+
+
+def refuse_key_without_public_keys(name: str, item: exp.Expression) -> None:
+    """The refusal of a GROUP BY on a declared column without public keys.
+
+    The one place where keys that the policy does not list are refused; private partition
+    selection (issue 11) replaces it.
+
+    Raises:
+        UnsupportedQuery: always.
+    """
+    raise unsupported(
+        f"GROUP BY {name} needs public keys in the policy (private partition selection "
+        "is not supported yet)",
+        item,
+    )
+
+
+def key_tree(node: exp.Expression, scope: QueryScope) -> exp.Expression:
+    """A computed key's canonical tree: declared names, canonical literals, simplified.
+
+    Raises:
+        UnsupportedQuery: the expression reads the privacy unit.
+        UnknownColumn, UnknownTable: an undeclared name.
+    """
+    for col in node.find_all(exp.Column):
+        if isinstance(col.this, exp.Star):
+            raise unsupported(f"{snippet(node)} is not a group key", node)
+        if scope.is_unit(scope.resolve(col)):
+            raise unsupported(
+                f"GROUP BY {snippet(node)}: the privacy unit ({scope.resolve(col)}) may not "
+                "appear in a group key",
+                node,
+            )
+    tree = canonical_columns(width_bucket_to_case(unparen(node)), scope.resolve)
+    tree = canonicalize_literals(tree)
+    tree = simplify_tree(tree)
+    tree = canonicalize_literals(tree)
+    return unparen(canonical_date_key(unparen(tree)))
+
+
+def key_prefix(table: TablePolicy) -> str:
+    names = {c.casefold() for c in table.columns}
+    if table.privacy_unit:
+        names.add(table.privacy_unit.casefold())
+    prefix = "g"
+    while any(re.fullmatch(re.escape(prefix) + r"\d+", n) for n in names):
+        prefix = "_" + prefix
+    return prefix
+
+
+def plan_group_by(stmt: exp.Select, scope: QueryScope) -> Keys:
+    group = stmt.args.get("group")
+    if group is None:
+        return Keys([], [])
+    extra = real_args(group) - {"expressions"}
+    if extra:
+        what = {"all": "GROUP BY ALL", "rollup": "ROLLUP", "cube": "CUBE",
+                "grouping_sets": "GROUPING SETS"}.get(sorted(extra)[0], sorted(extra)[0].upper())
+        raise UnsupportedQuery(f"{what} is not supported: list the group keys",
+                               {"construct": what})
+    if not group.expressions:
+        raise InvalidSql("the SQL does not parse: GROUP BY needs at least one group key")
+    selects = stmt.expressions
+    cols: list[str] = []
+    computed: dict[str, tuple[KeyDomain, exp.Expression]] = {}
+    for item in group.expressions:
+        if isinstance(item, (exp.Rollup, exp.Cube, exp.GroupingSets)):
+            raise unsupported(f"{item.key.upper()} is not supported: list the group keys", item)
+        target = unparen(item)
+        if isinstance(target, exp.Literal) and not target.is_string:
+            pos = number(target)
+            if not isinstance(pos, int) or not 1 <= pos <= len(selects):
+                raise unsupported(f"GROUP BY position {target.this} is not in the SELECT list",
+                                   item)
+            target = unparen(selects[pos - 1].unalias())
+        elif isinstance(target, exp.Column) and target.args.get("table") is None:
+            if scope.table.find_column(target.name) is None and not scope.is_unit(target.name):
+                for s in selects:
+                    if isinstance(s, exp.Alias) and s.alias.casefold() == target.name.casefold():
+                        target = unparen(s.this)
+                        break
+        if isinstance(target, exp.Column):
+            name = scope.resolve(target)
+            if scope.is_unit(name):
+                raise unsupported(
+                    f"GROUP BY the privacy unit ({name}) is never allowed: it would release "
+                    "per-unit values",
+                    target,
+                )
+            scope.table.column(name)  # declared (UnknownColumn otherwise)
+            # issue 11 hook: a key without public keys is selected privately
+            # (sql/partition_selection.py); a public table's key-less columns are keyed by their values
+            if name not in cols:
+                cols.append(name)
+            continue
+        if is_aggregate_call(target) or target.find(*AGGREGATES):
+            raise unsupported(f"GROUP BY {snippet(target)}: a group key cannot contain an "
+                               "aggregate", target)
+        tree = key_tree(target, scope)
+        typer = Binder(lambda c: scope.declared(c).type)
+        domain = derive_key_domain(tree, scope.table.columns, check_predicate=typer.check_predicate,
+                                   shown=target)
+        text = domain.expression.sql(dialect=DIALECT, comments=False)
+        computed.setdefault(text, (domain, target))
+    order = list(scope.table.columns)
+    prefix = key_prefix(scope.table)
+    ordered = sorted(computed.items())
+    keys = [
+        ComputedKey(f"{prefix}{i}", text, d.type, d.domain, d.rule, d.inputs)
+        for i, (text, (d, _)) in enumerate(ordered)
+    ]
+    trees = {k.name: d.expression for k, (_, (d, _)) in zip(keys, ordered)}
+    return Keys(sorted(cols, key=order.index), keys, trees)
+

@@ -1,0 +1,103 @@
+"""Numeric literals and IN lists in canonical form: the exact value as written, one spelling.
+
+:func:`number` reads a literal (refusing non-finite and out-of-range ones), :func:`exact_number`
+its exact decimal value, :func:`canonical_number_text` its one canonical text (``1.0`` → ``1``,
+``1e2`` → ``100``) and :func:`canonicalize_literals` applies that to a tree, sorting and
+deduplicating IN lists. Plan hashes are computed over this form.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from decimal import MAX_EMAX, MIN_EMIN, Decimal, InvalidOperation, localcontext
+from fractions import Fraction
+
+from sqlglot import exp
+
+from dpgate.sql.messages import DIALECT, unsupported
+
+_INT_RE = re.compile(r"^\d+$")
+
+
+def number(lit: exp.Literal) -> int | float:
+    """The value of a numeric literal (int when written as digits), refusing non-finite ones."""
+    text = str(lit.this)
+    try:
+        value: int | float = int(text) if _INT_RE.match(text) else float(text)
+    except ValueError:
+        raise unsupported(f"numeric literal {text} is not a number", lit) from None
+    if isinstance(value, float) and not math.isfinite(value):
+        raise unsupported(f"numeric literal {text} is not a finite number", lit)
+    if isinstance(value, int) and value >= 2**63:
+        raise unsupported(f"integer literal {text} is outside the 64-bit range", lit)
+    return value
+
+
+def exact_number(lit: exp.Literal) -> Fraction:
+    """The exact value of a numeric literal as written (a decimal text, never a double)."""
+    number(lit)  # the same refusals
+    try:
+        return Fraction(Decimal(str(lit.this)))
+    except (InvalidOperation, ValueError):  # pragma: no cover - number() refused it
+        raise unsupported(f"numeric literal {lit.this} is not a number", lit) from None
+
+
+def canonical_number_text(text: str) -> str:
+    """The canonical text of a numeric literal with exactly the same value.
+
+    Integers stay integers of any size (``9007199254740993``); a decimal keeps its digits
+    (trailing zeros dropped, exponent spelled out: ``1.50`` → ``1.5``, ``1e2`` → ``100``,
+    ``0.1000000000000000000001`` unchanged); a decimal with an integer value becomes the
+    integer (``2.0`` → ``2``).
+    """
+    with localcontext() as ctx:  # exact: enough digits for every digit of the text
+        ctx.prec = max(28, 2 * len(text) + 10)
+        ctx.Emax, ctx.Emin = MAX_EMAX, MIN_EMIN
+        return _canonical_number_text(text)
+
+
+def _canonical_number_text(text: str) -> str:
+    d = Decimal(text)
+    if d == d.to_integral_value() and abs(d) < 2**63:
+        return str(int(d))
+    sign, digits, exponent = d.normalize().as_tuple()
+    s = "".join(map(str, digits))
+    if "e" in text.lower() or d == d.to_integral_value():
+        adjusted = exponent + len(s) - 1
+        mantissa = s[0] + ("." + s[1:] if len(s) > 1 else "")
+        return ("-" if sign else "") + f"{mantissa}e{adjusted}"
+    if -exponent >= len(s):
+        s = "0." + "0" * (-exponent - len(s)) + s
+    else:
+        s = s[:exponent] + "." + s[exponent:]
+    return ("-" if sign else "") + s
+
+
+def canonicalize_literals(tree: exp.Expression) -> exp.Expression:
+    """Normalise numeric literals (``1.0`` → ``1``; the value never changes), sort and
+    deduplicate IN lists and turn a one-element IN into ``=``, in place."""
+
+    def canonical(node: exp.Expression) -> exp.Expression:
+        if isinstance(node, exp.Literal) and not node.is_string:
+            number(node)
+            text = canonical_number_text(str(node.this))
+            return node if text == node.this else exp.Literal.number(text)
+        return node
+
+    def fix(node: exp.Expression) -> exp.Expression:
+        if isinstance(node, exp.In) and node.expressions:
+            items = {}
+            for e in node.expressions:
+                e = canonical(e)
+                key = (f"{'s' if e.is_string else 'n'}:{e.this}" if isinstance(e, exp.Literal)
+                       else e.sql(dialect=DIALECT))
+                items.setdefault(key, e)
+            if len(items) == 1:  # x IN (v) is x = v, NULLs included
+                return exp.EQ(this=node.this, expression=next(iter(items.values())))
+            node.set("expressions", [items[k] for k in sorted(items)])  # one set: linear
+            return node
+        return canonical(node)
+
+    return tree.transform(fix, copy=False)
+

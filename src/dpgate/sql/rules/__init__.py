@@ -1,0 +1,80 @@
+"""Rewrite rules on the analyst's parsed statement: small pure functions, tree → tree, one a
+module (as sqlglot's optimizer), applied in the order of :data:`RULES`.
+
+Each rule takes a sqlglot SELECT and returns a new one (the input is never modified),
+refusing what it cannot rewrite soundly with an :class:`~dpgate.errors.UnsupportedQuery`
+that quotes the construct. They run before the planner's allow-list
+(:mod:`dpgate.sql.allow_list`, from :func:`dpgate.sql.compile.compile_statement`), so a query
+that a rule turns into the flat form gets the flat query's plan, plan hash and release-cache
+entry. Every rewrite has a fixture file, ``tests/fixtures/rules/<rule>.sql`` (sqlglot's
+optimizer fixture format: an input statement, then the expected output; run by
+``tests/test_rule_fixtures.py``).
+
+:data:`RULES`, in order:
+
+* :func:`~dpgate.sql.rules.or_equalities_to_in.or_equalities_to_in` — ``x = 1 OR x = 2`` →
+  ``x IN (1, 2)`` (before the nesting check: a long OR chain is one IN list);
+* :func:`check_nesting` — refuse expressions nested deeper than the planner processes
+  (:mod:`dpgate.sql.rules.nesting`; a check, the tree is unchanged);
+* :func:`~dpgate.sql.rules.inline_ctes.inline_ctes` — ``WITH r AS (SELECT …) SELECT … FROM r`` →
+  the CTE's query as a derived table in FROM;
+* :func:`~dpgate.sql.rules.merge_derived_tables.merge_derived_tables` — a derived table that
+  filters and projects one table merged into the query;
+* :func:`check_merged_nesting` — the nesting check again, parentheses the merge added not
+  counted (merging substitutes projected expressions: nesting can grow).
+
+The compiler runs :func:`inline_ctes` once before the per-unit and join hooks too (they read
+the inlined tree); inlining is idempotent.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from sqlglot import exp
+
+from dpgate.sql.rules.base import MAX_DEPTH
+from dpgate.sql.rules.inline_ctes import inline_ctes
+from dpgate.sql.rules.merge_derived_tables import merge_derived_tables
+from dpgate.sql.rules.nesting import (
+    MAX_NESTING,
+    MAX_TREE_DEPTH,
+    check_nesting,
+    expression_depth,
+    nesting_refusal,
+    parser_nesting_refusal,
+    tree_depth,
+)
+from dpgate.sql.rules.or_equalities_to_in import or_equalities_to_in
+
+__all__ = [
+    "MAX_DEPTH", "MAX_NESTING", "MAX_TREE_DEPTH", "RULES", "apply_statement_rules", "check_merged_nesting",
+    "check_nesting", "expression_depth", "inline_ctes", "merge_derived_tables", "nesting_refusal",
+    "or_equalities_to_in", "parser_nesting_refusal", "tree_depth",
+]
+
+Rule = Callable[[exp.Select], exp.Select]
+
+
+def nesting(stmt: exp.Select) -> exp.Select:
+    """:func:`check_nesting` as a rule (the statement unchanged, or a refusal)."""
+    check_nesting(stmt)
+    return stmt
+
+
+def check_merged_nesting(stmt: exp.Select) -> exp.Select:
+    """:func:`check_nesting` after merging: the parentheses the merge added are not counted (the
+    canonical SQL drops them; the parser never reads them)."""
+    check_nesting(stmt, parentheses=False)
+    return stmt
+
+
+#: The statement rules, in the order :func:`apply_statement_rules` applies them.
+RULES: tuple[Rule, ...] = (or_equalities_to_in, nesting, inline_ctes, merge_derived_tables, check_merged_nesting)
+
+
+def apply_statement_rules(stmt: exp.Select) -> exp.Select:
+    """Every rule of :data:`RULES`, in order."""
+    for rule in RULES:
+        stmt = rule(stmt)
+    return stmt
