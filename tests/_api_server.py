@@ -7,12 +7,14 @@ Not a test module (leading underscore). Nothing here is mocked: the app is
 
 from __future__ import annotations
 
+import atexit
 import math
 import queue
 import re
 import shutil
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -24,13 +26,32 @@ from scipy.optimize import brentq, minimize_scalar
 REPO = Path(__file__).resolve().parents[1]
 
 
+#: The sample data, generated once per test process and copied into each project (it is
+#: deterministic: ``dpgate.sample_data`` gives byte-identical files for its defaults).
+_SAMPLE_ROOT: Path | None = None
+
+
+def _sample_root() -> Path:
+    global _SAMPLE_ROOT
+    if _SAMPLE_ROOT is None:
+        from dpgate.sample_data import ensure_sample_data
+
+        root = Path(tempfile.mkdtemp(prefix="dpgate-test-sample-"))
+        atexit.register(shutil.rmtree, root, True)
+        ensure_sample_data(root)
+        _SAMPLE_ROOT = root
+    return _SAMPLE_ROOT
+
+
 def make_project(root: Path) -> Path:
-    """A temporary project: ``policies/usage.toml`` copied from the repo and the sample data."""
-    from dpgate.sample_data import ensure_sample_data
+    """A temporary project: ``policies/usage.toml`` copied from the repo and the sample data
+    (a copy of this process's one generated set, :func:`_sample_root`)."""
+    from dpgate.sample_data import SAMPLE_DIR, ensure_sample_data
 
     (root / "policies").mkdir(parents=True)
     shutil.copy(REPO / "policies" / "usage.toml", root / "policies" / "usage.toml")
-    ensure_sample_data(root)
+    shutil.copytree(_sample_root() / SAMPLE_DIR, root / SAMPLE_DIR)
+    ensure_sample_data(root)  # both files are there: nothing is generated
     return root
 
 
@@ -44,7 +65,11 @@ class LiveServer:
         self.sock.bind(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+        # log_config=None: uvicorn's default config binds its log handlers to the sys.stderr/stdout
+        # of the moment, which inside a capsys test is that test's capture; closed after the test,
+        # every later uvicorn log line in the process failed with "I/O operation on closed file".
+        # Without it uvicorn's loggers propagate to the root logger (pytest's log capture).
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", log_config=None))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
         self.startup_timeout_s = startup_timeout_s
 
