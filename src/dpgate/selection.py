@@ -65,7 +65,7 @@ from dpgate.policy import DatasetPolicy
 from dpgate.releases import CacheKeys, Release, new_release_id, now
 from dpgate.representable import check_representable
 from dpgate.sensitivity import primitive_linf
-from dpgate.sql.bound import bounded_sql, bounded_sql_template
+from dpgate.sql.bound import bounded_query, bounded_sql_template
 from dpgate.sql.plan import KeyOutput
 from dpgate.sql.selection_query import SelectionQuery
 
@@ -286,7 +286,7 @@ def run_selection(gateway: Any, dataset: str, policy: DatasetPolicy, sel: Select
         if hit is not None:
             return hit.to_dict(cached=True)
         cal = calibrate_selection(sel, policy, resolved)
-        gateway.engine.check(bounded_sql(plan, policy, salt=0))
+        gateway.engine.check(bounded_query(plan, policy, salt=0))
 
         def charge(release_key: str):
             metadata = {"dataset": dataset, "plan_hash": plan.plan_hash, "data_version": version,
@@ -309,7 +309,7 @@ def _compute(gateway: Any, policy: DatasetPolicy, sel: SelectionQuery, cal: Sele
     plan = sel.plan
     salt = gateway._salt_source()
     try:
-        values = gateway.engine.execute(bounded_sql(plan, policy, salt=salt))
+        values = gateway.engine.execute(bounded_query(plan, policy, salt=salt))
     except DpgateError:
         raise
     except Exception as exc:  # noqa: BLE001 - no data in the message

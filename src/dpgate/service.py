@@ -76,7 +76,7 @@ from dpgate.releases import (
 from dpgate.sensitivity import sensitivities
 from dpgate.settings import Settings
 from dpgate.sql import partition_selection as selection_plan
-from dpgate.sql.bound import bounded_sql, bounded_sql_template
+from dpgate.sql.bound import bounded_query, bounded_sql_template
 from dpgate.sql.explain import contribution, released_columns
 from dpgate.sql.constant import refuse_constant_plan
 from dpgate.sql.parse import nothing_charged, parse_query, parse_statement
@@ -84,7 +84,7 @@ from dpgate.sql.selection_query import check_candidates, recognize as recognize_
 from dpgate.sql.plan import AggregateOutput, DerivedOutput, KeyOutput, QueryPlan
 from dpgate import quantile_release
 from dpgate.quantile_release import PlanCalibration, has_quantiles, without_quantiles
-from dpgate.sql.quantile import histogram_sql, histogram_sql_template
+from dpgate.sql.quantile import histogram_query, histogram_sql_template
 from dpgate.sql.public import (MAX_PUBLIC_ROWS, exact_sql, public_key_columns, reads_public_only, reads_rows,
                                releases_public_keys_only)
 from dpgate.sql.joins import JoinedTable, policy_for
@@ -981,11 +981,11 @@ class Gateway:
         unique = not isinstance(policy.table(plan.table), JoinedTable) and \
             self.engine.unit_is_unique(policy.name, plan.table)
         if not unique:
-            return run(bounded_sql(plan, policy, salt=salt))
+            return run(bounded_query(plan, policy, salt=salt))
         try:
-            return run(bounded_sql(plan, policy, salt=salt, unit_unique=True))
+            return run(bounded_query(plan, policy, salt=salt, unit_unique=True))
         except Conflict:
-            return run(bounded_sql(plan, policy, salt=salt))
+            return run(bounded_query(plan, policy, salt=salt))
 
     def _compute(self, policy: DatasetPolicy, plan: QueryPlan, cal, resolved: Mapping[str, Any],
                  receipt, key: str, version: str) -> Release:
@@ -1572,14 +1572,14 @@ def _primitive_sig(p) -> str:
     return f"{p.kind}:{p.column or ''}" + (f":{alpha!r}" if alpha is not None else "")
 
 
-def _engine_statements(plan: QueryPlan, policy: DatasetPolicy) -> list[str]:
-    """The SQL the engine will run for ``plan`` (salt 0), to bind before the charge."""
+def _engine_statements(plan: QueryPlan, policy: DatasetPolicy) -> list:
+    """The statements (sqlglot trees) the engine will run for ``plan`` (salt 0), to bind before the charge."""
     if not has_quantiles(plan):
-        return [bounded_sql(plan, policy, salt=0)]
+        return [bounded_query(plan, policy, salt=0)]
     base = without_quantiles(plan)
-    out = [bounded_sql(base, policy, salt=0)] if base.primitives else []
+    out = [bounded_query(base, policy, salt=0)] if base.primitives else []
     columns = dict.fromkeys(p.column for p in plan.primitives if p.kind == "quantile")
-    return out + [histogram_sql(plan, policy, c, salt=0) for c in columns]
+    return out + [histogram_query(plan, policy, c, salt=0) for c in columns]
 
 
 def _bounded_template(plan: QueryPlan, policy: DatasetPolicy) -> str | None:

@@ -79,7 +79,6 @@ __all__ = [
     "check_unique_counts",
     "check_unique_units",
     "parse_bounded",
-    "portable_group_hash",
     "resolve_columns",
     "source_files",
     "source_fingerprint",
@@ -97,6 +96,23 @@ CANONICAL_INT_RE = r"^(0|-?[1-9][0-9]*)$"
 ENGINE_KINDS: tuple[str, ...] = ("duckdb", "postgres", "spark")
 
 _CHUNK = 1 << 20
+
+#: Type names the engines' transforms cast to, built without parsing (``DataType.build`` parses
+#: its argument); each equals ``exp.DataType.build(name)`` (tests/test_render_trees.py).
+_DATATYPES = {"varchar": exp.DataType.Type.VARCHAR, "bigint": exp.DataType.Type.BIGINT,
+              "double": exp.DataType.Type.DOUBLE, "date": exp.DataType.Type.DATE,
+              "timestamp": exp.DataType.Type.TIMESTAMP, "numeric": exp.DataType.Type.DECIMAL,
+              "timestamp_ntz": exp.DataType.Type.TIMESTAMPNTZ}
+
+
+def datatype(name: str) -> exp.DataType:
+    """``exp.DataType.build(name)`` for the plain type names of :data:`_DATATYPES`, without a parse
+    (``decimal(38, 0)``: DECIMAL with its two parameters)."""
+    key = name.lower()
+    if key == "decimal(38, 0)":
+        return exp.DataType(this=exp.DataType.Type.DECIMAL, nested=False, expressions=[
+            exp.DataTypeParam(this=exp.Literal.number(38)), exp.DataTypeParam(this=exp.Literal.number(0))])
+    return exp.DataType(this=_DATATYPES[key], nested=False)
 #: What a bounded query is while the planner moves to sqlglot trees: DuckDB-dialect
 #: SQL text or a sqlglot expression.
 Query = Union[str, exp.Expression]
@@ -521,9 +537,10 @@ UNIQUE_ROWS_CTE = "__dpg_unique_rows"
 
 
 def assumes_unique_units(tree: exp.Expression) -> bool:
-    """True when the bounded query skips the per-unit aggregation (it names a CTE
-    ``__dpg_unique_rows``): it is correct only where each unit has one row at most."""
-    return any(cte.alias == UNIQUE_ROWS_CTE for cte in tree.find_all(exp.CTE))
+    """True when the bounded query skips the per-unit aggregation (the planner's flag
+    ``meta["unit_unique"]``, or, as a second net, a CTE named ``__dpg_unique_rows``): it is
+    correct only where each unit has one row at most."""
+    return bool(tree.meta.get("unit_unique")) or any(cte.alias == UNIQUE_ROWS_CTE for cte in tree.find_all(exp.CTE))
 
 
 def check_unique_units(tree: exp.Expression, dataset: str, unit_is_unique: Callable[[str], bool]) -> None:
@@ -547,144 +564,6 @@ def check_unique_units(tree: exp.Expression, dataset: str, unit_is_unique: Calla
                 "privacy unit, which this load of the dataset does not have; run the query again",
                 {"dataset": dataset, "table": name},
             )
-
-
-def _is_hash_call(node: exp.Expression) -> bool:
-    return isinstance(node, exp.Anonymous) and str(node.this).lower() == "hash"
-
-
-def portable_group_hash(tree: exp.Expression, *, collate_c: bool = False) -> exp.Expression:
-    """Replace DuckDB's ``hash(a, b, …)`` by ``md5(CAST(a AS TEXT) || ':' || CAST(b AS TEXT) …)``.
-
-    The group-choosing order (which k groups a unit keeps) then has the same
-    semantics on every engine: md5 is standard and the text of an integer or a
-    string is the same everywhere, so exact answers agree for any k. (The text of
-    a *float* group key is not: ``1.0`` vs ``1``; so the planner's render hashes a
-    float key's public-key ordinal instead, ``dpgate.sql.bound._hash_key``.) ``collate_c`` orders the hex digests bytewise
-    where the database collation might not (PostgreSQL).
-    """
-
-    def fix(node: exp.Expression) -> exp.Expression:
-        if not _is_hash_call(node):
-            return node
-        parts: list[exp.Expression] = []
-        for i, arg in enumerate(node.expressions):
-            if i:
-                parts.append(exp.Literal.string(":"))
-            parts.append(exp.Cast(this=arg.copy(), to=exp.DataType.build("varchar")))
-        digest: exp.Expression = exp.MD5(this=exp.Concat(expressions=parts))
-        if collate_c:
-            digest = exp.Collate(this=digest, expression=exp.to_identifier("C", quoted=True))
-        return digest
-
-    return tree.transform(fix, copy=False)
-
-
-#: The Mersenne prime 2**31 − 1: the modulus of the arithmetic group hash (every product of
-#: two residues is below 2**62, so BIGINT arithmetic is exact on every engine; 128-bit
-#: division is slow in DuckDB).
-HASH_PRIME = 2**31 - 1
-
-
-def _salt_constants(salt: int) -> list[int]:
-    """Six constants in [1, 2**31 − 1) derived from the release's secret salt (SHA-256)."""
-    out = []
-    for i in range(6):
-        digest = hashlib.sha256(f"dpgate-group-hash:{salt}:{i}".encode()).digest()
-        out.append(1 + int.from_bytes(digest[:16], "big") % (HASH_PRIME - 2))
-    return out
-
-
-def arithmetic_group_hash(tree: exp.Expression, dialect: str, integer_columns: set[str]) -> exp.Expression:
-    """Replace ``hash(u, g…, salt)`` by a keyed arithmetic hash when u and every g are integers.
-
-    With P = 2**31 − 1 and constants s1, t1, s2, b_i, s3 derived from the salt::
-
-        x = ((u mod P) + P) mod P;  y = (s1·x + t1) mod P;  y = (y² + s2) mod P
-        z = (y + Σ (b_i · (((g_i mod P) + P) mod P) mod P)) mod P;  h = (z² + s3) mod P
-
-    computed in BIGINT (every intermediate value is below 2**63: exact on every engine,
-    no overflow), so every engine computes the same h. Ties (probability ≈ n²/2**32 for a
-    unit in n groups) are broken by the keys, as before. The squarings make the order of one unit's groups depend non-linearly on the
-    unit. Cheaper than md5 of text (:func:`portable_group_hash`), which remains the
-    fallback for text units or keys. The choice, like md5's, depends only on the unit's
-    own rows and the salt (what the sensitivity needs); randomness quality only affects
-    which k groups are kept. ``integer_columns`` holds the generated names (``__dpg_u``,
-    ``__dpg_g0`` …) known to be integers (or booleans).
-    """
-    wide = exp.DataType.build("bigint")
-    prime = exp.Literal.number(HASH_PRIME)
-
-    def w(e: exp.Expression) -> exp.Expression:
-        return exp.Cast(this=e, to=wide.copy())
-
-    def mod(e: exp.Expression) -> exp.Expression:
-        return exp.Mod(this=exp.Paren(this=e), expression=prime.copy())
-
-    def residue(e: exp.Expression) -> exp.Expression:
-        return mod(exp.Add(this=mod(w(e)), expression=prime.copy()))
-
-    def fix(node: exp.Expression) -> exp.Expression:
-        if not _is_hash_call(node):
-            return node
-        *cols, salt = node.expressions
-        if not (isinstance(salt, exp.Literal) and not salt.is_string and re.fullmatch(r"\d+", salt.this)):
-            return node
-        if not cols or not all(isinstance(c, exp.Column) and c.name in integer_columns for c in cols):
-            return node
-        s1, t1, s2, s3, *bs = _salt_constants(int(salt.this))
-        lit = exp.Literal.number
-        y = mod(exp.Add(this=exp.Mul(this=lit(s1), expression=residue(cols[0].copy())), expression=lit(t1)))
-        y = mod(exp.Add(this=exp.Mul(this=y, expression=y.copy()), expression=lit(s2)))
-        z: exp.Expression = y
-        for i, g in enumerate(cols[1:]):
-            b = bs[i % len(bs)] + i  # distinct per key position
-            z = exp.Add(this=z, expression=mod(exp.Mul(this=lit(b), expression=residue(g.copy()))))
-        z = mod(z)
-        return mod(exp.Add(this=exp.Mul(this=z, expression=z.copy()), expression=lit(s3)))
-
-    return tree.transform(fix, copy=False)
-
-
-def integer_hash_inputs(tree: exp.Expression, policy: DatasetPolicy, unit_is_integer: Callable[[str], bool]
-                        ) -> set[str]:
-    """Generated names (``__dpg_u``, ``__dpg_g<i>``) bound to integer (or boolean) columns.
-
-    Read from the ``… AS "__dpg_u"`` / ``… AS "__dpg_g<i>"`` projections of the bounded
-    query: a key column of declared type int or bool; the unit column when the engine
-    found it stored as an integer type.
-    """
-    types = column_types(policy, tree)
-    tables = [name for ds, name in relations(tree) if ds == policy.name]
-    out: set[str] = set()
-    for alias in tree.find_all(exp.Alias):
-        name = alias.alias
-        col = alias.this
-        if not isinstance(col, exp.Column):
-            continue
-        if name == "__dpg_u" and tables and all(unit_is_integer(t) for t in tables):
-            out.add(name)
-        elif re.fullmatch(r"__dpg_g\d+", name) and types.get(col.name.casefold()) == "int":
-            out.add(name)
-    return out
-
-
-def group_hash(tree: exp.Expression, policy: DatasetPolicy, tables: Mapping[str, "TableInfo"], dialect: str
-               ) -> exp.Expression:
-    """Make the group-choosing hash portable: arithmetic when the unit and keys are integers,
-    md5 of the key text otherwise (bytewise order on PostgreSQL)."""
-    def unit_integer(name: str) -> bool:
-        info = tables.get(name) or next((t for n, t in tables.items() if n.casefold() == name.casefold()), None)
-        return bool(info and info.unit_integer)
-
-    ints = integer_hash_inputs(tree, policy, unit_integer)
-    tree = arithmetic_group_hash(tree, dialect, ints)
-    return portable_group_hash(tree, collate_c=(dialect == "postgres"))
-
-
-def has_group_hash(tree: exp.Expression) -> bool:
-    """True when the tree contains DuckDB's ``hash(…)`` (see :func:`portable_group_hash`)."""
-    return any(_is_hash_call(n) for n in tree.find_all(exp.Anonymous))
 
 
 # ---------------------------------------------------------------------------- results
@@ -905,7 +784,7 @@ TWO_52 = 4503599627370496.0
 
 def dbl(value: float) -> exp.Expression:
     """A DOUBLE literal (``CAST('…' AS DOUBLE)``, exact on every engine)."""
-    return exp.Cast(this=exp.Literal.string(repr(float(value))), to=exp.DataType.build("double"))
+    return exp.Cast(this=exp.Literal.string(repr(float(value))), to=datatype("double"))
 
 
 def finite(value: exp.Expression) -> exp.Expression:
@@ -931,8 +810,8 @@ def round_half_away(value: exp.Expression) -> exp.Expression:
         default=dbl(0.0),
     )
     rounded = exp.Mul(
-        this=exp.Cast(this=exp.Sign(this=value.copy()), to=exp.DataType.build("double")),
-        expression=exp.Paren(this=exp.Add(this=exp.Cast(this=fl, to=exp.DataType.build("double")),
+        this=exp.Cast(this=exp.Sign(this=value.copy()), to=datatype("double")),
+        expression=exp.Paren(this=exp.Add(this=exp.Cast(this=fl, to=datatype("double")),
                                           expression=frac_up)),
     )
     big = exp.or_(
@@ -1180,7 +1059,7 @@ class PredicateRewriter:
 
     def temporal_datatype(self, t: str) -> exp.DataType:
         """The engine's DATE or (naive) TIMESTAMP type."""
-        return exp.DataType.build(t.upper())
+        return datatype(t)
 
     def guarded(self, cond: exp.Expression, value: exp.Expression) -> exp.Expression:
         """``CASE WHEN cond THEN value END`` (NULL when the condition is not true)."""
@@ -1211,7 +1090,7 @@ class PredicateRewriter:
     def as_double(self, value: exp.Expression, original: exp.Expression) -> exp.Expression:
         """``value`` as a double (integers are converted exactly up to 2**53, as DuckDB does)."""
         if self.type(original) == "int":
-            return exp.Cast(this=value, to=exp.DataType.build("double"))
+            return exp.Cast(this=value, to=datatype("double"))
         return value
 
     def _divide(self, node: exp.Expression) -> exp.Expression:
@@ -1224,12 +1103,12 @@ class PredicateRewriter:
         if isinstance(node, exp.Div):
             if d is None or d == 0 or t not in ("int", "float"):
                 raise self.refuse(node)
-            return exp.Div(this=exp.Cast(this=self.safe(node.this), to=exp.DataType.build("double")),
+            return exp.Div(this=exp.Cast(this=self.safe(node.this), to=datatype("double")),
                            expression=dbl(float(d)))
         if d is None or t != "int" or (d in (0, -1) if isinstance(node, exp.IntDiv) else abs(d) < 2):
             raise self.refuse(node)
         op = type(node)(this=self.safe(node.this), expression=exp.Literal.number(d))
-        return exp.Cast(this=op, to=exp.DataType.build("bigint"))
+        return exp.Cast(this=op, to=datatype("bigint"))
 
     def _int_cast(self, node: exp.Cast) -> exp.Expression:
         """CAST of an integer to BIGINT, DOUBLE or text: the same value on every engine, never an error."""
@@ -1237,11 +1116,11 @@ class PredicateRewriter:
         kind = to.this if isinstance(to, exp.DataType) else None
         value = self.safe(node.this)
         if kind == exp.DataType.Type.BIGINT:
-            return exp.Cast(this=value, to=exp.DataType.build("bigint"))
+            return exp.Cast(this=value, to=datatype("bigint"))
         if kind == exp.DataType.Type.DOUBLE:
-            return exp.Cast(this=value, to=exp.DataType.build("double"))
+            return exp.Cast(this=value, to=datatype("double"))
         if kind in (exp.DataType.Type.VARCHAR, exp.DataType.Type.TEXT):
-            return exp.Cast(this=value, to=exp.DataType.build("varchar"))
+            return exp.Cast(this=value, to=datatype("varchar"))
         raise self.refuse(node)
 
     def _try_cast(self, node: exp.TryCast) -> exp.Expression:
@@ -1266,11 +1145,11 @@ class PredicateRewriter:
                 r = round_half_away(value)
                 ok = exp.and_(exp.GTE(this=r.copy(), expression=dbl(float(lo))),
                               exp.LT(this=r.copy(), expression=dbl(float(hi) + 1.0)))
-                return exp.Case(ifs=[exp.If(this=ok, true=exp.Cast(this=r, to=exp.DataType.build("bigint")))])
+                return exp.Case(ifs=[exp.If(this=ok, true=exp.Cast(this=r, to=datatype("bigint")))])
         if kind == exp.DataType.Type.DOUBLE and src in ("int", "float"):
-            return exp.Cast(this=value, to=exp.DataType.build("double"))
+            return exp.Cast(this=value, to=datatype("double"))
         if kind in (exp.DataType.Type.VARCHAR, exp.DataType.Type.TEXT) and src in ("int", "text"):
-            return exp.Cast(this=value, to=exp.DataType.build("varchar"))
+            return exp.Cast(this=value, to=datatype("varchar"))
         if kind in (exp.DataType.Type.VARCHAR, exp.DataType.Type.TEXT) and src in TEMPORAL:
             return self.temporal_text(value, src)
         if kind == exp.DataType.Type.BOOLEAN and src == "bool":
@@ -1315,7 +1194,7 @@ class PredicateRewriter:
         value: exp.Expression = exp.Extract(this=exp.var(part.upper()), expression=a)
         if part == "second":
             value = exp.Floor(this=value)
-        return exp.Cast(this=value, to=exp.DataType.build("bigint"))
+        return exp.Cast(this=value, to=datatype("bigint"))
 
     def date_trunc(self, unit: str, a: exp.Expression, t: str) -> exp.Expression:
         """DuckDB's ``date_trunc(unit, a)`` (a TIMESTAMP), NULL outside the window."""
@@ -1327,11 +1206,11 @@ class PredicateRewriter:
 
     def temporal_text(self, a: exp.Expression, t: str) -> exp.Expression:
         """``CAST(a AS VARCHAR)`` of a date (``YYYY-MM-DD``) or timestamp (``YYYY-MM-DD HH:MM:SS[.f]``)."""
-        return exp.Cast(this=a, to=exp.DataType.build("varchar"))
+        return exp.Cast(this=a, to=datatype("varchar"))
 
     def temporal_to_date(self, a: exp.Expression, t: str) -> exp.Expression:
         """``CAST(a AS DATE)`` of a date or timestamp (the day; cannot raise)."""
-        return exp.Cast(this=a, to=exp.DataType.build("date"))
+        return exp.Cast(this=a, to=datatype("date"))
 
     def date_as_timestamp(self, a: exp.Expression) -> exp.Expression:
         """A date compared with a timestamp (default: the engine compares them without error)."""

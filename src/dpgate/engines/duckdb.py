@@ -63,6 +63,7 @@ from typing import Callable
 import duckdb
 import numpy as np
 
+from dpgate.engines.hashing import group_hash, has_group_hash
 from dpgate.engines.base import (
     CANONICAL_INT_RE,
     EngineOptions,
@@ -75,11 +76,9 @@ from dpgate.engines.base import (
     unique_columns,
     check_unique_units,
     file_signature,
-    has_group_hash,
     lossy_unit_error,
     non_canonical_unit_error,
     parse_bounded,
-    group_hash,
     resolve_columns,
     source_files,
     source_fingerprint,
@@ -551,6 +550,9 @@ class DuckDBEngine:
         else:
             tree = parse_bounded(query)
             check_unique_units(tree, self.policy.name, self.unit_is_unique)
+            text, digest = tree.meta.get("duckdb_sql") or (None, None)
+            if text is not None and digest == hash(tree) and not has_group_hash(tree):
+                return text  # the planner's own text form of this very tree (no transform applies)
         return group_hash(tree, self.policy, self._tables, "duckdb").sql(dialect="duckdb")
 
     def _cursor(self) -> "duckdb.DuckDBPyConnection":

@@ -39,7 +39,9 @@ from pyspark.errors import PySparkException
 from pyspark.sql import SparkSession
 from sqlglot import exp
 
+from dpgate.engines.hashing import group_hash
 from dpgate.engines.base import (
+    datatype,
     check_unique_units,
     EngineOptions,
     LoadReport,
@@ -55,7 +57,6 @@ from dpgate.engines.base import (
     lossy_unit_error,
     null_like_unit,
     parse_bounded,
-    group_hash,
     relations,
     replace_isfinite,
     replace_relations,
@@ -146,7 +147,7 @@ class _SparkPredicates(PredicateRewriter):
 
     def temporal_datatype(self, t):
         """DATE, or TIMESTAMP_NTZ (naive, as the views expose timestamps)."""
-        return exp.DataType.build("timestamp_ntz" if t == "timestamp" else "date", dialect="spark")
+        return datatype("timestamp_ntz" if t == "timestamp" else "date")
 
     def extract(self, part, a, t):
         """Spark's DOW counts Sunday as 1 (DuckDB 0), its ISO day of the week is DAYOFWEEK_ISO,
@@ -159,7 +160,7 @@ class _SparkPredicates(PredicateRewriter):
             value = exp.Sub(this=value, expression=exp.Literal.number(1))
         if part == "second":
             value = exp.Floor(this=value)
-        return exp.Cast(this=value, to=exp.DataType.build("bigint"))
+        return exp.Cast(this=value, to=datatype("bigint"))
 
     def date_as_timestamp(self, a):
         """A date read as TIMESTAMP_NTZ inside the window (a later date would overflow)."""
@@ -173,7 +174,7 @@ class _SparkPredicates(PredicateRewriter):
         # Spark's FLOOR/CEIL of a double return BIGINT (saturating); DuckDB's a double.
         keep = exp.Not(this=exp.LT(this=exp.Abs(this=a.copy()), expression=dbl(4503599627370496.0)))
         return exp.Case(ifs=[exp.If(this=keep, true=a.copy())],
-                        default=exp.Cast(this=op(this=a), to=exp.DataType.build("double")))
+                        default=exp.Cast(this=op(this=a), to=datatype("double")))
 
 
 class SparkEngine:
@@ -385,7 +386,7 @@ class SparkEngine:
         tree = replace_isfinite(tree)
         tree = replace_round(tree)
         for s in list(tree.find_all(exp.Sum)):
-            s.set("this", exp.Cast(this=s.this, to=exp.DataType.build("decimal(38, 0)")))
+            s.set("this", exp.Cast(this=s.this, to=datatype("decimal(38, 0)")))
         for gs in list(tree.find_all(exp.GenerateSeries)):
             table = gs.parent
             if isinstance(table, exp.Table):

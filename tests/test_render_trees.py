@@ -1,0 +1,114 @@
+"""The generated SQL built as sqlglot trees (issue 20 step 4) is the statement the text
+builders write (which explain shows, and DuckDB runs as is when no engine transform applies).
+
+Over every golden query of tests/test_compile_golden.py, general and unit-unique forms:
+``parse_one(text) == tree`` for the bounded query and each quantile histogram (so every engine
+renders the tree as it rendered the parsed text), and building a tree parses no SQL.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import sqlglot
+from sqlglot import exp
+from sqlglot.dialects.dialect import Dialect
+
+from dpgate.engines.base import assumes_unique_units, datatype
+from dpgate.sql.bound import aggregates_per_unit, bounded_query, bounded_sql
+from dpgate.sql.joins import policy_for
+from dpgate.sql.parse import parse_query
+from dpgate.sql.public import reads_public_only, releases_public_keys_only
+from dpgate.sql.quantile import histogram_query, histogram_sql
+from tests.test_compile_golden import QUERIES, _policies
+
+SALT = 6_148_914_691_236_517_205  # a 63-bit salt, not 0: the literal is compared too
+
+
+@pytest.fixture(scope="module")
+def plans():
+    policies = _policies()
+    out = []
+    for name, (dataset, sql) in QUERIES.items():
+        policy = policies[dataset]
+        plan = parse_query(sql, policy)
+        out.append((name, plan, policy_for(plan.table, policy)))
+    return out
+
+
+def _noisy(plan, policy) -> bool:
+    return not reads_public_only(plan, policy) and not releases_public_keys_only(plan, policy)
+
+
+def test_bounded_tree_is_the_text(plans):
+    checked = 0
+    for name, plan, policy in plans:
+        base = replace(plan, primitives=tuple(p for p in plan.primitives if p.kind != "quantile"))
+        if not _noisy(plan, policy) or not base.primitives:
+            continue
+        for unique in (False, True):
+            tree = bounded_query(base, policy, salt=SALT, unit_unique=unique)
+            text = bounded_sql(base, policy, salt=SALT, unit_unique=unique)
+            assert tree == sqlglot.parse_one(text, read="duckdb"), (name, unique)
+            assert tree.meta["duckdb_sql"] == (text, hash(tree))
+            table = policy.table(base.table)
+            assert tree.meta["unit_unique"] == (not aggregates_per_unit(table, unit_unique=unique)
+                                                and not table.record_level)
+            assert assumes_unique_units(tree) == tree.meta["unit_unique"]
+            checked += 1
+    assert checked >= 40
+
+
+def test_histogram_tree_is_the_text(plans):
+    checked = 0
+    for name, plan, policy in plans:
+        if not _noisy(plan, policy):
+            continue
+        for column in dict.fromkeys(p.column for p in plan.primitives if p.kind == "quantile"):
+            tree = histogram_query(plan, policy, column, salt=SALT)
+            assert tree == sqlglot.parse_one(histogram_sql(plan, policy, column, salt=SALT), read="duckdb"), name
+            checked += 1
+    assert checked >= 4
+
+
+def test_building_the_trees_parses_nothing(plans, monkeypatch):
+    calls = []
+    for attr in ("parse", "parse_into"):
+        original = getattr(Dialect, attr)
+        monkeypatch.setattr(Dialect, attr, lambda self, *a, _o=original, **k: calls.append(a) or _o(self, *a, **k))
+    checked = 0
+    for name, plan, policy in plans:
+        if not _noisy(plan, policy) or plan.where is not None or plan.computed_keys or plan.values \
+                or getattr(policy.table(plan.table), "join_sql", ""):
+            continue  # the WHERE, computed keys, derived values and joins are still text (steps 2, 3)
+        base = replace(plan, primitives=tuple(p for p in plan.primitives if p.kind != "quantile"))
+        calls.clear()
+        if base.primitives:
+            bounded_query(base, policy, salt=SALT)
+        for column in dict.fromkeys(p.column for p in plan.primitives if p.kind == "quantile"):
+            histogram_query(plan, policy, column, salt=SALT)
+        assert calls == [], (name, calls[:2])
+        checked += 1
+    assert checked >= 8
+
+
+@pytest.mark.parametrize("name", ["varchar", "bigint", "double", "date", "timestamp", "numeric",
+                                  "decimal(38, 0)"])
+def test_datatype_is_what_build_parses(name):
+    assert datatype(name) == exp.DataType.build(name)
+
+
+def test_timestamp_ntz_is_sparks():
+    assert datatype("timestamp_ntz") == exp.DataType.build("timestamp_ntz", dialect="spark")
+
+
+def test_join_trees_are_the_join_sql(plans):
+    checked = 0
+    for name, plan, policy in plans:
+        table = policy.table(plan.table)
+        if getattr(table, "join_sql", ""):
+            assert table.join_tree is not None, name
+            assert table.join_tree == sqlglot.parse_one(table.join_sql, read="duckdb"), name
+            checked += 1
+    assert checked >= 8
