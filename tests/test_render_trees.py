@@ -112,3 +112,40 @@ def test_join_trees_are_the_join_sql(plans):
             assert table.join_tree == sqlglot.parse_one(table.join_sql, read="duckdb"), name
             checked += 1
     assert checked >= 8
+
+
+def test_exact_tree_is_the_text(plans):
+    from dpgate.sql.public import exact_query, exact_sql
+
+    checked = 0
+    for name, plan, policy in plans:
+        if reads_public_only(plan, policy):
+            tree = exact_query(plan, policy)
+            assert tree == sqlglot.parse_one(exact_sql(plan, policy), read="duckdb"), name
+            checked += 1
+    assert checked >= 2
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT genre, COUNT(*) AS n FROM genres GROUP BY genre ORDER BY n DESC LIMIT 3",
+    "SELECT category, COUNT(*) AS n FROM genres WHERE genre <> 'x' GROUP BY category "
+    "HAVING COUNT(*) > 1 ORDER BY category DESC NULLS FIRST",
+    "SELECT genre, category FROM genres",
+    "SELECT COUNT(*) + 1 AS m FROM genres",
+])
+def test_exact_tree_more_shapes(sql):
+    from dpgate.sql.public import exact_query, exact_sql
+
+    policy = _policies()["library_catalog"]
+    plan = parse_query(sql, policy)
+    assert reads_public_only(plan, policy)
+    assert exact_query(plan, policy) == sqlglot.parse_one(exact_sql(plan, policy), read="duckdb")
+
+
+def test_key_list_trees_are_the_text():
+    from dpgate.sql.public import key_tuples_query, key_values_query
+
+    table = _policies()["library_catalog"].table("genres")
+    for tree in (key_values_query(table, "genre", 1001), key_tuples_query(table, ["genre", "category"], 1001)):
+        text, digest = tree.meta["duckdb_sql"]
+        assert tree == sqlglot.parse_one(text, read="duckdb") and digest == hash(tree)

@@ -56,7 +56,7 @@ from dpgate.ledger import Ledger, open_ledger
 from dpgate.ledger.base import FINITE_ORDERS, PolicyDrift, charge_statement, ledger_rho
 from dpgate.mechanisms import calibrate, ci95_halfwidth, mechanism_name, sample
 from dpgate.notices import first_notice
-from dpgate.policy import MECHANISMS, DatasetPolicy, KeyTuples, load_policies, quote_identifier
+from dpgate.policy import MECHANISMS, DatasetPolicy, KeyTuples, load_policies
 from dpgate.postprocess import check_postprocess_expression, finalize, output_unit
 from dpgate.postprocess.expected import accuracy_reference, check_reference_rows, column_bounds, expected_accuracy
 from dpgate.postprocess.calibration import CellTarget, ci95_rules, scales_for_ci95
@@ -85,8 +85,8 @@ from dpgate.sql.plan import AggregateOutput, DerivedOutput, KeyOutput, QueryPlan
 from dpgate import quantile_release
 from dpgate.quantile_release import PlanCalibration, has_quantiles, without_quantiles
 from dpgate.sql.quantile import histogram_query, histogram_sql_template
-from dpgate.sql.public import (MAX_PUBLIC_ROWS, exact_sql, public_key_columns, reads_public_only, reads_rows,
-                               releases_public_keys_only)
+from dpgate.sql.public import (MAX_PUBLIC_ROWS, exact_query, exact_sql, key_tuples_query, key_values_query,
+                               public_key_columns, reads_public_only, reads_rows, releases_public_keys_only)
 from dpgate.sql.joins import JoinedTable, policy_for
 from dpgate.sql.per_unit import PerUnitTable
 from types import MappingProxyType
@@ -490,10 +490,7 @@ class Gateway:
             cols = {}
             for name, col in t.columns.items():
                 if col.public_keys is None and col.type in ("text", "int", "bool"):
-                    ref = quote_identifier(name)
-                    values = self.engine.execute(
-                        f"SELECT DISTINCT {ref} AS v FROM {t.relation} WHERE {ref} IS NOT NULL ORDER BY v "
-                        f"LIMIT {MAX_PUBLIC_TABLE_KEYS + 1}")["v"]
+                    values = self.engine.execute(key_values_query(t, name, MAX_PUBLIC_TABLE_KEYS + 1))["v"]
                     keys = tuple(_plain(v) for v in np.asarray(values).tolist())
                     if 0 < len(keys) <= MAX_PUBLIC_TABLE_KEYS:
                         col = dataclasses.replace(col, public_keys=keys)
@@ -501,9 +498,7 @@ class Gateway:
             key_tuples = ()
             keyed_names = [n for n, c in cols.items() if c.public_keys is not None]
             if len(keyed_names) > 1:
-                refs = ", ".join(quote_identifier(n) for n in keyed_names)
-                values = self.engine.execute(
-                    f"SELECT DISTINCT {refs} FROM {t.relation} LIMIT {MAX_PUBLIC_TABLE_KEYS + 1}")
+                values = self.engine.execute(key_tuples_query(t, keyed_names, MAX_PUBLIC_TABLE_KEYS + 1))
                 columns = [[_plain(v) for v in np.asarray(values[n]).tolist()] for n in keyed_names]
                 rows = tuple(zip(*columns)) if columns else ()
                 key_tuples = (KeyTuples(tuple(keyed_names), rows if len(rows) <= MAX_PUBLIC_TABLE_KEYS else None),)
@@ -1097,7 +1092,7 @@ class Gateway:
         """
         version = self._data_version(policy.name)
         try:
-            values = self.engine.execute(exact_sql(plan, policy))
+            values = self.engine.execute(exact_query(plan, policy))
         except DpgateError:
             raise
         except Exception as exc:  # noqa: BLE001 - public data, but keep one error shape

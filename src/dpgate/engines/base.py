@@ -113,8 +113,9 @@ def datatype(name: str) -> exp.DataType:
         return exp.DataType(this=exp.DataType.Type.DECIMAL, nested=False, expressions=[
             exp.DataTypeParam(this=exp.Literal.number(38)), exp.DataTypeParam(this=exp.Literal.number(0))])
     return exp.DataType(this=_DATATYPES[key], nested=False)
-#: What a bounded query is while the planner moves to sqlglot trees: DuckDB-dialect
-#: SQL text or a sqlglot expression.
+#: What an engine runs: a sqlglot tree (the gateway sends only trees since issue 20 step 4:
+#: the bounded query, histograms, exact answers and key lists are built as trees, never parsed).
+#: DuckDB-dialect text is still accepted, and parsed, for tests and tools.
 Query = Union[str, exp.Expression]
 
 
