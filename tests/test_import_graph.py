@@ -213,7 +213,6 @@ OVERSIZED.update({
     "dpgate.policy": 1666,
     "dpgate.accounting": 1592,
     "dpgate.sql.parse": 1544,
-    "dpgate.engines.base": 1254,
     "dpgate.postprocess.expressions": 1292,
     "dpgate.sql.bind": 1175,
     "dpgate.ui.pages": 872,

@@ -15,7 +15,8 @@ import sqlglot
 from sqlglot import exp
 from sqlglot.dialects.dialect import Dialect
 
-from dpgate.engines.base import assumes_unique_units, datatype
+from dpgate.engines.base import assumes_unique_units
+from dpgate.engines.types import datatype
 from dpgate.sql.bound import aggregates_per_unit, bounded_query, bounded_sql
 from dpgate.sql.joins import policy_for
 from dpgate.sql.parse import parse_query

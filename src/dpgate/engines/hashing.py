@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Callable, Mapping
 
 from sqlglot import exp
 
-from dpgate.engines.base import column_types, datatype, relations
+from dpgate.engines.base import relations
+from dpgate.engines.types import column_types, datatype
 from dpgate.policy import DatasetPolicy
 
 if TYPE_CHECKING:

@@ -52,30 +52,34 @@ from sqlglot.errors import SqlglotError
 
 from dpgate.engines.hashing import group_hash
 from dpgate.engines.base import (
-    datatype,
     assumes_unique_units,
     check_unique_units,
-    DBL_MAX,
     EngineOptions,
     LoadReport,
-    PredicateRewriter,
     Query,
     TableInfo,
     check_unit_declaration,
     unique_columns,
-    column_types,
-    dbl,
     lossy_unit_error,
     null_like_unit,
     object_array,
     parse_bounded,
     relations,
-    replace_isfinite,
     replace_relations,
-    replace_round,
     resolve_columns,
     table_error,
     version_of_result,
+)
+from dpgate.engines.types import (
+    datatype,
+    DBL_MAX,
+    column_types,
+    dbl,
+)
+from dpgate.engines.predicates import (
+    PredicateRewriter,
+    replace_isfinite,
+    replace_round,
 )
 from dpgate.errors import Conflict, ExecutionError, InvalidSql, PolicyError, QueryTimeout
 from dpgate.policy import DatasetPolicy, TablePolicy

@@ -41,31 +41,35 @@ from sqlglot import exp
 
 from dpgate.engines.hashing import group_hash
 from dpgate.engines.base import (
-    datatype,
     check_unique_units,
     EngineOptions,
     LoadReport,
-    PredicateRewriter,
     Query,
     TableInfo,
     check_unique_counts,
     check_unit_declaration,
     unique_columns,
-    column_types,
-    dbl,
     file_signature,
     lossy_unit_error,
     null_like_unit,
     parse_bounded,
     relations,
-    replace_isfinite,
     replace_relations,
-    replace_round,
     resolve_columns,
     source_fingerprint,
     table_error,
     table_to_columns,
     version_of_result,
+)
+from dpgate.engines.types import (
+    datatype,
+    column_types,
+    dbl,
+)
+from dpgate.engines.predicates import (
+    PredicateRewriter,
+    replace_isfinite,
+    replace_round,
 )
 from dpgate.errors import Conflict, ExecutionError, InvalidSql, PolicyError, QueryTimeout, UnsupportedQuery
 from dpgate.policy import DatasetPolicy, TablePolicy
