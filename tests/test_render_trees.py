@@ -150,3 +150,16 @@ def test_key_list_trees_are_the_text():
     for tree in (key_values_query(table, "genre", 1001), key_tuples_query(table, ["genre", "category"], 1001)):
         text, digest = tree.meta["duckdb_sql"]
         assert tree == sqlglot.parse_one(text, read="duckdb") and digest == hash(tree)
+
+
+def test_per_unit_flag(plans):
+    """Engines read the per-unit flag (Spark refuses such trees) instead of the ``__dpg_rn`` name."""
+    flagged = 0
+    for name, plan, policy in plans:
+        base = replace(plan, primitives=tuple(p for p in plan.primitives if p.kind != "quantile"))
+        if not _noisy(plan, policy) or not base.primitives:
+            continue
+        tree = bounded_query(base, policy, salt=SALT)
+        assert tree.meta["per_unit"] == any(c.name == "__dpg_rn" for c in tree.find_all(exp.Column)), name
+        flagged += tree.meta["per_unit"]
+    assert flagged >= 2

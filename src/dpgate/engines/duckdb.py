@@ -534,16 +534,14 @@ class DuckDBEngine:
         return self._version
 
     def render(self, query: Query) -> str:
-        """DuckDB SQL of the bounded query, with the portable group-choosing hash.
+        """DuckDB SQL of the bounded query (a sqlglot tree), with the portable group-choosing hash.
 
-        Text without DuckDB's ``hash(…)`` runs as given; text that sqlglot cannot
-        parse is passed to DuckDB as is (which refuses it).
+        A tree the planner built carries its own text (``meta["duckdb_sql"]``, checked against
+        the tree's structural hash): it runs as written when no transform applies. Text (tests,
+        tools) must parse as one SELECT (else ExecutionError); without ``hash(…)`` it runs as given.
         """
         if isinstance(query, str):
-            try:
-                tree = parse_bounded(query)
-            except ExecutionError:
-                return query
+            tree = parse_bounded(query)  # ExecutionError when it does not parse (no "as is" fallback)
             check_unique_units(tree, self.policy.name, self.unit_is_unique)
             if not has_group_hash(tree):
                 return query

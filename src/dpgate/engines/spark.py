@@ -376,7 +376,8 @@ class SparkEngine:
         """
         tree = parse_bounded(query)
         check_unique_units(tree, self.policy.name, self.unit_is_unique)
-        if any(c.name == "__dpg_rn" for c in tree.find_all(exp.Column)):
+        # the planner's flag; the generated name stays a second net (a tree built elsewhere)
+        if tree.meta.get("per_unit") or any(c.name == "__dpg_rn" for c in tree.find_all(exp.Column)):
             # a per-unit subquery (dpgate.sql.per_unit) keeps each unit's rows by DuckDB's row hash,
             # whose values Spark's hash would not reproduce: refused before the charge
             raise UnsupportedQuery("per-unit subqueries are not supported on the Spark engine yet "

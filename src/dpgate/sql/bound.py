@@ -125,6 +125,7 @@ def bounded_query(plan: QueryPlan, policy: DatasetPolicy, *, salt: int, unit_uni
     tree = bounded_tree(plan, table, exp.Literal.number(str(salt)), per_unit=per_unit,
                         join_tree=join_tree(table))
     tree.meta["unit_unique"] = not per_unit and not table.record_level
+    tree.meta["per_unit"] = bool(getattr(table, "per_unit", False))  # rows kept by DuckDB's row hash
     # the text with the tree's structural hash: a transformed tree no longer matches it
     tree.meta["duckdb_sql"] = (_render(plan, policy, str(salt), unit_unique=unit_unique), hash(tree))
     return tree

@@ -279,6 +279,11 @@ class JoinedTable(TablePolicy):
     join_tree: exp.Select | None = field(default=None, compare=False, repr=False)
 
     @property
+    def per_unit(self) -> bool:
+        """True for a per-unit subquery's table (:class:`dpgate.sql.per_unit.PerUnitTable`)."""
+        return False
+
+    @property
     def relation(self) -> str:
         """The joined rows as a parenthesised subquery (used where a table name would be)."""
         return f"({self.join_sql})"

@@ -92,6 +92,11 @@ class PerUnitTable(JoinedTable):
     ranges: tuple[tuple[str, str], ...] = ()
     inner_bound: int = 0
 
+    @property
+    def per_unit(self) -> bool:
+        """Always True: its rows are one per unit, kept by DuckDB's row hash (engines read this flag)."""
+        return True
+
     def describe(self) -> dict:
         """For explain: the inner table, its bounding, each outer column's derived range and
         the per-unit rows' SQL (``{"table", "privacy_unit", "bounding", "columns", "inner_sql"}``)."""

@@ -232,6 +232,7 @@ def histogram_query(plan: QueryPlan, policy: DatasetPolicy, column: str, *, salt
     tree = histogram_tree(plan, policy, column, exp.Literal.number(str(int(salt))),
                           join_tree=join_tree(policy.table(plan.table)))
     tree.meta["duckdb_sql"] = (histogram_sql(plan, policy, column, salt=salt), hash(tree))
+    tree.meta["per_unit"] = bool(getattr(policy.table(plan.table), "per_unit", False))
     return tree
 
 
