@@ -163,3 +163,23 @@ def test_per_unit_flag(plans):
         assert tree.meta["per_unit"] == any(c.name == "__dpg_rn" for c in tree.find_all(exp.Column)), name
         flagged += tree.meta["per_unit"]
     assert flagged >= 2
+
+
+def test_a_changed_tree_never_runs_its_old_text(plans):
+    """DuckDB runs ``meta["duckdb_sql"]`` only while the tree is the one it was built as."""
+    from tests._golden_render import duckdb_engine
+
+    name, plan, policy = next(p for p in plans if p[0] == "count_star")
+    engine = duckdb_engine(policy)
+    try:
+        tree = bounded_query(plan, policy, salt=SALT)
+        assert engine.render(tree) == tree.meta["duckdb_sql"][0]
+        changed = tree.copy()
+        next(changed.find_all(exp.Table)).set("this", exp.to_identifier("other", quoted=True))
+        assert "other" in engine.render(changed) and engine.render(changed) != tree.meta["duckdb_sql"][0]
+        moved = tree.copy()
+        moved.transform(lambda n: exp.Literal.number(7) if isinstance(n, exp.Literal) and n.this == "5" else n,
+                        copy=False)
+        assert engine.render(moved) != tree.meta["duckdb_sql"][0]
+    finally:
+        engine.close()
