@@ -183,3 +183,20 @@ def test_a_changed_tree_never_runs_its_old_text(plans):
         assert engine.render(moved) != tree.meta["duckdb_sql"][0]
     finally:
         engine.close()
+
+
+def test_policy_for_recalls_the_table_planning_built():
+    """``policy_for`` returns the joined table planning built for this very policy object (no
+    parse), and rebuilds an equal one for another object (the name is parsed again)."""
+    import dataclasses
+
+    policy = _policies()["library_catalog"]
+    sql = "SELECT m.gender, COUNT(*) AS n FROM checkouts c JOIN members m ON c.member_id = m.id GROUP BY m.gender"
+    plan = parse_query(sql, policy)
+    recalled = policy_for(plan.table, policy)
+    assert recalled.table(plan.table).join_tree is not None
+    other = dataclasses.replace(policy)
+    rebuilt = policy_for(plan.table, other)
+    assert rebuilt is not recalled
+    assert rebuilt.table(plan.table).join_sql == recalled.table(plan.table).join_sql
+    assert rebuilt.table(plan.table).join_tree == recalled.table(plan.table).join_tree

@@ -62,6 +62,7 @@ populations) are unknown to the query's dataset and refused as such.
 from __future__ import annotations
 
 import dataclasses
+import threading
 import weakref
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -635,25 +636,34 @@ def _conjuncts(node: exp.Expression) -> list[exp.Expression]:
 #: planning built, so that :func:`policy_for` finds it without parsing the name again (issue 20
 #: step 2 replaces the name by a source tree carried by the plan). At most 64 policies.
 _BUILT: dict[int, tuple[weakref.ref, dict[str, DatasetPolicy]]] = {}
+_BUILT_LOCK = threading.Lock()
+#: Virtual tables remembered per policy (the oldest is forgotten first; it is then parsed again).
+_PER_POLICY = 256
 
 
 def remember(policy: DatasetPolicy, name: str, built: DatasetPolicy) -> None:
     """Record that planning over ``policy`` built the virtual table ``name`` (into ``built``)."""
-    entry = _BUILT.get(id(policy))
-    if entry is None or entry[0]() is not policy:
-        while len(_BUILT) >= 64:
-            _BUILT.pop(next(iter(_BUILT)), None)
-        entry = (weakref.ref(policy), {})
-        _BUILT[id(policy)] = entry
-    entry[1][name] = built
+    with _BUILT_LOCK:
+        entry = _BUILT.get(id(policy))
+        if entry is None or entry[0]() is not policy:
+            while len(_BUILT) >= 64:
+                _BUILT.pop(next(iter(_BUILT)), None)
+            entry = (weakref.ref(policy), {})
+            _BUILT[id(policy)] = entry
+        names = entry[1]
+        names.pop(name, None)
+        while len(names) >= _PER_POLICY:
+            names.pop(next(iter(names)), None)
+        names[name] = built
 
 
 def recalled(policy: DatasetPolicy, name: str) -> DatasetPolicy | None:
     """The policy :func:`remember` recorded for (this very ``policy`` object, ``name``), or None."""
-    entry = _BUILT.get(id(policy))
-    if entry is None or entry[0]() is not policy:
-        return None
-    return entry[1].get(name)
+    with _BUILT_LOCK:
+        entry = _BUILT.get(id(policy))
+        if entry is None or entry[0]() is not policy:
+            return None
+        return entry[1].get(name)
 
 
 def policy_for(table: str, policy: DatasetPolicy) -> DatasetPolicy:
