@@ -15,7 +15,7 @@ and times, interleaved, median of ``--runs`` runs after one warm-up:
   post-processing, storing the release. The release cache is bypassed by
   giving every run a distinct budget ρ·(1 + i·10⁻⁹), so each run is a miss
   and is charged.
-* ``bounded``: only ``engine.execute(bounded_sql(plan, policy, salt, unit_unique=…))``, as
+* ``bounded``: only ``engine.execute(bounded_query(plan, policy, salt, unit_unique=…))``, as
   the gateway runs it (the unit-unique fast path where the load found one row per unit,
   e.g. PUMS); ``bounded_general``: the general form, timed too when the fast path applies.
 * ``raw``: the same aggregate on the loaded table without bounding.
@@ -151,7 +151,7 @@ def measure(data: Path, *, runs: int = 5, ks: tuple[int, ...] = (1, 3), queries:
     """Open a gateway on ``data`` and time every query (see the module docstring); return the results."""
     from dpgate.service import Gateway, QueryBudget
     from dpgate.settings import Settings
-    from dpgate.sql.bound import bounded_sql
+    from dpgate.sql.bound import bounded_query
     from dpgate.sql.parse import parse_query
 
     tmp = Path(tempfile.mkdtemp(prefix="dpgate-latency-"))
@@ -185,11 +185,11 @@ def measure(data: Path, *, runs: int = 5, ks: tuple[int, ...] = (1, 3), queries:
                         g = _ms(t)
                         assert release["cached"] is False, "the release cache was hit"
                         t = time.perf_counter()
-                        gw.engine.execute(bounded_sql(plan, policy, salt=secrets.randbits(63), unit_unique=unique))
+                        gw.engine.execute(bounded_query(plan, policy, salt=secrets.randbits(63), unit_unique=unique))
                         b = _ms(t)
                         if unique:  # the general form too, to show what the fast path saves
                             t = time.perf_counter()
-                            gw.engine.execute(bounded_sql(plan, policy, salt=secrets.randbits(63)))
+                            gw.engine.execute(bounded_query(plan, policy, salt=secrets.randbits(63)))
                             if i:
                                 times["bounded_general"].append(_ms(t))
                         t = time.perf_counter()

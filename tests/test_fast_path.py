@@ -236,7 +236,7 @@ def _spy(gateway) -> list[str]:
     real = gateway.engine.execute
 
     def execute(sql):
-        seen.append(sql)
+        seen.append(sql if isinstance(sql, str) else sql.sql(dialect="duckdb"))  # the gateway sends trees
         return real(sql)
 
     gateway.engine.execute = execute

@@ -106,7 +106,7 @@ def gw(tmp_path: Path):
 def events(gw, monkeypatch) -> list:
     gw.compile("shop", "SELECT COUNT(*) FROM orders")  # reads the public table's keys (cached per data version)
     out: list = []
-    for name in ("bounded_sql", "histogram_sql", "exact_sql"):
+    for name in ("bounded_query", "histogram_query", "exact_query"):
         real = getattr(runners, name)
 
         def spied(*args, _real=real, _name=name, **kwargs):

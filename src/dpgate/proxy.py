@@ -73,10 +73,10 @@ def _proxy_tree(gateway: Any, policy: DatasetPolicy, plan: Any) -> exp.Expressio
         UnsupportedQuery / ExecutionError: the plan cannot run on the proxy.
     """
     from dpgate.engines.base import parse_bounded, relations, replace_relations
-    from dpgate.sql.bound import bounded_sql
+    from dpgate.sql.bound import bounded_query
 
     proxy = gateway.policy(policy.proxy)
-    tree = parse_bounded(bounded_sql(plan, policy, salt=secrets.randbits(63)))
+    tree = parse_bounded(bounded_query(plan, policy, salt=secrets.randbits(63)))
     mapping = {}
     for ds, table in relations(tree):
         if ds.casefold() != policy.name.casefold():

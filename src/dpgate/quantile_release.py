@@ -45,7 +45,7 @@ from dpgate.policy import DatasetPolicy
 from dpgate.quantiles import MAX_CELLS, Grid, alpha_fraction, grid_for, rank_error, score_sensitivity, scores
 from dpgate.sensitivity import max_groups_changed
 from dpgate.sql.plan import Primitive, QueryPlan
-from dpgate.sql.quantile import histogram_sql
+from dpgate.sql.quantile import histogram_query
 
 Measure = Literal["zcdp", "pure"]
 
@@ -266,7 +266,7 @@ def run(plan: QueryPlan, policy: DatasetPolicy, cal: PlanCalibration, execute: C
     for pid, q in cal.quantiles.items():
         if q.column not in by_column:
             statement = statements[q.column] if statements is not None else \
-                histogram_sql(plan, policy, q.column, salt=salt)
+                histogram_query(plan, policy, q.column, salt=salt)
             by_column[q.column] = execute(statement)
             keys = keys or group_keys(by_column[q.column], plan)
         hist = histograms(by_column[q.column], n_groups, q.grid.size)

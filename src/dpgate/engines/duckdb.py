@@ -63,6 +63,7 @@ from typing import Callable
 import duckdb
 import numpy as np
 
+from dpgate.engines.hashing import group_hash, has_group_hash
 from dpgate.engines.base import (
     CANONICAL_INT_RE,
     EngineOptions,
@@ -75,11 +76,9 @@ from dpgate.engines.base import (
     unique_columns,
     check_unique_units,
     file_signature,
-    has_group_hash,
     lossy_unit_error,
     non_canonical_unit_error,
     parse_bounded,
-    group_hash,
     resolve_columns,
     source_files,
     source_fingerprint,
@@ -535,22 +534,23 @@ class DuckDBEngine:
         return self._version
 
     def render(self, query: Query) -> str:
-        """DuckDB SQL of the bounded query, with the portable group-choosing hash.
+        """DuckDB SQL of the bounded query (a sqlglot tree), with the portable group-choosing hash.
 
-        Text without DuckDB's ``hash(…)`` runs as given; text that sqlglot cannot
-        parse is passed to DuckDB as is (which refuses it).
+        A tree the planner built carries its own text (``meta["duckdb_sql"]``, checked against
+        the tree's structural hash): it runs as written when no transform applies. Text (tests,
+        tools) must parse as one SELECT (else ExecutionError); without ``hash(…)`` it runs as given.
         """
         if isinstance(query, str):
-            try:
-                tree = parse_bounded(query)
-            except ExecutionError:
-                return query
+            tree = parse_bounded(query)  # ExecutionError when it does not parse (no "as is" fallback)
             check_unique_units(tree, self.policy.name, self.unit_is_unique)
             if not has_group_hash(tree):
                 return query
         else:
             tree = parse_bounded(query)
             check_unique_units(tree, self.policy.name, self.unit_is_unique)
+            text, digest = tree.meta.get("duckdb_sql") or (None, None)
+            if text is not None and digest == hash(tree) and not has_group_hash(tree):
+                return text  # the planner's own text form of this very tree (no transform applies)
         return group_hash(tree, self.policy, self._tables, "duckdb").sql(dialect="duckdb")
 
     def _cursor(self) -> "duckdb.DuckDBPyConnection":

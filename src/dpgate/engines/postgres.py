@@ -50,31 +50,36 @@ import sqlglot
 from sqlglot import exp
 from sqlglot.errors import SqlglotError
 
+from dpgate.engines.hashing import group_hash
 from dpgate.engines.base import (
     assumes_unique_units,
     check_unique_units,
-    DBL_MAX,
     EngineOptions,
     LoadReport,
-    PredicateRewriter,
     Query,
     TableInfo,
     check_unit_declaration,
     unique_columns,
-    column_types,
-    dbl,
     lossy_unit_error,
     null_like_unit,
     object_array,
     parse_bounded,
-    group_hash,
     relations,
-    replace_isfinite,
     replace_relations,
-    replace_round,
     resolve_columns,
     table_error,
     version_of_result,
+)
+from dpgate.engines.types import (
+    datatype,
+    DBL_MAX,
+    column_types,
+    dbl,
+)
+from dpgate.engines.predicates import (
+    PredicateRewriter,
+    replace_isfinite,
+    replace_round,
 )
 from dpgate.errors import Conflict, ExecutionError, InvalidSql, PolicyError, QueryTimeout
 from dpgate.policy import DatasetPolicy, TablePolicy
@@ -189,7 +194,7 @@ class _PgPredicates(PredicateRewriter):
 
     def int_arith(self, op, a, b):
         """Computed in NUMERIC, NULL outside the 64-bit range (DuckDB's TRY on overflow)."""
-        num = exp.DataType.build("numeric")
+        num = datatype("numeric")
         na = exp.Cast(this=a, to=num)
         if op is exp.Neg:
             r: exp.Expression = exp.Neg(this=na)
@@ -198,7 +203,7 @@ class _PgPredicates(PredicateRewriter):
         else:
             r = op(this=na, expression=exp.Cast(this=b, to=num))
         ok = exp.Between(this=r.copy(), low=exp.Literal.number(self._INT_MIN), high=exp.Literal.number(self._INT_MAX))
-        return exp.Case(ifs=[exp.If(this=ok, true=exp.Cast(this=r, to=exp.DataType.build("bigint")))])
+        return exp.Case(ifs=[exp.If(this=ok, true=exp.Cast(this=r, to=datatype("bigint")))])
 
     def float_arith(self, op, a, b):
         """IEEE result without PostgreSQL's overflow/underflow errors (see below)."""
@@ -301,15 +306,15 @@ class _PgPredicates(PredicateRewriter):
         kind = "DATE" if t == "date" else "TIMESTAMP"
         finite = exp.and_(
             exp.GT(this=a.copy(), expression=exp.Cast(this=exp.Literal.string("-infinity"),
-                                                       to=exp.DataType.build(kind))),
+                                                       to=datatype(kind))),
             exp.LT(this=a.copy(), expression=exp.Cast(this=exp.Literal.string("infinity"),
-                                                       to=exp.DataType.build(kind))))
+                                                       to=datatype(kind))))
         return self.guarded(finite, value)
 
     def date_trunc(self, unit, a, t):
         """``date_trunc`` of a date through a TIMESTAMP (PostgreSQL would pick TIMESTAMPTZ, in the
         session's time zone), NULL outside the window (the cast of a later date would raise)."""
-        ts = exp.Cast(this=a.copy(), to=exp.DataType.build("timestamp")) if t == "date" else a.copy()
+        ts = exp.Cast(this=a.copy(), to=datatype("timestamp")) if t == "date" else a.copy()
         return self.guarded(self.window(a, t), exp.TimestampTrunc(this=ts, unit=exp.var(unit.upper())))
 
 

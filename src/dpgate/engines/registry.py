@@ -208,11 +208,15 @@ class EngineSet:
     # ------------------------------------------------------------------ queries
 
     def _dataset_of(self, query: Query) -> str:
+        """The dataset whose tables the query reads (a tree's tables: no parse, no copy)."""
         tree: exp.Expression | None
-        try:
-            tree = parse_bounded(query)
-        except ExecutionError:
-            tree = None
+        if isinstance(query, exp.Expression):
+            tree = query
+        else:
+            try:
+                tree = parse_bounded(query)
+            except ExecutionError:
+                tree = None
         names = {ds for ds, _ in relations(tree)} & set(self._engines) if tree is not None else set()
         if len(names) == 1:
             return names.pop()
@@ -246,25 +250,28 @@ class EngineSet:
             if retired is not None:
                 retired.close()
 
-    def _route(self, query: Query, fn: Callable[[Engine], Any]) -> Any:
+    def _route(self, query: Query, fn: Callable[[Engine], Any], dataset: str | None = None) -> Any:
         with self._lock:
             if self._closed:
                 raise ExecutionError("the engine is closed")
             if not self._loaded:
                 raise ExecutionError("the engine has no data yet: call load() first")
-        return self._run(self._dataset_of(query), fn)
+        return self._run(dataset if dataset is not None else self._dataset_of(query), fn)
 
-    def render(self, query: Query) -> str:
-        """The query rendered by the engine of the dataset it reads (salt included)."""
-        return self._route(query, lambda e: e.render(query))
+    def render(self, query: Query, *, dataset: str | None = None) -> str:
+        """The query rendered by the engine of the dataset it reads, or of ``dataset`` (salt included)."""
+        return self._route(query, lambda e: e.render(query), dataset)
 
-    def check(self, query: Query) -> None:
-        """EXPLAIN the query on its dataset's engine (reads no data); see ``Engine.check``."""
-        return self._route(query, lambda e: e.check(query))
+    def check(self, query: Query, *, dataset: str | None = None) -> None:
+        """EXPLAIN the query on its dataset's engine (reads no data); see ``Engine.check``.
 
-    def execute(self, query: Query) -> dict[str, np.ndarray]:
-        """Run the query on its dataset's engine; see ``Engine.execute``."""
-        return self._route(query, lambda e: e.execute(query))
+        ``dataset``: route to that dataset's engine (default: the dataset whose tables the tree reads).
+        """
+        return self._route(query, lambda e: e.check(query), dataset)
+
+    def execute(self, query: Query, *, dataset: str | None = None) -> dict[str, np.ndarray]:
+        """Run the query on its dataset's engine (or ``dataset``'s); see ``Engine.execute``."""
+        return self._route(query, lambda e: e.execute(query), dataset)
 
     def close(self) -> None:
         """Close every engine (idempotent); later calls raise ExecutionError."""

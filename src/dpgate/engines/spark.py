@@ -39,32 +39,37 @@ from pyspark.errors import PySparkException
 from pyspark.sql import SparkSession
 from sqlglot import exp
 
+from dpgate.engines.hashing import group_hash
 from dpgate.engines.base import (
     check_unique_units,
     EngineOptions,
     LoadReport,
-    PredicateRewriter,
     Query,
     TableInfo,
     check_unique_counts,
     check_unit_declaration,
     unique_columns,
-    column_types,
-    dbl,
     file_signature,
     lossy_unit_error,
     null_like_unit,
     parse_bounded,
-    group_hash,
     relations,
-    replace_isfinite,
     replace_relations,
-    replace_round,
     resolve_columns,
     source_fingerprint,
     table_error,
     table_to_columns,
     version_of_result,
+)
+from dpgate.engines.types import (
+    datatype,
+    column_types,
+    dbl,
+)
+from dpgate.engines.predicates import (
+    PredicateRewriter,
+    replace_isfinite,
+    replace_round,
 )
 from dpgate.errors import Conflict, ExecutionError, InvalidSql, PolicyError, QueryTimeout, UnsupportedQuery
 from dpgate.policy import DatasetPolicy, TablePolicy
@@ -146,7 +151,7 @@ class _SparkPredicates(PredicateRewriter):
 
     def temporal_datatype(self, t):
         """DATE, or TIMESTAMP_NTZ (naive, as the views expose timestamps)."""
-        return exp.DataType.build("timestamp_ntz" if t == "timestamp" else "date", dialect="spark")
+        return datatype("timestamp_ntz" if t == "timestamp" else "date")
 
     def extract(self, part, a, t):
         """Spark's DOW counts Sunday as 1 (DuckDB 0), its ISO day of the week is DAYOFWEEK_ISO,
@@ -159,7 +164,7 @@ class _SparkPredicates(PredicateRewriter):
             value = exp.Sub(this=value, expression=exp.Literal.number(1))
         if part == "second":
             value = exp.Floor(this=value)
-        return exp.Cast(this=value, to=exp.DataType.build("bigint"))
+        return exp.Cast(this=value, to=datatype("bigint"))
 
     def date_as_timestamp(self, a):
         """A date read as TIMESTAMP_NTZ inside the window (a later date would overflow)."""
@@ -173,7 +178,7 @@ class _SparkPredicates(PredicateRewriter):
         # Spark's FLOOR/CEIL of a double return BIGINT (saturating); DuckDB's a double.
         keep = exp.Not(this=exp.LT(this=exp.Abs(this=a.copy()), expression=dbl(4503599627370496.0)))
         return exp.Case(ifs=[exp.If(this=keep, true=a.copy())],
-                        default=exp.Cast(this=op(this=a), to=exp.DataType.build("double")))
+                        default=exp.Cast(this=op(this=a), to=datatype("double")))
 
 
 class SparkEngine:
@@ -371,7 +376,8 @@ class SparkEngine:
         """
         tree = parse_bounded(query)
         check_unique_units(tree, self.policy.name, self.unit_is_unique)
-        if any(c.name == "__dpg_rn" for c in tree.find_all(exp.Column)):
+        # the planner's flag; the generated name stays a second net (a tree built elsewhere)
+        if tree.meta.get("per_unit") or any(c.name == "__dpg_rn" for c in tree.find_all(exp.Column)):
             # a per-unit subquery (dpgate.sql.per_unit) keeps each unit's rows by DuckDB's row hash,
             # whose values Spark's hash would not reproduce: refused before the charge
             raise UnsupportedQuery("per-unit subqueries are not supported on the Spark engine yet "
@@ -385,7 +391,7 @@ class SparkEngine:
         tree = replace_isfinite(tree)
         tree = replace_round(tree)
         for s in list(tree.find_all(exp.Sum)):
-            s.set("this", exp.Cast(this=s.this, to=exp.DataType.build("decimal(38, 0)")))
+            s.set("this", exp.Cast(this=s.this, to=datatype("decimal(38, 0)")))
         for gs in list(tree.find_all(exp.GenerateSeries)):
             table = gs.parent
             if isinstance(table, exp.Table):

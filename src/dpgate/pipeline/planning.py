@@ -19,12 +19,13 @@ import numpy as np
 from dpgate.errors import DpgateError, InvalidSql, UnsupportedQuery
 from dpgate.pipeline.documents import plain
 from dpgate.pipeline.strategy import Strategy, choose
-from dpgate.policy import DatasetPolicy, KeyTuples, quote_identifier
+from dpgate.policy import DatasetPolicy, KeyTuples
 from dpgate.postprocess import check_postprocess_expression
 from dpgate.sql.constant import refuse_constant_plan
 from dpgate.sql.joins import policy_for
 from dpgate.sql.parse import nothing_charged, parse_query, parse_statement
 from dpgate.sql.plan import AggregateOutput, DerivedOutput, KeyOutput, QueryPlan
+from dpgate.sql.public import key_tuples_query, key_values_query
 from dpgate.sql.selection_query import check_candidates
 
 __all__ = ["MAX_PUBLIC_TABLE_KEYS", "check_text", "compile_query", "with_public_table_keys"]
@@ -93,10 +94,7 @@ def with_public_table_keys(engine: Any, policy: DatasetPolicy, version: str | No
         cols = {}
         for name, col in t.columns.items():
             if col.public_keys is None and col.type in ("text", "int", "bool"):
-                ref = quote_identifier(name)
-                values = engine.execute(
-                    f"SELECT DISTINCT {ref} AS v FROM {t.relation} WHERE {ref} IS NOT NULL ORDER BY v "
-                    f"LIMIT {MAX_PUBLIC_TABLE_KEYS + 1}")["v"]
+                values = engine.execute(key_values_query(t, name, MAX_PUBLIC_TABLE_KEYS + 1))["v"]
                 keys = tuple(plain(v) for v in np.asarray(values).tolist())
                 if 0 < len(keys) <= MAX_PUBLIC_TABLE_KEYS:
                     col = dataclasses.replace(col, public_keys=keys)
@@ -104,9 +102,7 @@ def with_public_table_keys(engine: Any, policy: DatasetPolicy, version: str | No
         key_tuples = ()
         keyed_names = [n for n, c in cols.items() if c.public_keys is not None]
         if len(keyed_names) > 1:
-            refs = ", ".join(quote_identifier(n) for n in keyed_names)
-            values = engine.execute(
-                f"SELECT DISTINCT {refs} FROM {t.relation} LIMIT {MAX_PUBLIC_TABLE_KEYS + 1}")
+            values = engine.execute(key_tuples_query(t, keyed_names, MAX_PUBLIC_TABLE_KEYS + 1))
             columns = [[plain(v) for v in np.asarray(values[n]).tolist()] for n in keyed_names]
             rows = tuple(zip(*columns)) if columns else ()
             key_tuples = (KeyTuples(tuple(keyed_names), rows if len(rows) <= MAX_PUBLIC_TABLE_KEYS else None),)

@@ -42,12 +42,12 @@ from dpgate.representable import check_representable
 from dpgate import selection as top_k
 from dpgate.sensitivity import sensitivities
 from dpgate.sql import partition_selection as selection_plan
-from dpgate.sql.bound import bounded_sql, bounded_sql_template
+from dpgate.sql.bound import bounded_query, bounded_sql_template
 from dpgate.sql.joins import JoinedTable
 from dpgate.sql.parse import nothing_charged
 from dpgate.sql.per_unit import PerUnitTable
-from dpgate.sql.public import MAX_PUBLIC_ROWS, exact_sql, public_key_columns, reads_rows
-from dpgate.sql.quantile import histogram_sql, histogram_sql_template
+from dpgate.sql.public import MAX_PUBLIC_ROWS, exact_query, exact_sql, public_key_columns, reads_rows
+from dpgate.sql.quantile import histogram_query, histogram_sql_template
 
 __all__ = ["RUNNERS", "Calibrated", "QueryContext", "Runner", "runner_for"]
 
@@ -180,7 +180,7 @@ class ExactPublicRunner(Runner):
         return Calibrated(None, accounting.Cost.zcdp(0.0), exact=True)
 
     def prepare(self, engine: Any, salt: int = 0) -> None:
-        self._statement = exact_sql(self.plan, self.policy)
+        self._statement = exact_query(self.plan, self.policy)
         self._prepared = True
 
     def run(self, engine: Any, salt: int = 0) -> Mapping[str, Any]:
@@ -267,7 +267,7 @@ class TopKRunner(Runner):
         return Calibrated(top_k.MECHANISM, cal.cost, {}, False, cal)
 
     def prepare(self, engine: Any, salt: int) -> None:
-        self._statement = bounded_sql(self.plan, self.policy, salt=salt)
+        self._statement = bounded_query(self.plan, self.policy, salt=salt)
         engine.check(self._statement)
         self._prepared = True
 
@@ -402,8 +402,8 @@ class NoisyRunner(Runner):
         policy = self.policy
         unique = not isinstance(policy.table(plan.table), JoinedTable) and \
             self.ctx.engine.unit_is_unique(policy.name, plan.table)
-        fast = bounded_sql(plan, policy, salt=salt, unit_unique=True) if unique else None
-        return fast, bounded_sql(plan, policy, salt=salt)
+        fast = bounded_query(plan, policy, salt=salt, unit_unique=True) if unique else None
+        return fast, bounded_query(plan, policy, salt=salt)
 
     @staticmethod
     def _either(run: Callable[[Any], Any], fast: Any, general: Any) -> Any:
@@ -584,7 +584,7 @@ class QuantilesRunner(NoisyRunner):
         (the count/sum statement in its general form) before the charge."""
         base = self.strategy.base
         self._fast, self._general = self._bounded(base, salt) if base.primitives else (None, None)
-        self._histograms = {c: histogram_sql(self.plan, self.policy, c, salt=salt) for c in self.strategy.columns}
+        self._histograms = {c: histogram_query(self.plan, self.policy, c, salt=salt) for c in self.strategy.columns}
         for statement in ([self._general] if base.primitives else []) + list(self._histograms.values()):
             engine.check(statement)
         self._prepared = True

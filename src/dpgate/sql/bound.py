@@ -103,6 +103,48 @@ def bounded_sql(plan: QueryPlan, policy: DatasetPolicy, *, salt: int, unit_uniqu
     return _render(*_counted(plan, policy), str(salt), unit_unique=unit_unique)
 
 
+def bounded_query(plan: QueryPlan, policy: DatasetPolicy, *, salt: int, unit_unique: bool = False) -> exp.Select:
+    """:func:`bounded_sql` as a sqlglot tree (what the gateway hands an engine; no parse).
+
+    The tree equals ``sqlglot.parse_one(bounded_sql(...), read="duckdb")`` (tests/test_render_trees.py).
+    Its ``meta`` carries ``unit_unique`` (the per-unit step is skipped: engines refuse the tree
+    on a table whose load did not find one row per unit) and ``duckdb_sql``, the text form with
+    the tree's structural hash, which DuckDB runs as is while the tree is unchanged and no engine
+    transform applies (byte-identical to before).
+
+    Raises:
+        as :func:`bounded_sql`.
+    """
+    if isinstance(salt, bool) or not isinstance(salt, int) or not 0 <= salt < 2**63:
+        raise ValueError("salt must be an integer in [0, 2**63)")
+    from dpgate.render.bounded import bounded_tree
+
+    plan, policy = _counted(plan, policy)
+    table = policy.table(plan.table)
+    per_unit = aggregates_per_unit(table, unit_unique=unit_unique)
+    tree = bounded_tree(plan, table, exp.Literal.number(str(salt)), per_unit=per_unit,
+                        join_tree=join_tree(table))
+    tree.meta["unit_unique"] = not per_unit and not table.record_level
+    tree.meta["per_unit"] = bool(getattr(table, "per_unit", False))  # rows kept by DuckDB's row hash
+    # the text with the tree's structural hash: a transformed tree no longer matches it
+    tree.meta["duckdb_sql"] = (_render(plan, policy, str(salt), unit_unique=unit_unique), hash(tree))
+    return tree
+
+
+def join_tree(table: TablePolicy) -> exp.Select | None:
+    """The joined (or per-unit) table's rows as a tree, None for a declared table."""
+    tree = getattr(table, "join_tree", None)
+    if tree is not None:
+        return tree.copy()
+    text = getattr(table, "join_sql", "")
+    return _parsed_join(text) if text else None
+
+
+def _parsed_join(text: str) -> exp.Select:
+    # issue 20 step 2 gives the joined table a source tree; until then its SQL is parsed here
+    return sqlglot.parse_one(text, read="duckdb")
+
+
 def _counted(plan: QueryPlan, policy: DatasetPolicy) -> tuple[QueryPlan, DatasetPolicy]:
     """The plan's count/sum primitives and the policy with its joined table, if any.
 

@@ -62,13 +62,16 @@ populations) are unknown to the query's dataset and refused as such.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+import threading
+import weakref
+from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from sqlglot import exp
 
 from dpgate.errors import UnknownColumn, UnknownTable, UnsupportedQuery
 from dpgate.policy import ColumnPolicy, DatasetPolicy, TablePolicy, quote_identifier as q
+from dpgate.render import nodes as sqln
 
 #: Marks a joined table's name (never a declared table name: it contains spaces).
 JOIN_MARK = "JOIN "
@@ -159,6 +162,13 @@ class JoinCondition:
             f"the join condition {a.label} = {b.label} compares {a.describe()} with {b.describe()}; {why}",
             {"construct": f"{a.label} = {b.label}", "left": a.label, "left_type": a.type,
              "right": b.label, "right_type": b.type})
+
+    def tree(self) -> exp.EQ:
+        """:meth:`sql` as a sqlglot tree (as DuckDB's parser builds it)."""
+        a, b = sqln.col(self.left.column, self.left.alias), sqln.col(self.right.column, self.right.alias)
+        if self.unit_edge and self.left.table != self.right.table and self.left.type == "text":
+            return exp.EQ(this=sqln.cast(a, "VARCHAR"), expression=sqln.cast(b, "VARCHAR"))
+        return exp.EQ(this=a, expression=b)
 
     def sql(self) -> str:
         """The equality in DuckDB SQL over the occurrences' canonical aliases.
@@ -266,6 +276,13 @@ class JoinedTable(TablePolicy):
     sources: tuple[str, ...] = ()
     unit_graph: UnitGraph | None = None
     conditions: tuple[JoinCondition, ...] = ()
+    #: ``join_sql`` as a sqlglot tree (equal to its parse; engines receive copies of it).
+    join_tree: exp.Select | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def per_unit(self) -> bool:
+        """True for a per-unit subquery's table (:class:`dpgate.sql.per_unit.PerUnitTable`)."""
+        return False
 
     @property
     def relation(self) -> str:
@@ -497,6 +514,7 @@ def rewrite_joins(stmt: exp.Select, policy: DatasetPolicy) -> tuple[exp.Select, 
         from_sql += (f" {'LEFT ' if s.side == 'LEFT' else ''}JOIN {s.table.relation} AS {q(s.alias)} "
                      f"ON {' AND '.join(on)}")
     join_sql = f"SELECT {', '.join(select)} FROM {from_sql}"
+    join_tree = _join_tree(pairs, conditions, typed, sources, names, protected, unit_name, is_unit)
     def ident(name: str) -> str:  # bare when it is a plain lower-case identifier, else quoted
         return name if name.isidentifier() and name == name.lower() else q(name)
 
@@ -515,6 +533,7 @@ def rewrite_joins(stmt: exp.Select, policy: DatasetPolicy) -> tuple[exp.Select, 
         max_groups_per_unit=k, max_rows_per_unit=m, columns=MappingProxyType(columns),
         path=pairs[0][0].table.path, public=not protected, join_sql=join_sql,
         sources=tuple(s.table.name for s in sources), unit_graph=unit_graph, conditions=tuple(typed),
+        join_tree=join_tree,
         # several columns of one public table joined: the combinations that occur in it (issue 19)
         key_tuples=tuple(kt.renamed({c: names[(s.alias, c)] for c in kt.columns})
                          for s in sources if s.table.public for kt in s.table.key_tuples))
@@ -558,7 +577,37 @@ def rewrite_joins(stmt: exp.Select, policy: DatasetPolicy) -> tuple[exp.Select, 
              exp.From(this=exp.Table(this=exp.Identifier(this=canonical, quoted=True))))
     tables = dict(policy.tables)
     tables[canonical] = joined
-    return stmt, dataclasses.replace(policy, tables=MappingProxyType(tables))
+    built = dataclasses.replace(policy, tables=MappingProxyType(tables))
+    remember(policy, canonical, built)
+    return stmt, built
+
+
+def relation_tree(table: TablePolicy, alias: str | None = None) -> exp.Expression:
+    """A table's rows where a table name would be: ``"<dataset>"."<table>" [AS alias]``, or a
+    joined (per-unit) table's subquery (:attr:`TablePolicy.relation` as a tree)."""
+    tree = getattr(table, "join_tree", None)
+    if tree is None:
+        return sqln.table(table.name, table.dataset, alias)
+    sub = exp.Subquery(this=tree.copy())
+    if alias is not None:
+        sub.set("alias", exp.TableAlias(this=sqln.ident(alias)))
+    return sub if alias is not None else exp.Paren(this=tree.copy())
+
+
+def _join_tree(pairs, conditions, typed, sources, names, protected, unit_name, is_unit) -> exp.Select | None:
+    """``join_sql`` built as a tree (None when a joined source has no tree: then it is parsed)."""
+    if any(getattr(s.table, "join_sql", "") and getattr(s.table, "join_tree", None) is None for s in sources):
+        return None
+    items = [sqln.alias(sqln.col(c, s.alias), names[(s.alias, c)])
+             for s in sources for c in s.table.columns if not is_unit(s, c)]
+    if protected:
+        first = protected[0]
+        items.insert(0, sqln.alias(sqln.col(first.table.privacy_unit, first.alias), unit_name))
+    joins = []
+    for s, _join in pairs[1:]:
+        on = sqln.conjunction([c.tree() for (a, ca, b, cb), c in zip(conditions, typed) if b is s])
+        joins.append(exp.Join(this=relation_tree(s.table, s.alias), on=on, side="LEFT" if s.side == "LEFT" else None))
+    return sqln.select(items, relation_tree(pairs[0][0].table, pairs[0][0].alias), joins=joins)
 
 
 def by_alias(sources: list[_Source], alias: str) -> _Source:
@@ -583,6 +632,40 @@ def _conjuncts(node: exp.Expression) -> list[exp.Expression]:
     return [node]
 
 
+#: id(policy) → (weak reference to it, {virtual table name → the policy with that table}): what
+#: planning built, so that :func:`policy_for` finds it without parsing the name again (issue 20
+#: step 2 replaces the name by a source tree carried by the plan). At most 64 policies.
+_BUILT: dict[int, tuple[weakref.ref, dict[str, DatasetPolicy]]] = {}
+_BUILT_LOCK = threading.Lock()
+#: Virtual tables remembered per policy (the oldest is forgotten first; it is then parsed again).
+_PER_POLICY = 256
+
+
+def remember(policy: DatasetPolicy, name: str, built: DatasetPolicy) -> None:
+    """Record that planning over ``policy`` built the virtual table ``name`` (into ``built``)."""
+    with _BUILT_LOCK:
+        entry = _BUILT.get(id(policy))
+        if entry is None or entry[0]() is not policy:
+            while len(_BUILT) >= 64:
+                _BUILT.pop(next(iter(_BUILT)), None)
+            entry = (weakref.ref(policy), {})
+            _BUILT[id(policy)] = entry
+        names = entry[1]
+        names.pop(name, None)
+        while len(names) >= _PER_POLICY:
+            names.pop(next(iter(names)), None)
+        names[name] = built
+
+
+def recalled(policy: DatasetPolicy, name: str) -> DatasetPolicy | None:
+    """The policy :func:`remember` recorded for (this very ``policy`` object, ``name``), or None."""
+    with _BUILT_LOCK:
+        entry = _BUILT.get(id(policy))
+        if entry is None or entry[0]() is not policy:
+            return None
+        return entry[1].get(name)
+
+
 def policy_for(table: str, policy: DatasetPolicy) -> DatasetPolicy:
     """The policy with the joined table ``table`` (a plan's ``table``) added, rebuilt from its name.
 
@@ -595,6 +678,9 @@ def policy_for(table: str, policy: DatasetPolicy) -> DatasetPolicy:
         return per_unit_policy(table, policy)
     if not table.startswith(JOIN_MARK) or table in policy.tables:
         return policy
+    built = recalled(policy, table)
+    if built is not None:
+        return built
     import sqlglot
 
     stmt = sqlglot.parse_one(f"SELECT COUNT(*) FROM {table[len(JOIN_MARK):]}", read="duckdb")

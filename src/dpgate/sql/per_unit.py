@@ -68,8 +68,9 @@ from sqlglot import exp
 
 from dpgate import limits
 from dpgate.errors import UnsupportedQuery
-from dpgate.policy import ColumnPolicy, DatasetPolicy, quote_identifier as q
-from dpgate.sql.joins import JoinedTable
+from dpgate.policy import ColumnPolicy, DatasetPolicy, TablePolicy, quote_identifier as q
+from dpgate.render import nodes as sqln
+from dpgate.sql.joins import JoinedTable, recalled, remember
 
 #: Marks a per-unit table's name (never a declared table name: it contains spaces).
 PER_UNIT_MARK = "PER UNIT "
@@ -90,6 +91,11 @@ class PerUnitTable(JoinedTable):
 
     ranges: tuple[tuple[str, str], ...] = ()
     inner_bound: int = 0
+
+    @property
+    def per_unit(self) -> bool:
+        """Always True: its rows are one per unit, kept by DuckDB's row hash (engines read this flag)."""
+        return True
 
     def describe(self) -> dict:
         """For explain: the inner table, its bounding, each outer column's derived range and
@@ -170,8 +176,10 @@ def build_table(inner: exp.Select, policy: DatasetPolicy) -> PerUnitTable:
                       f"({unit}): each of its rows must be one unit", group or inner)
     c = table.max_groups_per_unit * table.max_rows_per_unit
     src = lambda name: f"{q('__dpg_src')}.{q(name)}"  # noqa: E731
+    srct = lambda name: sqln.col(name, "__dpg_src")  # noqa: E731
     columns: dict[str, ColumnPolicy] = {}
     select = [f"{src(unit)} AS {q(unit)}"]
+    items: list[exp.Expression] = [sqln.alias(srct(unit), unit)]  # the same select list, as trees
     ranges = []
     for item in inner.expressions:
         node = item.unalias()
@@ -202,6 +210,7 @@ def build_table(inner: exp.Select, policy: DatasetPolicy) -> PerUnitTable:
                 raise _refuse(f"{kind.upper()}(*) is not an aggregate", node)
             columns[label] = ColumnPolicy(label, "int", 1, c, 1)
             select.append(f"COUNT(*) AS {q(label)}")
+            items.append(sqln.alias(sqln.count(), label))
         elif not isinstance(arg, exp.Column):
             raise _refuse("aggregates in a per-unit subquery take a declared column (compute "
                           "expressions in the outer query)", node)
@@ -213,14 +222,18 @@ def build_table(inner: exp.Select, policy: DatasetPolicy) -> PerUnitTable:
             if kind == "count":
                 columns[label] = ColumnPolicy(label, "int", 0, c, 1)
                 select.append(f"COUNT({'DISTINCT ' if distinct else ''}{src(name)}) AS {q(label)}")
+                items.append(sqln.alias(sqln.count(exp.Distinct(expressions=[srct(name)]) if distinct else srct(name)), label))
             else:
                 if col.type not in ("int", "float"):
                     raise _refuse(f"{kind.upper()} of the {col.type} column {name!r} is not supported", node)
                 v = src(name)
+                vt: exp.Expression = srct(name)
                 if col.type == "float":
                     v = f"CASE WHEN isfinite({v}) THEN {v} END"
+                    vt = sqln.case_when(sqln.anonymous("isfinite", srct(name)), srct(name))
                 if col.bounded:
                     v = f"LEAST(GREATEST({v}, {_num(col.lower, col.type)}), {_num(col.upper, col.type)})"
+                    vt = sqln.least(sqln.greatest(vt, sqln.num(_num(col.lower, col.type))), sqln.num(_num(col.upper, col.type)))
                 if kind == "sum":
                     lo = hi = None
                     if col.bounded:  # in exact fixed-point steps, so the bounds stay multiples of the step
@@ -242,6 +255,7 @@ def build_table(inner: exp.Select, policy: DatasetPolicy) -> PerUnitTable:
                 columns[label] = derived
                 cast = "DOUBLE" if derived.type == "float" else "BIGINT"
                 select.append(f"CAST({kind.upper()}({v}) AS {cast}) AS {q(label)}")
+                items.append(sqln.alias(sqln.cast(_AGG_NODES[kind](this=vt), cast), label))
         ranges.append((label, f"{node.sql(dialect='duckdb')}: {_range_text(columns[label])}"))
     if not columns:
         raise _refuse("a per-unit subquery must compute at least one aggregate", inner)
@@ -256,11 +270,34 @@ def build_table(inner: exp.Select, policy: DatasetPolicy) -> PerUnitTable:
         f"FROM {table.relation} WHERE {' AND '.join(conditions)}")
     join_sql = (f"SELECT {', '.join(select)} FROM ({bounded_rows}) AS {q('__dpg_src')} "
                 f"WHERE {q('__dpg_rn')} <= {c} GROUP BY {src(unit)}")
+    join_tree = _join_tree(table, items, where, c)
     return PerUnitTable(
         name=PER_UNIT_MARK + inner.sql(dialect="duckdb"), dataset=policy.name, source="",
         privacy_unit=unit, max_groups_per_unit=1, max_rows_per_unit=1,
-        columns=MappingProxyType(columns), path=table.path, public=False, join_sql=join_sql,
+        columns=MappingProxyType(columns), path=table.path, public=False, join_sql=join_sql, join_tree=join_tree,
         sources=(table.name,), ranges=tuple(ranges), inner_bound=c)
+
+
+#: The inner aggregates' nodes (COUNT is built apart).
+_AGG_NODES = {"sum": exp.Sum, "avg": exp.Avg, "min": exp.Min, "max": exp.Max}
+
+
+def _join_tree(table: TablePolicy, items: list[exp.Expression], where: str | None, c: int) -> exp.Select:
+    """The per-unit table's ``join_sql`` as a tree (equal to its parse)."""
+    from dpgate.render.bounded import row_tree
+
+    unit = table.privacy_unit
+    conditions: list[exp.Expression] = [sqln.not_null(sqln.col(unit))]
+    if where:
+        conditions.append(exp.Paren(this=row_tree(where, None)))
+    window = exp.Window(this=exp.RowNumber(), partition_by=[sqln.col(unit)], order=exp.Order(expressions=[
+        exp.Ordered(this=sqln.anonymous("hash", *[sqln.col(x) for x in [unit, *table.columns]]), nulls_first=False)]),
+        over="OVER")
+    rows = sqln.select([exp.Star(), sqln.alias(window, "__dpg_rn")], sqln.table(table.name, table.dataset),
+                    where=sqln.conjunction(conditions))
+    return sqln.select(items, sqln.subquery(rows, "__dpg_src"),
+                    where=exp.LTE(this=sqln.col("__dpg_rn"), expression=sqln.num(c)),
+                    group=[sqln.col(unit, "__dpg_src")])
 
 
 def rewrite_per_unit(stmt: exp.Select, policy: DatasetPolicy) -> tuple[exp.Select, DatasetPolicy]:
@@ -303,13 +340,18 @@ def rewrite_per_unit(stmt: exp.Select, policy: DatasetPolicy) -> tuple[exp.Selec
     frm.set("this", new)
     tables = dict(policy.tables)
     tables[table.name] = table
-    return stmt, dataclasses.replace(policy, tables=MappingProxyType(tables))
+    built = dataclasses.replace(policy, tables=MappingProxyType(tables))
+    remember(policy, table.name, built)
+    return stmt, built
 
 
 def policy_for(table: str, policy: DatasetPolicy) -> DatasetPolicy:
     """The policy with the per-unit table ``table`` (a plan's ``table``) added, rebuilt from its name."""
     if not table.startswith(PER_UNIT_MARK) or table in policy.tables:
         return policy
+    built = recalled(policy, table)
+    if built is not None:
+        return built
     inner = sqlglot.parse_one(table[len(PER_UNIT_MARK):], read="duckdb")
     built = build_table(inner, policy)
     tables = dict(policy.tables)
