@@ -63,6 +63,7 @@ from typing import Callable
 import duckdb
 import numpy as np
 
+from dpgate.engines.watchdog import Watchdog
 from dpgate.engines.hashing import group_hash, has_group_hash
 from dpgate.engines.base import (
     CANONICAL_INT_RE,
@@ -269,6 +270,7 @@ class DuckDBEngine:
         except duckdb.Error as e:
             raise ExecutionError(f"DuckDB refused the engine configuration ({type(e).__name__})") from None
         self._lock = threading.Lock()
+        self._watchdog = Watchdog("dpgate-duckdb-timeout")  # one timer thread, started on first use
         self._locked_down = False
         self._closed = False
         self._tables: dict[str, TableInfo] = {}
@@ -625,8 +627,7 @@ class DuckDBEngine:
             timed_out.set()
             cursor.interrupt()
 
-        timer = threading.Timer(self.timeout_s, interrupt)
-        timer.daemon = True
+        token: int | None = None
         try:
             try:
                 statements = cursor.extract_statements(sql)
@@ -634,7 +635,7 @@ class DuckDBEngine:
                 raise ExecutionError(f"the bounded SQL does not parse ({type(e).__name__})") from None
             if len(statements) != 1 or statements[0].type != duckdb.StatementType.SELECT:
                 raise ExecutionError("the engine executes exactly one SELECT statement")
-            timer.start()
+            token = self._watchdog.arm(self.timeout_s, interrupt)
             try:
                 result = cursor.sql(sql).to_arrow_table()
             except duckdb.Error as e:
@@ -645,7 +646,8 @@ class DuckDBEngine:
                     ) from None
                 raise ExecutionError(f"executing the bounded query failed ({type(e).__name__})") from None
         finally:
-            timer.cancel()
+            if token is not None:
+                self._watchdog.disarm(token)
             cursor.close()
         return table_to_columns(result)
 
@@ -654,6 +656,7 @@ class DuckDBEngine:
         with self._lock:
             if not self._closed:
                 self._closed = True
+                self._watchdog.close()
                 self._con.close()
 
     def __enter__(self) -> "DuckDBEngine":
