@@ -362,50 +362,51 @@ def _column_names(sources: list[_Source]) -> dict[tuple[str, str], str]:
     return out
 
 
-def rewrite_joins(stmt: exp.Select, policy: DatasetPolicy) -> tuple[exp.Select, DatasetPolicy]:
-    """Rewrite a SELECT over a join into one over a :class:`JoinedTable` (module docstring).
+def _is_unit(s: _Source, column: str) -> bool:
+    """True if ``column`` is the privacy unit of source ``s``'s (protected) table."""
+    return s.table.privacy_unit is not None and column.casefold() == s.table.privacy_unit.casefold()
 
-    Returns ``(stmt, policy)`` unchanged when there is no join; else the rewritten
-    statement (FROM the joined table, columns unqualified and renamed) and the policy
-    with the joined table added.
 
-    Raises:
-        UnsupportedQuery: a join outside the supported subset (the message says why).
-        UnknownTable, UnknownColumn: undeclared tables, aliases or columns.
-    """
-    if not stmt.args.get("joins"):
-        return stmt, policy
-    stmt = stmt.copy()
-    pairs = _sources(stmt, policy)
-    sources = [s for s, _ in pairs]
-    protected = [s for s in sources if not s.table.public]
-    if any(s.table.record_level for s in protected) and len(sources) > 1:
-        raise _refuse("a record-level table (no privacy unit) cannot be joined: its rows have no unit to join on")
-    names = _column_names(sources)
-    by_name: dict[str, _Source] = {}
-    for s in sources:
-        for n in s.names:
-            if n in by_name:
-                raise _refuse(f"the table name or alias {n!r} is used twice: give each joined table its own alias")
-            by_name[n] = s
-    unit_name = None
-    if protected:
-        first = protected[0].table
-        unit_name = first.privacy_unit
-        taken = {v.casefold() for v in names.values()}
-        while unit_name.casefold() in taken:
-            unit_name = "_" + unit_name
+@dataclass
+class _JoinScope:
+    """The FROM of one join: its sources in order, the names they answer to, the joined columns' names."""
 
-    def is_unit(s: _Source, column: str) -> bool:
-        return s.table.privacy_unit is not None and column.casefold() == s.table.privacy_unit.casefold()
+    pairs: list[tuple[_Source, exp.Join | None]]
+    sources: list[_Source]
+    protected: list[_Source]
+    names: dict[tuple[str, str], str]
+    by_name: dict[str, _Source]
+    unit_name: str | None
 
-    def resolve(col: exp.Column) -> tuple[_Source, str]:
+    @classmethod
+    def of(cls, stmt: exp.Select, policy: DatasetPolicy) -> "_JoinScope":
+        pairs = _sources(stmt, policy)
+        sources = [s for s, _ in pairs]
+        protected = [s for s in sources if not s.table.public]
+        if any(s.table.record_level for s in protected) and len(sources) > 1:
+            raise _refuse("a record-level table (no privacy unit) cannot be joined: its rows have no unit to join on")
+        names = _column_names(sources)
+        by_name: dict[str, _Source] = {}
+        for s in sources:
+            for n in s.names:
+                if n in by_name:
+                    raise _refuse(f"the table name or alias {n!r} is used twice: give each joined table its own alias")
+                by_name[n] = s
+        unit_name = None
+        if protected:
+            unit_name = protected[0].table.privacy_unit
+            taken = {v.casefold() for v in names.values()}
+            while unit_name.casefold() in taken:
+                unit_name = "_" + unit_name
+        return cls(pairs, sources, protected, names, by_name, unit_name)
+
+    def resolve(self, col: exp.Column) -> tuple[_Source, str]:
         """The source and declared column a (possibly qualified) column reference names."""
         qual = col.args.get("table")
         if col.args.get("catalog") is not None:
             raise UnknownTable(f"unknown table reference in {col.sql()!r}", {"column": col.sql()})
         if qual is not None:
-            s = by_name.get(qual.name.casefold())
+            s = self.by_name.get(qual.name.casefold())
             if s is None:
                 raise UnknownTable(f"unknown table or alias {qual.name!r} in {col.sql()!r}", {"table": qual.name})
             found = _find(s, col.name)
@@ -413,123 +414,149 @@ def rewrite_joins(stmt: exp.Select, policy: DatasetPolicy) -> tuple[exp.Select, 
                 raise UnknownColumn(f"table {s.table.name!r} declares no column {col.name!r}",
                                     {"table": s.table.name, "column": col.name})
             return s, found
-        hits = [(s, f) for s in sources if (f := _find(s, col.name)) is not None]
+        hits = [(s, f) for s in self.sources if (f := _find(s, col.name)) is not None]
         if not hits:
             raise UnknownColumn(f"no joined table declares a column {col.name!r}", {"column": col.name})
-        if len(hits) > 1 and not all(is_unit(s, f) for s, f in hits):
+        if len(hits) > 1 and not all(_is_unit(s, f) for s, f in hits):
             raise _refuse(f"column {col.name!r} is ambiguous in this join: qualify it with its table or alias", col)
         return hits[0]
 
-    def side(s: _Source, column: str) -> JoinColumn:
+    def side(self, s: _Source, column: str) -> JoinColumn:
+        """One side of a join equality, typed from the policy."""
         col = s.table.find_column(column)
         return JoinColumn(alias=s.alias, written=s.written, table=s.table.name, column=column,
                           type=col.type if col is not None else "text", declared=col is not None,
-                          unit=is_unit(s, column), protected=not s.table.public)
+                          unit=_is_unit(s, column), protected=not s.table.public)
 
-    # join conditions
+
+_Equality = tuple[tuple[_Source, str], tuple[_Source, str]]
+
+
+def _equalities(scope: _JoinScope, s: _Source, join: exp.Join) -> list[_Equality]:
+    """The column equalities of one JOIN's USING or ON (refusing anything but ``=`` of two columns)."""
+    sources = scope.sources
+    eqs: list[_Equality] = []
+    if join.args.get("using"):
+        for ident in join.args["using"]:
+            right = (s, _find(s, ident.name) or "")
+            lefts = [(o, f) for o in sources[: sources.index(s)] if (f := _find(o, ident.name)) is not None]
+            if not right[1] or len(lefts) != 1:
+                raise _refuse(f"USING ({ident.name}) must name a column of the joined table and of exactly "
+                              "one table before it", join)
+            eqs.append((lefts[0], right))
+        return eqs
+    for cond in _conjuncts(join.args["on"]):
+        if not (isinstance(cond, exp.EQ) and isinstance(cond.this, exp.Column)
+                and isinstance(cond.expression, exp.Column)):
+            involved = {r[0].alias for c in cond.find_all(exp.Column) for r in [scope.resolve(c)]}
+            if any(not by_alias(sources, a).table.public for a in involved):
+                raise _refuse(f"non-equi join conditions on protected tables are not supported "
+                              f"({cond.sql()}): join on the privacy unit with =", cond)
+            raise _refuse(f"join conditions must be equalities of columns ({cond.sql()}); put row "
+                          "filters in WHERE", cond)
+        eqs.append((scope.resolve(cond.this), scope.resolve(cond.expression)))
+    return eqs
+
+
+def _check_equality(scope: _JoinScope, s: _Source, join: exp.Join, a: _Source, ca: str, b: _Source, cb: str
+                    ) -> tuple[_Source, str, _Source, str]:
+    """Refuse an equality that would pair two units or label units; return it with the earlier table first."""
+    if a.alias == b.alias:
+        raise _refuse(f"a join condition must compare two different tables ({a.alias}.{ca} = {b.alias}.{cb})")
+    if not a.table.public and not b.table.public:
+        if not (_is_unit(a, ca) and _is_unit(b, cb)):
+            what = ("a self-join" if a.table.name == b.table.name else "a join of protected tables")
+            raise _refuse(
+                f"{what} must be on the privacy unit ({a.table.name}.{a.table.privacy_unit} = "
+                f"{b.table.name}.{b.table.privacy_unit}), not {a.alias}.{ca} = {b.alias}.{cb}: a joined "
+                "row would combine rows of two different units", join)
+    else:
+        # a public table joined on the privacy unit would turn the unit into a group key
+        # (a public row per unit id: one released cell per person), which grouping by the
+        # unit itself is refused for
+        for t, c, other in ((a, ca, b), (b, cb, a)):
+            if not t.table.public and _is_unit(t, c):
+                raise _refuse(
+                    f"a public table ({other.table.name}) cannot be joined on the privacy unit "
+                    f"({t.alias}.{c}): its columns would then label units, and releasing values per "
+                    "unit is refused; join public tables on other columns", join)
+    if scope.sources.index(a) > scope.sources.index(b):  # canonical: the earlier table first
+        a, ca, b, cb = b, cb, a, ca
+    # The equality is placed in the ON of its later table (below). That keeps the query's
+    # meaning unless a LEFT JOIN is involved: a LEFT JOIN's condition on two earlier
+    # tables decides matches, not rows, and an inner condition moved into a LEFT JOIN's
+    # ON would stop filtering rows.
+    if b is not s and (s.side == "LEFT" or b.side == "LEFT"):
+        where = (f"the ON of LEFT JOIN {s.label}" if s.side == "LEFT"
+                 else f"the ON of JOIN {s.label} (it would move into the ON of LEFT JOIN {b.label})")
+        raise _refuse(f"the condition {a.written}.{ca} = {b.written}.{cb} in {where} does not compare "
+                      f"{s.written} with a table before it: write each condition in the ON of the "
+                      "later table it compares", join)
+    return a, ca, b, cb
+
+
+def _conditions(scope: _JoinScope) -> tuple[list[tuple[_Source, str, _Source, str]], list[JoinCondition]]:
+    """Every join equality (checked, deduplicated, canonical order) and its typed form; refuses cross joins."""
     conditions: list[tuple[_Source, str, _Source, str]] = []
     typed: list[JoinCondition] = []
-    for s, join in pairs[1:]:
-        eqs: list[tuple[tuple[_Source, str], tuple[_Source, str]]] = []
-        if join.args.get("using"):
-            for ident in join.args["using"]:
-                right = (s, _find(s, ident.name) or "")
-                lefts = [(o, f) for o in sources[: sources.index(s)] if (f := _find(o, ident.name)) is not None]
-                if not right[1] or len(lefts) != 1:
-                    raise _refuse(f"USING ({ident.name}) must name a column of the joined table and of exactly "
-                                  "one table before it", join)
-                eqs.append((lefts[0], right))
-        else:
-            for cond in _conjuncts(join.args["on"]):
-                if not (isinstance(cond, exp.EQ) and isinstance(cond.this, exp.Column)
-                        and isinstance(cond.expression, exp.Column)):
-                    involved = {r[0].alias for c in cond.find_all(exp.Column) for r in [resolve(c)]}
-                    if any(not by_alias(sources, a).table.public for a in involved):
-                        raise _refuse(f"non-equi join conditions on protected tables are not supported "
-                                      f"({cond.sql()}): join on the privacy unit with =", cond)
-                    raise _refuse(f"join conditions must be equalities of columns ({cond.sql()}); put row "
-                                  "filters in WHERE", cond)
-                eqs.append((resolve(cond.this), resolve(cond.expression)))
-        for (a, ca), (b, cb) in eqs:
-            if a.alias == b.alias:
-                raise _refuse(f"a join condition must compare two different tables ({a.alias}.{ca} = {b.alias}.{cb})")
-            if not a.table.public and not b.table.public:
-                if not (is_unit(a, ca) and is_unit(b, cb)):
-                    what = ("a self-join" if a.table.name == b.table.name else "a join of protected tables")
-                    raise _refuse(
-                        f"{what} must be on the privacy unit ({a.table.name}.{a.table.privacy_unit} = "
-                        f"{b.table.name}.{b.table.privacy_unit}), not {a.alias}.{ca} = {b.alias}.{cb}: a joined "
-                        "row would combine rows of two different units", join)
-            else:
-                # a public table joined on the privacy unit would turn the unit into a group key
-                # (a public row per unit id: one released cell per person), which grouping by the
-                # unit itself is refused for
-                for t, c, other in ((a, ca, b), (b, cb, a)):
-                    if not t.table.public and is_unit(t, c):
-                        raise _refuse(
-                            f"a public table ({other.table.name}) cannot be joined on the privacy unit "
-                            f"({t.alias}.{c}): its columns would then label units, and releasing values per "
-                            "unit is refused; join public tables on other columns", join)
-            if sources.index(a) > sources.index(b):  # canonical: the earlier table first
-                a, ca, b, cb = b, cb, a, ca
-            # The equality is placed in the ON of its later table (below). That keeps the query's
-            # meaning unless a LEFT JOIN is involved: a LEFT JOIN's condition on two earlier
-            # tables decides matches, not rows, and an inner condition moved into a LEFT JOIN's
-            # ON would stop filtering rows.
-            if b is not s and (s.side == "LEFT" or b.side == "LEFT"):
-                where = (f"the ON of LEFT JOIN {s.label}" if s.side == "LEFT"
-                         else f"the ON of JOIN {s.label} (it would move into the ON of LEFT JOIN {b.label})")
-                raise _refuse(f"the condition {a.written}.{ca} = {b.written}.{cb} in {where} does not compare "
-                              f"{s.written} with a table before it: write each condition in the ON of the "
-                              "later table it compares", join)
-            cond = JoinCondition(side(a, ca), side(b, cb))  # checks the two sides' types
+    for s, join in scope.pairs[1:]:
+        for (a, ca), (b, cb) in _equalities(scope, s, join):
+            a, ca, b, cb = _check_equality(scope, s, join, a, ca, b, cb)
+            cond = JoinCondition(scope.side(a, ca), scope.side(b, cb))  # checks the two sides' types
             if (a, ca, b, cb) not in conditions:
                 conditions.append((a, ca, b, cb))
                 typed.append(cond)
-    for s in sources[1:]:
+    for s in scope.sources[1:]:
         if not any(b is s for _a, _ca, b, _cb in conditions):
             raise _refuse(f"the ON of JOIN {s.label} compares no column of {s.written} with a table before it: "
                           "it would be a cross join (every join needs an equality with the tables before it)")
+    return conditions, typed
+
+
+def _ident(name: str) -> str:
+    """A name in the canonical form: bare when it is a plain lower-case identifier, else quoted."""
+    return name if name.isidentifier() and name == name.lower() else q(name)
+
+
+def _joined_table(scope: _JoinScope, policy: DatasetPolicy, conditions: list[tuple[_Source, str, _Source, str]],
+                  typed: list[JoinCondition]) -> JoinedTable:
+    """The virtual table whose rows are the join's rows (module docstring), with its checked unit graph."""
+    pairs, sources, protected, names = scope.pairs, scope.sources, scope.protected, scope.names
     unit_graph = UnitGraph(  # refuses a protected table not connected by unit equalities
         tables=tuple((s.alias, s.label) for s in protected),
         optional=frozenset(s.alias for s in protected if s.side == "LEFT"),
         edges=tuple((c.left.alias, c.right.alias) for c in typed if c.unit_edge))
-
-    # the joined table
     columns: dict[str, ColumnPolicy] = {}
     select = []
     for s in sources:
         for c, col in s.table.columns.items():
-            if is_unit(s, c):
+            if _is_unit(s, c):
                 continue
             v = names[(s.alias, c)]
             columns[v] = dataclasses.replace(col, name=v)
             select.append(f"{q(s.alias)}.{q(c)} AS {q(v)}")
     if protected:
         first = protected[0]
-        select.insert(0, f"{q(first.alias)}.{q(first.table.privacy_unit)} AS {q(unit_name)}")
+        select.insert(0, f"{q(first.alias)}.{q(first.table.privacy_unit)} AS {q(scope.unit_name)}")
     from_sql = f"{pairs[0][0].table.relation} AS {q(pairs[0][0].alias)}"
     for s, _join in pairs[1:]:
         on = [c.sql() for (a, ca, b, cb), c in zip(conditions, typed) if b is s]
         from_sql += (f" {'LEFT ' if s.side == 'LEFT' else ''}JOIN {s.table.relation} AS {q(s.alias)} "
                      f"ON {' AND '.join(on)}")
     join_sql = f"SELECT {', '.join(select)} FROM {from_sql}"
-    join_tree = _join_tree(pairs, conditions, typed, sources, names, protected, unit_name, is_unit)
-    def ident(name: str) -> str:  # bare when it is a plain lower-case identifier, else quoted
-        return name if name.isidentifier() and name == name.lower() else q(name)
-
+    join_tree = _join_tree(pairs, conditions, typed, sources, names, protected, scope.unit_name, _is_unit)
     canonical = JOIN_MARK + " ".join(
-        [ident(pairs[0][0].table.name)
-         + (f" AS {ident(pairs[0][0].alias)}" if pairs[0][0].alias != pairs[0][0].table.name else "")]
-        + [f"{'LEFT ' if s.side == 'LEFT' else ''}JOIN {ident(s.table.name)}"
-           + (f" AS {ident(s.alias)}" if s.alias != s.table.name else "")
-           + " ON " + " AND ".join(f"{ident(a.alias)}.{ident(ca)} = {ident(b.alias)}.{ident(cb)}"
+        [_ident(pairs[0][0].table.name)
+         + (f" AS {_ident(pairs[0][0].alias)}" if pairs[0][0].alias != pairs[0][0].table.name else "")]
+        + [f"{'LEFT ' if s.side == 'LEFT' else ''}JOIN {_ident(s.table.name)}"
+           + (f" AS {_ident(s.alias)}" if s.alias != s.table.name else "")
+           + " ON " + " AND ".join(f"{_ident(a.alias)}.{_ident(ca)} = {_ident(b.alias)}.{_ident(cb)}"
                                    for a, ca, b, cb in conditions if b is s)
            for s, _ in pairs[1:]])
     k = max((s.table.max_groups_per_unit for s in protected), default=1)
     m = max((s.table.max_rows_per_unit for s in protected), default=1)
-    joined = JoinedTable(
-        name=canonical, dataset=policy.name, source="", privacy_unit=unit_name,
+    return JoinedTable(
+        name=canonical, dataset=policy.name, source="", privacy_unit=scope.unit_name,
         max_groups_per_unit=k, max_rows_per_unit=m, columns=MappingProxyType(columns),
         path=pairs[0][0].table.path, public=not protected, join_sql=join_sql,
         sources=tuple(s.table.name for s in sources), unit_graph=unit_graph, conditions=tuple(typed),
@@ -538,9 +565,12 @@ def rewrite_joins(stmt: exp.Select, policy: DatasetPolicy) -> tuple[exp.Select, 
         key_tuples=tuple(kt.renamed({c: names[(s.alias, c)] for c in kt.columns})
                          for s in sources if s.table.public for kt in s.table.key_tuples))
 
-    # the statement over the joined table; an unqualified name that no joined table declares
-    # but a SELECT item is titled with (GROUP BY binned_age) stays: the planner reads it as
-    # that item
+
+def _over_joined_table(stmt: exp.Select, scope: _JoinScope, canonical: str) -> exp.Select:
+    """``stmt`` (a copy) rewritten to read the joined table: columns unqualified and renamed, titles kept."""
+    sources, protected = scope.sources, scope.protected
+    # an unqualified name that no joined table declares but a SELECT item is titled with
+    # (GROUP BY binned_age) stays: the planner reads it as that item
     titles = {e.alias.casefold() for e in stmt.expressions if isinstance(e, exp.Alias)}
 
     def rename(node: exp.Expression) -> exp.Expression:
@@ -548,15 +578,15 @@ def rewrite_joins(stmt: exp.Select, policy: DatasetPolicy) -> tuple[exp.Select, 
             if (node.args.get("table") is None and node.name.casefold() in titles
                     and not any(_find(s, node.name) is not None for s in sources)):
                 return node
-            s, c = resolve(node)
-            if is_unit(s, c) and s.side == "LEFT" and s is not protected[0]:
+            s, c = scope.resolve(node)
+            if _is_unit(s, c) and s.side == "LEFT" and s is not protected[0]:
                 # the joined rows carry the first protected table's unit; this table's unit is
                 # NULL where the LEFT JOIN found no row of it, so the two differ there
                 raise _refuse(f"{s.written}.{c} is the privacy unit of a LEFT-joined table: the joined rows "
                               f"carry one unit (that of {protected[0].label}), and it is not NULL where "
                               f"{s.written} has no row; refer to another column of {s.written} (COUNT of it "
                               "counts the matched rows)", node)
-            return exp.column(unit_name if is_unit(s, c) else names[(s.alias, c)], quoted=True)
+            return exp.column(scope.unit_name if _is_unit(s, c) else scope.names[(s.alias, c)], quoted=True)
         return node
 
     # keep each select item's title as written (labels are not part of the plan hash)
@@ -575,10 +605,33 @@ def rewrite_joins(stmt: exp.Select, policy: DatasetPolicy) -> tuple[exp.Select, 
     stmt.set("joins", None)
     stmt.set("from_" if "from_" in stmt.args else "from",
              exp.From(this=exp.Table(this=exp.Identifier(this=canonical, quoted=True))))
+    return stmt
+
+
+def rewrite_joins(stmt: exp.Select, policy: DatasetPolicy) -> tuple[exp.Select, DatasetPolicy]:
+    """Rewrite a SELECT over a join into one over a :class:`JoinedTable` (module docstring).
+
+    Returns ``(stmt, policy)`` unchanged when there is no join; else the rewritten
+    statement (FROM the joined table, columns unqualified and renamed) and the policy
+    with the joined table added. In named steps: the sources (:class:`_JoinScope`), the
+    checked equalities (:func:`_conditions`), the joined table with its unit graph
+    (:func:`_joined_table`), the statement over it (:func:`_over_joined_table`).
+
+    Raises:
+        UnsupportedQuery: a join outside the supported subset (the message says why).
+        UnknownTable, UnknownColumn: undeclared tables, aliases or columns.
+    """
+    if not stmt.args.get("joins"):
+        return stmt, policy
+    stmt = stmt.copy()
+    scope = _JoinScope.of(stmt, policy)
+    conditions, typed = _conditions(scope)
+    joined = _joined_table(scope, policy, conditions, typed)
+    stmt = _over_joined_table(stmt, scope, joined.name)
     tables = dict(policy.tables)
-    tables[canonical] = joined
+    tables[joined.name] = joined
     built = dataclasses.replace(policy, tables=MappingProxyType(tables))
-    remember(policy, canonical, built)
+    remember(policy, joined.name, built)
     return stmt, built
 
 
