@@ -148,3 +148,9 @@ def test_gdp_policy_end_to_end(live):
                                                            "budget": {"rho": 1e-4}}), 400, "invalid_budget")
         assert details["rule"] == "gdp_claim"
         assert _budget(c)["charges"] == charges
+
+        # a GROUP BY that would select keys privately: refused, naming the Gaussian-DP filter, nothing charged
+        r = c.post("/v1/queries", json={"dataset": "gshop", "sql": "SELECT amount, COUNT(*) AS n FROM orders "
+                                                                     "GROUP BY amount"})
+        assert r.status_code == 400 and "Gaussian DP" in r.json()["error"]["message"], r.text
+        assert _budget(c)["charges"] == charges
