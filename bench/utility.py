@@ -23,12 +23,13 @@ Variants of dpgate (issue 22 item 2, "no idle δ reserve"):
 
 Variants of dpgate (issue 22 item 1, "tightest valid composition for Gaussian charges"):
 
-* ``dpgate_gdp`` / ``dpgate_gdp_no_reserve``: the same two policies, with the population's
-  composition set to Gaussian DP (``Ledger.set_cap(..., composition="gdp")``, before its first
-  charge; a policy file cannot state it yet). Each release asks for the ρ whose discrete
-  Gaussian μ (``accounting.discrete_gaussian_unit_mu`` at σ = 1/√(2ρ), the largest μ a ρ can
-  have for a sensitivity ≥ 1) is μ_cap/√52, μ_cap read from the ledger (``cap.mu_cap``: the
-  exact GDP conversion of the cap at δ less its selection reserve).
+* ``dpgate_gdp``: the default policy with ``[budget] composition = "gdp"`` (the policy field:
+  the gateway creates the population with the Gaussian-DP filter). A Gaussian-DP population
+  never selects keys privately, so its default selection reserve is 0 (checked on the ledger)
+  even though ``age`` has no public keys: a ``_no_reserve`` GDP variant would be the same cap.
+  Each release asks for the ρ whose discrete Gaussian μ (``accounting.discrete_gaussian_unit_mu``
+  at σ = 1/√(2ρ), the largest μ a ρ can have for a sensitivity ≥ 1) is μ_cap/√52, μ_cap read
+  from the ledger (``cap.mu_cap``: the exact GDP conversion of the cap at δ).
 
 PipelineDP (its PLD accountant over the 52 declared aggregations) runs in its own venv
 (:mod:`bench.peers`) when it is installed there or installable; otherwise its entry says why.
@@ -57,7 +58,9 @@ UTILITY_PUMS = ("pums_120k", 120_000)
 #: The policy line of ``age`` in :func:`bench.datagen.pums_table_toml`, and with public keys.
 _AGE = 'age     = { type = "int", lower = 0, upper = 100 }'
 _AGE_KEYED = 'age     = { type = "int", lower = 0, upper = 100, public_keys = "range(0, 101)" }'
-VARIANTS = ("dpgate_default", "dpgate_no_reserve", "dpgate_gdp", "dpgate_gdp_no_reserve")
+VARIANTS = ("dpgate_default", "dpgate_no_reserve", "dpgate_gdp")
+#: The ``[budget]`` line after which the ``dpgate_gdp`` variant states its composition.
+_RHO_LINE = "default_query_rho = 0.01\n"
 
 
 def ensure_pums(data: Path | None) -> tuple[Path | None, str | None]:
@@ -101,22 +104,22 @@ def measure(data: Path, *, weeks: int = 52, epsilon: float = 4.0, delta: float =
         tmp = Path(tempfile.mkdtemp(prefix="dpgate-utility-"))
         try:
             entry = write_policies(data, tmp / "policies", epsilon=epsilon, delta=delta, clamp_counts=False)[0]
-            if variant in ("dpgate_no_reserve", "dpgate_gdp_no_reserve"):
-                path = tmp / "policies" / f"{entry['dataset']}.toml"
-                text = path.read_text()
-                if _AGE not in text:
-                    raise RuntimeError("the PUMS policy's age line changed; update bench/utility.py")
+            path = tmp / "policies" / f"{entry['dataset']}.toml"
+            text = path.read_text()
+            if _AGE not in text or _RHO_LINE not in text:
+                raise RuntimeError("the PUMS policy's age or default_query_rho line changed; update bench/utility.py")
+            if variant == "dpgate_no_reserve":
                 path.write_text(text.replace(_AGE, _AGE_KEYED))
+            elif variant == "dpgate_gdp":  # the policy field, not a cap change
+                path.write_text(text.replace(_RHO_LINE, _RHO_LINE + 'composition = "gdp"\n', 1))
             with Gateway.open(Settings(policies=tmp / "policies", home=tmp / "home")) as gw:
                 population = gw.policy(entry["dataset"]).population
                 cap = gw.ledger.cap(population)  # the ledger's cap rule, not a hand copy
-                if variant.endswith("no_reserve") and cap.selection_delta != 0.0:
+                if variant != "dpgate_default" and cap.selection_delta != 0.0:
                     raise RuntimeError(f"expected no selection reserve, the ledger has {cap.selection_delta}")
-                if variant.startswith("dpgate_gdp"):
-                    gw.ledger.set_cap(population, epsilon=cap.epsilon, delta=cap.delta,
-                                      selection_delta=cap.selection_delta, actor="bench",
-                                      reason="Gaussian-DP composition (issue 22)", composition="gdp")
-                    cap = gw.ledger.cap(population)
+                if variant == "dpgate_gdp":
+                    if not cap.gdp:
+                        raise RuntimeError("the policy states composition = \"gdp\" but the ledger's cap is not GDP")
                     rho = gdp_rho_per_release(cap.mu_cap, weeks)
                 else:
                     rho = cap.rho_cap / weeks * (1 - 1e-9)

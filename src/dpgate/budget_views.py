@@ -14,8 +14,10 @@ only; no data.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Iterable
 
+from dpgate import accounting
 from dpgate.attack import cap_attack_bound, spend_attack_bound
 from dpgate.ledger.filter import rho_epsilon
 from dpgate.ledger.renewal import guarantee_statement
@@ -27,9 +29,15 @@ __all__ = ["cohort_table", "budget_cohort_views", "dataset_budget_views", "cohor
 def _fresh(report_cap: Any, allocations: dict[str, float]) -> dict[str, Any]:
     """A cohort no charge touched: the whole cap remains."""
     rho = report_cap.rho_cap
-    eps = rho_epsilon(rho, report_cap.rho_delta)
+
+    def left_epsilon(share: float) -> float:  # a Gaussian-DP cap: the exact ε of √share·μ_cap ([DRS22] Cor. 2.13)
+        if getattr(report_cap, "gdp", False):
+            return accounting.gdp_epsilon(math.sqrt(share) * report_cap.mu_cap, report_cap.rho_delta)
+        return rho_epsilon(share * rho, report_cap.rho_delta)
+
+    eps = left_epsilon(1.0)
     consumers = {name: {"share": share, "spent_rho": 0.0, "remaining_rho": share * rho,
-                        "remaining_epsilon": rho_epsilon(share * rho, report_cap.rho_delta), "charges": 0}
+                        "remaining_epsilon": left_epsilon(share), "charges": 0}
                  for name, share in allocations.items()}
     return {"spent": {"rho": 0.0, "epsilon": 0.0}, "remaining": {"rho": rho, "epsilon": eps}, "charges": 0,
             "fresh": True, "consumers": consumers}
@@ -147,6 +155,6 @@ def cap_change_preview(ledger: Any, population: str, epsilon: float, delta: floa
 
     old = ledger.cap(population)
     sel = old.selection_delta if old.selection_delta < delta else 0.0
-    new = validate_cap(epsilon, delta, selection_delta=sel)
+    new = validate_cap(epsilon, delta, selection_delta=sel, composition=old.composition)
     return {"population": population, "before": {"cap": old.public(), "attack_bound": cap_attack_bound(old)},
             "after": {"cap": new.public(), "attack_bound": cap_attack_bound(new)}}

@@ -63,6 +63,12 @@ def selection_budget(policy: DatasetPolicy, plan: QueryPlan, cap_selection_delta
     cols = ", ".join(plan.selected_keys)
     details = {"selected_keys": list(plan.selected_keys), "population": policy.population}
     stated = getattr(policy.budget, "selection_delta_stated", True)
+    if getattr(policy.budget, "composition", "renyi") == "gdp":  # issue 22 item 1: no GDP claim for δ
+        raise UnsupportedQuery(
+            f"GROUP BY {cols} needs public keys in the policy: population {policy.population!r} composes in "
+            "Gaussian DP ([budget] composition = \"gdp\"), whose filter admits no partition selection (its δ "
+            "has no Gaussian-DP claim); give the key column public keys",
+            {**details, "selection_delta": 0.0, "composition": "gdp"})
     if not policy.budget.selection_delta and stated:
         raise UnsupportedQuery(
             f"GROUP BY {cols} needs public keys in the policy: private partition selection is turned off "

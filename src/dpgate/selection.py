@@ -233,7 +233,8 @@ def explain_selection(ledger: Any, dataset: str, policy: DatasetPolicy, sel: Sel
     """
     resolved = resolve_selection_budget(policy, budget)
     cal = calibrate_selection(sel, policy, resolved)
-    delta = ledger.cap(policy.population).rho_delta
+    cap = ledger.cap(policy.population)
+    delta = cap.rho_delta
     plan = sel.plan
     return {
         "dataset": dataset,
@@ -247,14 +248,14 @@ def explain_selection(ledger: Any, dataset: str, policy: DatasetPolicy, sel: Sel
         "mechanism": MECHANISM,
         "budget": resolved,
         "cost": {"rho": cal.rho, "epsilon": cal.epsilon,
-                 **_stated(cal.cost, delta),
+                 **_stated(cal.cost, delta, cap.gdp),
                  **fit(cal.cost)},
     }
 
 
-def _stated(cost: accounting.Cost, delta: float) -> dict[str, float]:
+def _stated(cost: accounting.Cost, delta: float, gdp: bool = False) -> dict[str, float]:
     """``{epsilon_at_delta, delta}`` as the receipt will state them (the ledger's one conversion)."""
-    eps, d = charge_statement(cost, delta)
+    eps, d = charge_statement(cost, delta, gdp)
     return {"epsilon_at_delta": eps, "delta": d}
 
 

@@ -51,7 +51,8 @@ def population_selection_defaults(policies: Mapping[str, Any]) -> dict[str, Any]
     """The policies with the default selection reserve decided per population (issue 22): a
     population's cap is one, so if a protected table of *any* of its datasets has a key column
     without public keys (:func:`selection_key_columns`), every dataset of it whose file states no
-    ``selection_delta`` reserves δ/2 (:func:`default_selection_deltas`). Stated values are kept.
+    ``selection_delta`` reserves δ/2 (:func:`default_selection_deltas`) unless it composes in Gaussian DP
+    (``composition = "gdp"``: no partition selection, reserve 0). Stated values are kept.
     Same order as ``policies``."""
     selects: dict[str, bool] = {}
     for p in policies.values():
@@ -59,7 +60,8 @@ def population_selection_defaults(policies: Mapping[str, Any]) -> dict[str, Any]
     out = {}
     for name, p in policies.items():
         b = p.budget
-        if not b.selection_delta_stated and selects[p.population] and not b.selection_delta:
+        if not b.selection_delta_stated and selects[p.population] and not b.selection_delta \
+                and getattr(b, "composition", "renyi") != "gdp":  # a Gaussian-DP population never selects
             sel, per_query = default_selection_deltas(b.delta, True)
             p = dataclasses.replace(p, budget=dataclasses.replace(
                 b, selection_delta=sel, default_selection_delta=per_query))

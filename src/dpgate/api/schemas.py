@@ -410,6 +410,10 @@ class ChargeSummary(ResponseModel):
     charge_id: str
     rho: Number | None = None
     epsilon_at_delta: Number | None = None
+    filter: Literal["renyi", "gdp"] | None = Field(
+        default=None, description='the ledger filter that admitted the charge: "renyi" (Rényi/zCDP) or "gdp" '
+                                  "(Gaussian-DP, a population of composition gdp)")
+    gdp_mu: Number | None = Field(default=None, description="with filter gdp: the release's μ (μ-GDP)")
 
 
 class Release(ResponseModel):
@@ -593,6 +597,7 @@ class Amount(ResponseModel):
 
     rho: Number
     epsilon: Number
+    mu: Number | None = Field(default=None, description="Gaussian-DP population: μ (√Σμ²)")
 
 
 class ConsumerSpend(ResponseModel):
@@ -606,6 +611,7 @@ class ConsumerSpend(ResponseModel):
     remaining_rho: Number
     remaining_epsilon: Number
     charges: int
+    remaining_mu: Number | None = Field(default=None, description="Gaussian-DP population: the μ it can still spend")
 
 
 class BudgetReport(ResponseModel):
@@ -618,6 +624,11 @@ class BudgetReport(ResponseModel):
     remaining: Amount
     charges: int
     consumers: dict[str, ConsumerSpend]
+    composition: Literal["renyi", "gdp"] | None = Field(
+        default=None, description='"gdp" for a Gaussian-DP population: its remaining epsilon is the exact '
+                                  "conversion of the remaining μ (Dong, Roth & Su 2022, Cor. 2.13)")
+    gdp: dict[str, Any] | None = Field(default=None, description="Gaussian-DP population: mu_cap, spent_mu2, "
+                                                                  "remaining_mu2")
 
 
 class ChargeReceipt(ResponseModel):

@@ -36,6 +36,13 @@ def print_report(report: dict, *, warn: bool = True) -> None:
         rows.append([name, "any" if c["share"] is None else f"{c['share']:g}", f"{c['cap_rho']:.6g}", f"{c['spent_rho']:.6g}",
                      f"{c['spent_epsilon']:.4g}", f"{c['remaining_rho']:.6g}", c["charges"]])
     print_table(["allocation", "share", "cap ρ", "spent ρ", "spent ε", "remaining ρ", "charges"], rows)
+    gdp = report.get("gdp")
+    if report.get("composition") == "gdp" and gdp:  # issue 22 item 1: the Gaussian-DP filter holds
+        delta = cap["delta"] - cap.get("selection_delta", 0.0)
+        print(f"Gaussian-DP filter (composition gdp): mu_cap = {gdp['mu_cap']:.6g}, spent mu = "
+              f"{report['spent']['mu']:.6g}, remaining mu = {report['remaining']['mu']:.6g}: remaining epsilon = "
+              f"{report['remaining']['epsilon']:.4g} at delta = {delta:g} (exact GDP conversion, Dong, Roth & Su "
+              "2022 Cor. 2.13; the rho columns are the fraction of mu_cap^2 as a share of the cap's rho)")
     if report.get("renewal"):
         print()
         print(f"guarantee: {report['renewal']}")

@@ -207,7 +207,9 @@ def print_cost(doc: dict) -> None:
     print(line)
     left = cost.get("remaining_rho")
     who = f"allocation {cost['consumer']}" if cost.get("consumer") else "the population"
-    if cost.get("fits") is True:
+    if cost.get("filter") == "gdp" and cost.get("fits") is not None:  # Gaussian-DP filter: μ², not ρ
+        print(f"fits          {'yes' if cost['fits'] else 'NO'}: {cost.get('message', '')}")
+    elif cost.get("fits") is True:
         print(f"fits          yes: {who} has ρ {_num(left)} left" if isinstance(left, (int, float))
               else "fits          yes")
     elif cost.get("fits") is False:

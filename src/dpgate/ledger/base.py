@@ -180,11 +180,13 @@ class Ledger(Protocol):
         rho_cap: float | None = None,
         selection_delta: float | None = None,
         cohort_column: str | None = None,
+        composition: str | None = None,
     ) -> dict[str, Any]:
         """Adopt a policy file's cap and allocations for an existing population as recorded
         governance events (``cap_changed``, ``allocations_changed``, ``cohorts_changed``;
         nothing if equal). A different cohort column after a charge is refused
-        (``RenewalRefused``: it would give the same units fresh budgets).
+        (``RenewalRefused``: it would give the same units fresh budgets); so is a different
+        ``composition`` (None: keep the ledger's) after a charge (``InvalidBudget``).
 
         Returns:
             ``{population, changed, events, cap, allocations, exhausted, spent, remaining,

@@ -18,9 +18,11 @@ References: [CKS20] Canonne, Kamath, Steinke 2020 (arXiv:2004.00010);
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from dpgate import accounting
 from dpgate.accounting import Cost
 from dpgate.ledger.caps import CapSpec
 from dpgate.ledger.filter import BudgetCurve, Totals, rho_epsilon
@@ -132,6 +134,9 @@ class ConsumerSpend:
             that charge's ε alone.
         charges: number of its charges.
         selection_delta_spent: δ it spent on partition selection.
+        remaining_mu2: in a Gaussian-DP population, the Σμ² it can still spend (share × μ_cap²
+            less its Σμ², bounded by the population's; None otherwise); ``remaining_epsilon`` is
+            then the exact ε of √remaining_mu2-GDP ([DRS22] Cor. 2.13).
     """
 
     name: str
@@ -143,11 +148,13 @@ class ConsumerSpend:
     remaining_epsilon: float
     charges: int
     selection_delta_spent: float = 0.0
+    remaining_mu2: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """``{share, cap_rho, spent_rho, spent_epsilon, remaining_rho, remaining_epsilon, charges,
-        selection_delta_spent}``."""
-        return {
+        selection_delta_spent}`` (and ``remaining_mu`` in a Gaussian-DP population)."""
+        gdp = {} if self.remaining_mu2 is None else {"remaining_mu": math.sqrt(self.remaining_mu2)}
+        return {**gdp,
             "share": self.share,
             "cap_rho": self.cap_rho,
             "spent_rho": json_float(self.spent_rho),
@@ -186,6 +193,10 @@ class SpendReport:
             e.g. a DP-SGD run without amplification): the history is then exactly √(2ρ)-GDP
             ([DRS19] Cor. 3.3), which the membership-attack bound uses; reported ε stays the
             ledger's one conversion.
+        spent_mu2, remaining_mu2: in a Gaussian-DP population (``cap.gdp``), Σμ² spent and
+            μ_cap² − Σμ² (≥ 0); None otherwise. ``spent_epsilon`` and ``remaining_epsilon`` are
+            then the exact ε of √spent_mu2- and √remaining_mu2-GDP ([DRS22] Cor. 2.13,
+            :func:`dpgate.accounting.gdp_epsilon`), not the Rényi conversion of a ρ.
     """
 
     population: str
@@ -203,15 +214,23 @@ class SpendReport:
     cap: CapSpec | None = None
     selection_delta_spent: float = 0.0
     continuous_gaussian: bool = False
+    spent_mu2: float | None = None
+    remaining_mu2: float | None = None
+
+    @property
+    def gdp(self) -> bool:
+        """True if the population composes in Gaussian DP (its figures are μ-based)."""
+        return self.remaining_mu2 is not None
 
     def to_dict(self) -> dict[str, Any]:
         """``{population, cap {epsilon, delta, rho, alpha_cap, selection_delta, rule}, spent
         {rho, epsilon, selection_delta}, remaining {rho, epsilon, selection_delta}, charges,
-        conversion, consumers {name: {...}}}``."""
+        conversion, consumers {name: {...}}}``; in a Gaussian-DP population also ``composition``
+        ("gdp"), ``spent.mu``/``remaining.mu`` and ``gdp {mu_cap, spent_mu2, remaining_mu2}``."""
         cap = self.cap.public() if self.cap is not None else {"epsilon": self.epsilon, "delta": self.delta,
                                                               "rho": self.rho_cap}
         sel = self.cap.selection_delta if self.cap is not None else 0.0
-        return {
+        out = {
             "population": self.population,
             "cap": cap,
             "spent": {"rho": json_float(self.spent_rho), "epsilon": json_float(self.spent_epsilon),
@@ -222,6 +241,21 @@ class SpendReport:
             "conversion": self.conversion,
             "consumers": {k: v.to_dict() for k, v in self.consumers.items()},
         }
+        if self.gdp:
+            s2, r2 = self.spent_mu2 or 0.0, self.remaining_mu2 or 0.0
+            out["composition"] = "gdp"
+            out["spent"]["mu"] = math.sqrt(s2)
+            out["remaining"]["mu"] = math.sqrt(r2)
+            out["gdp"] = {"mu_cap": self.cap.mu_cap if self.cap is not None else None, "spent_mu2": s2,
+                          "remaining_mu2": r2,
+                          "note": "Gaussian-DP filter (Smith & Thakurta 2022): mu_i^2 add up to at most mu_cap^2; "
+                                  "epsilon is the exact conversion of mu (Dong, Roth & Su 2022, Cor. 2.13)"}
+        return out
+
+
+def _gdp_epsilon(mu2: float, delta: float) -> float:
+    """The exact ε at δ of √mu2-GDP ([DRS22] Cor. 2.13)."""
+    return accounting.gdp_epsilon(math.sqrt(max(0.0, mu2)), delta)
 
 
 def build_spend_report(
@@ -248,6 +282,10 @@ def build_spend_report(
     p_spent = population_totals.rho_equivalent(pb)
     p_eps, conversion = population_totals.spent_epsilon(pb, d)
     p_rem = max(0.0, cap.rho_cap - p_spent)
+    # Gaussian-DP population: remaining Σμ² and its exact ε (not the Rényi ε of a remaining ρ)
+    p_mu2 = population_totals.gdp_mu2 if pb.gdp else None
+    p_rem_mu2 = None if p_mu2 is None else max(0.0, pb.mu2 - p_mu2)  # type: ignore[operator]
+    p_rem_eps = rho_epsilon(p_rem, d) if p_rem_mu2 is None else _gdp_epsilon(p_rem_mu2, d)
     consumers: dict[str, ConsumerSpend] = {}
     names = list(allocations) + sorted(n for n in consumer_totals if n not in allocations)
     for name in names:
@@ -257,12 +295,19 @@ def build_spend_report(
         spent = t.rho_equivalent(cb)
         eps, _ = t.spent_epsilon(cb, d)
         rem = max(0.0, min(cb.rho - spent, p_rem))
-        consumers[name] = ConsumerSpend(name, share, cb.rho, spent, eps, rem, rho_epsilon(rem, d), t.charges,
-                                        t.selection_value)
+        c_mu2 = t.gdp_mu2 if p_rem_mu2 is not None else None
+        if c_mu2 is None:
+            consumers[name] = ConsumerSpend(name, share, cb.rho, spent, eps, rem, rho_epsilon(rem, d), t.charges,
+                                            t.selection_value)
+        else:
+            rem_mu2 = max(0.0, min(cb.mu2 - c_mu2, p_rem_mu2))  # type: ignore[operator,type-var]
+            consumers[name] = ConsumerSpend(name, share, cb.rho, spent, eps, rem, _gdp_epsilon(rem_mu2, d),
+                                            t.charges, t.selection_value, rem_mu2)
     return SpendReport(population, cap.epsilon, cap.delta, cap.rho_cap, p_spent, p_eps, p_rem,
-                       rho_epsilon(p_rem, d), population_totals.charges, conversion, consumers,
+                       p_rem_eps, population_totals.charges, conversion, consumers,
                        dict(allocations), cap, population_totals.selection_value,
-                       population_totals.continuous_gaussian_only)
+                       population_totals.continuous_gaussian_only,
+                       None if p_rem_mu2 is None else p_mu2, p_rem_mu2)
 
 
 def entry_rho_checked(entry: Mapping[str, Any], cap: CapSpec | None) -> Any:
@@ -308,13 +353,15 @@ def cap_standing(cap: CapSpec, population_totals: Totals) -> dict[str, Any]:
     spent = population_totals.rho_equivalent(b)
     eps, _ = population_totals.spent_epsilon(b, cap.rho_delta)
     rem = max(0.0, cap.rho_cap - spent)
+    mu2 = population_totals.gdp_mu2 if b.gdp else None
+    rem_eps = rho_epsilon(rem, cap.rho_delta) if mu2 is None else _gdp_epsilon(b.mu2 - mu2, cap.rho_delta)  # type: ignore[operator]
     over = None
     if spent > cap.rho_cap:
         over = {"rho": spent - cap.rho_cap, "epsilon": json_float(max(0.0, eps - cap.epsilon))}
     return {
         "exhausted": spent >= cap.rho_cap,
         "spent": {"rho": spent, "epsilon": json_float(eps)},
-        "remaining": {"rho": rem, "epsilon": json_float(rho_epsilon(rem, cap.rho_delta))},
+        "remaining": {"rho": rem, "epsilon": json_float(rem_eps)},
         "over_by": over,
     }
 
@@ -365,6 +412,8 @@ class PolicyDrift:
         created: True if the population was created from this policy file just now.
         ledger_cohort_column, policy_cohort_column: the cohort column the ledger enforces and
             the one the file states (None: no cohorts; issue 23).
+        policy_composition: the file's ``[budget] composition`` (``"renyi"``/``"gdp"``), or None
+            when the caller states none (then the ledger's is not compared).
     """
 
     population: str
@@ -375,6 +424,12 @@ class PolicyDrift:
     created: bool = False
     ledger_cohort_column: str | None = None
     policy_cohort_column: str | None = None
+    policy_composition: str | None = None
+
+    @property
+    def composition_differs(self) -> bool:
+        """The file states another composition rule than the ledger enforces (fixed once charged)."""
+        return self.policy_composition is not None and self.policy_composition != self.ledger_cap.composition
 
     @property
     def cohorts_differ(self) -> bool:
@@ -399,7 +454,7 @@ class PolicyDrift:
     @property
     def drifted(self) -> bool:
         """The file's values differ from the ledger's (cap, allocations or cohort column)."""
-        return self.cap_differs or self.allocations_differ or self.cohorts_differ
+        return self.cap_differs or self.allocations_differ or self.cohorts_differ or self.composition_differs
 
     def differences(self) -> list[str]:
         """One sentence per difference (empty: none)."""
@@ -410,6 +465,10 @@ class PolicyDrift:
                        f"{f', selection_delta = {pc.selection_delta:.3g}' if pc.selection_delta else ''}; "
                        f"the ledger enforces epsilon = {lc.epsilon:.6g}, delta = {lc.delta:.3g}"
                        f"{f', selection_delta = {lc.selection_delta:.3g}' if lc.selection_delta else ''}")
+        if self.composition_differs:
+            out.append(f"composition: the policy file states composition = {self.policy_composition!r}; the ledger "
+                       f"enforces {lc.composition!r} (fixed before the population's first charge: `dpgate caps "
+                       "apply` adopts it only while the population has no charge)")
         if self.allocations_differ:
             out.append(f"allocations: the policy file states {dict(self.policy_allocations)}; "
                        f"the ledger enforces {dict(self.ledger_allocations)}")

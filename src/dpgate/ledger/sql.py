@@ -268,7 +268,8 @@ class SqlLedger(LedgerBrowsing, CohortStore):
                     ledger_column = self._cohort_column(tx, name)
         ledger_cap, ledger_allocs = current
         self._delta_hint[name] = ledger_cap.rho_delta
-        return PolicyDrift(name, ledger_cap, ledger_allocs, cap, allocs, created, ledger_column, cohort_column)
+        return PolicyDrift(name, ledger_cap, ledger_allocs, cap, allocs, created, ledger_column, cohort_column,
+                           composition)
 
     def apply_policy(
         self,
@@ -282,10 +283,12 @@ class SqlLedger(LedgerBrowsing, CohortStore):
         rho_cap: float | None = None,
         selection_delta: float | None = None,
         cohort_column: str | None = None,
+        composition: str | None = None,
     ) -> dict[str, Any]:
         """Adopt a policy file's cap and allocations for population ``name`` (``dpgate caps apply``):
         a ``cap_changed`` event if the cap differs (also when only its rule does: a legacy cap is
-        re-fixed by the α_cap rule; a policy file states no composition, so the ledger's is kept),
+        re-fixed by the α_cap rule; ``composition`` None keeps the ledger's, a stated one is adopted
+        only while the population has no charge, :func:`~dpgate.ledger.caps.new_composition`),
         an ``allocations_changed`` event if the allocations differ, both with ``actor`` and
         ``reason``; nothing if both are equal. Charges are never refunded or rewritten: a cap below
         what was spent refuses every later charge, and the result says by how much it is exceeded.
@@ -298,6 +301,7 @@ class SqlLedger(LedgerBrowsing, CohortStore):
             cohort_column: the file's cohort column: adopted (``cohorts_changed`` event) only
                 while the population has no charge; after one it would renew spent budget and
                 is refused (:func:`dpgate.ledger.renewal.renewal_refused`).
+            composition: the file's ``[budget] composition`` (``"renyi"``/``"gdp"``), or None (keep).
 
         Returns:
             ``{population, changed, events, cap, allocations, exhausted, spent, remaining,
@@ -308,10 +312,11 @@ class SqlLedger(LedgerBrowsing, CohortStore):
             PolicyError: invalid values. InvalidRequest: empty actor or reason.
             UnknownPopulation: no such population. LedgerError: the store failed.
             RenewalRefused: the cohort column differs and the population has charges.
+            InvalidBudget: ``composition`` differs from the ledger's and the population has charges.
         """
         validate_governance(actor, reason)
         cap, allocs = validate_population(name, epsilon, delta, allocations, actor, reason, rho_cap,
-                                          selection_delta)
+                                          selection_delta, composition)
         if cohort_column is not None:
             validate_name(cohort_column, "cohort_column", PolicyError)
         events: list[dict[str, Any]] = []
@@ -332,7 +337,10 @@ class SqlLedger(LedgerBrowsing, CohortStore):
                 self._set_cohort_column(tx, name, cohort_column)
                 events.append(self._append_event(tx, name, "cohorts_changed", actor, reason,
                                                  {"cohort_column": old_column}, {"cohort_column": cohort_column}))
-            cap = replace(cap, composition=old_cap.composition) if old_cap.gdp and not cap.rho_stated else cap
+            if composition is None:  # the file states none: the ledger's is kept
+                cap = replace(cap, composition=old_cap.composition) if old_cap.gdp and not cap.rho_stated else cap
+            elif composition != old_cap.composition:  # fixed before the first charge (caps.new_composition)
+                new_composition(name, old_cap, composition, cap.rho_stated, lambda: self._has_charges(tx, name))
             if not old_cap.same_cap(cap):
                 events.append(self._apply_cap(tx, name, old_cap, cap, actor, reason))
             else:

@@ -46,6 +46,8 @@ def _cap_arguments(policy: DatasetPolicy) -> dict[str, Any]:
     selection = getattr(policy.budget, "selection_delta", None)
     if selection is not None:
         args["selection_delta"] = selection
+    # the population's filter (issue 22 item 1), fixed before its first charge
+    args["composition"] = getattr(policy.budget, "composition", "renyi")
     cohorts = getattr(policy, "cohorts", None)
     if cohorts is not None:  # issue 23: one budget per cohort
         args["cohort_column"] = cohorts.column

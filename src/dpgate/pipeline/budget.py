@@ -20,7 +20,8 @@ from dpgate.ledger.base import charge_statement, ledger_rho
 from dpgate.policy import MECHANISMS, DatasetPolicy
 from dpgate.sql.plan import QueryPlan
 
-__all__ = ["QueryBudget", "ResolvedBudget", "fit", "mechanism_of", "resolve", "resolve_selection", "stated"]
+__all__ = ["QueryBudget", "ResolvedBudget", "fit", "mechanism_of", "refuse_without_gdp_claim", "resolve",
+           "resolve_selection", "stated"]
 
 
 @dataclass(frozen=True)
@@ -213,22 +214,85 @@ def resolve_selection(ledger: Ledger, policy: DatasetPolicy, plan: QueryPlan, re
         partition_selection.selection_budget(policy, plan, cap, requested, resolved.is_ci95))
 
 
-def stated(cost: accounting.Cost, delta: float) -> dict[str, float]:
+def stated(cost: accounting.Cost, delta: float, gdp: bool = False) -> dict[str, float]:
     """``{epsilon_at_delta, delta}`` of a cost as its receipt will state it (the ledger's one
-    conversion at the δ it is charged at; a pure-ε cost at δ = 0):
-    :func:`dpgate.ledger.filter.charge_statement`."""
-    eps, d = charge_statement(cost, delta)
+    conversion at the δ it is charged at; a pure-ε cost at δ = 0; in a Gaussian-DP population,
+    ``gdp``, the exact ε of the cost's μ): :func:`dpgate.ledger.filter.charge_statement`."""
+    eps, d = charge_statement(cost, delta, gdp)
     return {"epsilon_at_delta": eps, "delta": d}
 
 
+def refuse_without_gdp_claim(ledger: Ledger, policy: DatasetPolicy, cost: accounting.Cost, consumer: str,
+                             selection_delta: float = 0.0) -> None:
+    """In a Gaussian-DP population (cap composition ``"gdp"``), refuse a charge the filter cannot
+    compose — a cost without a μ-GDP claim (``Cost.gdp_bound`` None: a top-k selection, a DP-SGD
+    curve, an external zCDP charge) or one spending partition selection's δ — *before* anything
+    else happens (no statement rendered, nothing read, nothing charged), with the filter's own
+    error (:class:`~dpgate.ledger.filter.Refusal`, rule ``"gdp_claim"``). A no-op elsewhere.
+
+    Raises:
+        InvalidBudget: as the ledger's charge would (:mod:`dpgate.ledger.filter`).
+    """
+    cap = ledger.cap(policy.population)
+    if not cap.gdp or (cost.gdp_bound is not None and selection_delta <= 0.0):
+        return
+    from dpgate.ledger.filter import BudgetCurve, Decision, Refusal, Totals
+
+    report = ledger.spend(policy.population)
+    err = Refusal(policy.population, consumer, "population", cost, Totals(), BudgetCurve.of(cap), cap,
+                  Decision(False, "gdp_claim"), selection_delta).error()
+    # the refusal was built without the ledger's totals: state the population's spend from its report
+    err.details["spent"] = {"rho": report.spent_rho, "epsilon": report.spent_epsilon}
+    err.details["remaining"] = {"rho": report.remaining_rho, "epsilon": report.remaining_epsilon}
+    raise err
+
+
+def _fit_gdp(report: Any, cap: Any, cost: accounting.Cost, consumer: str | None,
+             selection_delta: float) -> dict[str, Any]:
+    """:func:`fit` in a Gaussian-DP population: the release's μ² against the Σμ² left
+    (share × μ_cap² − spent, bounded by the population's), as the ledger's filter checks it
+    (Smith & Thakurta 2022; :func:`dpgate.ledger.filter.filter_decision`)."""
+    from dpgate.ledger.validation import TOLERANCE
+
+    pop = f"population {report.population!r}"
+    left, who, named = report.remaining_mu2, pop, None
+    if consumer is not None and consumer in report.consumers:
+        mine = report.consumers[consumer].remaining_mu2
+        if mine is not None and mine <= left:
+            left, who, named = mine, f"consumer {consumer!r}", consumer
+    out: dict[str, Any] = {"filter": "gdp", "remaining_rho": report.remaining_rho, "consumer": named,
+                           "population_remaining_rho": report.remaining_rho, "remaining_mu": math.sqrt(left),
+                           "remaining_mu2": left, "population_remaining_mu2": report.remaining_mu2}
+    mu = cost.gdp_bound
+    if mu is None or selection_delta > 0.0:
+        why = "it spends delta on partition selection" if selection_delta > 0.0 else \
+            "its cost has no Gaussian-DP claim (a top-k selection, a DP-SGD curve or an external zCDP charge)"
+        return {**out, "fits": False, "requested_mu": None, "refused": "invalid_budget",
+                "message": f"{pop} composes in Gaussian DP (composition \"gdp\") and this release cannot be "
+                           f"composed there: {why}; the query would be refused with invalid_budget"}
+    need = mu * mu
+    fits = bool(need <= left + TOLERANCE * cap.mu_cap * cap.mu_cap)
+    verdict = "fits" if fits else "does NOT fit: the query would be refused with budget_exhausted"
+    return {**out, "fits": fits, "requested_mu": mu,
+            "message": f"this release is mu={mu:.6g}-GDP (mu^2={need:.6g}); {who} has mu^2={left:.6g} left "
+                       f"(mu={math.sqrt(left):.6g}, Gaussian-DP filter: mu_i^2 add up): it {verdict}"}
+
+
 def fit(ledger: Ledger, policy: DatasetPolicy, cost: accounting.Cost, consumer: str | None,
-        scope: tuple[str, ...] | None = None) -> dict[str, Any]:
+        scope: tuple[str, ...] | None = None, selection_delta: float = 0.0) -> dict[str, Any]:
     """Whether ``cost`` fits what is left (the ledger's spend report), as explain reports it:
     within the consumer's allocation (when ``consumer`` has one) *and* the population's cap,
     as the ledger's filter checks at run time. ``remaining_rho`` is the binding one (the
     smaller), ``consumer`` the allocation it names (None: the population's). With cohorts:
-    against the cohort of ``scope`` (None: every declared cohort) with the least left."""
+    against the cohort of ``scope`` (None: every declared cohort) with the least left.
+    ``filter`` names the ledger's filter: ``"renyi"`` (ρ against the remaining ρ) or ``"gdp"``
+    (a Gaussian-DP population: the release's μ² against the remaining Σμ², ``remaining_mu``;
+    a cost without a GDP claim, or spending ``selection_delta``, does not fit and ``refused``
+    says it would be ``invalid_budget``). Cohorts of a Gaussian-DP population are not
+    distinguished here (the population's and the consumer's Σμ²)."""
     report = ledger.spend(policy.population)
+    if report.gdp:
+        return _fit_gdp(report, ledger.cap(policy.population), cost, consumer, selection_delta)
     if getattr(policy, "cohorts", None) is not None and ledger.cohort_column(policy.population):
         from dpgate.budget_views import cohort_remaining  # cohorts hook (issue 23)
 
@@ -243,7 +307,7 @@ def fit(ledger: Ledger, policy: DatasetPolicy, cost: accounting.Cost, consumer: 
     need = cost.rho_bound()  # ρ for a zCDP charge; for a pure-ε curve, the ρ it is at most
     fits = bool(need <= left)
     verdict = "fits" if fits else "does NOT fit: the query would be refused with budget_exhausted"
-    return {"fits": fits, "remaining_rho": left, "consumer": named,
+    return {"fits": fits, "filter": "renyi", "remaining_rho": left, "consumer": named,
             "population_remaining_rho": report.remaining_rho,
             "message": f"this release costs rho={need:.6g}; {who} has rho={left:.6g} left: it {verdict}"}
 

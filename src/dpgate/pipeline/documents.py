@@ -168,7 +168,9 @@ def labels(plan: QueryPlan) -> list[str]:
 
 
 def charge_document(receipt: Any) -> dict[str, Any] | None:
-    """A release's ``charge`` entry from the ledger's receipt (None: nothing was charged)."""
+    """A release's ``charge`` entry from the ledger's receipt (None: nothing was charged): its id, ρ,
+    ε at δ, consumer, selection δ, the ``filter`` that admitted it (``"renyi"``/``"gdp"``) and, for
+    ``"gdp"``, the release's ``gdp_mu``."""
     if receipt is None:
         return None
     return {
@@ -178,6 +180,9 @@ def charge_document(receipt: Any) -> dict[str, Any] | None:
         "delta": receipt.delta,
         "consumer": receipt.consumer,
         **({"selection_delta": receipt.selection_delta} if getattr(receipt, "selection_delta", 0) else {}),
+        # the filter that admitted it (issue 22 item 1): "renyi", or "gdp" with the release's μ
+        **({"filter": receipt.filter} if getattr(receipt, "filter", None) is not None else {}),
+        **({"gdp_mu": receipt.cost.gdp_bound} if getattr(receipt, "filter", None) == "gdp" else {}),
     }
 
 

@@ -29,8 +29,8 @@ from dpgate.cohorts import charge_scope, scope_signature
 from dpgate.errors import Conflict, DpgateError, ExecutionError, Internal, InvalidBudget, UnsupportedQuery
 from dpgate.mechanisms import calibrate as calibrate_noise, ci95_halfwidth, mechanism_name, sample
 from dpgate.pipeline import documents
-from dpgate.pipeline.budget import (QueryBudget, ResolvedBudget, fit, mechanism_of, resolve, resolve_selection,
-                                    stated)
+from dpgate.pipeline.budget import (QueryBudget, ResolvedBudget, fit, mechanism_of, refuse_without_gdp_claim,
+                                    resolve, resolve_selection, stated)
 from dpgate.pipeline.strategy import (ExactPublic, Noisy, NoisyWithPartitionSelection, PublicKeysOnly, Strategy,
                                       TopK, WithQuantiles)
 from dpgate.policy import DatasetPolicy
@@ -298,6 +298,7 @@ class TopKRunner(Runner):
             if hit is not None:
                 return hit.to_dict(cached=True)
             cal = self.calibrate(resolved)
+            refuse_without_gdp_claim(ctx.ledger, policy, cal.cost, consumer)  # before anything else
             salt = ctx.salt_source()
             self.prepare(ctx.engine, salt)
             metadata = {"dataset": ctx.dataset, "plan_hash": plan.plan_hash, "data_version": version,
@@ -450,7 +451,8 @@ class NoisyRunner(Runner):
         resolved = self.resolve(budget, mechanism)
         cal = self.calibrate(resolved)
         m, sens = cal.measurement, cal.sensitivities
-        delta = ledger.cap(policy.population).rho_delta
+        cap = ledger.cap(policy.population)
+        delta = cap.rho_delta
         extra: dict[str, Any] = {}
         scope = charge_scope(ledger, policy, plan)  # cohorts hook (issue 23)
         if scope is not None:
@@ -487,9 +489,10 @@ class NoisyRunner(Runner):
             "cost": {
                 "rho": m.rho,
                 "epsilon": m.epsilon,
-                **stated(m.cost, delta),
+                **stated(m.cost, delta, cap.gdp),
                 **({"selection_delta": cal.selection_delta} if self.selecting else {}),
-                **fit(ledger, policy, m.cost, consumer, scope),
+                **fit(ledger, policy, m.cost, consumer, scope,
+                      selection_delta=(cal.selection_delta or 0.0) if self.selecting else 0.0),
             },
             **extra,
         }
@@ -523,6 +526,8 @@ class NoisyRunner(Runner):
             # Calibrate, render and bind before charging (reads no data): a query the engine
             # refuses whatever the data costs nothing.
             cal = self.calibrate(resolved)
+            refuse_without_gdp_claim(ctx.ledger, policy, cal.cost, consumer,  # before anything else
+                                     (cal.selection_delta or 0.0) if self.selecting else 0.0)
             salt = ctx.salt_source()
             self.prepare(ctx.engine, salt)
             metadata = {"dataset": ctx.dataset, "plan_hash": plan.plan_hash, "data_version": version}

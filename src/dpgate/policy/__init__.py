@@ -18,6 +18,8 @@ One TOML file per dataset (see DESIGN.md, "Policy files")::
                                         # (default δ/2 if a key column lacks public keys, else 0;
                                         # an explicit 0 turns selection off)
     default_selection_delta = 1e-9      # δ one selecting query spends (default selection_delta/100)
+    composition = "renyi"               # or "gdp": the population's filter (Gaussian DP, fixed
+                                        # before its first charge; no partition selection)
 
     [allocations]                       # shares of the cap's ρ, summing to ≤ 1
     dashboard = 0.6
@@ -112,6 +114,7 @@ from dpgate.policy.columns import (
     parse_temporal,
 )
 from dpgate.policy.dataset import (
+    COMPOSITIONS,
     ENGINES,
     LOAD_MODES,
     MECHANISMS,
@@ -147,6 +150,7 @@ __all__ = [
     "BudgetPolicy",
     "COHORT_TYPES",
     "COLUMN_TYPES",
+    "COMPOSITIONS",
     "CohortPolicy",
     "ColumnPolicy",
     "ColumnType",

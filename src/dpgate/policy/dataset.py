@@ -25,6 +25,10 @@ if TYPE_CHECKING:
     from dpgate.policy.tables import TablePolicy
 
 
+#: The composition rules ``[budget] composition`` may name (the ledger's
+#: :data:`dpgate.ledger.caps.COMPOSITIONS`, repeated here: the policy layer does not import the ledger).
+COMPOSITIONS: tuple[str, ...] = ("renyi", "gdp")
+
 #: The mechanisms a policy (``[budget] mechanism``) or a request may name, each mapped to the
 #: OpenDP measurement it means (:mod:`dpgate.mechanisms`). The one definition of the list.
 MECHANISMS: Mapping[str, str] = MappingProxyType(
@@ -58,6 +62,11 @@ class BudgetPolicy:
             ``budget.delta``; default selection_delta/100; ≤ selection_delta.
         selection_delta_stated: True when the file states ``selection_delta`` (or
             ``default_selection_delta``), False when it is the default above.
+        composition: the population's composition rule, a value of :data:`COMPOSITIONS`:
+            ``"renyi"`` (the Rényi/zCDP filter, default) or ``"gdp"`` (the Gaussian-DP filter,
+            :mod:`dpgate.ledger.filter`; fixed in the ledger before the population's first
+            charge). A ``"gdp"`` population admits no partition selection (its δ has no GDP
+            claim), so its ``selection_delta`` defaults to 0 and a stated positive one is refused.
     """
 
     epsilon: float
@@ -69,6 +78,7 @@ class BudgetPolicy:
     selection_delta: float | None = None
     default_selection_delta: float | None = None
     selection_delta_stated: bool = field(default=True, compare=False)
+    composition: str = "renyi"
 
     def __post_init__(self) -> None:
         # defaults that depend on δ (issue 11): selection_delta = δ/2, default δ_q = selection_delta/100
@@ -218,7 +228,7 @@ def _parse_policy(raw: Mapping[str, Any], path: Path) -> DatasetPolicy:
     _check_keys(
         b,
         {"epsilon", "delta", "default_query_rho", "mechanism", "suppress_ci95_above", "clamp_counts",
-         "selection_delta", "default_selection_delta"},
+         "selection_delta", "default_selection_delta", "composition"},
         path,
         "[budget]",
     )
@@ -248,6 +258,7 @@ def _parse_policy(raw: Mapping[str, Any], path: Path) -> DatasetPolicy:
     if not isinstance(clamp, bool):
         raise _policy_error(path, "[budget] clamp_counts must be true or false")
     selection, per_query, stated = _selection_deltas(b, delta, path)
+    composition = _composition(b, selection, stated, path)
 
     alloc_raw = _section(raw, "allocations", path, required=False)
     allocations: dict[str, float] = {}
@@ -271,8 +282,10 @@ def _parse_policy(raw: Mapping[str, Any], path: Path) -> DatasetPolicy:
         tables[tname] = _parse_table(tname, traw, path, name, engine)
     _check_unit_paths(tables, path)
     if not stated:  # issue 22: no idle δ reserve when no query of this file can select keys
-        selection, per_query = default_selection_deltas(delta, bool(selection_key_columns(tables.values())))
-    budget = BudgetPolicy(epsilon, delta, rho, mechanism, suppress, clamp, selection, per_query, stated)
+        selects = composition != "gdp" and bool(selection_key_columns(tables.values()))
+        selection, per_query = default_selection_deltas(delta, selects)
+    budget = BudgetPolicy(epsilon, delta, rho, mechanism, suppress, clamp, selection, per_query, stated,
+                          composition)
     cohorts = _parse_cohorts(_section(raw, "population", path, required=False), tables, path)
     proxy, provenance, proxy_default_for = _parse_proxy(ds, tables, name, path)
     return DatasetPolicy(
@@ -292,6 +305,21 @@ def _parse_policy(raw: Mapping[str, Any], path: Path) -> DatasetPolicy:
         provenance=provenance,
         proxy_default_for=proxy_default_for,
     )
+
+
+def _composition(b: Mapping[str, Any], selection: float, stated: bool, path: Path) -> str:
+    """``[budget] composition`` (default ``"renyi"``); ``"gdp"`` refuses a stated positive
+    ``selection_delta`` (the Gaussian-DP filter refuses every partition selection's δ, so the
+    reserve could never be spent)."""
+    comp = b.get("composition", "renyi")
+    if not isinstance(comp, str) or comp not in COMPOSITIONS:
+        raise _policy_error(path, f"[budget] composition must be one of {', '.join(map(repr, COMPOSITIONS))} "
+                                  f"(got {comp!r})")
+    if comp == "gdp" and stated and selection > 0:
+        raise _policy_error(path, "[budget] composition = \"gdp\" admits no partition selection (its delta has no "
+                                  "Gaussian-DP claim), so selection_delta must be 0 or omitted "
+                                  f"(got {selection:g}); give the key columns public keys")
+    return comp
 
 
 ENGINES: tuple[str, ...] = ("duckdb", "postgres", "spark")

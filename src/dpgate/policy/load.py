@@ -36,8 +36,8 @@ def load_policies(folder: Path) -> dict[str, DatasetPolicy]:
     Raises:
         PolicyError: the folder does not exist, a file is invalid, two files
             declare the same dataset name, or two datasets of one population
-            publish different caps (ε, δ) or allocations (the budget follows
-            people: one population has one cap).
+            publish different caps (ε, δ), allocations or ``[budget] composition``
+            (the budget follows people: one population has one cap and one filter).
     """
     folder = Path(folder)
     if not folder.is_dir():
@@ -56,6 +56,13 @@ def load_policies(folder: Path) -> dict[str, DatasetPolicy]:
     for policy in population_selection_defaults(loaded).values():
         path = policy.path
         for other in out.values():
+            if other.population == policy.population and other.budget.composition != policy.budget.composition:
+                raise _policy_error(
+                    path,
+                    f"population {policy.population!r} is also used by {other.path} with [budget] composition = "
+                    f"{other.budget.composition!r}, this file states {policy.budget.composition!r}; datasets of "
+                    "one population must state the same composition (the population has one filter)",
+                )
             if other.population == policy.population and (
                 (other.budget.epsilon, other.budget.delta, other.budget.selection_delta)
                 != (policy.budget.epsilon, policy.budget.delta, policy.budget.selection_delta)

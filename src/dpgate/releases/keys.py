@@ -91,7 +91,7 @@ class CacheKeys:
 #: (``selection_delta_stated`` says how the file set the reserve, not what a release shows: left out
 #: of release keys, so stored releases stay served — tests/test_plan_replay.py.)
 _NOT_POST_PROCESSING = frozenset({"epsilon", "delta", "default_query_rho", "mechanism", "selection_delta",
-                                  "default_selection_delta", "selection_delta_stated"})
+                                  "default_selection_delta", "selection_delta_stated", "composition"})
 
 
 def post_processing_settings(policy: Any) -> dict[str, Any]:
