@@ -59,6 +59,7 @@ HAVING/joins/DISTINCT/LIMIT, a per-unit subquery on a record-level or public tab
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 from fractions import Fraction
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -140,19 +141,9 @@ def _range_text(col: ColumnPolicy) -> str:
     return f"[{_num(col.lower, col.type)}, {_num(col.upper, col.type)}]"
 
 
-def build_table(inner: exp.Select, policy: DatasetPolicy) -> PerUnitTable:
-    """The :class:`PerUnitTable` of a per-unit subquery's inner SELECT.
-
-    Raises:
-        UnsupportedQuery: the inner query is not a per-unit aggregation (module docstring).
-        UnknownTable, UnknownColumn: undeclared names.
-    """
-    from dpgate.sql.bind import plan_where
-    from dpgate.sql.bound import row_sql
+def _inner_table(inner: exp.Select, policy: DatasetPolicy) -> tuple[TablePolicy, Any]:
+    """The protected table a per-unit subquery reads and its scope; refuses anything but ``GROUP BY unit``."""
     from dpgate.sql.resolve import QueryScope as _Scope  # the planner's name resolution (imports flow resolve → here)
-    from dpgate.sql.rules import check_nesting
-
-    check_nesting(inner)  # the outer statement's check no longer sees the inner query
 
     for key in sorted(k for k, v in inner.args.items() if v not in (None, False, [], "")
                       and k not in _INNER_ARGS):
@@ -168,95 +159,131 @@ def build_table(inner: exp.Select, policy: DatasetPolicy) -> PerUnitTable:
                       "by the privacy unit", inner)
     quals = {table.name.casefold()} | ({tbl.alias.casefold()} if tbl.alias else set())
     scope = _Scope(policy, table, quals)
-    unit = table.privacy_unit
     group = inner.args.get("group")
     keys = group.expressions if group is not None else []
     if len(keys) != 1 or not isinstance(keys[0], exp.Column) or not scope.is_unit(scope.resolve(keys[0])):
         raise _refuse(f"the inner query of a per-unit subquery may only GROUP BY the privacy unit "
-                      f"({unit}): each of its rows must be one unit", group or inner)
-    c = table.max_groups_per_unit * table.max_rows_per_unit
+                      f"({table.privacy_unit}): each of its rows must be one unit", group or inner)
+    return table, scope
+
+
+def _value_column(kind: str, col: ColumnPolicy, label: str, c: int) -> ColumnPolicy:
+    """The per-unit column of ``kind``(``col``) over at most ``c`` rows of one unit, with its range."""
+    if kind == "sum":
+        lo = hi = None
+        if col.bounded:  # in exact fixed-point steps, so the bounds stay multiples of the step
+            flo, fhi = col.fixed_point_bounds
+            step = Fraction(repr(col.resolution)) if col.type == "float" else Fraction(col.resolution)
+            lo, hi = (c * min(flo, 0) * step, c * max(fhi, 0) * step)
+            lo, hi = (int(lo), int(hi)) if col.type == "int" else (float(lo), float(hi))
+        return ColumnPolicy(label, col.type, lo, hi, col.resolution)
+    if kind == "avg":
+        # an average of ints is a float: finer fixed-point step for the outer SUM,
+        # unless the bounds would then span more than 2^62 steps (dpgate.limits)
+        res = col.resolution
+        if col.type == "int" and col.bounded and 1000 * max(map(abs, col.fixed_point_bounds)) <= limits.MAX_STEPS:
+            res = col.resolution / 1000
+        return ColumnPolicy(label, "float", col.lower, col.upper, res)
+    return ColumnPolicy(label, col.type, col.lower, col.upper, col.resolution)
+
+
+def _unparen(item: exp.Expression) -> exp.Expression:
+    """A select item without its alias and enclosing parentheses."""
+    node = item.unalias()
+    while isinstance(node, exp.Paren):
+        node = node.this
+    return node
+
+
+def _inner_aggregate(item: exp.Expression, scope: Any, table: TablePolicy, c: int, taken: set[str]
+                     ) -> tuple[str, ColumnPolicy, str, exp.Expression] | None:
+    """One select item of the inner query: None for the unit, else (label, column, SQL text, tree)."""
+    unit = table.privacy_unit
     src = lambda name: f"{q('__dpg_src')}.{q(name)}"  # noqa: E731
     srct = lambda name: sqln.col(name, "__dpg_src")  # noqa: E731
+    node = _unparen(item)
+    if isinstance(node, exp.Column):
+        if scope.is_unit(scope.resolve(node)):
+            return None
+        raise _refuse(f"{node.name} is neither grouped nor aggregated in the per-unit subquery", node)
+    kind = _AGGS.get(type(node))
+    if kind is None:
+        raise _refuse("the inner query of a per-unit subquery may select the unit and COUNT, SUM, "
+                      "AVG, MIN, MAX of declared columns", node)
+    label = item.alias if isinstance(item, exp.Alias) else None
+    if not label:
+        raise _refuse("name each aggregate of a per-unit subquery with AS (the outer query refers "
+                      "to it by that name)", node)
+    if label.casefold() == unit.casefold() or label.casefold() in taken:
+        raise _refuse(f"the per-unit subquery's column name {label!r} is used twice or names the unit", item)
+    arg = node.this
+    distinct = isinstance(arg, exp.Distinct)
+    if distinct:
+        if kind != "count" or len(arg.expressions) != 1:
+            raise _refuse("DISTINCT in a per-unit subquery: only COUNT(DISTINCT column)", node)
+        arg = arg.expressions[0]
+    if isinstance(arg, exp.Star):
+        if kind != "count":
+            raise _refuse(f"{kind.upper()}(*) is not an aggregate", node)
+        return label, ColumnPolicy(label, "int", 1, c, 1), f"COUNT(*) AS {q(label)}", sqln.alias(sqln.count(), label)
+    if not isinstance(arg, exp.Column):
+        raise _refuse("aggregates in a per-unit subquery take a declared column (compute "
+                      "expressions in the outer query)", node)
+    name = scope.resolve(arg)
+    if scope.is_unit(name):
+        raise _refuse("aggregating the privacy unit inside a per-unit subquery is not supported", node)
+    col = table.column(name)
+    if kind == "count":
+        tree = sqln.alias(sqln.count(exp.Distinct(expressions=[srct(name)]) if distinct else srct(name)), label)
+        return (label, ColumnPolicy(label, "int", 0, c, 1),
+                f"COUNT({'DISTINCT ' if distinct else ''}{src(name)}) AS {q(label)}", tree)
+    if col.type not in ("int", "float"):
+        raise _refuse(f"{kind.upper()} of the {col.type} column {name!r} is not supported", node)
+    v = src(name)
+    vt: exp.Expression = srct(name)
+    if col.type == "float":
+        v = f"CASE WHEN isfinite({v}) THEN {v} END"
+        vt = sqln.case_when(sqln.anonymous("isfinite", srct(name)), srct(name))
+    if col.bounded:
+        v = f"LEAST(GREATEST({v}, {_num(col.lower, col.type)}), {_num(col.upper, col.type)})"
+        vt = sqln.least(sqln.greatest(vt, sqln.num(_num(col.lower, col.type))), sqln.num(_num(col.upper, col.type)))
+    derived = _value_column(kind, col, label, c)
+    cast = "DOUBLE" if derived.type == "float" else "BIGINT"
+    return (label, derived, f"CAST({kind.upper()}({v}) AS {cast}) AS {q(label)}",
+            sqln.alias(sqln.cast(_AGG_NODES[kind](this=vt), cast), label))
+
+
+def build_table(inner: exp.Select, policy: DatasetPolicy) -> PerUnitTable:
+    """The :class:`PerUnitTable` of a per-unit subquery's inner SELECT.
+
+    In named steps: the table and its scope (:func:`_inner_table`), each aggregate with its
+    per-unit range (:func:`_inner_aggregate`, :func:`_value_column`), the inner WHERE (bound
+    like an outer one), the per-unit table's SQL and tree.
+
+    Raises:
+        UnsupportedQuery: the inner query is not a per-unit aggregation (module docstring).
+        UnknownTable, UnknownColumn: undeclared names.
+    """
+    from dpgate.sql.bind import plan_where
+    from dpgate.sql.bound import row_sql
+    from dpgate.sql.rules import check_nesting
+
+    check_nesting(inner)  # the outer statement's check no longer sees the inner query
+    table, scope = _inner_table(inner, policy)
+    unit = table.privacy_unit
+    c = table.max_groups_per_unit * table.max_rows_per_unit
     columns: dict[str, ColumnPolicy] = {}
-    select = [f"{src(unit)} AS {q(unit)}"]
-    items: list[exp.Expression] = [sqln.alias(srct(unit), unit)]  # the same select list, as trees
+    select = [f"{q('__dpg_src')}.{q(unit)} AS {q(unit)}"]
+    items: list[exp.Expression] = [sqln.alias(sqln.col(unit, "__dpg_src"), unit)]  # the same select list, as trees
     ranges = []
     for item in inner.expressions:
-        node = item.unalias()
-        while isinstance(node, exp.Paren):
-            node = node.this
-        if isinstance(node, exp.Column):
-            if scope.is_unit(scope.resolve(node)):
-                continue
-            raise _refuse(f"{node.name} is neither grouped nor aggregated in the per-unit subquery", node)
-        kind = _AGGS.get(type(node))
-        if kind is None:
-            raise _refuse("the inner query of a per-unit subquery may select the unit and COUNT, SUM, "
-                          "AVG, MIN, MAX of declared columns", node)
-        label = item.alias if isinstance(item, exp.Alias) else None
-        if not label:
-            raise _refuse("name each aggregate of a per-unit subquery with AS (the outer query refers "
-                          "to it by that name)", node)
-        if label.casefold() == unit.casefold() or label.casefold() in {k.casefold() for k in columns}:
-            raise _refuse(f"the per-unit subquery's column name {label!r} is used twice or names the unit", item)
-        arg = node.this
-        distinct = isinstance(arg, exp.Distinct)
-        if distinct:
-            if kind != "count" or len(arg.expressions) != 1:
-                raise _refuse("DISTINCT in a per-unit subquery: only COUNT(DISTINCT column)", node)
-            arg = arg.expressions[0]
-        if isinstance(arg, exp.Star):
-            if kind != "count":
-                raise _refuse(f"{kind.upper()}(*) is not an aggregate", node)
-            columns[label] = ColumnPolicy(label, "int", 1, c, 1)
-            select.append(f"COUNT(*) AS {q(label)}")
-            items.append(sqln.alias(sqln.count(), label))
-        elif not isinstance(arg, exp.Column):
-            raise _refuse("aggregates in a per-unit subquery take a declared column (compute "
-                          "expressions in the outer query)", node)
-        else:
-            name = scope.resolve(arg)
-            if scope.is_unit(name):
-                raise _refuse("aggregating the privacy unit inside a per-unit subquery is not supported", node)
-            col = table.column(name)
-            if kind == "count":
-                columns[label] = ColumnPolicy(label, "int", 0, c, 1)
-                select.append(f"COUNT({'DISTINCT ' if distinct else ''}{src(name)}) AS {q(label)}")
-                items.append(sqln.alias(sqln.count(exp.Distinct(expressions=[srct(name)]) if distinct else srct(name)), label))
-            else:
-                if col.type not in ("int", "float"):
-                    raise _refuse(f"{kind.upper()} of the {col.type} column {name!r} is not supported", node)
-                v = src(name)
-                vt: exp.Expression = srct(name)
-                if col.type == "float":
-                    v = f"CASE WHEN isfinite({v}) THEN {v} END"
-                    vt = sqln.case_when(sqln.anonymous("isfinite", srct(name)), srct(name))
-                if col.bounded:
-                    v = f"LEAST(GREATEST({v}, {_num(col.lower, col.type)}), {_num(col.upper, col.type)})"
-                    vt = sqln.least(sqln.greatest(vt, sqln.num(_num(col.lower, col.type))), sqln.num(_num(col.upper, col.type)))
-                if kind == "sum":
-                    lo = hi = None
-                    if col.bounded:  # in exact fixed-point steps, so the bounds stay multiples of the step
-                        flo, fhi = col.fixed_point_bounds
-                        step = Fraction(repr(col.resolution)) if col.type == "float" else Fraction(col.resolution)
-                        lo, hi = (c * min(flo, 0) * step, c * max(fhi, 0) * step)
-                        lo, hi = (int(lo), int(hi)) if col.type == "int" else (float(lo), float(hi))
-                    derived = ColumnPolicy(label, col.type, lo, hi, col.resolution)
-                elif kind == "avg":
-                    # an average of ints is a float: finer fixed-point step for the outer SUM,
-                    # unless the bounds would then span more than 2^62 steps (dpgate.limits)
-                    res = col.resolution
-                    if col.type == "int" and col.bounded and \
-                            1000 * max(map(abs, col.fixed_point_bounds)) <= limits.MAX_STEPS:
-                        res = col.resolution / 1000
-                    derived = ColumnPolicy(label, "float", col.lower, col.upper, res)
-                else:
-                    derived = ColumnPolicy(label, col.type, col.lower, col.upper, col.resolution)
-                columns[label] = derived
-                cast = "DOUBLE" if derived.type == "float" else "BIGINT"
-                select.append(f"CAST({kind.upper()}({v}) AS {cast}) AS {q(label)}")
-                items.append(sqln.alias(sqln.cast(_AGG_NODES[kind](this=vt), cast), label))
-        ranges.append((label, f"{node.sql(dialect='duckdb')}: {_range_text(columns[label])}"))
+        found = _inner_aggregate(item, scope, table, c, {k.casefold() for k in columns})
+        if found is None:
+            continue
+        label, columns[label], text, tree = found
+        select.append(text)
+        items.append(tree)
+        ranges.append((label, f"{_unparen(item).sql(dialect='duckdb')}: {_range_text(columns[label])}"))
     if not columns:
         raise _refuse("a per-unit subquery must compute at least one aggregate", inner)
     where_node = inner.args.get("where")
@@ -269,7 +296,7 @@ def build_table(inner: exp.Select, policy: DatasetPolicy) -> PerUnitTable:
         f"SELECT *, row_number() OVER (PARTITION BY {q(unit)} ORDER BY hash({row_hash})) AS {q('__dpg_rn')} "
         f"FROM {table.relation} WHERE {' AND '.join(conditions)}")
     join_sql = (f"SELECT {', '.join(select)} FROM ({bounded_rows}) AS {q('__dpg_src')} "
-                f"WHERE {q('__dpg_rn')} <= {c} GROUP BY {src(unit)}")
+                f"WHERE {q('__dpg_rn')} <= {c} GROUP BY {q('__dpg_src')}.{q(unit)}")
     join_tree = _join_tree(table, items, where, c)
     return PerUnitTable(
         name=PER_UNIT_MARK + inner.sql(dialect="duckdb"), dataset=policy.name, source="",
