@@ -511,7 +511,6 @@ def replace_relations(tree: exp.Expression, mapping: Mapping[tuple[str, str], Ca
             return exp.Subquery(this=new, alias=exp.TableAlias(this=exp.to_identifier(alias, quoted=True)))
         return node
 
-    tree.meta.pop("duckdb_sql", None)  # the planner's text names the old relations
     return tree.transform(swap, copy=False)
 
 

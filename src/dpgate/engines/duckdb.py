@@ -538,9 +538,9 @@ class DuckDBEngine:
     def render(self, query: Query) -> str:
         """DuckDB SQL of the bounded query (a sqlglot tree), with the portable group-choosing hash.
 
-        A tree the planner built carries its own text (``meta["duckdb_sql"]``, checked against
-        the tree's structural hash): it runs as written when no transform applies. Text (tests,
-        tools) must parse as one SELECT (else ExecutionError); without ``hash(…)`` it runs as given.
+        A tree is rendered by sqlglot in the DuckDB dialect after the engine's transforms. Text
+        (tests, tools) must parse as one SELECT (else ExecutionError); without ``hash(…)`` it runs
+        as given.
         """
         if isinstance(query, str):
             tree = parse_bounded(query)  # ExecutionError when it does not parse (no "as is" fallback)
@@ -550,9 +550,6 @@ class DuckDBEngine:
         else:
             tree = parse_bounded(query)
             check_unique_units(tree, self.policy.name, self.unit_is_unique)
-            text, digest = tree.meta.get("duckdb_sql") or (None, None)
-            if text is not None and digest == hash(tree) and not has_group_hash(tree):
-                return text  # the planner's own text form of this very tree (no transform applies)
         return group_hash(tree, self.policy, self._tables, "duckdb").sql(dialect="duckdb")
 
     def _cursor(self) -> "duckdb.DuckDBPyConnection":

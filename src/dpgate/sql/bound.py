@@ -108,9 +108,8 @@ def bounded_query(plan: QueryPlan, policy: DatasetPolicy, *, salt: int, unit_uni
 
     The tree equals ``sqlglot.parse_one(bounded_sql(...), read="duckdb")`` (tests/test_render_trees.py).
     Its ``meta`` carries ``unit_unique`` (the per-unit step is skipped: engines refuse the tree
-    on a table whose load did not find one row per unit) and ``duckdb_sql``, the text form with
-    the tree's structural hash, which DuckDB runs as is while the tree is unchanged and no engine
-    transform applies (byte-identical to before).
+    on a table whose load did not find one row per unit) and ``per_unit``. Engines render the
+    tree in their own dialect (DuckDB: ``tree.sql(dialect="duckdb")`` after its transforms).
 
     Raises:
         as :func:`bounded_sql`.
@@ -126,8 +125,6 @@ def bounded_query(plan: QueryPlan, policy: DatasetPolicy, *, salt: int, unit_uni
                         join_tree=join_tree(table))
     tree.meta["unit_unique"] = not per_unit and not table.record_level
     tree.meta["per_unit"] = bool(getattr(table, "per_unit", False))  # rows kept by DuckDB's row hash
-    # the text with the tree's structural hash: a transformed tree no longer matches it
-    tree.meta["duckdb_sql"] = (_render(plan, policy, str(salt), unit_unique=unit_unique), hash(tree))
     return tree
 
 

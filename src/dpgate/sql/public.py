@@ -136,26 +136,23 @@ def exact_sql(plan: QueryPlan, policy: DatasetPolicy) -> str:
 
 
 def exact_query(plan: QueryPlan, policy: DatasetPolicy):
-    """:func:`exact_sql` as a sqlglot tree (what the gateway hands the engine), its text in
-    ``meta["duckdb_sql"]`` with the tree's structural hash (see :func:`dpgate.sql.bound.bounded_query`).
+    """:func:`exact_sql` as a sqlglot tree (what the gateway hands the engine; tests/test_render_trees.py
+    checks it equals the parse of :func:`exact_sql`).
 
     Raises:
         ValueError: the plan reads a protected table.
     """
     from dpgate.render.exact import exact_tree
 
-    text = exact_sql(plan, policy)
     limit = plan.limit
     if reads_rows(plan) and (limit is None or limit > MAX_PUBLIC_ROWS):
         limit = MAX_PUBLIC_ROWS + 1
-    tree = exact_tree(plan, policy, limit)
-    tree.meta["duckdb_sql"] = (text, hash(tree))
-    return tree
+    return exact_tree(plan, policy, limit)
 
 
 def key_values_query(table, column: str, limit: int):
     """``SELECT DISTINCT "c" AS v FROM <table> WHERE "c" IS NOT NULL ORDER BY v LIMIT limit`` as a
-    tree (a public table's key list; the text in ``meta["duckdb_sql"]``)."""
+    tree (a public table's key list)."""
     from sqlglot import exp
 
     from dpgate.render import nodes as n
@@ -164,14 +161,12 @@ def key_values_query(table, column: str, limit: int):
                     where=n.not_null(n.col(column)), order=[exp.column("v")])
     tree.set("distinct", exp.Distinct())
     tree.set("limit", exp.Limit(expression=n.num(limit)))
-    tree.meta["duckdb_sql"] = (f"SELECT DISTINCT {q(column)} AS v FROM {table.relation} WHERE {q(column)} "
-                               f"IS NOT NULL ORDER BY v LIMIT {limit}", hash(tree))
     return tree
 
 
 def key_tuples_query(table, columns: list[str], limit: int):
     """``SELECT DISTINCT "a", "b" FROM <table> LIMIT limit`` as a tree (the key tuples of a public
-    table; the text in ``meta["duckdb_sql"]``)."""
+    table)."""
     from sqlglot import exp
 
     from dpgate.render import nodes as n
@@ -179,6 +174,4 @@ def key_tuples_query(table, columns: list[str], limit: int):
     tree = n.select([n.col(c) for c in columns], n.table(table.name, table.dataset))
     tree.set("distinct", exp.Distinct())
     tree.set("limit", exp.Limit(expression=n.num(limit)))
-    tree.meta["duckdb_sql"] = (f"SELECT DISTINCT {', '.join(q(c) for c in columns)} FROM {table.relation} "
-                               f"LIMIT {limit}", hash(tree))
     return tree

@@ -223,15 +223,13 @@ def histogram_sql(plan: QueryPlan, policy: DatasetPolicy, column: str, *, salt: 
 def histogram_query(plan: QueryPlan, policy: DatasetPolicy, column: str, *, salt: int) -> exp.Select:
     """:func:`histogram_sql` as a sqlglot tree (what the gateway hands an engine; no parse).
 
-    ``meta["duckdb_sql"]``: the text form with the tree's structural hash (see
-    :func:`dpgate.sql.bound.bounded_query`).
+    ``meta["per_unit"]``: the rows are a per-unit table's (engines that cannot run one refuse it).
     """
     from dpgate.render.histogram import histogram_tree
     from dpgate.sql.bound import join_tree
 
     tree = histogram_tree(plan, policy, column, exp.Literal.number(str(int(salt))),
                           join_tree=join_tree(policy.table(plan.table)))
-    tree.meta["duckdb_sql"] = (histogram_sql(plan, policy, column, salt=salt), hash(tree))
     tree.meta["per_unit"] = bool(getattr(policy.table(plan.table), "per_unit", False))
     return tree
 
