@@ -87,8 +87,8 @@ _HASH = {"engines/base.py:arithmetic_group_hash < engines/base.py:group_hash": 2
 CALLERS: dict[str, dict[str, int]] = {
     "fast_path_count": _RENDER,
     "group_public_keys": _RENDER,
-    "join": {**_RENDER, "sql/joins.py:policy_for < pipeline/planning.py:compile_query": 1},   # the "JOIN …" table name
-    "join_public": {**_RENDER, "sql/joins.py:policy_for < pipeline/planning.py:compile_query": 1},
+    "join": {**_RENDER, "sql/joins.py:policy_for < pipeline/planning.py:_compile_one": 1},   # the "JOIN …" table name
+    "join_public": {**_RENDER, "sql/joins.py:policy_for < pipeline/planning.py:_compile_one": 1},
     "per_unit": {**_RENDER, **_HASH, "engines/base.py:fix < engines/base.py:portable_group_hash": 14,
                  "sql/per_unit.py:policy_for < sql/joins.py:policy_for": 1},  # the "PER UNIT …" name
     "median": {**_RENDER, **_HASH},  # one histogram statement per quantile column
