@@ -688,7 +688,11 @@ class UnionAllRunner(Runner):
             "dataset": self.ctx.dataset, "union_all": True, "plan_hash": self.strategy.plan_hash,
             "canonical_sql": "\nUNION ALL\n".join(p.plan.canonical_sql for p in parts),
             "columns": list(shown.get("columns", [])),
-            "contribution": [d["contribution"] for d in docs],
+            "contribution": {"parts": [d["contribution"] for d in docs]},
+            "bounded_sql": None,  # each part's is in parts[i].bounded_sql
+            # each part's primitives, named "part<i>.<id>" (the parts' own ids repeat)
+            "sensitivity": {f"part{d['part']}.{k}": v for d in docs for k, v in d.get("sensitivity", {}).items()},
+            "noise_scales": {f"part{d['part']}.{k}": v for d in docs for k, v in d.get("noise_scales", {}).items()},
             "mechanism": cal.mechanism, "budget": resolved.to_dict(),
             "budget_split": union_release.split_description(resolved, budgets),
             "composition": {"rule": "sequential", "note": union_release.COMPOSITION_NOTE},

@@ -100,7 +100,8 @@ def union_document(part_releases: Sequence[Release], *, plan_hash: str, budget: 
     document = {
         **{k: first[k] for k in ("release_id", "dataset", "charge", "cached", "data_version", "created_at",
                                  "mechanism", "post_processing", "guarantee") if k in first},
-        "table": [d["table"] for d in docs],
+        "table": first["table"],
+        "tables": list(dict.fromkeys(d["table"] for d in docs)),
         "columns": columns,
         "rows": [list(r) for d in docs for r in d["rows"]],
         "accuracy": _merge_accuracy(columns, docs),
