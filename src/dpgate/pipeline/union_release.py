@@ -27,10 +27,10 @@ COMPOSITION_NOTE = (
     "units, which the planner cannot prove from WHERE in general")
 
 
-def _weights(plans: Sequence[QueryPlan]) -> list[float]:
+def _shares(amount: float, plans: Sequence[QueryPlan]) -> list[float]:
     counts = [len(p.primitives) for p in plans]
     total = sum(counts)
-    return [c / total for c in counts]
+    return [amount * c / total for c in counts]
 
 
 def part_budgets(whole: ResolvedBudget, mechanism: str, plans: Sequence[QueryPlan]) -> list[QueryBudget]:
@@ -39,9 +39,8 @@ def part_budgets(whole: ResolvedBudget, mechanism: str, plans: Sequence[QueryPla
     if whole.is_ci95:
         return [QueryBudget(ci95=whole.ci95, expected_count=whole.expected_count) for _ in plans]
     if mechanism == "laplace" and whole.epsilon is not None:
-        return [QueryBudget(epsilon=whole.epsilon * w) for w in _weights(plans)]
-    rho = whole.zcdp_rho()
-    return [QueryBudget(rho=rho * w) for w in _weights(plans)]
+        return [QueryBudget(epsilon=e) for e in _shares(whole.epsilon, plans)]
+    return [QueryBudget(rho=r) for r in _shares(whole.zcdp_rho(), plans)]
 
 
 def split_description(whole: ResolvedBudget, budgets: Sequence[QueryBudget]) -> dict[str, Any]:
@@ -62,7 +61,7 @@ def _merge_accuracy(columns: Sequence[str], docs: Sequence[Mapping[str, Any]]) -
     Each part's own accuracy stays in ``parts``."""
     out: dict[str, Any] = {}
     for c in columns:
-        entries = [(d.get("accuracy") or {}).get(c) for d in docs]
+        entries = [(d.get("accuracy") or {}).get(c) for d in docs]  # under the union's names
         if all(e is None for e in entries):
             continue
         merged: dict[str, Any] = {}
@@ -84,6 +83,16 @@ def _merge_accuracy(columns: Sequence[str], docs: Sequence[Mapping[str, Any]]) -
     return out
 
 
+def _by_position(doc: Mapping[str, Any], columns: Sequence[str] | None = None) -> dict[str, Any]:
+    """A part's accuracy under the union's column names (the first part's), column by column: a
+    part's own labels (``COUNT(*)``) name nothing in the union."""
+    names = list(columns) if columns is not None else None
+    own = doc.get("accuracy") or {}
+    if names is None:
+        return own
+    return {names[j]: own[c] for j, c in enumerate(doc["columns"]) if c in own and j < len(names)}
+
+
 _PART_FIELDS = ("table", "plan_hash", "canonical_sql", "mechanism", "noise_scales", "noise_scale_units", "budget",
                 "bounds", "value_ranges", "accuracy")
 
@@ -94,9 +103,9 @@ def union_document(part_releases: Sequence[Release], *, plan_hash: str, budget: 
     :func:`dpgate.pipeline.documents.noisy_release` with the one receipt): the first part's columns,
     the parts' rows in order, the merged accuracy, and ``parts`` (each part's plan, budget, noise
     and accuracy). The noisy primitives are not kept (a repeat of the same union is served as stored)."""
-    docs = [r.document for r in part_releases]
-    first = docs[0]
+    first = part_releases[0].document
     columns = list(first["columns"])
+    docs = [{**r.document, "accuracy": _by_position(r.document, columns)} for r in part_releases]
     document = {
         **{k: first[k] for k in ("release_id", "dataset", "charge", "cached", "data_version", "created_at",
                                  "mechanism", "post_processing", "guarantee") if k in first},
