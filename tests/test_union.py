@@ -301,3 +301,12 @@ def test_the_http_api_answers_explains_and_refuses_a_union(project, tmp_path):
         assert details["part"] == 2 and details["charged"] is False
         budget = client.get("/v1/datasets/usage/budget").json()
         assert budget["charges"] == 1
+
+
+def test_dpgate_explain_prints_each_part_and_the_one_charge(gw, capsys):
+    from dpgate.cli.explain import print_explanation
+
+    print_explanation(gw.explain("shop", UNION, budget=QueryBudget(rho=0.03)))
+    out = capsys.readouterr().out
+    assert out.count("--- part ") == 3 and "parts compose sequentially" in out
+    assert "--- the release (one charge) ---" in out and "ρ 0.03" in out

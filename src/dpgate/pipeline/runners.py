@@ -26,7 +26,8 @@ import numpy as np
 
 from dpgate import accounting, partition_selection, quantile_release
 from dpgate.cohorts import charge_scope, scope_signature
-from dpgate.errors import Conflict, DpgateError, ExecutionError, Internal, InvalidBudget, UnsupportedQuery
+from dpgate.errors import (Conflict, DpgateError, ExecutionError, Internal, InvalidBudget, InvalidRequest,
+                           UnsupportedQuery)
 from dpgate.mechanisms import calibrate as calibrate_noise, ci95_halfwidth, mechanism_name, sample
 from dpgate.pipeline import documents, union_release
 from dpgate.pipeline.budget import (QueryBudget, ResolvedBudget, fit, mechanism_of, resolve, resolve_selection,
@@ -671,8 +672,15 @@ class UnionAllRunner(Runner):
         return None if all(s is None for s in scopes) else tuple(sorted({c for s in scopes if s for c in s}))
 
     def explain(self, shown: Mapping[str, Any], *, budget: QueryBudget | None, mechanism: str | None,
-                consumer: str | None, **_: Any) -> dict[str, Any]:
-        """Each part's explain at its share, the split, the composition and the summed cost."""
+                consumer: str | None, trial: Any = None, **_: Any) -> dict[str, Any]:
+        """Each part's explain at its share, the split, the composition and the summed cost.
+
+        Raises:
+            InvalidRequest: ``trial`` (a proxy trial of a union is not run yet).
+        """
+        if trial is not None:
+            raise nothing_charged(InvalidRequest("trial is not available for a UNION ALL yet: try its parts one by one",
+                                                 {"reason": "union_trial"}))
         ledger, policy, parts = self.ctx.ledger, self.policy, self.strategy.parts
         resolved = self.resolve(budget, mechanism)
         cal = self.calibrate(resolved)
