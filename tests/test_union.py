@@ -310,3 +310,15 @@ def test_dpgate_explain_prints_each_part_and_the_one_charge(gw, capsys):
     out = capsys.readouterr().out
     assert out.count("--- part ") == 3 and "parts compose sequentially" in out
     assert "--- the release (one charge) ---" in out and "ρ 0.03" in out
+
+
+def test_a_quantile_part_and_a_grouped_part_are_released_together(gw):
+    sql = ("SELECT region, COUNT(*) AS n, MEDIAN(amount) AS m FROM orders GROUP BY region "
+           "UNION ALL SELECT 'all', COUNT(*), MEDIAN(amount) FROM orders")
+    doc = gw.explain("shop", sql, budget=QueryBudget(rho=0.04))
+    assert [p["budget"]["rho"] for p in doc["parts"]] == pytest.approx([0.02, 0.02])
+    assert all("quantiles" in p for p in doc["parts"])
+    r = gw.query("shop", sql, consumer="default", budget=QueryBudget(rho=0.04))
+    assert [row[0] for row in r["rows"]] == ["eu", "us", "apac", "all"]
+    assert all(0 <= row[2] <= 100 for row in r["rows"])
+    assert r["charge"]["rho"] == pytest.approx(0.04, rel=1e-9) and len(gw.ledger_entries()) == 1
