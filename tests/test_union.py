@@ -120,6 +120,11 @@ def test_the_release_is_the_concatenation_and_a_repeat_is_free(gw):
     again = gw.query("shop", UNION, consumer="default", budget=QueryBudget(rho=0.03))
     assert again["cached"] is True and again["charge"] is None and again["rows"] == r["rows"]
     assert len(gw.ledger_entries()) == 1
+    renamed = gw.query("shop", UNION.replace("AS grp, COUNT(*) AS n", "AS bucket, COUNT(*) AS rows_"),
+                       consumer="default", budget=QueryBudget(rho=0.03))  # labels only: the same release
+    assert renamed["cached"] is True and renamed["rows"] == r["rows"] and renamed["columns"] == ["bucket", "rows_", "s"]
+    assert set(renamed["accuracy"]) == {"rows_", "s"} and set(renamed["parts"][1]["accuracy"]) == {"rows_", "s"}
+    assert len(gw.ledger_entries()) == 1
     other = gw.query("shop", f"{LOW} UNION ALL {HIGH}", consumer="default", budget=QueryBudget(rho=0.03))
     assert other["cached"] is False and len(gw.ledger_entries()) == 2  # the key covers every part
 

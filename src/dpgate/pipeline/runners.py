@@ -727,7 +727,7 @@ class UnionAllRunner(Runner):
         with ctx.release_cache.flight(keys) as flight:
             hit = flight.lookup()
             if hit is not None:
-                return hit.to_dict(cached=True)
+                return union_release.served(hit.to_dict(cached=True), documents.labels(self.plan))
             cal = self.calibrate(resolved)
             salt = ctx.salt_source()
             self.prepare(ctx.engine, salt)
@@ -747,7 +747,8 @@ class UnionAllRunner(Runner):
                                                 f"{len(parts)} parts: " + " | ".join(p.plan.canonical_sql for p in parts),
                                                 metadata=metadata, scope=scope),
                 compute=compute)
-        return release.to_dict(cached=not fresh)
+        return release.to_dict(cached=False) if fresh else union_release.served(
+            release.to_dict(cached=True), documents.labels(self.plan))
 
 
 #: strategy → its runner: one each (a strategy without a runner fails in :func:`runner_for`).

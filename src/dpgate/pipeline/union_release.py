@@ -18,7 +18,7 @@ from dpgate.pipeline.budget import QueryBudget, ResolvedBudget
 from dpgate.releases import Release
 from dpgate.sql.plan import QueryPlan
 
-__all__ = ["COMPOSITION_NOTE", "noise_signature", "part_budgets", "split_description", "union_document"]
+__all__ = ["COMPOSITION_NOTE", "noise_signature", "part_budgets", "served", "split_description", "union_document"]
 
 #: What explain and the release say about the composition of the parts.
 COMPOSITION_NOTE = (
@@ -125,3 +125,17 @@ def union_document(part_releases: Sequence[Release], *, plan_hash: str, budget: 
     }
     head = part_releases[0]
     return Release(head.release_id, key, head.dataset, plan_hash, head.created_at, document, None)
+
+
+def served(doc: dict[str, Any], display: Sequence[str]) -> dict[str, Any]:
+    """A stored union release under this request's column names (the first part's labels; labels
+    are not in the plan hash, so a union that differs only in them is the same release)."""
+    old = list(doc.get("columns", []))
+    if len(old) != len(display) or old == list(display):
+        return doc
+    mapping = dict(zip(old, display))
+    doc["columns"] = list(display)
+    doc["accuracy"] = {mapping.get(k, k): v for k, v in (doc.get("accuracy") or {}).items()}
+    doc["parts"] = [{**p, "accuracy": {mapping.get(k, k): v for k, v in (p.get("accuracy") or {}).items()}}
+                    for p in doc.get("parts", [])]
+    return doc
