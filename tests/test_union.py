@@ -327,3 +327,13 @@ def test_a_quantile_part_and_a_grouped_part_are_released_together(gw):
     assert [row[0] for row in r["rows"]] == ["eu", "us", "apac", "all"]
     assert all(0 <= row[2] <= 100 for row in r["rows"])
     assert r["charge"]["rho"] == pytest.approx(0.04, rel=1e-9) and len(gw.ledger_entries()) == 1
+
+
+def test_explain_warns_before_paying_for_each_part(gw):
+    # a SUM of amounts in [0, 100] at ρ = 1e-6: its ± swamps any group of 100 rows (issue 22 item 6)
+    doc = gw.explain("shop", UNION, budget=QueryBudget(rho=1e-6))
+    assert doc["warnings"] and all(w.startswith("part ") for w in doc["warnings"])
+    assert {o["part"] for o in doc["expected_accuracy"]["outputs"]} == {1, 2, 3}
+    assert doc["parts"][0]["warnings"]
+    quiet = gw.explain("shop", UNION, budget=QueryBudget(rho=0.3))
+    assert len(quiet["warnings"]) < len(doc["warnings"])

@@ -37,7 +37,7 @@ from dpgate.pipeline.strategy import (ExactPublic, Noisy, NoisyWithPartitionSele
 from dpgate.policy import DatasetPolicy
 from dpgate.postprocess import finalize
 from dpgate.postprocess.calibration import scales_for_ci95
-from dpgate.postprocess.expected import expected_accuracy
+from dpgate.postprocess.expected import accuracy_reference, column_bounds, expected_accuracy
 from dpgate.releases import CacheKeys, Release
 from dpgate.releases.keys import post_processing_settings
 from dpgate.representable import check_representable
@@ -688,8 +688,11 @@ class UnionAllRunner(Runner):
         docs = self._each(lambda i, r: {"part": i + 1, **r.explain(
             {"columns": released_columns(parts[i].plan), "contribution": contribution(parts[i].plan, parts[i].policy)},
             budget=budgets[i], mechanism=self.mechanism, consumer=consumer)})
-        for d in docs:
+        for d in docs:  # each part's expected ± and warnings, at the default group size (issue 22 item 6)
+            d["column_bounds"] = column_bounds(policy, d["plan"])
+            d["accuracy_reference"] = accuracy_reference(policy, None, resolved.expected_count)
             d["expected_accuracy"] = expected_accuracy(d)
+            d["warnings"] = [w["message"] for w in d["expected_accuracy"].get("warnings", [])]
         eps = [d["cost"].get("epsilon") for d in docs]
         scope = self._scope()
         return {
