@@ -138,12 +138,14 @@ def fallback_answer(gateway: Any, dataset: str, sql: str, *, consumer: str | Non
     if not wants_proxy(policy, consumer, fallback):
         return None
     proxy = gateway.policy(policy.proxy)
-    from dpgate.pipeline.strategy import TopK
+    from dpgate.pipeline.strategy import TopK, UnionAll
 
     _, plan, strategy = gateway.compile(dataset, sql, dialect)
     try:
         if isinstance(strategy, TopK):
             raise ExecutionError("keys-only selection queries (ORDER BY … LIMIT k) are not answered from a proxy")
+        if isinstance(strategy, UnionAll):
+            raise ExecutionError("a UNION ALL is not answered from a proxy yet: send its parts one by one")
         keys, exact = run_on_proxy(gateway, policy, plan)
         zero = {p.id: 0.0 for p in plan.primitives}
         table = finalize(plan, policy, keys, exact, zero, zero, mechanism="discrete_gaussian")

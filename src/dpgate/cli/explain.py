@@ -124,6 +124,18 @@ def print_explanation(doc: dict[str, Any]) -> None:
     print(f"canonical SQL {doc['canonical_sql']}")
     print(f"plan hash     {doc['plan_hash']}")
     print(f"columns       {', '.join(doc.get('columns', []))}")
+    if doc.get("union_all"):  # issue 21 item 6: each part as a standalone explain, then the one charge
+        print(f"UNION ALL     {len(doc['parts'])} parts; {doc['composition']['note']}")
+        print(f"budget split  {doc['budget_split']['rule']}")
+        for part in doc["parts"]:
+            print()
+            print(f"--- part {part['part']} of {len(doc['parts'])} ---")
+            print_explanation(part)
+        print()
+        print("--- the release (one charge) ---")
+        print(f"mechanism     {doc.get('mechanism')}")
+        print_cost(doc)
+        return
     for key in (doc.get("plan") or {}).get("narrowed_keys", []):
         kept = (f"{key['range'][0]} … {key['range'][1] - 1}" if key.get("range")
                 else ", ".join(str(k) for k in key.get("keys", [])))

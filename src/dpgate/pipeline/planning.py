@@ -15,10 +15,11 @@ from types import MappingProxyType
 from typing import Any, Mapping, MutableMapping
 
 import numpy as np
+from sqlglot import exp
 
 from dpgate.errors import DpgateError, InvalidSql, UnsupportedQuery
 from dpgate.pipeline.documents import plain
-from dpgate.pipeline.strategy import Strategy, choose
+from dpgate.pipeline.strategy import Part, Strategy, choose, union_of
 from dpgate.policy import DatasetPolicy, KeyTuples
 from dpgate.postprocess import check_postprocess_expression
 from dpgate.sql.constant import refuse_constant_plan
@@ -27,6 +28,7 @@ from dpgate.sql.parse import nothing_charged, parse_query, parse_statement
 from dpgate.sql.plan import AggregateOutput, DerivedOutput, KeyOutput, QueryPlan
 from dpgate.sql.public import key_tuples_query, key_values_query
 from dpgate.sql.selection_query import check_candidates
+from dpgate.sql.union import check_union_columns, in_part, union_branches, union_hash
 
 __all__ = ["MAX_PUBLIC_TABLE_KEYS", "check_text", "compile_query", "with_public_table_keys"]
 
@@ -38,6 +40,10 @@ def compile_query(policy: DatasetPolicy, sql: str, dialect: str | None = None
                   ) -> tuple[DatasetPolicy, QueryPlan, Strategy]:
     """Plan ``sql`` once against ``policy`` (with its public tables' keys) and choose its strategy.
 
+    A top-level ``UNION ALL`` is planned part by part (:mod:`dpgate.sql.union`): each part's
+    refusal names its part; the strategy is :class:`~dpgate.pipeline.strategy.UnionAll`, the
+    policy the dataset's and the plan the first part's.
+
     Returns:
         ``(policy, plan, strategy)``: the policy the plan reads (a joined table's for a join),
         the validated plan and its release strategy. Reads no protected data, charges nothing.
@@ -46,7 +52,30 @@ def compile_query(policy: DatasetPolicy, sql: str, dialect: str | None = None
     """
     check_text(sql)
     try:
-        statement = parse_statement(sql, dialect)  # the analyst's text, parsed once
+        statement = parse_statement(sql, dialect, allow_union=True)  # the analyst's text, parsed once
+        branches = union_branches(statement) if isinstance(statement, exp.Union) else None
+    except DpgateError as e:
+        raise nothing_charged(e)
+    if branches is None:
+        return _compile_one(policy, sql, dialect, statement)
+    parts = []
+    for i, branch in enumerate(branches):  # issue 21 item 6: each part planned like a standalone query
+        try:
+            parts.append(Part(*_compile_one(policy, sql, dialect, branch)))
+        except DpgateError as e:
+            raise in_part(e, i, len(branches))
+    try:
+        check_union_columns([p.plan for p in parts], [p.policy for p in parts])
+        union = union_of(tuple(parts), union_hash([p.plan for p in parts]))
+    except DpgateError as e:
+        raise nothing_charged(e)
+    return policy, union.plan, union
+
+
+def _compile_one(policy: DatasetPolicy, sql: str, dialect: str | None, statement: exp.Select
+                 ) -> tuple[DatasetPolicy, QueryPlan, Strategy]:
+    """One SELECT (the statement, or a UNION ALL part): checks, plan, strategy."""
+    try:
         check_candidates(statement, policy)  # selection hook (issue 15); reads the tree only
     except DpgateError as e:
         raise nothing_charged(e)

@@ -19,23 +19,25 @@ charged, nothing refunds the charge (a failed execution stays charged).
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 
 from dpgate import accounting, partition_selection, quantile_release
 from dpgate.cohorts import charge_scope, scope_signature
-from dpgate.errors import Conflict, DpgateError, ExecutionError, Internal, InvalidBudget, UnsupportedQuery
+from dpgate.errors import (Conflict, DpgateError, ExecutionError, Internal, InvalidBudget, InvalidRequest,
+                           UnsupportedQuery)
 from dpgate.mechanisms import calibrate as calibrate_noise, ci95_halfwidth, mechanism_name, sample
-from dpgate.pipeline import documents
+from dpgate.pipeline import documents, union_release
 from dpgate.pipeline.budget import (QueryBudget, ResolvedBudget, fit, mechanism_of, refuse_without_gdp_claim,
                                     resolve, resolve_selection, stated)
 from dpgate.pipeline.strategy import (ExactPublic, Noisy, NoisyWithPartitionSelection, PublicKeysOnly, Strategy,
-                                      TopK, WithQuantiles)
+                                      TopK, UnionAll, WithQuantiles)
 from dpgate.policy import DatasetPolicy
 from dpgate.postprocess import finalize
 from dpgate.postprocess.calibration import scales_for_ci95
+from dpgate.postprocess.expected import accuracy_reference, column_bounds, expected_accuracy
 from dpgate.releases import CacheKeys, Release
 from dpgate.releases.keys import post_processing_settings
 from dpgate.representable import check_representable
@@ -48,6 +50,8 @@ from dpgate.sql.parse import nothing_charged
 from dpgate.sql.per_unit import PerUnitTable
 from dpgate.sql.public import MAX_PUBLIC_ROWS, exact_query, exact_sql, public_key_columns, reads_rows
 from dpgate.sql.quantile import histogram_query, histogram_sql_template
+from dpgate.sql.explain import contribution, released_columns
+from dpgate.sql.union import in_part
 
 __all__ = ["RUNNERS", "Calibrated", "QueryContext", "Runner", "runner_for"]
 
@@ -620,6 +624,141 @@ class QuantilesRunner(NoisyRunner):
                               for pid, q in measurement.quantiles.items()}}
 
 
+class UnionAllRunner(Runner):
+    """``UNION ALL`` of aggregate queries (:class:`~dpgate.pipeline.strategy.UnionAll`): one runner per
+    part; calibrate sums the parts' costs (sequential composition), prepare prepares every part before
+    the single charge, run concatenates (:mod:`dpgate.pipeline.union_release`)."""
+
+    strategy: UnionAll
+
+    def __init__(self, strategy: Strategy, ctx: QueryContext) -> None:
+        super().__init__(strategy, ctx)
+        self.parts = [runner_for(p.strategy, replace(ctx, policy=p.policy)) for p in strategy.parts]
+        self.mechanism = ""
+
+    def resolve(self, budget: QueryBudget | None, mechanism: str | None) -> ResolvedBudget:
+        """The whole release's budget (what the cache key and the release state)."""
+        self.mechanism = mechanism_of(self.policy, mechanism)
+        if budget is not None and budget.delta is not None:
+            raise nothing_charged(InvalidBudget("budget delta goes with private partition selection, which a "
+                                                "UNION ALL part does not use", {"field": "delta"}))
+        return resolve(self.ctx.ledger, self.policy, self.mechanism, budget)
+
+    def part_budgets(self, whole: ResolvedBudget) -> list[QueryBudget]:
+        return union_release.part_budgets(whole, self.mechanism, [p.plan for p in self.strategy.parts])
+
+    def _each(self, fn: Callable[[int, Any], Any]) -> list[Any]:
+        out = []
+        for i, runner in enumerate(self.parts):
+            try:
+                out.append(fn(i, runner))
+            except DpgateError as e:
+                raise in_part(e, i, len(self.parts))
+        return out
+
+    def calibrate(self, budget: ResolvedBudget) -> Calibrated:
+        """Each part calibrated at its share; the cost is the sum (zCDP ρ adds; pure ε adds)."""
+        budgets = self.part_budgets(budget)
+        self._resolved = self._each(lambda i, r: r.resolve(budgets[i], self.mechanism))
+        cals = self._each(lambda i, r: r.calibrate(self._resolved[i]))
+        return Calibrated(cals[0].mechanism, sum((c.cost for c in cals[1:]), cals[0].cost), {}, False, tuple(cals))
+
+    def prepare(self, engine: Any, salt: int) -> None:
+        """Every part's statements rendered and checked, before the one charge."""
+        self._each(lambda i, r: r.prepare(engine, salt))
+        self._prepared = True
+
+    def run(self, engine: Any, salt: int, cal: Calibrated, receipt: Any = None) -> list[tuple[dict, dict, dict]]:
+        """Each part's ``(keys, noisy values, half-widths)``, in order."""
+        return [r.run(engine, salt, c, receipt) for r, c in zip(self.parts, cal.measurement)]
+
+    def _scope(self) -> tuple[str, ...] | None:
+        scopes = [charge_scope(self.ctx.ledger, p.policy, p.plan) for p in self.strategy.parts]
+        return None if all(s is None for s in scopes) else tuple(sorted({c for s in scopes if s for c in s}))
+
+    def explain(self, shown: Mapping[str, Any], *, budget: QueryBudget | None, mechanism: str | None,
+                consumer: str | None, trial: Any = None, **_: Any) -> dict[str, Any]:
+        """Each part's explain at its share, the split, the composition and the summed cost.
+
+        Raises:
+            InvalidRequest: ``trial`` (a proxy trial of a union is not run yet).
+        """
+        if trial is not None:
+            raise nothing_charged(InvalidRequest("trial is not available for a UNION ALL yet: try its parts one by one",
+                                                 {"reason": "union_trial"}))
+        ledger, policy, parts = self.ctx.ledger, self.policy, self.strategy.parts
+        resolved = self.resolve(budget, mechanism)
+        cal = self.calibrate(resolved)
+        budgets = self.part_budgets(resolved)
+        docs = self._each(lambda i, r: {"part": i + 1, **r.explain(
+            {"columns": released_columns(parts[i].plan), "contribution": contribution(parts[i].plan, parts[i].policy)},
+            budget=budgets[i], mechanism=self.mechanism, consumer=consumer)})
+        for d in docs:  # each part's expected ± and warnings, at the default group size (issue 22 item 6)
+            d["column_bounds"] = column_bounds(policy, d["plan"])
+            d["accuracy_reference"] = accuracy_reference(policy, None, resolved.expected_count)
+            d["expected_accuracy"] = expected_accuracy(d)
+            d["warnings"] = [w["message"] for w in d["expected_accuracy"].get("warnings", [])]
+        eps = [d["cost"].get("epsilon") for d in docs]
+        scope = self._scope()
+        return {
+            "dataset": self.ctx.dataset, "union_all": True, "plan_hash": self.strategy.plan_hash,
+            "canonical_sql": "\nUNION ALL\n".join(p.plan.canonical_sql for p in parts),
+            "columns": list(shown.get("columns", [])),
+            "contribution": {"parts": [d["contribution"] for d in docs]},
+            "bounded_sql": None,  # each part's is in parts[i].bounded_sql
+            # each part's primitives, named "part<i>.<id>" (the parts' own ids repeat)
+            "sensitivity": {f"part{d['part']}.{k}": v for d in docs for k, v in d.get("sensitivity", {}).items()},
+            "noise_scales": {f"part{d['part']}.{k}": v for d in docs for k, v in d.get("noise_scales", {}).items()},
+            "mechanism": cal.mechanism, "budget": resolved.to_dict(),
+            "budget_split": union_release.split_description(resolved, budgets),
+            "composition": {"rule": "sequential", "note": union_release.COMPOSITION_NOTE},
+            "parts": docs,
+            "cost": {"rho": cal.cost.rho, "epsilon": None if None in eps else sum(eps),
+                     **stated(cal.cost, ledger.cap(policy.population).rho_delta),
+                     **fit(ledger, policy, cal.cost, consumer, scope)},
+            **({"cohorts": {"column": policy.cohorts.column, "drew_on": list(scope)}} if scope is not None else {}),
+        }
+
+    def answer(self, *, consumer: str, budget: QueryBudget | None, mechanism: str | None,
+               **_: Any) -> dict[str, Any]:
+        """The union's release, charged once to ``consumer``; the same union again is served, free."""
+        ctx, parts = self.ctx, self.strategy.parts
+        resolved = self.resolve(budget, mechanism)
+        scope = self._scope()
+        version = ctx.data_version()
+        budget_doc = resolved.to_dict()
+        signatures = [documents.noise_signature(p.plan, cell_targets=resolved.is_ci95) for p in parts]
+        keys = CacheKeys.of(plan_hash=self.strategy.plan_hash + scope_signature(scope),
+                            noise_signature=union_release.noise_signature(signatures) + scope_signature(scope),
+                            data_version=version, mechanism=self.mechanism, budget=budget_doc,
+                            post_processing=post_processing_settings(self.policy))
+        with ctx.release_cache.flight(keys) as flight:
+            hit = flight.lookup()
+            if hit is not None:
+                return union_release.served(hit.to_dict(cached=True), documents.labels(self.plan))
+            cal = self.calibrate(resolved)
+            salt = ctx.salt_source()
+            self.prepare(ctx.engine, salt)
+            metadata = {"dataset": ctx.dataset, "plan_hash": self.strategy.plan_hash, "data_version": version,
+                        "union_parts": [p.plan.plan_hash for p in parts]}
+
+            def compute(receipt: Any) -> Release:
+                outs = self.run(ctx.engine, salt, cal, receipt)
+                releases = [documents.noisy_release(p.policy, p.plan, c.measurement, r.to_dict(), receipt, keys.noise,
+                                                    version, *out, selecting=False)
+                            for p, c, r, out in zip(parts, cal.measurement, self._resolved, outs)]
+                return union_release.union_document(releases, plan_hash=self.strategy.plan_hash, budget=budget_doc,
+                                                    key=keys.noise)
+
+            release, fresh = flight.run(
+                charge=lambda key: self._charge(cal, consumer, key, purpose=f"query on {ctx.dataset}: UNION ALL of "
+                                                f"{len(parts)} parts: " + " | ".join(p.plan.canonical_sql for p in parts),
+                                                metadata=metadata, scope=scope),
+                compute=compute)
+        return release.to_dict(cached=False) if fresh else union_release.served(
+            release.to_dict(cached=True), documents.labels(self.plan))
+
+
 #: strategy → its runner: one each (a strategy without a runner fails in :func:`runner_for`).
 RUNNERS: dict[type, type[Runner]] = {
     ExactPublic: ExactPublicRunner,
@@ -628,6 +767,7 @@ RUNNERS: dict[type, type[Runner]] = {
     Noisy: NoisyRunner,
     NoisyWithPartitionSelection: PartitionSelectionRunner,
     WithQuantiles: QuantilesRunner,
+    UnionAll: UnionAllRunner,
 }
 
 

@@ -18,6 +18,10 @@ The strategies, in the order they are tried (the first that applies wins):
   (:attr:`~dpgate.sql.plan.QueryPlan.selected_keys`): the threshold mechanism selects the keys
   (:mod:`dpgate.partition_selection`).
 * :class:`Noisy` — everything else: one noisy vector per primitive.
+
+A ``UNION ALL`` of aggregate queries is :class:`UnionAll`: each branch gets its own strategy by
+:func:`choose` (a part that is a noisy or quantile release), and the union is one release of
+several parts, charged once (issue 21 item 6; :mod:`dpgate.sql.union`).
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Union
 
-from dpgate.errors import DpgateError
+from dpgate.errors import DpgateError, UnsupportedQuery
 from dpgate.policy import DatasetPolicy
 from dpgate.quantile_release import without_quantiles
 from dpgate.sql.parse import nothing_charged
@@ -34,7 +38,7 @@ from dpgate.sql.public import reads_public_only, releases_public_keys_only
 from dpgate.sql.selection_query import SelectionQuery, recognize
 
 __all__ = ["ExactPublic", "PublicKeysOnly", "TopK", "Noisy", "NoisyWithPartitionSelection", "WithQuantiles",
-           "Strategy", "choose", "free", "without_quantiles"]
+           "Part", "UnionAll", "Strategy", "choose", "free", "union_of", "without_quantiles"]
 
 
 @dataclass(frozen=True)
@@ -104,7 +108,62 @@ class WithQuantiles:
     name: str = "with_quantiles"
 
 
-Strategy = Union[ExactPublic, PublicKeysOnly, TopK, Noisy, NoisyWithPartitionSelection, WithQuantiles]
+@dataclass(frozen=True)
+class Part:
+    """One branch of a ``UNION ALL``: the policy it is planned against, its plan and its strategy."""
+
+    policy: DatasetPolicy
+    plan: QueryPlan
+    strategy: "Strategy"
+
+
+@dataclass(frozen=True)
+class UnionAll:
+    """``UNION ALL`` of aggregate queries: one release of several parts, charged once, the parts
+    composed sequentially (zCDP ρ adds; Bun & Steinke 2016 Lemma 2.3) even when their rows are
+    disjoint (parallel composition needs the parts to partition the privacy units, which the
+    planner cannot prove from WHERE in general).
+
+    Attributes:
+        parts: the branches, in order (each a :class:`Noisy` or :class:`WithQuantiles` part).
+        plan_hash: the union's hash over its parts' plan hashes (:func:`dpgate.sql.union.union_hash`).
+    """
+
+    parts: tuple[Part, ...]
+    plan_hash: str
+    name: str = "union_all"
+
+    @property
+    def plan(self) -> QueryPlan:
+        """The first part's plan (whose labels name the union's columns, as in SQL)."""
+        return self.parts[0].plan
+
+
+#: Part strategies a union may hold (free parts, selections and private partition selection are
+#: not combined into one charge yet).
+UNION_PARTS = (Noisy, WithQuantiles)
+
+
+def union_of(parts: tuple[Part, ...], plan_hash: str) -> UnionAll:
+    """The :class:`UnionAll` of ``parts``.
+
+    Raises:
+        UnsupportedQuery: a part whose strategy is not one of :data:`UNION_PARTS`, naming the part.
+    """
+    why = {ExactPublic: "reads public tables only (send it alone: it is exact and free)",
+           PublicKeysOnly: "releases public keys only (send it alone: it is free)",
+           TopK: "is a selection query (ORDER BY an aggregate, LIMIT k)",
+           NoisyWithPartitionSelection: "groups by keys without public keys (private partition selection)"}
+    for i, part in enumerate(parts):
+        if not isinstance(part.strategy, UNION_PARTS):
+            raise nothing_charged(UnsupportedQuery(
+                f"part {i + 1} of {len(parts)} of the UNION ALL {why.get(type(part.strategy), 'is not a noisy release')}"
+                ": a UNION ALL combines counts, sums and quantiles over public keys",
+                {"part": i + 1, "reason": "union_part", "strategy": part.strategy.name}))
+    return UnionAll(parts, plan_hash)
+
+
+Strategy = Union[ExactPublic, PublicKeysOnly, TopK, Noisy, NoisyWithPartitionSelection, WithQuantiles, UnionAll]
 
 
 def choose(plan: QueryPlan, policy: DatasetPolicy) -> Strategy:

@@ -86,6 +86,8 @@ def expected_accuracy(explanation: Mapping[str, Any]) -> dict[str, Any]:
         ``*_value`` figures are in the output's (column's) units, ``l1``/``l2``/``scale`` in
         the unit ``unit`` names.
     """
+    if not explanation.get("plan") and isinstance(explanation.get("parts"), list):
+        return _of_parts(explanation["parts"])
     plan = explanation.get("plan") or {}
     prims = {p.get("id"): p for p in plan.get("primitives", [])}
     sens = explanation.get("sensitivity") or explanation.get("sensitivities") or {}
@@ -160,6 +162,20 @@ def expected_accuracy(explanation: Mapping[str, Any]) -> dict[str, Any]:
     warnings = _bounds_checks(explanation, prims, primitives, outputs, plan, mech)
     return {"primitives": primitives, "outputs": outputs, "warnings": warnings,
             "reference_rows": _reference_rows(explanation)}
+
+
+def _of_parts(parts: list[Any]) -> dict[str, Any]:
+    """A UNION ALL's (issue 21 item 6): each part's primitives, outputs and warnings, marked with
+    ``part`` (1-based); a warning's message starts with "part i: "."""
+    out: dict[str, Any] = {"primitives": [], "outputs": [], "warnings": [], "reference_rows": DEFAULT_REFERENCE_ROWS}
+    for i, part in enumerate(parts, start=1):
+        acc = part.get("expected_accuracy") or expected_accuracy(part)
+        out["primitives"] += [{**p, "part": i} for p in acc.get("primitives", [])]
+        out["outputs"] += [{**o, "part": i} for o in acc.get("outputs", [])]
+        out["warnings"] += [{**w, "part": i, "message": f"part {i}: {w.get('message', '')}"}
+                            for w in acc.get("warnings", [])]
+        out["reference_rows"] = acc.get("reference_rows", out["reference_rows"])
+    return out
 
 
 def _reference_rows(explanation: Mapping[str, Any]) -> float:

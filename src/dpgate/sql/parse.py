@@ -130,12 +130,14 @@ def check_dialect(dialect: str | None) -> str:
     return name
 
 
-def parse_statement(sql: str, dialect: str | None = None) -> exp.Select:
+def parse_statement(sql: str, dialect: str | None = None, *, allow_union: bool = False) -> exp.Select:
     """Parse SQL text into exactly one sqlglot SELECT.
 
     Args:
         sql: the analyst's SQL text.
         dialect: one of :data:`DIALECTS` (default ``duckdb``): how to read the text.
+        allow_union: return a top-level ``UNION ALL`` tree as it is (issue 21 item 6: the gateway
+            plans each branch, :mod:`dpgate.sql.union`); ``UNION`` (distinct) is still refused.
 
     Raises:
         InvalidRequest: an unknown dialect.
@@ -180,6 +182,11 @@ def parse_statement(sql: str, dialect: str | None = None) -> exp.Select:
         if word.isalpha() and word in _STATEMENT_WORDS:
             raise _unsupported(f"{word} statements are not supported: only a single SELECT is", stmt)
         raise InvalidSql("the SQL does not parse: expected a single SELECT statement")
+    if allow_union and isinstance(stmt, exp.Union) and not stmt.args.get("distinct"):
+        return plain_divisions(stmt)
+    if isinstance(stmt, exp.Union) and stmt.args.get("distinct"):
+        raise _unsupported("set operations (UNION) are not supported: UNION deduplicates noisy rows; write UNION "
+                           "ALL for one release of several parts", stmt)
     if isinstance(stmt, exp.SetOperation):
         raise _unsupported(
             f"set operations ({stmt.key.upper()}) are not supported: only a single SELECT is",
