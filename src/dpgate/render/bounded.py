@@ -222,29 +222,15 @@ def _selection_final(plan: QueryPlan, keys: list[ColumnPolicy], public) -> exp.S
     return n.select(out, n.table(cand), joins=joins, order=order)
 
 
-def bounded_tree(plan: QueryPlan, table: TablePolicy, salt: exp.Expression, *, per_unit: bool,
-                 join_tree: exp.Expression | None = None) -> exp.Select:
-    """The bounded query (see :func:`dpgate.sql.bound.bounded_sql`) of a count/sum plan.
-
-    Args:
-        plan: the plan without its quantile primitives. table: its table's policy (a joined
-            table's relation given as ``join_tree``). salt: the salt literal (or placeholder).
-        per_unit: whether step 2 runs (:func:`dpgate.sql.bound.aggregates_per_unit`).
-    """
-    keys = [plan.key_column(table, c) for c in plan.group_by]
-    key_trees = {c.name: row_tree(plan.computed_key(c.name).expression)
-                 for c in keys if plan.computed_key(c.name) is not None}
-    key_ref = [(lambda c=c: key_trees[c.name].copy()) if c.name in key_trees else (lambda c=c: _src(c.name))
-               for c in keys]
-    g = [f"{_PREFIX}g{i}" for i in range(len(keys))]
-    gc = lambda: [n.col(x) for x in g]  # noqa: E731
-    m, k = table.max_rows_per_unit, table.max_groups_per_unit
-    record_level = table.record_level
+def _rows_cte(plan: QueryPlan, table: TablePolicy, keys: list, key_ref: list, g: list[str],
+              join_tree: exp.Expression | None) -> tuple[exp.Select, dict[str, str], dict[str, str]]:
+    """Step 1: one row per input row — unit, group keys, fixed-point values — filtered by WHERE
+    and the key filters; returns (the SELECT, value column of each summed/counted column, of each
+    COUNT(DISTINCT) column)."""
     u = _PREFIX + "u"
-
     value_of: dict[str, str] = {}
     rows_items: list[exp.Expression] = []
-    if not record_level:
+    if not table.record_level:
         rows_items.append(n.alias(_src(table.privacy_unit), u))
     rows_items += [n.alias(key_ref[i](), g[i]) for i in range(len(keys))]
     summed = {p.column for p in plan.primitives if p.kind in ("sum", "sum_squares")}
@@ -269,7 +255,7 @@ def bounded_tree(plan: QueryPlan, table: TablePolicy, salt: exp.Expression, *, p
     if not rows_items:
         rows_items.append(n.alias(n.num(1), _PREFIX + "one"))
     conditions: list[exp.Expression] = []
-    if not record_level:
+    if not table.record_level:
         conditions.append(n.not_null(_src(table.privacy_unit)))
     if plan.where is not None:
         conditions.append(exp.Paren(this=row_tree(plan.where)))
@@ -279,7 +265,13 @@ def bounded_tree(plan: QueryPlan, table: TablePolicy, salt: exp.Expression, *, p
             conditions += [_input_filter(table.column(x), lambda x=x: _src(x)) for x in key.inputs]
     rows = n.select(rows_items, _relation(table, join_tree),
                     where=n.conjunction(conditions) if conditions else None)
+    return rows, value_of, distinct_of
 
+
+def _primitive_columns(plan: QueryPlan, table: TablePolicy, value_of: dict[str, str], *, per_unit: bool
+                       ) -> tuple[list[exp.Expression], list[exp.Expression]]:
+    """Each primitive's per-(unit, group) clipped partial (step 2) and per-group total (step 3)."""
+    m = table.max_rows_per_unit
     part_cols: list[exp.Expression] = []
     group_cols: list[exp.Expression] = []
     for p in plan.primitives:
@@ -312,6 +304,49 @@ def bounded_tree(plan: QueryPlan, table: TablePolicy, salt: exp.Expression, *, p
         else:
             part_cols.append(n.alias(clip, pid))
             group_cols.append(n.alias(exp.Sum(this=n.col(pid)), pid))
+    return part_cols, group_cols
+
+
+def _released_final(plan: QueryPlan, table: TablePolicy, keys: list, g: list[str]) -> exp.Select:
+    """The final SELECT over the per-group totals: every released key combination (left join), zero-filled."""
+    grp = _PREFIX + "groups"
+    outs = [n.alias(n.coalesce0(n.col(_PREFIX + p.id, grp)), p.id) for p in plan.primitives]
+    if not keys:
+        return n.select(outs, n.table(grp))
+    relations, refs, orders = key_relations(plan, table, keys)
+    key_outs = [n.alias(n.cast(refs[i](), c.duckdb_type), c.name) for i, c in enumerate(keys)]
+    on = n.conjunction([(exp.NullSafeEQ if _has_null(c) else exp.EQ)(this=refs[i](), expression=n.col(g[i], grp))
+                        for i, c in enumerate(keys)])
+    joins = [exp.Join(this=r, kind="CROSS") for r in relations[1:]]
+    joins.append(exp.Join(this=n.table(grp), on=on, side="LEFT"))
+    return n.select(key_outs + outs, relations[0], joins=joins, order=[o() for o in orders])
+
+
+def bounded_tree(plan: QueryPlan, table: TablePolicy, salt: exp.Expression, *, per_unit: bool,
+                 join_tree: exp.Expression | None = None) -> exp.Select:
+    """The bounded query (see :func:`dpgate.sql.bound.bounded_sql`) of a count/sum plan.
+
+    In steps: the rows (:func:`_rows_cte`), the per-unit partials with the k-group choice when
+    ``per_unit``, the per-group totals (:func:`_primitive_columns`), COUNT(DISTINCT) CTEs, then
+    the selection candidates or the released key combinations (:func:`_released_final`).
+
+    Args:
+        plan: the plan without its quantile primitives. table: its table's policy (a joined
+            table's relation given as ``join_tree``). salt: the salt literal (or placeholder).
+        per_unit: whether step 2 runs (:func:`dpgate.sql.bound.aggregates_per_unit`).
+    """
+    keys = [plan.key_column(table, c) for c in plan.group_by]
+    key_trees = {c.name: row_tree(plan.computed_key(c.name).expression)
+                 for c in keys if plan.computed_key(c.name) is not None}
+    key_ref = [(lambda c=c: key_trees[c.name].copy()) if c.name in key_trees else (lambda c=c: _src(c.name))
+               for c in keys]
+    g = [f"{_PREFIX}g{i}" for i in range(len(keys))]
+    gc = lambda: [n.col(x) for x in g]  # noqa: E731
+    m, k = table.max_rows_per_unit, table.max_groups_per_unit
+    record_level = table.record_level
+    u = _PREFIX + "u"
+    rows, value_of, distinct_of = _rows_cte(plan, table, keys, key_ref, g, join_tree)
+    part_cols, group_cols = _primitive_columns(plan, table, value_of, per_unit=per_unit)
 
     rows_name = _PREFIX + "rows" if per_unit or record_level else UNIQUE_ROWS_CTE
     ctes: list[tuple[str, exp.Expression]] = [(rows_name, rows)]
@@ -337,7 +372,6 @@ def bounded_tree(plan: QueryPlan, table: TablePolicy, salt: exp.Expression, *, p
         ctes.append(_join_distinct(distinct, g))
     else:
         ctes.append((_PREFIX + "groups", groups))
-
     if plan.selected_keys:
         sel = [n.col(f"{_PREFIX}g{plan.group_by.index(c)}") for c in plan.selected_keys]
         cnt = n.count() if record_level else n.count(exp.Distinct(expressions=[n.col(u)]))
@@ -345,17 +379,4 @@ def bounded_tree(plan: QueryPlan, table: TablePolicy, salt: exp.Expression, *, p
                                                 group=[x.copy() for x in sel])))
         final = _selection_final(plan, keys, key_relations(plan, table, keys, plan.public_group_by))
         return n.with_ctes(ctes, final)
-
-    grp = _PREFIX + "groups"
-    outs = [n.alias(n.coalesce0(n.col(_PREFIX + p.id, grp)), p.id) for p in plan.primitives]
-    if not keys:
-        final = n.select(outs, n.table(grp))
-    else:
-        relations, refs, orders = key_relations(plan, table, keys)
-        key_outs = [n.alias(n.cast(refs[i](), c.duckdb_type), c.name) for i, c in enumerate(keys)]
-        on = n.conjunction([(exp.NullSafeEQ if _has_null(c) else exp.EQ)(this=refs[i](), expression=n.col(g[i], grp))
-                            for i, c in enumerate(keys)])
-        joins = [exp.Join(this=r, kind="CROSS") for r in relations[1:]]
-        joins.append(exp.Join(this=n.table(grp), on=on, side="LEFT"))
-        final = n.select(key_outs + outs, relations[0], joins=joins, order=[o() for o in orders])
-    return n.with_ctes(ctes, final)
+    return n.with_ctes(ctes, _released_final(plan, table, keys, g))
