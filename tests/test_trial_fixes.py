@@ -59,3 +59,39 @@ def test_explain_compares_joined_and_per_unit_outputs_with_their_bounds(lib, sql
     warnings = lib.explain("lib", sql, budget=QueryBudget(rho=0.0001))["expected_accuracy"]["warnings"]
     assert sorted(w["output"] for w in warnings) == sorted(bounds)
     assert all(w["code"] == "ci95_exceeds_bounds_width" for w in warnings)
+
+
+# --- 2. joins and per-unit subqueries fall back to the proxy -------------------------------------
+
+PER_UNIT_ONCE = "SELECT COUNT(*) AS c FROM (SELECT user_id, COUNT(*) AS n FROM orders GROUP BY user_id) u WHERE n >= 1"
+PER_UNIT_AVG = "SELECT AVG(t) AS a FROM (SELECT user_id, SUM(amount) AS t FROM orders GROUP BY user_id) u"
+SELF_JOIN = ("SELECT a.region, COUNT(*) AS c FROM orders a JOIN orders b ON a.user_id = b.user_id "
+             "GROUP BY a.region")
+
+
+@pytest.fixture
+def shop(tmp_path):
+    from _budget_project import write_project
+
+    with Gateway.open(Settings(policies=write_project(tmp_path / "project"), home=tmp_path / "state")) as gw:
+        share = 0.5 * gw.ledger.cap("plain").rho_cap  # exhaust both consumers' shares
+        for consumer, sql in (("analysts", "SELECT COUNT(*) FROM orders"),  # two plans: the second is not
+                              ("dashboard", "SELECT SUM(amount) FROM orders")):  # served from the release cache
+            assert gw.query("shop", sql, consumer=consumer, budget=QueryBudget(rho=share))["charge"] is not None
+        yield gw
+
+
+def test_per_unit_subqueries_and_joins_fall_back_to_the_proxy(shop):
+    # the synthetic proxy (tests/_budget_project.py): users 1000 + u, u < 120, one order each of (11·u) mod 101
+    amounts = [(u * 11) % 101 for u in range(120)]
+    charges = shop.ledger.spend("plain").charges
+    expected = {PER_UNIT_ONCE: [[120]], PER_UNIT_AVG: [[sum(amounts) / 120]],
+                SELF_JOIN: [["eu", 42], ["us", 39], ["apac", 39]]}  # one order per user: no fan-out
+    for sql, rows in expected.items():
+        ans = shop.query("shop", sql, consumer="analysts", budget=QueryBudget(rho=0.01), fallback="proxy")
+        assert ans["source"] == "proxy" and ans["dp"] is False and ans["charge"] is None
+        assert len(ans["rows"]) == len(rows)
+        assert [pytest.approx(r) for r in ans["rows"]] == rows
+        # the policy's proxy_default_for (dashboard) falls back without asking
+        assert shop.query("shop", sql, consumer="dashboard", budget=QueryBudget(rho=0.01))["source"] == "proxy"
+    assert shop.ledger.spend("plain").charges == charges
