@@ -11,6 +11,7 @@ from _library import csv_text, write_library
 from test_explain_warnings import dg_halfwidth
 from test_joins import GENRES, TABLES
 
+from dpgate.errors import QueryTimeout
 from dpgate.service import Gateway, QueryBudget
 from dpgate.settings import Settings
 
@@ -95,3 +96,34 @@ def test_per_unit_subqueries_and_joins_fall_back_to_the_proxy(shop):
         # the policy's proxy_default_for (dashboard) falls back without asking
         assert shop.query("shop", sql, consumer="dashboard", budget=QueryBudget(rho=0.01))["source"] == "proxy"
     assert shop.ledger.spend("plain").charges == charges
+
+
+# --- 3. a query timeout says whether it was charged ----------------------------------------------
+
+
+def _times_out(*_a, **_k):
+    raise QueryTimeout("the query ran longer than the 0.01 s limit and was stopped", {"timeout_s": 0.01})
+
+
+@pytest.mark.parametrize("step", ["check", "execute"])  # before the charge (rendered and checked), after it
+def test_a_query_timeout_says_whether_it_was_charged(lib, monkeypatch, step):
+    before = lib.ledger.spend("members").charges
+    real = getattr(lib.engine, step)
+
+    def slow(*a, **k):  # the bounded query (after the charge), or its check (before it), times out
+        if step == "check" or lib.ledger.spend("members").charges > before:
+            _times_out()
+        return real(*a, **k)
+
+    monkeypatch.setattr(lib.engine, step, slow)
+    with pytest.raises(QueryTimeout) as err:
+        lib.query("lib", "SELECT m.edu, COUNT(*) AS n FROM checkouts c JOIN members m ON c.member_id = m.id "
+                  "GROUP BY m.edu", consumer="analysts", budget=QueryBudget(rho=0.01))
+    details = err.value.to_dict()["error"]["details"]
+    assert details["timeout_s"] == 0.01
+    charges = lib.ledger.spend("members").charges
+    if step == "check":
+        assert details["charged"] is False and "charge_id" not in details and charges == before
+    else:
+        assert details["charged"] is True and charges == before + 1
+        assert details["charge_id"].startswith("chg_")
