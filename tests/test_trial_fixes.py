@@ -2,6 +2,9 @@
 
 1. explain's "before paying" checks (bounds, AVG at n₀ rows, warnings) for joined tables and
    per-unit subqueries, whose plan names a virtual table the dataset policy does not declare.
+2. The proxy fallback for the same plans (and through the policy's ``proxy_default_for``).
+3. A ``query_timeout`` says whether it was charged (``charged``, ``charge_id``).
+4. Two released columns under one title are refused before the charge, repeats included.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from _library import csv_text, write_library
 from test_explain_warnings import dg_halfwidth
 from test_joins import GENRES, TABLES
 
-from dpgate.errors import QueryTimeout
+from dpgate.errors import QueryTimeout, UnsupportedQuery
 from dpgate.service import Gateway, QueryBudget
 from dpgate.settings import Settings
 
@@ -127,3 +130,18 @@ def test_a_query_timeout_says_whether_it_was_charged(lib, monkeypatch, step):
     else:
         assert details["charged"] is True and charges == before + 1
         assert details["charge_id"].startswith("chg_")
+
+
+# --- 4. two released columns may not share a title -----------------------------------------------
+
+
+@pytest.mark.parametrize("sql", ["SELECT COUNT(*) AS n, COUNT(*) AS n FROM checkouts",
+                                 "SELECT COUNT(*), COUNT(*) FROM checkouts"])
+def test_a_repeated_column_title_is_refused_before_the_charge(lib, sql):
+    before = lib.ledger.spend("members").charges
+    with pytest.raises(UnsupportedQuery, match="two output columns are named") as err:
+        lib.query("lib", sql, consumer="analysts", budget=QueryBudget(rho=0.01))
+    assert err.value.http_status == 400 and err.value.details["charged"] is False
+    assert lib.ledger.spend("members").charges == before
+    assert lib.query("lib", "SELECT COUNT(*) AS a, COUNT(*) AS b FROM checkouts", consumer="analysts",
+                     budget=QueryBudget(rho=0.01))["columns"] == ["a", "b"]
