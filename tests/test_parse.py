@@ -434,7 +434,7 @@ DIFFERENT = [
     ("SELECT SUM(tokens) FROM prompts", "SELECT SUM(latency) FROM prompts"),
     ("SELECT VAR_POP(tokens) FROM prompts", "SELECT STDDEV_POP(tokens) FROM prompts"),
     ("SELECT COUNT(*), SUM(tokens) FROM prompts", "SELECT SUM(tokens), COUNT(*) FROM prompts"),
-    ("SELECT COUNT(*) FROM prompts", "SELECT COUNT(*), COUNT(*) FROM prompts"),
+    ("SELECT COUNT(*) FROM prompts", "SELECT COUNT(*) AS a, COUNT(*) AS b FROM prompts"),  # repeated: two outputs
     ("SELECT region, COUNT(*) FROM prompts GROUP BY region",
      "SELECT week, COUNT(*) FROM prompts GROUP BY week"),
     ("SELECT region, COUNT(*) FROM prompts GROUP BY region",

@@ -72,6 +72,10 @@ def test_distinct_inside_value_aggregates_is_refused_with_a_reason(policy, agg):
     "SELECT SUM(tokens) AS v, COUNT(*) AS V FROM prompts",
     "SELECT region, COUNT(*) AS region FROM prompts GROUP BY region",
     "SELECT COUNT(*) AS n, AVG(tokens) AS \"n\" FROM prompts",
+    # the same computation twice under one title (a fresh-user trial: released as ["n", "n"])
+    "SELECT COUNT(*) AS n, COUNT(*) AS n FROM prompts",
+    "SELECT COUNT(*), COUNT(*) FROM prompts",
+    "SELECT region, region, COUNT(*) FROM prompts GROUP BY region",
 ])
 def test_duplicate_output_names_are_refused(policy, sql):
     with pytest.raises(UnsupportedQuery) as e:

@@ -116,7 +116,8 @@ class ServerError(DpgateClientError):
 
 
 class QueryTimeoutError(ServerError):
-    """``query_timeout`` (504): the bounded query ran past the server's timeout (the charge stays)."""
+    """``query_timeout`` (504): the bounded query ran past the server's timeout (``details.charged``
+    says whether it was charged; a charge stays, ``details.charge_id``)."""
 
 
 class RenewalRefused(ConflictError):

@@ -237,7 +237,9 @@ class ServerBusy(DpgateError):
 
 
 class QueryTimeout(DpgateError):
-    """The bounded query ran past the engine's per-query timeout (the charge stays)."""
+    """The bounded query ran past the engine's per-query timeout. ``details.charged``: False when
+    it timed out before the charge (nothing was charged), True after it (the charge stays;
+    ``details.charge_id`` names it)."""
 
     code = "query_timeout"
     http_status = 504

@@ -19,6 +19,9 @@ proxy fitted only from DP releases is post-processing, :mod:`dpgate.proxy_build`
   answer would look like together with the ± (95 % half-width) each cell would carry at the
   requested budget — the calibrated noise scales, before anything is spent.
 
+Joins and per-unit subqueries are answered too: their bounded query reads the declared tables
+they are built from, each replaced by the proxy's table of the same name.
+
 Not answered from a proxy (the original refusal is raised): quantile queries and keys-only
 selection (``ORDER BY … LIMIT k``) queries, whose exact counterparts are different algorithms,
 and queries over tables the proxy lacks.
@@ -140,15 +143,16 @@ def fallback_answer(gateway: Any, dataset: str, sql: str, *, consumer: str | Non
     proxy = gateway.policy(policy.proxy)
     from dpgate.pipeline.strategy import TopK, UnionAll
 
-    _, plan, strategy = gateway.compile(dataset, sql, dialect)
+    # the policy the plan reads: a joined or per-unit subquery's virtual table is in it, not in ``policy``
+    read, plan, strategy = gateway.compile(dataset, sql, dialect)
     try:
         if isinstance(strategy, TopK):
             raise ExecutionError("keys-only selection queries (ORDER BY … LIMIT k) are not answered from a proxy")
         if isinstance(strategy, UnionAll):
             raise ExecutionError("a UNION ALL is not answered from a proxy yet: send its parts one by one")
-        keys, exact = run_on_proxy(gateway, policy, plan)
+        keys, exact = run_on_proxy(gateway, read, plan)
         zero = {p.id: 0.0 for p in plan.primitives}
-        table = finalize(plan, policy, keys, exact, zero, zero, mechanism="discrete_gaussian")
+        table = finalize(plan, read, keys, exact, zero, zero, mechanism="discrete_gaussian")
     except DpgateError as exc:
         refusal.details["proxy"] = {"dataset": proxy.name, "answered": False, "reason": exc.message}
         raise refusal from None

@@ -75,7 +75,7 @@ class Settings(BaseSettings):
         json_schema_extra={"flag": "--keys-file", "default_text": "`$DPGATE_HOME/keys.json`"},
     )
     query_timeout_s: float = Field(
-        default=30.0, gt=0, description="per-query engine timeout, seconds (504 `query_timeout`; the charge stays)",
+        default=30.0, gt=0, description="per-query engine timeout, seconds (504 `query_timeout`: `details.charged` false when it came before the charge, nothing charged; true after it: the charge stays, `details.charge_id`)",
         json_schema_extra={"flag": "--query-timeout"},
     )
     max_body_bytes: int = Field(

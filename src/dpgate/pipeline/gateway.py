@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from dpgate.engines import EngineOptions, EngineSet
-from dpgate.errors import BudgetExhausted, UnknownDataset, UnsupportedQuery
+from dpgate.errors import BudgetExhausted, QueryTimeout, UnknownDataset, UnsupportedQuery
 from dpgate.ledger import Ledger, open_ledger
 from dpgate.notices import first_notice
 from dpgate.pipeline.admin import (AdminOperations, DatasetViews, StoreOperations, check_population_moves, ensure_populations,
@@ -338,6 +338,9 @@ class Gateway(DatasetViews, AdminOperations, StoreOperations):
         try:
             return self._answer(dataset, sql, consumer=consumer, budget=budget, mechanism=mechanism,
                                 dialect=dialect, search_id=search_id)
+        except QueryTimeout as exc:  # one after the charge says charged (runners._charged_execution)
+            exc.details.setdefault("charged", False)
+            raise
         except BudgetExhausted as refusal:
             answer = fallback_answer(self, dataset, sql, consumer=consumer, dialect=dialect, fallback=fallback,
                                      refusal=refusal)
@@ -373,7 +376,9 @@ class Gateway(DatasetViews, AdminOperations, StoreOperations):
             InvalidSql, UnsupportedQuery, UnknownTable, UnknownColumn, InvalidBudget,
             UnknownDataset, UnknownConsumer: before any charge.
             BudgetExhausted: the charge did not fit; nothing was written.
-            QueryTimeout, ExecutionError, MechanismError: after the charge, which stays.
+            QueryTimeout: ``details.charged`` says whether it came before the charge (nothing
+            charged) or after it (the charge stays; ``details.charge_id`` names it).
+            ExecutionError, MechanismError: after the charge, which stays.
         """
         policy, _, strategy = self.compile(dataset, sql, dialect)
         if search_id is not None and not isinstance(strategy, TopK):  # a search records selections only

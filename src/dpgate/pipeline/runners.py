@@ -112,14 +112,19 @@ class QueryContext:
 @contextmanager
 def _charged_execution(receipt: Any) -> Iterator[None]:
     """Engine failures after the charge as one :class:`ExecutionError` naming the charge (no data in
-    the message); dpgate's own errors pass as they are."""
+    the message); dpgate's own errors (a :class:`~dpgate.errors.QueryTimeout`) pass with
+    ``details.charged`` (False: an exact release, ``receipt`` None) and ``details.charge_id`` added."""
+    charged = {"charged": receipt is not None,
+               **({"charge_id": receipt.charge_id} if receipt is not None else {})}
     try:
         yield
-    except DpgateError:
+    except DpgateError as exc:
+        for k, v in charged.items():
+            exc.details.setdefault(k, v)
         raise
     except Exception as exc:  # noqa: BLE001 - no data in the message
         raise ExecutionError("executing the bounded query failed; the charge stays",
-                             {"charge_id": receipt and receipt.charge_id}) from exc
+                             {"charge_id": receipt and receipt.charge_id, "charged": receipt is not None}) from exc
 
 
 class Runner:

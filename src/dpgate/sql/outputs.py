@@ -158,18 +158,16 @@ class Outputs:
 
         A release is a table whose columns (and their accuracy entries) are keyed by
         title: two columns titled ``v`` would leave one column's accuracy reported for
-        both. The same computation repeated under one title (``SELECT COUNT(*), COUNT(*)``)
-        is fine: its values and accuracy are the same. Raises UnsupportedQuery naming the
-        title.
+        both, and a client reading the release by column title sees one of them. The same
+        computation repeated under one title (``SELECT COUNT(*), COUNT(*)``,
+        ``COUNT(*) AS n, COUNT(*) AS n``) is refused too (before any charge). Raises
+        UnsupportedQuery naming the title.
         """
         seen: dict[str, Out] = {}
         for out in self.items:
             if out.hidden:
                 continue
-            first = seen.setdefault(out.label.casefold(), out)
-            same = first is out or ((first.kind, first.column, first.function) == (
-                out.kind, out.column, out.function) and out.kind != "expr")
-            if not same:
+            if seen.setdefault(out.label.casefold(), out) is not out:
                 raise UnsupportedQuery(
                     f"two output columns are named {out.label!r}: give each column of the "
                     "SELECT list its own name (an alias, AS …)",

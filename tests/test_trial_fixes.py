@@ -1,0 +1,147 @@
+"""Problems a fresh-user trial of dpgate found (each test failed before its fix).
+
+1. explain's "before paying" checks (bounds, AVG at n₀ rows, warnings) for joined tables and
+   per-unit subqueries, whose plan names a virtual table the dataset policy does not declare.
+2. The proxy fallback for the same plans (and through the policy's ``proxy_default_for``).
+3. A ``query_timeout`` says whether it was charged (``charged``, ``charge_id``).
+4. Two released columns under one title are refused before the charge, repeats included.
+"""
+
+from __future__ import annotations
+
+import pytest
+from _library import csv_text, write_library
+from test_explain_warnings import dg_halfwidth
+from test_joins import GENRES, TABLES
+
+from dpgate.errors import QueryTimeout, UnsupportedQuery
+from dpgate.service import Gateway, QueryBudget
+from dpgate.settings import Settings
+
+
+@pytest.fixture
+def lib(tmp_path):
+    policies = write_library(tmp_path / "p", TABLES, genres_csv=csv_text("genre,category", GENRES),
+                             epsilon=100000.0, members=True)
+    with Gateway.open(Settings(policies=policies, home=tmp_path / "home")) as gw:
+        yield gw
+
+
+def _out(doc, label):
+    return next(o for o in doc["expected_accuracy"]["outputs"] if o["label"] == label)
+
+
+def _avg_at(doc, label, n0, hi):
+    """The AVG's ± at n0 rows, (t_S + M·t_C)/(n0 − t_C), from the oracle's 97.5 % half-widths."""
+    o = next(o for o in doc["plan"]["outputs"] if o["name"] == _out(doc, label)["name"])
+    kinds = {p["id"]: p["kind"] for p in doc["plan"]["primitives"]}
+    s = next(i for i in o["primitives"] if kinds[i] == "sum")
+    c = next(i for i in o["primitives"] if kinds[i] != "sum")
+    t_s, t_c = dg_halfwidth(doc["noise_scales"][s], 0.025), dg_halfwidth(doc["noise_scales"][c], 0.025)
+    return (t_s + hi * t_c) / (n0 - t_c)
+
+
+@pytest.mark.parametrize("sql, bounds", [
+    # a public table joined on a declared column: pages keeps checkouts' bounds [0, 1000]
+    ("SELECT g.category, SUM(c.pages) AS s, AVG(c.pages) AS a FROM checkouts c JOIN genres g "
+     "ON g.genre = c.genre GROUP BY g.category", {"s": (0.0, 1000.0), "a": (0.0, 1000.0)}),
+    # two protected tables on the unit: members' age keeps its bounds [0, 120]
+    ("SELECT m.edu, AVG(m.age) AS a FROM checkouts c JOIN members m ON c.member_id = m.id GROUP BY m.edu",
+     {"a": (0.0, 120.0)}),
+    # a per-unit subquery: t's range is the per-unit sum's, 2 groups × 3 rows × [0, 1000]
+    ("SELECT AVG(t) AS a FROM (SELECT member_id, SUM(pages) AS t FROM checkouts GROUP BY member_id) u",
+     {"a": (0.0, 6000.0)}),
+])
+def test_explain_compares_joined_and_per_unit_outputs_with_their_bounds(lib, sql, bounds):
+    doc = lib.explain("lib", sql, budget=QueryBudget(rho=0.0001), reference_rows=1000)
+    for label, (lo, hi) in bounds.items():
+        out = _out(doc, label)
+        assert out["bounds"] == {"lower": lo, "upper": hi, "width": hi - lo}
+        if out["function"] == "avg":
+            assert out["ci95_at_reference_rows"] == pytest.approx(_avg_at(doc, label, 1000, hi), rel=1e-12)
+    # at ρ = 1e-4 every SUM and AVG here is swamped at the default 100 rows: each is warned about
+    warnings = lib.explain("lib", sql, budget=QueryBudget(rho=0.0001))["expected_accuracy"]["warnings"]
+    assert sorted(w["output"] for w in warnings) == sorted(bounds)
+    assert all(w["code"] == "ci95_exceeds_bounds_width" for w in warnings)
+
+
+# --- 2. joins and per-unit subqueries fall back to the proxy -------------------------------------
+
+PER_UNIT_ONCE = "SELECT COUNT(*) AS c FROM (SELECT user_id, COUNT(*) AS n FROM orders GROUP BY user_id) u WHERE n >= 1"
+PER_UNIT_AVG = "SELECT AVG(t) AS a FROM (SELECT user_id, SUM(amount) AS t FROM orders GROUP BY user_id) u"
+SELF_JOIN = ("SELECT a.region, COUNT(*) AS c FROM orders a JOIN orders b ON a.user_id = b.user_id "
+             "GROUP BY a.region")
+
+
+@pytest.fixture
+def shop(tmp_path):
+    from _budget_project import write_project
+
+    with Gateway.open(Settings(policies=write_project(tmp_path / "project"), home=tmp_path / "state")) as gw:
+        share = 0.5 * gw.ledger.cap("plain").rho_cap  # exhaust both consumers' shares
+        for consumer, sql in (("analysts", "SELECT COUNT(*) FROM orders"),  # two plans: the second is not
+                              ("dashboard", "SELECT SUM(amount) FROM orders")):  # served from the release cache
+            assert gw.query("shop", sql, consumer=consumer, budget=QueryBudget(rho=share))["charge"] is not None
+        yield gw
+
+
+def test_per_unit_subqueries_and_joins_fall_back_to_the_proxy(shop):
+    # the synthetic proxy (tests/_budget_project.py): users 1000 + u, u < 120, one order each of (11·u) mod 101
+    amounts = [(u * 11) % 101 for u in range(120)]
+    charges = shop.ledger.spend("plain").charges
+    expected = {PER_UNIT_ONCE: [[120]], PER_UNIT_AVG: [[sum(amounts) / 120]],
+                SELF_JOIN: [["eu", 42], ["us", 39], ["apac", 39]]}  # one order per user: no fan-out
+    for sql, rows in expected.items():
+        ans = shop.query("shop", sql, consumer="analysts", budget=QueryBudget(rho=0.01), fallback="proxy")
+        assert ans["source"] == "proxy" and ans["dp"] is False and ans["charge"] is None
+        assert len(ans["rows"]) == len(rows)
+        assert [pytest.approx(r) for r in ans["rows"]] == rows
+        # the policy's proxy_default_for (dashboard) falls back without asking
+        assert shop.query("shop", sql, consumer="dashboard", budget=QueryBudget(rho=0.01))["source"] == "proxy"
+    assert shop.ledger.spend("plain").charges == charges
+
+
+# --- 3. a query timeout says whether it was charged ----------------------------------------------
+
+
+def _times_out(*_a, **_k):
+    raise QueryTimeout("the query ran longer than the 0.01 s limit and was stopped", {"timeout_s": 0.01})
+
+
+@pytest.mark.parametrize("step", ["check", "execute"])  # before the charge (rendered and checked), after it
+def test_a_query_timeout_says_whether_it_was_charged(lib, monkeypatch, step):
+    before = lib.ledger.spend("members").charges
+    real = getattr(lib.engine, step)
+
+    def slow(*a, **k):  # the bounded query (after the charge), or its check (before it), times out
+        if step == "check" or lib.ledger.spend("members").charges > before:
+            _times_out()
+        return real(*a, **k)
+
+    monkeypatch.setattr(lib.engine, step, slow)
+    with pytest.raises(QueryTimeout) as err:
+        lib.query("lib", "SELECT m.edu, COUNT(*) AS n FROM checkouts c JOIN members m ON c.member_id = m.id "
+                  "GROUP BY m.edu", consumer="analysts", budget=QueryBudget(rho=0.01))
+    details = err.value.to_dict()["error"]["details"]
+    assert details["timeout_s"] == 0.01
+    charges = lib.ledger.spend("members").charges
+    if step == "check":
+        assert details["charged"] is False and "charge_id" not in details and charges == before
+    else:
+        assert details["charged"] is True and charges == before + 1
+        assert details["charge_id"].startswith("chg_")
+
+
+# --- 4. two released columns may not share a title -----------------------------------------------
+
+
+@pytest.mark.parametrize("sql", ["SELECT COUNT(*) AS n, COUNT(*) AS n FROM checkouts",
+                                 "SELECT COUNT(*), COUNT(*) FROM checkouts"])
+def test_a_repeated_column_title_is_refused_before_the_charge(lib, sql):
+    before = lib.ledger.spend("members").charges
+    with pytest.raises(UnsupportedQuery, match="two output columns are named") as err:
+        lib.query("lib", sql, consumer="analysts", budget=QueryBudget(rho=0.01))
+    assert err.value.http_status == 400 and err.value.details["charged"] is False
+    assert lib.ledger.spend("members").charges == before
+    assert lib.query("lib", "SELECT COUNT(*) AS a, COUNT(*) AS b FROM checkouts", consumer="analysts",
+                     budget=QueryBudget(rho=0.01))["columns"] == ["a", "b"]
