@@ -15,8 +15,8 @@ that Python also initialises). Edges are of three kinds:
 A *cycle* is a strongly connected component of more than one module; each is listed with one
 shortest cycle through its modules as a witness. :data:`MODULE_LEVEL_CYCLES` (module edges only)
 and :data:`ALL_CYCLES` (module and function edges) are today's components: a change may shrink
-or split them, never add a module to one or make a new one. The target (no cycle at all) is a
-strict xfail until issue 20 step 6 lands.
+or split them, never add a module to one or make a new one. Both are empty since issue 20 step 6,
+and "no cycle at all" is asserted.
 
 Sizes: no module may grow past ``max(800, its size today)`` lines (:data:`OVERSIZED`, today's
 modules over 800 lines, empty since issue 20 step 6); no module over 800 is asserted.
@@ -33,7 +33,6 @@ import functools
 from collections import deque
 from pathlib import Path
 
-import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 PACKAGE = "dpgate"
@@ -200,11 +199,7 @@ def _within(found: set[frozenset[str]], baseline: set[frozenset[str]]) -> list[s
 
 #: None today: every cycle is closed by an import inside a function.
 _MODULE_LEVEL: list[set[str]] = []
-_ALL: list[set[str]] = [
-    # bound → joins → per_unit → bound (parse and quantile left it when per_unit took its scope
-    # from sql.resolve and parse was split into parse / resolve / compile)
-    {"dpgate.sql.bound", "dpgate.sql.joins", "dpgate.sql.per_unit"},
-]
+_ALL: list[set[str]] = []  # none since issue 20 step 6 (sql.sources took the virtual tables' types)
 MODULE_LEVEL_CYCLES.update(frozenset(c) for c in _MODULE_LEVEL)
 ALL_CYCLES.update(frozenset(c) for c in _ALL)
 OVERSIZED.update({
@@ -236,7 +231,6 @@ def test_the_cycle_baseline_is_today():
     assert cycles(_graph("module", "function")) == ALL_CYCLES
 
 
-@pytest.mark.xfail(strict=True, reason="issue 20 step 6: no import cycle in src/dpgate")
 def test_no_import_cycle():
     assert not cycles(_graph("module", "function"))
 

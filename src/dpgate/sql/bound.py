@@ -58,7 +58,7 @@ from sqlglot import exp
 
 from dpgate.policy import ColumnPolicy, DatasetPolicy, TablePolicy, quote_identifier as q
 from dpgate.sql.bind import bind_value
-from dpgate.sql.expr import total_sql, value_sql
+from dpgate.sql.expr import row_sql, total_sql, value_sql  # noqa: F401 - row_sql re-exported
 from dpgate.sql import partition_selection as selection
 from dpgate.sql.plan import QueryPlan
 
@@ -343,16 +343,6 @@ def _where(plan: QueryPlan) -> str | None:
     # instead of failing the query, so whether a query succeeds never depends on the data
     # (an error would be a release without noise).
     return row_sql(plan.where)
-
-
-def row_sql(canonical: str, qualifier: str | None = _SRC) -> str:
-    """A canonical row predicate or expression (DuckDB text over declared column names),
-    rendered total by :func:`dpgate.sql.expr.total_sql`: its columns read as
-    ``"<qualifier>"."<column>"`` (unqualified when ``qualifier`` is None), the whole in ``TRY(…)``.
-    """
-    tree = sqlglot.parse_one(canonical, read="duckdb")
-    ref = lambda name: exp.column(name, table=qualifier, quoted=True)  # noqa: E731
-    return total_sql(tree, ref).sql(dialect="duckdb")
 
 
 def _derived_value(expression: str, table: TablePolicy) -> str:

@@ -353,6 +353,19 @@ def total_sql(tree: exp.Expression, ref: Callable[[str], exp.Expression]) -> exp
 
     return exp.Try(this=guard_arithmetic(tree.transform(swap)))
 
+def row_sql(canonical: str, qualifier: str | None = "__dpg_src") -> str:
+    """A canonical row predicate or expression (DuckDB text over declared column names),
+    rendered total by :func:`total_sql`: its columns read as ``"<qualifier>"."<column>"``
+    (unqualified when ``qualifier`` is None), the whole in ``TRY(…)``.
+    (The bounded query's row source is named ``__dpg_src``: :mod:`dpgate.sql.bound`.)
+    """
+    import sqlglot
+
+    tree = sqlglot.parse_one(canonical, read="duckdb")
+    ref = lambda name: exp.column(name, table=qualifier, quoted=True)  # noqa: E731
+    return total_sql(tree, ref).sql(dialect="duckdb")
+
+
 
 def condition_sql(e: Expr, ref: Callable[[str], exp.Expression]) -> exp.Expression:
     """A boolean condition over raw columns, made total by :func:`total_sql`."""

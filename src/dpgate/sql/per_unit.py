@@ -71,7 +71,7 @@ from dpgate import limits
 from dpgate.errors import UnsupportedQuery
 from dpgate.policy import ColumnPolicy, DatasetPolicy, TablePolicy, quote_identifier as q
 from dpgate.render import nodes as sqln
-from dpgate.sql.joins import JoinedTable, recalled, remember
+from dpgate.sql.sources import JoinedTable, recalled, remember
 
 #: Marks a per-unit table's name (never a declared table name: it contains spaces).
 PER_UNIT_MARK = "PER UNIT "
@@ -265,7 +265,7 @@ def build_table(inner: exp.Select, policy: DatasetPolicy) -> PerUnitTable:
         UnknownTable, UnknownColumn: undeclared names.
     """
     from dpgate.sql.bind import plan_where
-    from dpgate.sql.bound import row_sql
+    from dpgate.sql.expr import row_sql
     from dpgate.sql.rules import check_nesting
 
     check_nesting(inner)  # the outer statement's check no longer sees the inner query
