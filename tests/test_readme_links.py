@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
 SRC = Path(__file__).resolve().parents[1] / "src" / "dpgate"
 
@@ -34,3 +36,22 @@ def test_layout_names_the_pipeline_packages():
         assert f"`{module}`" in layout, module
     for package in ("pipeline/", "render/", "policy/", "accounting/", "sql/"):
         assert f"`{package}`" in layout, package
+
+
+def test_the_pure_epsilon_receipt_example():
+    """README: a top-2 {"epsilon": 0.2} charges ρ = k·(ε/k)²/8 = 0.0025 (dpgate.selection), which the
+    ledger reads as ε ≈ 0.3085 at δ = 5e-7 — above the requested 0.2 and below Bun & Steinke's
+    ρ + 2√(ρ log 1/δ) (Prop. 1.3)."""
+    import math
+
+    from dpgate.ledger.caps import ledger_epsilon
+    from dpgate.mechanisms.selection import top_k_rho
+
+    k, eps = 2, 0.2
+    rho = k * (eps / k) ** 2 / 8
+    assert rho == pytest.approx(0.0025, rel=1e-12)
+    assert top_k_rho(1, k, 10.0, monotonic=True) == pytest.approx(rho, rel=1e-9)
+    assert "ρ = 2·0.1²/8 = 0.0025" in README and "ε ≈ 0.3085" in README
+    shown = ledger_epsilon(rho, 5e-7)
+    assert f"{shown:.4f}" == "0.3085"
+    assert eps < shown <= rho + 2 * math.sqrt(rho * math.log(1 / 5e-7))
