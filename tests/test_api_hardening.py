@@ -395,3 +395,28 @@ def test_httpx_sees_the_same_answers_as_curl_would(project, tmp_path):
         r = httpx.post(f"{live.url}/v1/queries", json=QUERY, timeout=10)
         assert_error(r, 401, "unauthenticated")
         assert r.headers.get("connection") != "close"
+
+
+# --- bodies FastAPI cannot parse ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("body, problem", [
+    (b'{"dataset": "usage", "sql": "SELECT \\xff\\xfe"}'.replace(b"\\xff\\xfe", bytes([0xFF, 0xFE])),
+     "not UTF-8 text"),
+    (b"[" * 5000 + b"]" * 5000, "nested too deeply"),
+    (b'{"dataset": ', None),  # plain invalid JSON: the message the two above share
+])
+def test_an_unparsable_body_is_invalid_json_in_the_error_shape(project, tmp_path, body, problem):
+    from fastapi.testclient import TestClient
+
+    settings = Settings(policies=project / "policies", home=tmp_path / "state")
+    keys = _keys(settings)
+    client = TestClient(create_app(settings), raise_server_exceptions=False)  # no lifespan: parsing comes first
+    r = client.post("/v1/queries", content=body,
+                    headers={"Content-Type": "application/json", "Authorization": f"Bearer {keys['analyst']}"})
+    assert_error(r, 400, "invalid_request")
+    message = r.json()["error"]["message"]
+    assert message.startswith("the request body is not valid JSON")
+    assert "There was an error parsing the body" not in r.text
+    if problem is not None:
+        assert problem in message

@@ -109,3 +109,36 @@ def test_bad_input_is_an_error_shape(capsys, argv, word):
     error = json.loads(err)["error"]
     assert error["code"] == "invalid_budget"
     assert word in error["message"]
+
+
+@pytest.mark.filterwarnings("error")  # no numpy RuntimeWarning on the way to the message
+@pytest.mark.parametrize(
+    "argv, word",
+    [
+        (["epsilon", "--rho", "1e308", "--delta", "1e-6"], "rho must be a finite number in [0, 10000]"),
+        (["epsilon", "--rho", "1e5", "--delta", "1e-6"], "rho must be a finite number in [0, 10000]"),
+        (["epsilon", "--rho", "1", "--delta", "nan"], "delta must be a finite number in [0, 1)"),
+        (["epsilon", "--sigma", "1e-300", "--delta", "1e-6"], "sigma is too small"),
+        (["epsilon", "--sigma", "inf", "--delta", "1e-6"], "sigma must be a finite number"),
+        (["epsilon", "--sigma", "1", "--l2-sensitivity", "nan", "--delta", "1e-6"], "l2 sensitivity"),
+        (["rho", "--epsilon", "1e308", "--delta", "1e-6"], "epsilon must be a finite number in [0, 10000]"),
+        (["rho", "--epsilon", "nan", "--delta", "1e-6"], "epsilon must be a finite number"),
+        (["rho", "--epsilon", "1", "--delta", "1e-6", "--releases", "3", "--l2-sensitivity", "1e308"],
+         "l2 sensitivity must be a finite number in (0, 1e+100]"),
+        (["attack", "--epsilon", "nan", "--delta", "1e-6"], "epsilon must be a finite number"),
+        (["attack", "--epsilon", "1e308", "--delta", "1e-6"], "epsilon must be a finite number in [0, 10000]"),
+        (["attack", "--epsilon", "1", "--delta", "1e-6", "--rho", "inf"], "rho must be a finite number"),
+        (["attack", "--epsilon", "1", "--delta", "1e-6", "--mu", "-1"], "mu must be a finite number"),
+    ],
+)
+def test_out_of_range_input_is_a_sentence_naming_the_range(capsys, argv, word):
+    status, out, err = run(capsys, *argv, "--json")
+    assert status == 2  # exits.USAGE, as every invalid_budget
+    error = json.loads(err)["error"]
+    assert error["code"] == "invalid_budget"
+    assert word in error["message"]
+
+
+def test_the_top_of_the_range_still_converts(capsys):
+    status, out, _ = run(capsys, "epsilon", "--rho", "1e4", "--delta", "1e-6", "--json")
+    assert status == 0 and math.isfinite(json.loads(out)["epsilon"]["ledger"])

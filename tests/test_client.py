@@ -214,3 +214,27 @@ def test_the_client_imports_neither_the_gateway_nor_its_engines():
             "if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("budget", [{"rho": float("nan")}, {"epsilon": float("inf")}, {"ci95": float("-inf")}])
+def test_a_non_finite_budget_is_a_client_error_before_any_request(budget):
+    import httpx
+
+    sent = []
+    transport = httpx.MockTransport(lambda request: sent.append(request) or httpx.Response(200, json={}))
+    with Client("http://gateway.test", "k", dataset="usage", transport=transport) as c:
+        for call in (c.query, c.explain):
+            with pytest.raises(InvalidRequestError) as info:
+                call("SELECT COUNT(*) AS n FROM events", **budget)
+            assert info.value.code == "invalid_budget" and info.value.status is None
+            assert f"budget.{next(iter(budget))} must be a finite number" in info.value.message
+    assert sent == []  # nothing reached the gateway
+
+
+def test_a_body_json_cannot_encode_is_a_client_error():
+    import httpx
+
+    transport = httpx.MockTransport(lambda request: httpx.Response(200, json={}))
+    with Client("http://gateway.test", "k", transport=transport) as c, pytest.raises(InvalidRequestError) as info:
+        c._request("POST", "/v1/query", json={"x": float("nan")})
+    assert isinstance(info.value, DpgateClientError) and info.value.code == "invalid_request"

@@ -313,3 +313,16 @@ def test_smartnoise_source_option_and_errors(tmp_path, capsys):
     status, _, err = _cli(capsys, "policy", "import-smartnoise", str(tmp_path / "bad.yaml"), "--policies",
                           str(folder))
     assert status == 2 and "bad.yaml" in err
+
+
+def test_the_suggested_unit_column_is_asked_for_no_bounds_or_keys():
+    from dpgate.policy_draft import DraftColumn, DraftPolicy, DraftTable, draft_policy
+
+    for todo in (True, False):
+        cols = [DraftColumn("customer_id", "int", todo=todo), DraftColumn("amount", "int", todo=todo)]
+        text = draft_policy(DraftPolicy("shop", [DraftTable("orders", "orders.csv", cols, unit_hint="customer_id")]))
+        line = next(raw for raw in text.splitlines() if raw.startswith("customer_id ="))
+        assert "SUM/AVG" not in line and "lower" not in line and "public_keys" not in line, line
+        assert "if this is the privacy unit, delete this line" in line
+        amount = next(raw for raw in text.splitlines() if raw.startswith("amount ="))
+        assert ("lower" in amount) if todo else ("SUM/AVG" in amount), amount  # other columns unchanged

@@ -32,6 +32,8 @@ only httpx, and pandas when :meth:`Release.to_pandas` is called.
 
 from __future__ import annotations
 
+import json as _json
+import math
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping
 
@@ -374,6 +376,12 @@ class Client:
         self._http.close()
 
     def _request(self, method: str, path: str, *, json: Any = None, params: Mapping[str, Any] | None = None) -> Any:
+        if json is not None:
+            try:  # strict JSON (no NaN/∞), the encoding httpx uses: refuse here, before sending
+                _json.dumps(json, allow_nan=False)
+            except (ValueError, TypeError) as exc:
+                raise InvalidRequestError("invalid_request", f"the request body cannot be sent as JSON: {exc}",
+                                          {"path": path}, None) from None
         try:
             response = self._http.request(method, path, json=json, params=params)
         except self._httpx.HTTPError as exc:
@@ -400,6 +408,10 @@ class Client:
         body: dict[str, Any] = {"dataset": dataset, "sql": sql}
         budget = {k: v for k, v in (("rho", rho), ("epsilon", epsilon), ("ci95", ci95),
                                     ("expected_count", expected_count), ("delta", delta)) if v is not None}
+        for key, value in budget.items():  # NaN/∞ cannot be written in JSON; say which field, as the server would
+            if isinstance(value, float) and not math.isfinite(value):
+                raise InvalidRequestError("invalid_budget", f"budget.{key} must be a finite number, got {value!r}",
+                                          {"field": f"budget.{key}"}, None)
         if budget:
             body["budget"] = budget
         if dialect is not None:

@@ -58,6 +58,7 @@ __all__ = [
     "MAX_ABS_AGGREGATE",
     "MAX_ABS_BOUND",
     "MAX_INT",
+    "MAX_QUERY_RHO",
     "MAX_RESOLUTION",
     "MAX_SCALE",
     "MAX_STEPS",
@@ -80,6 +81,9 @@ MIN_RESOLUTION: float = 1e-100
 MAX_RESOLUTION: float = 1e100
 #: Largest |value| of an int column's range: its values are BIGINTs.
 MAX_INT: int = 2**63 - 1
+#: Largest zCDP ρ one query may spend (a request's ``budget.rho`` and a policy's
+#: ``[budget] default_query_rho``); equals :attr:`dpgate.pipeline.budget.QueryBudget.MAX_RHO`.
+MAX_QUERY_RHO: float = 1e4
 
 
 def range_problem(ctype: str, lower, upper, steps: int) -> str | None:

@@ -198,13 +198,17 @@ _WHY_KEYS = "public_keys: a public list of keys or delete it (GROUP BY then sele
 _WHY_DATES = "lower/upper: the date range, from domain knowledge (delete both if unused)"
 
 
-def _column_line(col: DraftColumn) -> str:
+def _column_line(col: DraftColumn, unit_candidate: bool = False) -> str:
+    """One ``[tables.T.columns]`` line; ``unit_candidate``: the suggested privacy unit (no bounds
+    are asked of it: a privacy unit column is never summed)."""
     if col.type is None:
         return f"# {_key(col.name)}: the source type {col.native or '?'} has no policy type; left out (queries cannot name it)"
     parts = [f"type = {_value(col.type)}"]
     why: list[str] = []
     known = col.lower is not None and col.upper is not None
-    if col.type in ("int", "float", "date", "timestamp") and (known or col.todo):
+    if unit_candidate:
+        pass  # an identifier: no bounds to decide, whatever the data's type
+    elif col.type in ("int", "float", "date", "timestamp") and (known or col.todo):
         lo = col.lower if known else TODO
         hi = col.upper if known else TODO
         if col.type == "float":
@@ -218,7 +222,7 @@ def _column_line(col: DraftColumn) -> str:
         parts.append(f"public_keys = {_value(list(col.public_keys) if col.public_keys else [True, False])}")
         if not col.public_keys:
             why.append("a boolean's domain is public without looking at the data")
-    elif col.type in ("text", "int"):
+    elif col.type in ("text", "int") and not unit_candidate:
         keys = col.public_keys
         if keys is not None:
             parts.append(f"public_keys = {_value(keys)}")
@@ -293,9 +297,10 @@ def draft_policy(draft: DraftPolicy) -> str:
             if table.unit and col.name == table.unit:
                 out.append(f"# {_key(col.name)}: the privacy unit, not declared as a column (never grouped by or summed)")
                 continue
-            line = _column_line(col)
-            if not table.unit and not table.record_level and col.name == table.unit_hint:
-                line += " — if this is the privacy unit, delete this line"
+            candidate = not table.unit and not table.record_level and col.name == table.unit_hint
+            line = _column_line(col, unit_candidate=candidate)
+            if candidate:
+                line += ("  #" if "  # " not in line else ";") + " if this is the privacy unit, delete this line"
             out.append(line)
     return "\n".join(out) + "\n"
 

@@ -137,6 +137,15 @@ def _validation_error(request: Request, exc: Exception) -> SafeJSONResponse:
     return error_response(400, "invalid_request", message, {"errors": problems})
 
 
+def _unparsable_body(cause: BaseException) -> str:
+    """The message of a JSON body FastAPI could not parse but does not call invalid JSON
+    (it answers "There was an error parsing the body"): bytes that are not UTF-8 text, or
+    arrays/objects nested deeper than the JSON parser's recursion limit."""
+    if isinstance(cause, UnicodeDecodeError):
+        return "the request body is not valid JSON: it is not UTF-8 text"
+    return "the request body is not valid JSON: it is nested too deeply"
+
+
 def _http_error(request: Request, exc: Exception) -> SafeJSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     status = exc.status_code
@@ -145,6 +154,8 @@ def _http_error(request: Request, exc: Exception) -> SafeJSONResponse:
         message = f"no such endpoint: {request.method} {request.url.path}"
     elif status == 405:
         message = f"method {request.method} is not allowed on {request.url.path}"
+    elif status == 400 and isinstance(exc.__cause__, (UnicodeDecodeError, RecursionError)):
+        message = _unparsable_body(exc.__cause__)
     elif isinstance(exc.detail, str):
         message = exc.detail
     else:

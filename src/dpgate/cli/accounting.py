@@ -31,6 +31,11 @@ import math
 
 from dpgate import accounting
 from dpgate.errors import InvalidBudget
+from dpgate.limits import MAX_ABS_BOUND, MAX_QUERY_RHO
+
+#: The calculator's documented range for ρ, ε and μ (totals): [0, 10⁴], the largest one request
+#: may spend (:data:`dpgate.limits.MAX_QUERY_RHO`); beyond it the conversions overflow doubles.
+MAX_PARAMETER: float = MAX_QUERY_RHO
 
 _SOURCES = {
     "ledger": "dpgate's ledger (its cap rule): Balle et al. 2020, Thm. 21 at its RDP grid's orders, "
@@ -41,6 +46,38 @@ _SOURCES = {
 }
 #: The order of the rows: the ledger's number first, then the textbook conversions.
 _ROWS = ("ledger", *accounting.CONVERSIONS)
+
+
+def _in_range(value: float | None, name: str, *, low: float = 0.0, high: float = MAX_PARAMETER,
+              open_low: bool = False) -> None:
+    """Refuse ``value`` (a command-line number; None: not given) outside ``[low, high]`` (or
+    ``(low, high]`` with ``open_low``), NaN and ±inf included, with a sentence naming the range.
+
+    Raises:
+        ValueError: out of the documented range (the caller turns it into InvalidBudget).
+    """
+    if value is None:
+        return
+    inside = math.isfinite(value) and (value > low if open_low else value >= low) and value <= high
+    if not inside:
+        bracket = "(" if open_low else "["
+        raise ValueError(f"{name} must be a finite number in {bracket}{low:g}, {high:g}] (the calculator's "
+                         f"documented range), got {value!r}")
+
+
+def _check_inputs(args: argparse.Namespace) -> None:
+    """Every number of an ``accounting`` command inside its documented range, before any
+    conversion runs (a huge ρ or ε would overflow the conversions' doubles)."""
+    for name in ("rho", "epsilon", "mu"):
+        _in_range(getattr(args, name, None), name)
+    delta = args.delta
+    if not (math.isfinite(delta) and 0.0 <= delta < 1.0):
+        raise ValueError(f"delta must be a finite number in [0, 1), got {delta!r}")
+    _in_range(getattr(args, "sigma", None), "sigma", high=math.inf, open_low=True)
+    _in_range(getattr(args, "l2_sensitivity", None), "l2 sensitivity", high=MAX_ABS_BOUND, open_low=True)
+    releases = getattr(args, "releases", None)
+    if releases is not None and not 1 <= releases <= 10**9:
+        raise ValueError(f"releases must be an integer in [1, 10^9], got {releases}")
 
 
 def _selection_delta(args: argparse.Namespace) -> float:
@@ -71,6 +108,7 @@ def _epsilon(args: argparse.Namespace, settings) -> int:
     from dpgate.cli import print_json, print_table
 
     try:
+        _check_inputs(args)
         if args.rho is not None:
             if args.sigma is not None:
                 raise ValueError("give either --rho or --sigma, not both")
@@ -78,7 +116,13 @@ def _epsilon(args: argparse.Namespace, settings) -> int:
         elif args.sigma is not None:
             if args.releases < 1:
                 raise ValueError(f"releases must be >= 1, got {args.releases}")
-            rho = args.releases * accounting.gaussian_rho(args.l2_sensitivity, args.sigma)
+            try:
+                rho = args.releases * accounting.gaussian_rho(args.l2_sensitivity, args.sigma)
+            except (ZeroDivisionError, OverflowError):  # sigma² underflows to 0
+                rho = math.inf
+            if not rho <= MAX_PARAMETER:
+                raise ValueError(f"the total rho of --sigma {args.sigma:g} (releases x l2^2 / (2 sigma^2) = {rho:g}) "
+                                 f"is out of the calculator's documented range [0, {MAX_PARAMETER:g}]: sigma is too small")
         else:
             raise ValueError("give --rho (total ρ) or --sigma (noise scale of each release)")
         from dpgate.ledger.caps import ledger_epsilon
@@ -87,7 +131,7 @@ def _epsilon(args: argparse.Namespace, settings) -> int:
         d_rho = args.delta - sel
         results = {"ledger": ledger_epsilon(rho, d_rho) if rho > 0 else 0.0}
         results.update({name: accounting.zcdp_epsilon(rho, args.delta, name) for name in accounting.CONVERSIONS})
-    except ValueError as exc:
+    except (ValueError, OverflowError) as exc:
         raise InvalidBudget(str(exc), {"command": "accounting epsilon"}) from None
     if args.json:
         print_json(
@@ -112,6 +156,7 @@ def _rho(args: argparse.Namespace, settings) -> int:
     from dpgate.cli import print_json, print_table
 
     try:
+        _check_inputs(args)
         if not 0.0 < args.share <= 1.0 or math.isnan(args.share):
             raise ValueError(f"share must be in (0, 1], got {args.share}")
         if args.releases is not None and args.releases < 1:
@@ -129,7 +174,7 @@ def _rho(args: argparse.Namespace, settings) -> int:
                 rho_each = args.share * rho_cap / args.releases
                 sigma = accounting.gaussian_sigma(args.l2_sensitivity, rho_each) if rho_each > 0 else math.inf
                 per_release[name] = {"rho": rho_each, "sigma": sigma}
-    except ValueError as exc:
+    except (ValueError, OverflowError) as exc:
         raise InvalidBudget(str(exc), {"command": "accounting rho"}) from None
     if args.json:
         out = {
@@ -174,13 +219,14 @@ def _attack(args: argparse.Namespace, settings) -> int:
     from dpgate.cli import print_json, print_table
 
     try:
+        _check_inputs(args)
         if args.rho is not None and args.mu is not None:
             raise ValueError("give at most one of --rho and --mu")
         if not 0.0 < args.fpr < 1.0:
             raise ValueError(f"fpr must be in (0, 1), got {args.fpr}")
         fprs = sorted(set(FPR_GRID) | {args.fpr})
         out = attack_bound(args.epsilon, args.delta, rho=args.rho, mu=args.mu, fpr=args.fpr, fprs=fprs)
-    except ValueError as exc:
+    except (ValueError, OverflowError) as exc:
         raise InvalidBudget(str(exc), {"command": "accounting attack"}) from None
     if args.json:
         print_json(out)
@@ -216,7 +262,7 @@ def register(subparsers) -> None:
     sub.required = True
 
     p_eps = sub.add_parser("epsilon", help="epsilon of a total rho at delta, by each conversion")
-    p_eps.add_argument("--rho", type=float, help="total (composed) rho")
+    p_eps.add_argument("--rho", type=float, help="total (composed) rho, in [0, 1e4]")
     p_eps.add_argument("--sigma", type=float, help="Gaussian noise scale of each release (instead of --rho)")
     p_eps.add_argument("--l2-sensitivity", type=float, default=1.0, help="L2 sensitivity (with --sigma; default 1)")
     p_eps.add_argument("--releases", type=int, default=1, help="number of releases (with --sigma; default 1)")
@@ -227,7 +273,7 @@ def register(subparsers) -> None:
     p_eps.set_defaults(func=_epsilon)
 
     p_rho = sub.add_parser("rho", help="largest total rho meeting an (epsilon, delta) cap, by each conversion")
-    p_rho.add_argument("--epsilon", type=float, required=True, help="cap epsilon > 0")
+    p_rho.add_argument("--epsilon", type=float, required=True, help="cap epsilon, in (0, 1e4]")
     p_rho.add_argument("--delta", type=float, required=True, help="cap delta in [0, 1)")
     p_rho.add_argument("--selection-delta", type=float, default=None,
                        help="the part of delta reserved for partition selection (default delta/2, as in a policy with a key column without public keys; 0 for a policy whose key columns all have public keys)")
@@ -238,7 +284,7 @@ def register(subparsers) -> None:
     p_rho.set_defaults(func=_rho)
 
     p_att = sub.add_parser("attack", help="membership-attack bound: largest TPR at each FPR for (epsilon, delta)")
-    p_att.add_argument("--epsilon", type=float, required=True, help="total epsilon (of a cap or a spend)")
+    p_att.add_argument("--epsilon", type=float, required=True, help="total epsilon (of a cap or a spend), in [0, 1e4]")
     p_att.add_argument("--delta", type=float, required=True, help="total delta in [0, 1)")
     p_att.add_argument("--rho", type=float, help="also a total rho-zCDP guarantee (tighter curve)")
     p_att.add_argument("--mu", type=float, help="also a mu-GDP guarantee (continuous Gaussians only)")

@@ -155,8 +155,28 @@ def run_check(args: argparse.Namespace, settings) -> int:
     return status
 
 
+def _check_cap(policy) -> None:
+    """Validate the policy's cap as the gateway does at startup (``ensure_population`` →
+    :func:`dpgate.ledger.caps.validate_cap`), so a cap ``serve`` refuses fails the check too.
+
+    Raises:
+        PolicyError: the cap (ε, δ, selection δ) admits no spending or is out of range.
+    """
+    from dpgate.errors import PolicyError
+    from dpgate.ledger.caps import validate_cap
+
+    b = policy.budget
+    try:
+        validate_cap(b.epsilon, b.delta, selection_delta=b.selection_delta, error=PolicyError)
+    except PolicyError as e:
+        raise PolicyError(f"policy file {str(policy.path)!r}: [budget] {e.message}",
+                          {**e.details, "file": str(policy.path)}) from None
+
+
 def _check_engine(args: argparse.Namespace, settings, policies, dataset: str) -> dict:
     from dpgate.engines import EngineOptions, EngineSet
+
+    _check_cap(policies[dataset])
 
     options = EngineOptions(timeout_s=settings.query_timeout_s, duckdb_memory_limit=settings.duckdb_memory_limit,
                             duckdb_threads=settings.duckdb_threads, duckdb_load=settings.duckdb_load,

@@ -244,8 +244,19 @@ def ledger_rho(epsilon: float, delta: float) -> float:
     Args:
         epsilon: ε > 0 (total for what it pays: a cap, or one release).
         delta: δ in (0, 1) (the cap's δ less its selection δ).
+
+    Raises:
+        InvalidBudget: ε so small that no order of the grid admits a ρ > 0 at ``delta``
+            (ε ≤ min over α of log(1 − 1/α) − (log δ + log α)/(α − 1), [BBG+20] Thm. 21).
     """
-    return fix_epsilon_cap(float(epsilon), float(delta))[0]
+    rho = fix_epsilon_cap(float(epsilon), float(delta))[0]
+    if not rho > 0.0:
+        floor = min(math.log1p(-1.0 / a) - (math.log(delta) + math.log(a)) / (a - 1.0) for a in FINITE_ORDERS)
+        raise InvalidBudget(
+            f"budget epsilon = {epsilon!r} is too small: at delta = {delta:g} the ledger's conversion buys no "
+            f"rho > 0 for an epsilon at or below about {floor:.4g}; name a larger epsilon or a rho budget",
+            {"field": "epsilon", "epsilon": json_float(float(epsilon)), "delta": delta})
+    return rho
 
 
 @dataclass(frozen=True)

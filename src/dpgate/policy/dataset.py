@@ -13,6 +13,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Mapping
 
+from dpgate import limits
 from dpgate.errors import PolicyError, UnknownTable
 from dpgate.errors import policy_error as _policy_error
 from dpgate.policy.cohorts import _parse_cohorts
@@ -42,8 +43,9 @@ class BudgetPolicy:
 
     Attributes:
         epsilon: ε of the population's total cap (ε, δ).
-        delta: δ of the cap, in [0, 1).
-        default_query_rho: ρ (zCDP, per query) spent by a query that names no budget.
+        delta: δ of the cap, in (0, 1).
+        default_query_rho: ρ (zCDP, per query) spent by a query that names no budget, in
+            (0, :data:`dpgate.limits.MAX_QUERY_RHO`].
         mechanism: a key of :data:`MECHANISMS`: ``"gaussian"`` (discrete Gaussian,
             default) or ``"laplace"`` (discrete Laplace).
         suppress_ci95_above: cells whose 95 % noise half-width exceeds it are
@@ -161,7 +163,7 @@ def _selection_deltas(b: Mapping[str, Any], delta: float, path: Path) -> tuple[f
     sel = delta / 2
     if "selection_delta" in b:
         sel = _finite_number(b["selection_delta"], "[budget] selection_delta", path)
-        if not (0 <= sel < delta or sel == delta == 0):
+        if not 0 <= sel < delta:
             raise _policy_error(path, f"[budget] selection_delta must be in [0, delta) = [0, {delta:g}) "
                                       f"(got {sel:g})")
     per_query = sel / 100
@@ -239,11 +241,13 @@ def _parse_policy(raw: Mapping[str, Any], path: Path) -> DatasetPolicy:
     if epsilon <= 0:
         raise _policy_error(path, f"[budget] epsilon must be > 0 (got {epsilon:g})")
     delta = _finite_number(b["delta"], "[budget] delta", path)
-    if not 0 <= delta < 1:
-        raise _policy_error(path, f"[budget] delta must be in [0, 1) (got {delta:g})")
+    if not 0 < delta < 1:  # as the ledger's cap (dpgate.ledger.caps.validate_cap): δ = 0 admits no release
+        raise _policy_error(path, f"[budget] delta must be in (0, 1) (got {delta:g}); the cap's delta must "
+                                  "be in (0, 1): a Gaussian release needs delta > 0")
     rho = _finite_number(b["default_query_rho"], "[budget] default_query_rho", path)
-    if rho <= 0:
-        raise _policy_error(path, f"[budget] default_query_rho must be > 0 (got {rho:g})")
+    if not 0 < rho <= limits.MAX_QUERY_RHO:
+        raise _policy_error(path, f"[budget] default_query_rho must be > 0 and at most {limits.MAX_QUERY_RHO:g} "
+                                  f"(the largest rho one query may spend), got {rho:g}")
     mechanism = b.get("mechanism", "gaussian")
     if not isinstance(mechanism, str) or mechanism not in MECHANISMS:
         raise _policy_error(
