@@ -66,7 +66,7 @@ from dpgate.sql.plan import (
 )
 from dpgate.sql.quantile import QUANTILE_FUNCTIONS
 from dpgate.sql.resolve import QueryScope, refuse_unit_path_tables, resolve_from
-from dpgate.sql.rules import MAX_NESTING, apply_statement_rules, inline_ctes
+from dpgate.sql.rules import MAX_NESTING, apply_statement_rules, apply_syntax_rules
 
 #: Most key combinations (public keys × computed-key domains) one query may release: the
 #: same limit as one computed key's domain (``sql.keys.MAX_DOMAIN``), so that combining keys
@@ -107,7 +107,7 @@ def compile_statement(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
 def rewrite(stmt: exp.Select, policy: DatasetPolicy) -> tuple[exp.Select, DatasetPolicy]:
     """The rewrite rules, in order: the statement in the flat one-table form, and the policy
     that declares its table (a joined or per-unit virtual table is added to it)."""
-    stmt = inline_ctes(stmt)
+    stmt = apply_syntax_rules(stmt)  # column lists, GROUP BY ALL, LEFT, CTEs inlined, SELECT * unwrapped
     refuse_unit_path_tables(stmt, policy)  # unit-path hook (issue 21): not joined along the path yet
     # per-unit hook (dpgate.sql.per_unit): FROM (SELECT unit, aggregates … GROUP BY unit)
     stmt, policy = rewrite_per_unit(stmt, policy)
