@@ -113,7 +113,7 @@ REFUSED = [
     ("SELECT DISTINCT region, COUNT(*) FROM prompts GROUP BY region", UnsupportedQuery,
      "SELECT DISTINCT"),
     ("SELECT COUNT(*) FROM prompts QUALIFY TRUE", UnsupportedQuery, "QUALIFY"),
-    ("SELECT COUNT(*) FROM prompts LIMIT 1 OFFSET 2", UnsupportedQuery, "OFFSET"),
+    ("SELECT COUNT(*) FROM prompts LIMIT 1 OFFSET week", UnsupportedQuery, "OFFSET must be a non-negative integer"),
     ("SELECT COUNT(*) FROM prompts LIMIT -1", UnsupportedQuery, "LIMIT must be a non-negative"),
     ("SELECT COUNT(*) FROM prompts LIMIT 1.5", UnsupportedQuery, "LIMIT must be"),
     ("SELECT COUNT(*) FROM prompts LIMIT '3'", UnsupportedQuery, "LIMIT must be"),

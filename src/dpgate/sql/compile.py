@@ -49,6 +49,7 @@ from dpgate.sql.outputs import (
     nondeterministic,
     plan_having,
     plan_limit,
+    plan_offset,
     plan_order_by,
 )
 from dpgate.sql.per_unit import rewrite_per_unit
@@ -65,6 +66,7 @@ from dpgate.sql.plan import (
     QueryPlan,
 )
 from dpgate.sql.quantile import QUANTILE_FUNCTIONS
+from dpgate.sql.selection_query import selection_shaped
 from dpgate.sql.resolve import QueryScope, refuse_unit_path_tables, resolve_from
 from dpgate.sql.rules import MAX_NESTING, apply_statement_rules, apply_syntax_rules
 
@@ -135,7 +137,7 @@ def plan_statement(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
         stmt.args["having"].this if stmt.args.get("having") else None, outputs
     )
     order_refs = plan_order_by(stmt, outputs)
-    limit = plan_limit(stmt)
+    limit, offset = plan_limit(stmt), plan_offset(stmt)
     # selection hook (issue 15): an aggregate named only in ORDER BY counts (a keys-only
     # selection query, dpgate.sql.selection_query); checked after ORDER BY is resolved.
     _keys_only(outputs, table, group_by, raw_rows=_raw_rows(stmt, table, group_by))
@@ -164,7 +166,11 @@ def plan_statement(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
         selected_keys=selected_keys,
         computed_keys=tuple(keys.computed),
         narrowed_keys=narrowed,
+        offset=offset,
     )
+    if offset and (table.public or selection_shaped(plan)):
+        what = "a public table's rows" if table.public else "a top-k selection (keys ordered by an aggregate)"
+        raise unsupported(f"OFFSET on {what} is not supported yet: drop the OFFSET", stmt.args["offset"])
     if plan.computed_keys and any(p.kind == "quantile" for p in plan.primitives):
         raise UnsupportedQuery(
             "quantiles grouped by a computed key are not supported yet: group by declared "
@@ -515,4 +521,6 @@ def with_canonical_sql(plan: QueryPlan, scope: QueryScope, fragments: _Fragments
         sql += " ORDER BY " + ", ".join(parts)
     if plan.limit is not None:
         sql += f" LIMIT {plan.limit}"
+    if plan.offset:
+        sql += f" OFFSET {plan.offset}"
     return replace(plan, canonical_sql=sql)
