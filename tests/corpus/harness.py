@@ -446,6 +446,7 @@ def report(outcomes: list[Outcome]) -> str:
     for family, prefix in (("SmartNoise SQL", "sn-"), ("Tumult Analytics tutorials", "tu-"),
                            ("BigQuery / ZetaSQL docs", "bq-"), ("PipelineDP examples", "pd-"),
                            ("PostgreSQL documentation", "pg-"), ("TPC-H (issue 21)", "tpch-"),
+                           ("SQL dialect docs: syntax (issue 21 item 7)", "dd-"),
                            ("dpgate README and issues 10, 15, 24", "dg-")):
         mine = [o for o in outcomes if o.query.id.startswith(prefix) and o.skipped is None]
         lines.append(f"| {family} | {len(mine)} | {_pct(sum(o.ok for o in mine), len(mine))} |")

@@ -117,8 +117,9 @@ def _number_literal(lit: exp.Literal, type_: str, node: exp.Expression) -> exp.E
     text = str(lit.this)
     pattern = _QUOTED_INT_RE if type_ == "int" else _QUOTED_FLOAT_RE
     if not pattern.match(text):
-        raise unsupported(f"the string {lit.sql(dialect=DIALECT)} compared with an {type_} value is "
-                          f"not an {type_} literal: write the number without quotes", node)
+        article = "an" if type_ == "int" else "a"
+        raise unsupported(f"the string {lit.sql(dialect=DIALECT)} compared with {article} {type_} value "
+                          f"is not {article} {type_} literal: write the number without quotes", node)
     text = text.strip()
     negative = text.startswith("-")
     digits = text.lstrip("+-")
