@@ -36,6 +36,8 @@ SAME_PLAN = [
      "SELECT COUNT(*) FROM prompts WHERE week IN (1, 2) OR age BETWEEN -3 AND 7"),
     ("SELECT SUM(CASE WHEN age > '30' THEN tokens ELSE 0 END) FROM prompts",
      "SELECT SUM(CASE WHEN age > 30 THEN tokens ELSE 0 END) FROM prompts"),
+    ("SELECT CASE WHEN age > '40' THEN 'old' ELSE 'young' END AS b, COUNT(*) FROM prompts GROUP BY b",
+     "SELECT CASE WHEN age > 40 THEN 'old' ELSE 'young' END AS b, COUNT(*) FROM prompts GROUP BY b"),
     ("SELECT SUM(tokens) FROM prompts WHERE tokens < '1e3'",
      "SELECT SUM(tokens) FROM prompts WHERE tokens < 1000"),
     ("SELECT * FROM (SELECT region AS r, COUNT(*) AS n, SUM(tokens) AS s FROM prompts GROUP BY region) AS t",
