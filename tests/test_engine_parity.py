@@ -647,7 +647,9 @@ def _corpus_bounded(policies, engines_ref: EngineSet, q) -> list[tuple[str, str]
 #: its per-unit statements: 6, and dg-pu-07 of issue 19. dg-pu-07's ``ROUND(tokens, -2)`` is
 #: refused by PostgreSQL too: its ``round(numeric, int)`` answers in NUMERIC and DuckDB's ``TRY``
 #: semantics for rounding are not reproduced there yet.)
-MAX_CORPUS_REFUSALS = {"postgres": 3, "spark": 9}
+#: spark: + 2 for dd-left-01 (issue 21 item 7: a LEFT key is SUBSTRING, which the Spark engine
+#: refuses in a computed key before the charge, naming the engine; both statement forms).
+MAX_CORPUS_REFUSALS = {"postgres": 3, "spark": 11}
 
 
 def _corpus_parity(engines: EngineSet, kind: str, reference: EngineSet, policies, queries) -> int:

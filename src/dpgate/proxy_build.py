@@ -69,7 +69,7 @@ def _marginal_of(release: Any, policy: DatasetPolicy) -> tuple[str, str, Margina
         return None
     if plan.where is not None or len(plan.group_by) != 1 or plan.computed_keys or plan.selected_keys:
         return None
-    if plan.having or plan.limit is not None:
+    if plan.having or plan.limit is not None or plan.offset:
         return None
     table = policy.tables.get(plan.table)
     if table is None or table.public:

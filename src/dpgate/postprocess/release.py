@@ -426,7 +426,7 @@ def _finalize(plan, policy, keys, noisy, scales, halfwidths, mechanism, resoluti
     if plan.order_by:
         order = sort_rows([(cells[item.output].vector, item.descending, item.nulls_first)
                            for item in plan.order_by], order)
-    order = limit_rows(order, plan.limit)
+    order = limit_rows(order, plan.limit, plan.offset)
 
     visible = [o for o in plan.outputs if not o.hidden]
     columns = [cells[o.name].values_for(order) for o in visible]

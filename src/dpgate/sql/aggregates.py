@@ -56,8 +56,10 @@ AGG_SQL = {
 
 
 #: Aggregates sqlglot reads as anonymous functions, by lower-case name: MEAN (DuckDB),
-#: VAR (T-SQL, SmartNoise), VARP and STDEVP (T-SQL's population forms).
-ANON_AGGREGATES = {"mean": "avg", "var": "var_pop", "varp": "var_pop", "stdevp": "stddev_pop"}
+#: VAR (T-SQL, SmartNoise), VARP and STDEVP (T-SQL's population forms), STD (MySQL's population
+#: standard deviation; issue 21 item 7).
+ANON_AGGREGATES = {"mean": "avg", "var": "var_pop", "varp": "var_pop", "stdevp": "stddev_pop",
+                   "std": "stddev_pop"}
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from dpgate.sql.bind import real_args, snippet, unsupported
 #: Most syntax-tree nodes in one query (planning cost stays bounded).
 MAX_NODES = 20_000
 
-SELECT_ARGS = {"expressions", "from_", "from", "where", "group", "having", "order", "limit"}
+SELECT_ARGS = {"expressions", "from_", "from", "where", "group", "having", "order", "limit", "offset"}
 
 
 SELECT_ARG_NAMES = {
@@ -27,7 +27,6 @@ SELECT_ARG_NAMES = {
     "laterals": "LATERAL",
     "qualify": "QUALIFY",
     "windows": "WINDOW clauses",
-    "offset": "OFFSET",
     "sample": "USING SAMPLE / TABLESAMPLE",
     "into": "SELECT INTO",
     "pivots": "PIVOT",

@@ -47,6 +47,7 @@ from dpgate.sql.literals import (  # noqa: F401 - re-exported
     canonicalize_literals,
     exact_number,
     number,
+    quoted_numbers,
 )
 from dpgate.sql.trees import canonical_columns, cast_as_try_cast, searched_case, simplify_tree  # noqa: F401 - re-exported
 # the message helpers, date helpers and TRY guard (sql.messages, sql.temporal, sql.expr: expr
@@ -85,7 +86,8 @@ AGGREGATES = (
     exp.ApproxDistinct,
 )
 _AGGREGATES = AGGREGATES
-_ANON_AGGREGATES = {"mean": "avg", "var": "var_pop", "varp": "var_pop", "stdevp": "stddev_pop"}
+_ANON_AGGREGATES = {"mean": "avg", "var": "var_pop", "varp": "var_pop", "stdevp": "stddev_pop",
+                    "std": "stddev_pop"}
 _TRY_CAST_TYPES = {
     exp.DataType.Type.BIGINT: "int",
     exp.DataType.Type.INT: "int",
@@ -736,8 +738,8 @@ def plan_where_tree(node: exp.Expression | None, scope: Any) -> exp.Expression |
     """
     if node is None:
         return None
-    node = cast_as_try_cast(node)
     binder = Binder(row_column(scope))
+    node = quoted_numbers(cast_as_try_cast(node), binder.type)
     binder.check_predicate(node)
     tree = canonical_columns(node, scope.resolve)
     tree = canonicalize_literals(tree)
@@ -761,7 +763,7 @@ def canonical_value(node: exp.Expression, scope: Any) -> tuple[Expr, exp.Express
     sqlglot) is bound again, so that equivalent spellings give one expression.
     """
     binder = Binder(row_column(scope), "aggregate")
-    tree = searched_case(node.copy())
+    tree = quoted_numbers(searched_case(node.copy()), binder.type)
     binder.bind(tree)
     tree = canonical_columns(tree, scope.resolve)
     tree = canonicalize_literals(tree)

@@ -49,6 +49,7 @@ from dpgate.sql.outputs import (
     nondeterministic,
     plan_having,
     plan_limit,
+    plan_offset,
     plan_order_by,
 )
 from dpgate.sql.per_unit import rewrite_per_unit
@@ -65,8 +66,9 @@ from dpgate.sql.plan import (
     QueryPlan,
 )
 from dpgate.sql.quantile import QUANTILE_FUNCTIONS
+from dpgate.sql.selection_query import selection_shaped
 from dpgate.sql.resolve import QueryScope, refuse_unit_path_tables, resolve_from
-from dpgate.sql.rules import MAX_NESTING, apply_statement_rules, inline_ctes
+from dpgate.sql.rules import MAX_NESTING, apply_statement_rules, apply_syntax_rules
 
 #: Most key combinations (public keys × computed-key domains) one query may release: the
 #: same limit as one computed key's domain (``sql.keys.MAX_DOMAIN``), so that combining keys
@@ -107,7 +109,7 @@ def compile_statement(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
 def rewrite(stmt: exp.Select, policy: DatasetPolicy) -> tuple[exp.Select, DatasetPolicy]:
     """The rewrite rules, in order: the statement in the flat one-table form, and the policy
     that declares its table (a joined or per-unit virtual table is added to it)."""
-    stmt = inline_ctes(stmt)
+    stmt = apply_syntax_rules(stmt)  # column lists, GROUP BY ALL, LEFT, CTEs inlined, SELECT * unwrapped
     refuse_unit_path_tables(stmt, policy)  # unit-path hook (issue 21): not joined along the path yet
     # per-unit hook (dpgate.sql.per_unit): FROM (SELECT unit, aggregates … GROUP BY unit)
     stmt, policy = rewrite_per_unit(stmt, policy)
@@ -135,7 +137,7 @@ def plan_statement(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
         stmt.args["having"].this if stmt.args.get("having") else None, outputs
     )
     order_refs = plan_order_by(stmt, outputs)
-    limit = plan_limit(stmt)
+    limit, offset = plan_limit(stmt), plan_offset(stmt)
     # selection hook (issue 15): an aggregate named only in ORDER BY counts (a keys-only
     # selection query, dpgate.sql.selection_query); checked after ORDER BY is resolved.
     _keys_only(outputs, table, group_by, raw_rows=_raw_rows(stmt, table, group_by))
@@ -164,7 +166,11 @@ def plan_statement(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
         selected_keys=selected_keys,
         computed_keys=tuple(keys.computed),
         narrowed_keys=narrowed,
+        offset=offset,
     )
+    if offset and (table.public or selection_shaped(plan)):
+        what = "a public table's rows" if table.public else "a top-k selection (keys ordered by an aggregate)"
+        raise unsupported(f"OFFSET on {what} is not supported yet: drop the OFFSET", stmt.args["offset"])
     if plan.computed_keys and any(p.kind == "quantile" for p in plan.primitives):
         raise UnsupportedQuery(
             "quantiles grouped by a computed key are not supported yet: group by declared "
@@ -515,4 +521,6 @@ def with_canonical_sql(plan: QueryPlan, scope: QueryScope, fragments: _Fragments
         sql += " ORDER BY " + ", ".join(parts)
     if plan.limit is not None:
         sql += f" LIMIT {plan.limit}"
+    if plan.offset:
+        sql += f" OFFSET {plan.offset}"
     return replace(plan, canonical_sql=sql)

@@ -27,6 +27,7 @@ from dpgate.sql.bind import (
     snippet,
     unsupported,
 )
+from dpgate.sql.literals import quoted_numbers
 from dpgate.sql.keys import KeyDomain, canonical_date_key, derive_key_domain, width_bucket_to_case
 from dpgate.sql.plan import ComputedKey
 from dpgate.sql.resolve import QueryScope
@@ -96,6 +97,8 @@ def key_tree(node: exp.Expression, scope: QueryScope) -> exp.Expression:
                 node,
             )
     tree = canonical_columns(width_bucket_to_case(unparen(node)), scope.resolve)
+    # int_col > '40' as int_col > 40 (issue 21 item 7; sql.literals.quoted_numbers)
+    tree = quoted_numbers(tree, Binder(lambda c: scope.declared(c).type).type)
     tree = canonicalize_literals(tree)
     tree = simplify_tree(tree)
     tree = canonicalize_literals(tree)

@@ -15,6 +15,7 @@ from fractions import Fraction
 
 from sqlglot import exp
 
+from dpgate.errors import UnknownColumn, UnsupportedQuery
 from dpgate.sql.messages import DIALECT, unsupported
 
 _INT_RE = re.compile(r"^\d+$")
@@ -101,3 +102,71 @@ def canonicalize_literals(tree: exp.Expression) -> exp.Expression:
 
     return tree.transform(fix, copy=False)
 
+
+
+# --- quoted numbers compared with numeric values (issue 21 item 7) ---------------------------
+
+_QUOTED_INT_RE = re.compile(r"^\s*[+-]?\d+\s*$")
+_QUOTED_FLOAT_RE = re.compile(r"^\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?\s*$")
+_COMPARED = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.In, exp.Between)
+
+
+def _number_literal(lit: exp.Literal, type_: str, node: exp.Expression) -> exp.Expression:
+    """The number a quoted literal compared with an int/float value means (DuckDB casts the
+    string to the value's type); refused unless the text is a number of that type."""
+    text = str(lit.this)
+    pattern = _QUOTED_INT_RE if type_ == "int" else _QUOTED_FLOAT_RE
+    if not pattern.match(text):
+        article = "an" if type_ == "int" else "a"
+        raise unsupported(f"the string {lit.sql(dialect=DIALECT)} compared with {article} {type_} value "
+                          f"is not {article} {type_} literal: write the number without quotes", node)
+    text = text.strip()
+    negative = text.startswith("-")
+    digits = text.lstrip("+-")
+    out = exp.Literal.number(digits)
+    number(out)  # the refusals of a number written without quotes (range, finiteness)
+    return exp.Neg(this=out) if negative else out
+
+
+def quoted_numbers(tree: exp.Expression, type_of) -> exp.Expression:
+    """``int_col = '8'`` → ``int_col = 8``: string literals compared (=, <>, <, <=, >, >=, IN,
+    BETWEEN) with an int or float value read as numbers, as DuckDB reads them (it casts the
+    string to the other operand's type), so that the comparison means one thing on every
+    engine and plans exactly as the unquoted query (same plan hash).
+
+    Args:
+        tree: a row expression (not modified; a copy is returned when something changes).
+        type_of: the static type of a subtree (``Binder.type``), raising
+            :class:`~dpgate.errors.UnsupportedQuery` for what it cannot type.
+
+    Raises:
+        UnsupportedQuery: a quoted text that is not a number of the compared type
+            (``int_col = '8.5'``, ``int_col = '8a'``): DuckDB would compare differently or
+            fail at run time, after the charge.
+    """
+    def quoted(n: exp.Expression) -> bool:
+        return isinstance(n, exp.Literal) and n.is_string
+
+    if not any(isinstance(n, _COMPARED) and any(quoted(c) for c in n.iter_expressions())
+               for n in tree.walk()):
+        return tree
+    tree = tree.copy()
+    for node in reversed(list(tree.walk())):  # children before parents
+        if not isinstance(node, _COMPARED):
+            continue
+        operands = list(node.iter_expressions())
+        strings = [o for o in operands if quoted(o)]
+        others = [o for o in operands if not quoted(o)]
+        if not strings or not others:
+            continue
+        try:
+            types = {type_of(o) for o in others}
+        except (UnsupportedQuery, UnknownColumn):
+            continue  # the binder refuses it with its own message
+        numeric = types & {"int", "float"}
+        if not numeric or types - {"int", "float", "null"}:
+            continue
+        target = "float" if "float" in numeric else "int"
+        for s in strings:
+            s.replace(_number_literal(s, target, node))
+    return tree

@@ -342,6 +342,21 @@ def plan_order_by(stmt: exp.Select, outputs: Outputs) -> list[tuple[Out, bool, b
     return items
 
 
+def plan_offset(stmt: exp.Select) -> int:
+    """OFFSET's row count (0 without OFFSET): a non-negative integer literal, as LIMIT."""
+    offset = stmt.args.get("offset")
+    if offset is None:
+        return 0
+    only_args(offset, {"expression"})
+    node = offset.expression
+    if not (isinstance(node, exp.Literal) and not node.is_string and _INT_RE.match(str(node.this))):
+        raise unsupported(f"OFFSET must be a non-negative integer literal, not {snippet(node)}", node)
+    value = int(node.this)
+    if value >= 2**63:
+        raise unsupported("OFFSET is outside the 64-bit range", node)
+    return value
+
+
 def plan_limit(stmt: exp.Select) -> int | None:
     limit = stmt.args.get("limit")
     if limit is None:

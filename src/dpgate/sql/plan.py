@@ -311,6 +311,8 @@ class QueryPlan:
             (post-processing on noisy values; see :func:`evaluate_predicate`), or None.
         order_by: ORDER BY items over output names (post-processing).
         limit: LIMIT (post-processing), or None.
+        offset: OFFSET, the sorted released rows skipped before LIMIT (post-processing); left
+            out of the canonical form when 0, so plans without OFFSET keep their hash.
         policy_digest: SHA-256 (hex) of the policy settings the plan depends on (unit,
             k, m and the referenced columns' types, bounds, resolutions and public
             keys), so that a policy change changes the plan hash.
@@ -360,6 +362,7 @@ class QueryPlan:
         return None
     selected_keys: tuple[str, ...] = ()
     narrowed_keys: tuple[NarrowedKey, ...] = ()
+    offset: int = 0
 
     def narrowed_key(self, name: str) -> NarrowedKey | None:
         """The narrowing of declared group key ``name`` by the WHERE, or None."""
@@ -432,6 +435,8 @@ class QueryPlan:
         if not d["selected_keys"]:
             d.pop("selected_keys")
         _narrowed_form(d, self)
+        if not d["offset"]:  # plans without OFFSET keep their hash
+            d.pop("offset")
         for o in d["outputs"]:
             o.pop("label")
         _drop_empty_alpha(d)
@@ -478,6 +483,8 @@ class QueryPlan:
         if not d["selected_keys"]:
             d.pop("selected_keys")
         _narrowed_form(d, self)
+        if not d["offset"]:
+            d.pop("offset")
         d["plan_hash"] = self.plan_hash
         return d
 
@@ -515,6 +522,7 @@ class QueryPlan:
             values=tuple(DerivedValue(**v) for v in d.get("values", ())),
             selected_keys=tuple(d.get("selected_keys", ())),
             narrowed_keys=tuple(NarrowedKey.from_dict(k) for k in d.get("narrowed_keys", ())),
+            offset=int(d.get("offset", 0)),
         )
 
 

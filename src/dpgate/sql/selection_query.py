@@ -57,6 +57,11 @@ class SelectionQuery:
     descending: bool
 
 
+def selection_shaped(plan: QueryPlan) -> bool:
+    """True for a keys-only query ordered by an aggregate under LIMIT (a top-k selection)."""
+    return _selection_shaped(plan)
+
+
 def _selection_shaped(plan: QueryPlan) -> bool:
     visible = [o for o in plan.outputs if not o.hidden]
     if not visible or not all(isinstance(o, KeyOutput) for o in visible):
