@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 from _api_server import LiveServer, assert_error, make_project
-from test_pipeline_runners import POLICY, Spy, _kinds
+from _runner_spies import POLICY, open_shop, record_events
+from test_pipeline_runners import _kinds
 
 import dpgate.pipeline.runners as runners
 from dpgate.api import create_app
@@ -34,39 +35,16 @@ PARTS = [LOW, HIGH.replace("'high',", "'high' AS grp,"), EU.replace("'eu',", "'e
 
 @pytest.fixture
 def gw(tmp_path: Path):
-    """The shop of tests/test_pipeline_runners.py (orders of 400 users, 1-3 rows each; public regions)."""
-    orders = tmp_path / "orders.csv"
-    lines = ["user_id,region,model,amount"]
-    for u in range(400):
-        for j in range(1 + u % 3):
-            lines.append(f"{u},{['eu', 'us', 'apac'][u % 3]},{['m1', 'm2'][u % 2]},{(u * 7 + j * 13) % 101}")
-    orders.write_text("\n".join(lines) + "\n")
-    regions = tmp_path / "regions.csv"
-    regions.write_text("region,zone\neu,north\nus,west\napac,east\n")
-    folder = tmp_path / "policies"
-    folder.mkdir()
-    (folder / "shop.toml").write_text(POLICY.format(orders=orders.as_posix(), regions=regions.as_posix()))
-    g = Gateway.open(Settings(policies=folder, home=tmp_path / "home"), salt_source=lambda: 12345)
+    """The shop of tests/_runner_spies.py (orders of 400 users, 1-3 rows each; public regions)."""
+    g = open_shop(tmp_path)
     yield g
     g.close()
 
 
 @pytest.fixture
 def events(gw, monkeypatch) -> list:
-    """Renders, engine checks/executions and ledger charges, in order (as tests/test_pipeline_runners.py)."""
-    gw.compile("shop", "SELECT COUNT(*) FROM orders")  # reads the public table's keys (cached per data version)
-    out: list = []
-    for name in ("bounded_query", "histogram_query", "exact_query"):
-        real = getattr(runners, name)
-
-        def spied(*args, _real=real, _name=name, **kwargs):
-            value = _real(*args, **kwargs)
-            out.append(("render", (_name,), kwargs, value))
-            return value
-        monkeypatch.setattr(runners, name, spied)
-    monkeypatch.setattr(gw, "ledger", Spy(gw.ledger, out, ("charge",)))
-    monkeypatch.setattr(gw, "engine", Spy(gw.engine, out, ("check", "execute")))
-    return out
+    """Renders, engine checks/executions and ledger charges, in order."""
+    return record_events(gw, monkeypatch)
 
 
 def _no_trace(gw) -> None:
