@@ -131,7 +131,7 @@ data_version = "tpch-sf{scale_factor:g}-seed{seed}"
 [budget]
 epsilon = 1e9
 delta = 1e-6
-default_query_rho = 1000000
+default_query_rho = 10000
 
 [allocations]
 analysts = 1.0
