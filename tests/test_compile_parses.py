@@ -15,6 +15,7 @@ import pytest
 import sqlglot
 from sqlglot.dialects.dialect import Dialect
 
+import dpgate
 from dpgate.policy import load_policy
 from dpgate.sql.parse import parse_query
 
@@ -22,6 +23,8 @@ POLICY = Path(__file__).parent / "fixtures" / "policies" / "planner.toml"
 #: Modules still parsing generated SQL while planning, not counted here: sql/narrow.py reads the
 #: plan's WHERE text (its rewrite is another step of issue 20).
 PENDING = ("sql/narrow.py",)
+#: Frames of dpgate itself (not of a venv inside a checkout whose path contains "/dpgate/").
+PACKAGE = str(Path(dpgate.__file__).resolve().parent)
 
 
 @pytest.fixture
@@ -30,7 +33,7 @@ def parses(monkeypatch):
     original = Dialect.parse
 
     def counted(self, sql, *args, **kwargs):
-        frames = [f for f in traceback.extract_stack()[:-1] if "/dpgate/" in f.filename]
+        frames = [f for f in traceback.extract_stack()[:-1] if f.filename.startswith(PACKAGE)]
         if not frames or not frames[-1].filename.endswith(PENDING):
             seen.append(sql)
         return original(self, sql, *args, **kwargs)
