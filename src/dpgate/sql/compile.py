@@ -25,7 +25,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import re
 from dataclasses import dataclass, field, replace
 from typing import Mapping
 
@@ -38,7 +37,7 @@ from dpgate.sql import partition_selection as selection
 from dpgate.sql.aggregates import Agg, aggregate, aggregate_label, aggregate_sql, is_aggregate_call, unparen
 from dpgate.sql.allow_list import check_size, check_structure
 from dpgate.sql.bind import AGGREGATES, DIALECT, plan_where_tree, snippet, unsupported
-from dpgate.sql.group_keys import Keys, plan_group_by
+from dpgate.sql.group_keys import Keys, free_prefix, plan_group_by
 from dpgate.sql.joins import JOIN_MARK, rewrite_joins
 from dpgate.sql.narrow import narrow_keys
 from dpgate.sql.outputs import (
@@ -365,13 +364,9 @@ def _referenced(keys: Keys, outputs: Outputs, table: TablePolicy, where: exp.Exp
 
 
 def primitive_prefix(table: TablePolicy) -> str:
-    names = {c.casefold() for c in table.columns}
-    if table.privacy_unit:
-        names.add(table.privacy_unit.casefold())
-    prefix = "p"
-    while any(re.fullmatch(re.escape(prefix) + r"\d+", n) for n in names):
-        prefix = "_" + prefix
-    return prefix
+    """The prefix of the primitive ids of a plan over ``table`` (``p0``, ``p1``, …; see
+    :func:`dpgate.sql.group_keys.free_prefix`)."""
+    return free_prefix(table, "p")
 
 
 def policy_digest(table: TablePolicy, columns: set[str], tuples: Mapping[str, tuple] | None = None) -> str:

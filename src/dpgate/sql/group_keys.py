@@ -105,14 +105,21 @@ def key_tree(node: exp.Expression, scope: QueryScope) -> exp.Expression:
     return unparen(canonical_date_key(unparen(tree)))
 
 
-def key_prefix(table: TablePolicy) -> str:
+def free_prefix(table: TablePolicy, letter: str) -> str:
+    """The shortest ``_…_<letter>`` such that no column (nor the unit) of ``table`` is named
+    ``<prefix><digits>``: generated names (``g0``, ``p1``) then never shadow a declared column."""
     names = {c.casefold() for c in table.columns}
     if table.privacy_unit:
         names.add(table.privacy_unit.casefold())
-    prefix = "g"
+    prefix = letter
     while any(re.fullmatch(re.escape(prefix) + r"\d+", n) for n in names):
         prefix = "_" + prefix
     return prefix
+
+
+def key_prefix(table: TablePolicy) -> str:
+    """The prefix of the group-key output names of a plan over ``table`` (``g0``, ``g1``, …)."""
+    return free_prefix(table, "g")
 
 
 def plan_group_by(stmt: exp.Select, scope: QueryScope) -> Keys:
