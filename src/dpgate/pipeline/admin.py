@@ -175,6 +175,7 @@ class DatasetViews:
     data_versions: dict[str, str | None]
 
     def policy(self, dataset: str) -> DatasetPolicy:  # pragma: no cover - the gateway's
+        """The dataset's policy (the gateway's :meth:`~dpgate.pipeline.gateway.Gateway.policy`; raises UnknownDataset)."""
         raise NotImplementedError
 
     def dataset(self, name: str) -> dict[str, Any]:
@@ -248,6 +249,7 @@ class StoreOperations:
     release_store: ReleaseStore
 
     def policy(self, dataset: str) -> DatasetPolicy:  # pragma: no cover - the gateway's
+        """The dataset's policy (the gateway's :meth:`~dpgate.pipeline.gateway.Gateway.policy`; raises UnknownDataset)."""
         raise NotImplementedError
 
     def release(self, release_id: str) -> dict[str, Any]:

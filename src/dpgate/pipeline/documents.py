@@ -146,6 +146,7 @@ def array(values: list) -> np.ndarray:
 
 
 def relabel(accuracy: Mapping[str, Any], names: list[str], labels: list[str]) -> dict[str, Any]:
+    """``accuracy`` (column name → entry) with each primitive column name replaced by its display label."""
     mapping = dict(zip(names, labels))
     return {mapping.get(k, k): v for k, v in accuracy.items()}
 

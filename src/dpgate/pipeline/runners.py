@@ -18,9 +18,8 @@ charged, nothing refunds the charge (a failed execution stays charged).
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterator, Mapping
+from dataclasses import replace
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -56,143 +55,27 @@ from dpgate.sql.union import in_part
 __all__ = ["RUNNERS", "Calibrated", "QueryContext", "Runner", "runner_for"]
 
 
-@dataclass(frozen=True)
-class Calibrated:
-    """A calibrated release, before the charge.
-
-    Attributes:
-        mechanism: the mechanism's name as releases state it (None: exact, no noise).
-        cost: what the ledger is charged (zero for an exact release).
-        scales: primitive id → noise scale (integer units; quantiles: rank scale).
-        exact: True when nothing is noised and nothing is charged.
-        measurement: the mechanism side's calibration (:class:`dpgate.mechanisms.Calibration`,
-            :class:`dpgate.quantile_release.PlanCalibration`,
-            :class:`dpgate.selection.SelectionCalibration`), None for a free release.
-        sensitivities: primitive id → :class:`dpgate.sensitivity.Sensitivity`.
-        selection_delta: δ the threshold mechanism spends (partition selection), else None.
-    """
-
-    mechanism: str | None
-    cost: accounting.Cost
-    scales: Mapping[str, float] = field(default_factory=dict)
-    exact: bool = False
-    measurement: Any = None
-    sensitivities: Mapping[str, Any] = field(default_factory=dict)
-    selection_delta: float | None = None
-
-    def describe(self) -> dict[str, Any]:
-        """``{mechanism, noise_scales, exact, cost: {rho, epsilon}}`` (JSON-ready)."""
-        m = self.measurement
-        return {"mechanism": self.mechanism, "noise_scales": dict(self.scales), "exact": self.exact,
-                "cost": {"rho": getattr(m, "rho", 0.0 if m is None else None),
-                         "epsilon": getattr(m, "epsilon", 0.0 if m is None else None)}}
-
-
-@dataclass(frozen=True)
-class QueryContext:
-    """What a runner may use, given explicitly (no gateway internals).
-
-    Attributes:
-        dataset: the dataset queried. policy: the policy the plan reads (a join's for a join).
-        ledger: the budget ledger. engine: the dataset's engine (``check``, ``execute``,
-        ``unit_is_unique``). release_cache: the release cache (its ``store`` stores releases).
-        data_version: the published data version a release is cached under (called per query).
-        salt_source: draws the secret salt of the bounding rewrite.
-    """
-
-    dataset: str
-    policy: DatasetPolicy
-    ledger: Any
-    engine: Any
-    release_cache: Any
-    data_version: Callable[[], str]
-    salt_source: Callable[[], int]
-
-
-@contextmanager
-def _charged_execution(receipt: Any) -> Iterator[None]:
-    """Engine failures after the charge as one :class:`ExecutionError` naming the charge (no data in
-    the message); dpgate's own errors (a :class:`~dpgate.errors.QueryTimeout`) pass with
-    ``details.charged`` (False: an exact release, ``receipt`` None) and ``details.charge_id`` added."""
-    charged = {"charged": receipt is not None,
-               **({"charge_id": receipt.charge_id} if receipt is not None else {})}
-    try:
-        yield
-    except DpgateError as exc:
-        for k, v in charged.items():
-            exc.details.setdefault(k, v)
-        raise
-    except Exception as exc:  # noqa: BLE001 - no data in the message
-        raise ExecutionError("executing the bounded query failed; the charge stays",
-                             {"charge_id": receipt and receipt.charge_id, "charged": receipt is not None}) from exc
-
-
-class Runner:
-    """The common part of every runner: the charge and its two assertions (module docstring)."""
-
-    def __init__(self, strategy: Strategy, ctx: QueryContext) -> None:
-        self.strategy = strategy
-        self.plan = strategy.plan
-        self.ctx = ctx
-        self.policy = ctx.policy
-        self._prepared = False
-
-    def prepare(self, engine: Any, salt: int) -> None:  # pragma: no cover - every runner has one
-        raise NotImplementedError
-
-    def _charge(self, cal: Calibrated, consumer: str, release_key: str, *, purpose: str,
-                metadata: Mapping[str, Any], scope: tuple[str, ...] | None, **extra: Any) -> Any:
-        """Charge ``cal.cost`` under the attempt's single-flight key (None for an exact release).
-
-        Raises:
-            Internal: called before :meth:`prepare` finished, or the ledger charged another cost.
-            BudgetExhausted and the ledger's errors.
-        """
-        if not self._prepared:
-            raise Internal("a release was about to be charged before its statements were rendered and checked")
-        if cal.exact:
-            return None
-        receipt = self.ctx.ledger.charge(self.policy.population, consumer, cal.cost, purpose=purpose[:500],
-                                         release_key=release_key, metadata=dict(metadata), **extra,
-                                         **({"cohorts": scope} if scope is not None else {}))
-        charged = getattr(receipt, "cost", None)
-        if charged is not None and not getattr(receipt, "duplicate", False) and charged != cal.cost:
-            raise Internal("the ledger charged a cost other than the calibrated one",
-                           {"charge_id": getattr(receipt, "charge_id", None)})
-        return receipt
-
-    def _serve(self, hit: Release, key: str, display: list[str]) -> dict[str, Any]:
-        """Serve a stored release for this plan at no cost.
-
-        The same query (same plan hash) under the same display settings gets the stored
-        release under this request's column labels. A query that differs in
-        post-processing — outputs, HAVING, ORDER BY, LIMIT, or the policy's display
-        settings since the release was made — gets a new release derived from the stored
-        noisy primitives with the rules in force now (post-processing: free, Dwork & Roth
-        2014 Prop. 2.1), stored under its own key and pointing at the release it was
-        derived from.
-        """
-        same = hit.plan_hash == self.plan.plan_hash and hit.post_processing == post_processing_settings(self.policy)
-        if same or hit.noisy is None:
-            return documents.rename(hit.to_dict(cached=True), display)
-        stored = self.ctx.release_cache.store.put(documents.derived_release(hit, self.policy, self.plan, key))
-        return documents.rename(stored.to_dict(cached=True), display)
+from dpgate.pipeline.runner_base import Calibrated, QueryContext, Runner, _charged_execution  # noqa: F401 - re-exported
 
 
 class ExactPublicRunner(Runner):
     """Public tables only: the exact answer of SQL generated from the plan, free."""
 
     def resolve(self, budget: QueryBudget | None, mechanism: str | None) -> ResolvedBudget | None:
+        """None: a public-only query spends no budget."""
         return None
 
     def calibrate(self, budget: ResolvedBudget | None = None) -> Calibrated:
+        """The zero cost (ρ = 0) of an exact public answer."""
         return Calibrated(None, accounting.Cost.zcdp(0.0), exact=True)
 
     def prepare(self, engine: Any, salt: int = 0) -> None:
+        """Render the exact query over the public tables (a sqlglot tree; nothing to check: no charge follows)."""
         self._statement = exact_query(self.plan, self.policy)
         self._prepared = True
 
     def run(self, engine: Any, salt: int = 0) -> Mapping[str, Any]:
+        """Execute the prepared exact query; column name → NumPy array. Raises ExecutionError (no data)."""
         try:
             return engine.execute(self._statement)
         except DpgateError:
@@ -201,6 +84,7 @@ class ExactPublicRunner(Runner):
             raise ExecutionError("executing the exact query on public tables failed") from exc
 
     def explain(self, shown: Mapping[str, Any], **_: Any) -> dict[str, Any]:
+        """The explain document of an exact public answer (free; the exact SQL shown)."""
         return documents.free_explain(self.ctx.dataset, self.plan, shown, public=True,
                                       exact_sql=exact_sql(self.plan, self.policy))
 
@@ -236,12 +120,15 @@ class PublicKeysOnlyRunner(ExactPublicRunner):
     """Keys only, every key public: the policy's key combinations, free, no data read."""
 
     def prepare(self, engine: Any, salt: int = 0) -> None:
+        """Nothing to render: the release is the policy's key list (no data is read)."""
         self._prepared = True  # nothing to render: no data is read
 
     def run(self, engine: Any, salt: int = 0) -> Mapping[str, Any]:
+        """The policy's public key combinations as columns (column name → array)."""
         return public_key_columns(self.plan, self.policy)
 
     def explain(self, shown: Mapping[str, Any], **_: Any) -> dict[str, Any]:
+        """The explain document of a keys-only release (free, no data read)."""
         return documents.free_explain(self.ctx.dataset, self.plan, shown, public=False, exact_sql=None)
 
     def answer(self, **_: Any) -> dict[str, Any]:
@@ -269,22 +156,27 @@ class TopKRunner(Runner):
     strategy: TopK
 
     def resolve(self, budget: QueryBudget | None, mechanism: str | None = None) -> ResolvedBudget:
+        """The selection's resolved budget (ρ or pure ε of the exponential mechanism; see :mod:`dpgate.selection`)."""
         return ResolvedBudget(**top_k.resolve_selection_budget(self.policy, budget))
 
     def calibrate(self, budget: ResolvedBudget) -> Calibrated:
+        """The top-k calibration: ρ = k·ε₁²/8 for ε₁ per key (an ε-bounded-range mechanism is ε²/8-zCDP, Cesar & Rogers 2021, Sec. 3; :func:`dpgate.selection.calibrate_selection`)."""
         cal = top_k.calibrate_selection(self.strategy.selection, self.policy, budget.to_dict())
         return Calibrated(top_k.MECHANISM, cal.cost, {}, False, cal)
 
     def prepare(self, engine: Any, salt: int) -> None:
+        """Render the bounded score query with ``salt`` and have the engine check it (before the charge)."""
         self._statement = bounded_query(self.plan, self.policy, salt=salt)
         engine.check(self._statement)
         self._prepared = True
 
     def run(self, engine: Any, salt: int | None = None) -> Mapping[str, Any]:
+        """Execute the prepared bounded score query (after the charge); column name → array."""
         return engine.execute(self._statement)
 
     def explain(self, shown: Mapping[str, Any], *, budget: QueryBudget | None, consumer: str | None,
                 **_: Any) -> dict[str, Any]:
+        """The explain document of a top-k selection (cost, fit against the ledger; nothing charged)."""
         ledger, policy = self.ctx.ledger, self.policy
         doc = top_k.explain_selection(ledger, self.ctx.dataset, policy, self.strategy.selection, budget,
                                       lambda cost: fit(ledger, policy, cost, consumer))
@@ -619,6 +511,7 @@ class QuantilesRunner(NoisyRunner):
         return keys or qkeys, noisy, m.halfwidths()
 
     def bounded_template(self) -> Any:
+        """The bounded query's SQL text with a salt placeholder (explain's template), None without count/sum primitives."""
         base = self.strategy.base
         return bounded_sql_template(base, self.policy) if base.primitives else None
 
@@ -650,6 +543,7 @@ class UnionAllRunner(Runner):
         return resolve(self.ctx.ledger, self.policy, self.mechanism, budget)
 
     def part_budgets(self, whole: ResolvedBudget) -> list[QueryBudget]:
+        """Each part's share of the union's budget (split by number of primitives; :func:`dpgate.pipeline.union_release.part_budgets`)."""
         return union_release.part_budgets(whole, self.mechanism, [p.plan for p in self.strategy.parts])
 
     def _each(self, fn: Callable[[int, Any], Any]) -> list[Any]:

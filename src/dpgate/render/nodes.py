@@ -23,6 +23,7 @@ def dtype(name: str) -> exp.DataType:
 
 
 def ident(name: str, quoted: bool = True) -> exp.Identifier:
+    """An identifier node (quoted by default)."""
     return exp.Identifier(this=name, quoted=quoted)
 
 
@@ -56,18 +57,22 @@ def lit(value, ctype: str) -> exp.Expression:
 
 
 def cast(this: exp.Expression, to: str) -> exp.Cast:
+    """``CAST(this AS to)``; ``to`` a type name (built without parsing)."""
     return exp.Cast(this=this, to=dtype(to))
 
 
 def alias(this: exp.Expression, name: str) -> exp.Alias:
+    """``this AS <quoted name>``."""
     return exp.Alias(this=this, alias=ident(name))
 
 
 def least(a: exp.Expression, b: exp.Expression) -> exp.Least:
+    """``LEAST(a, b)`` ignoring NULLs (DuckDB's semantics)."""
     return exp.Least(this=a, expressions=[b], ignore_nulls=True)
 
 
 def greatest(a: exp.Expression, b: exp.Expression) -> exp.Greatest:
+    """``GREATEST(a, b)`` ignoring NULLs (DuckDB's semantics)."""
     return exp.Greatest(this=a, expressions=[b], ignore_nulls=True)
 
 
@@ -77,6 +82,7 @@ def count(this: exp.Expression | None = None) -> exp.Count:
 
 
 def coalesce0(this: exp.Expression) -> exp.Coalesce:
+    """``COALESCE(this, 0)``."""
     return exp.Coalesce(this=this, expressions=[num(0)])
 
 
@@ -86,6 +92,7 @@ def not_null(this: exp.Expression) -> exp.Not:
 
 
 def is_null(this: exp.Expression) -> exp.Is:
+    """``this IS NULL``."""
     return exp.Is(this=this, expression=exp.Null())
 
 
@@ -95,6 +102,7 @@ def anonymous(name: str, *args: exp.Expression) -> exp.Anonymous:
 
 
 def case_when(cond: exp.Expression, then: exp.Expression, default: exp.Expression | None = None) -> exp.Case:
+    """``CASE WHEN cond THEN then [ELSE default] END``."""
     return exp.Case(ifs=[exp.If(this=cond, true=then)], default=default)
 
 
@@ -140,6 +148,7 @@ def table(name: str, db: str | None = None, alias_name: str | None = None) -> ex
 
 
 def subquery(query: exp.Expression, alias_name: str, columns: Iterable[str] = ()) -> exp.Subquery:
+    """``(query) AS alias_name[(columns…)]``."""
     cols = [ident(c) for c in columns]
     return exp.Subquery(this=query, alias=exp.TableAlias(this=ident(alias_name), columns=cols or None))
 

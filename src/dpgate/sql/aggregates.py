@@ -64,6 +64,7 @@ ANON_AGGREGATES = {"mean": "avg", "var": "var_pop", "varp": "var_pop", "stdevp":
 
 @dataclass(frozen=True)
 class Agg:
+    """One aggregate of the SELECT list as planned: the function (``count``, ``sum``, ``avg``, quantiles …), its declared column (None for COUNT(*)), a quantile's α, an aggregated expression's derived value."""
     function: str
     column: str | None
     alpha: float | None = None  # quantiles only (dpgate.sql.quantile)
@@ -82,6 +83,7 @@ def unparen(node: exp.Expression) -> exp.Expression:
 
 
 def is_aggregate_call(node: exp.Expression) -> bool:
+    """True if ``node`` is a call of an aggregate function the planner knows (sqlglot node or an anonymous alias)."""
     if isinstance(node, AGGREGATES):
         return True
     if isinstance(node, exp.Anonymous) and node.name.lower() in ANON_AGGREGATES:
@@ -114,6 +116,7 @@ def quantile_aggregate(node: exp.Expression, scope: QueryScope) -> Agg:
 
 
 def is_constant(node: exp.Expression) -> bool:
+    """True if ``node`` is a literal constant (through parentheses and unary minus)."""
     if isinstance(node, exp.Paren):
         return is_constant(node.this)
     if isinstance(node, exp.Neg):
@@ -215,6 +218,10 @@ def aggregate(node: exp.Expression, scope: QueryScope) -> Agg:
 
 
 def check_squares(function: str, bounds: tuple[int, int], name: str, node: exp.Expression) -> None:
+    """Refuse VAR/STDDEV of a column whose clamp spans more than 2**31 fixed-point steps (its squares would overflow 64-bit integers).
+
+    Raises: UnsupportedQuery, before the charge.
+    """
     if function in ("var_pop", "stddev_pop") and max(map(abs, bounds)) > MAX_SQUARED_STEPS:
         raise unsupported(
             f"{snippet(node)}: the clamp of {name!r} spans more than 2**31 steps of its "
@@ -293,6 +300,7 @@ def expression_aggregate(function: str, arg: exp.Expression, node: exp.Expressio
 
 
 def aggregate_sql(function: str, column: str | None, scope: QueryScope, alpha: float | None = None) -> str:
+    """The canonical SQL text of one aggregate (DuckDB dialect; the unit column for COUNT(DISTINCT unit))."""
     if function in QUANTILE_FUNCTIONS:
         return quantile_sql(function, alpha, quote_identifier(column))
     if function == "count_distinct_unit":
@@ -303,6 +311,7 @@ def aggregate_sql(function: str, column: str | None, scope: QueryScope, alpha: f
 
 
 def aggregate_label(agg: Agg, scope: QueryScope) -> str:
+    """The default display label of an aggregate (its canonical call, e.g. ``COUNT(*)``, ``SUM(x)``)."""
     if agg.function in QUANTILE_FUNCTIONS:
         return quantile_sql(agg.function, agg.alpha, agg.column)
     col = agg.column if agg.function != "count_distinct_unit" else scope.table.privacy_unit

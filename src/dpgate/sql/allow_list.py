@@ -57,6 +57,10 @@ STRUCTURAL = {
 
 
 def check_structure(stmt: exp.Select) -> None:
+    """Refuse every SELECT clause outside the allow-list (window, QUALIFY, …) with a message naming it.
+
+    Raises: UnsupportedQuery, before anything is executed.
+    """
     for key in real_args(stmt) - SELECT_ARGS:
         name = SELECT_ARG_NAMES.get(key, key.upper())
         raise unsupported(f"{name} is not supported", stmt.args[key] if isinstance(

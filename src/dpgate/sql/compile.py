@@ -370,6 +370,7 @@ def primitive_prefix(table: TablePolicy) -> str:
 
 
 def policy_digest(table: TablePolicy, columns: set[str], tuples: Mapping[str, tuple] | None = None) -> str:
+    """A digest (SHA-256 hex) of the parts of ``table``'s policy a plan depends on: unit, k, m and the referenced columns' declarations (and key tuples); part of the plan hash."""
     payload = {
         "privacy_unit": table.privacy_unit,
         "max_groups_per_unit": table.max_groups_per_unit,
@@ -426,6 +427,7 @@ class _Fragments:
 
     @classmethod
     def of(cls, keys: Keys, derived: dict[str, exp.Expression], having: exp.Expression | None) -> "_Fragments":
+        """The canonical-form fragments of one plan: the keys' trees, the derived outputs' trees and HAVING."""
         return cls({**keys.trees, **derived}, having)
 
 

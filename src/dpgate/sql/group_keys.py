@@ -123,6 +123,10 @@ def key_prefix(table: TablePolicy) -> str:
 
 
 def plan_group_by(stmt: exp.Select, scope: QueryScope) -> Keys:
+    """The plan's GROUP BY keys (declared or computed) resolved in ``scope``; empty without GROUP BY.
+
+    Raises: UnsupportedQuery (unsupported key expressions, ROLLUP …), UnknownColumn.
+    """
     group = stmt.args.get("group")
     if group is None:
         return Keys([], [])

@@ -174,6 +174,10 @@ class _JoinScope:
 
     @classmethod
     def of(cls, stmt: exp.Select, policy: DatasetPolicy) -> "_JoinScope":
+        """The sources of ``stmt``'s FROM (tables, aliases, joined column names, the unit's name).
+
+        Raises: UnsupportedQuery (a record-level table joined, an alias used twice), UnknownTable.
+        """
         pairs = _sources(stmt, policy)
         sources = [s for s, _ in pairs]
         protected = [s for s in sources if not s.table.public]

@@ -41,6 +41,7 @@ def default_label(node: exp.Expression) -> str:
 
 @dataclass
 class Out:
+    """One output column as planned: a key or an aggregate, with its column, function and label."""
     kind: str  # "key" | "agg"
     column: str | None
     function: str | None
@@ -314,6 +315,10 @@ def finish_having_tree(tree: exp.Expression | None, refs: dict[str, Out]) -> exp
 
 
 def plan_order_by(stmt: exp.Select, outputs: Outputs) -> list[tuple[Out, bool, bool]]:
+    """ORDER BY as post-processing: (output, descending, nulls first) per item, over the released outputs.
+
+    Raises: UnsupportedQuery (an item that is not an output, a position out of range).
+    """
     order = stmt.args.get("order")
     if order is None:
         return []
@@ -358,6 +363,10 @@ def plan_offset(stmt: exp.Select) -> int:
 
 
 def plan_limit(stmt: exp.Select) -> int | None:
+    """LIMIT as post-processing: a non-negative integer literal, or None.
+
+    Raises: UnsupportedQuery (anything else).
+    """
     limit = stmt.args.get("limit")
     if limit is None:
         return None

@@ -23,6 +23,7 @@ from dpgate.sql.bind import real_args, snippet, unsupported
 
 @dataclass
 class QueryScope:
+    """Name resolution of one query: the dataset policy, the table read and the qualifiers (table name, alias) its columns may carry."""
     policy: DatasetPolicy
     table: TablePolicy
     qualifiers: set[str]
@@ -73,6 +74,10 @@ class QueryScope:
 
 
 def resolve_from(stmt: exp.Select, policy: DatasetPolicy) -> tuple[TablePolicy, set[str]]:
+    """The declared table a SELECT's FROM names and its qualifiers.
+
+    Raises: UnsupportedQuery (no FROM, not one table), UnknownTable.
+    """
     frm = stmt.args.get("from_") or stmt.args.get("from")
     if frm is None:
         raise UnsupportedQuery("a FROM clause naming one declared table is required")

@@ -117,6 +117,10 @@ def date_part_of(node: exp.Expression) -> str:
 
 
 def trunc_unit(node: exp.Expression) -> str:
+    """The unit of a ``date_trunc`` call (lower case), if supported.
+
+    Raises: UnsupportedQuery (an unsupported unit).
+    """
     unit = node.args.get("unit")
     name = (unit.name if unit is not None else "").lower()
     if name not in TRUNC_UNITS:

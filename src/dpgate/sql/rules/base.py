@@ -28,6 +28,7 @@ MAX_DEPTH = 32
 
 
 def snippet(node: exp.Expression, limit: int = 80, dialect: str = "duckdb") -> str:
+    """A short SQL rendering of ``node`` for messages (at most ``limit`` characters; no data: the analyst's own text)."""
     try:
         text = node.sql(dialect=dialect, comments=False)
     except Exception:  # pragma: no cover - sqlglot cannot render some fragments
@@ -37,13 +38,16 @@ def snippet(node: exp.Expression, limit: int = 80, dialect: str = "duckdb") -> s
 
 
 def refuse(message: str, node: exp.Expression) -> UnsupportedQuery:
+    """An UnsupportedQuery naming the construct ``node``."""
     return UnsupportedQuery(message, {"construct": snippet(node)})
 
 
 def real_args(node: exp.Expression) -> set[str]:
+    """The names of ``node``'s arguments that are set (not None/False/empty)."""
     return {k for k, v in node.args.items() if v not in (None, False, [], "")}
 
 
 def from_clause(stmt: exp.Select) -> exp.From | None:
+    """The FROM clause of ``stmt`` (sqlglot names it ``from_`` or ``from``), or None."""
     return stmt.args.get("from_") or stmt.args.get("from")
 

@@ -93,6 +93,7 @@ class _Derived:
 
     @classmethod
     def of(cls, inner: exp.Select, base: exp.Table, sub: exp.Subquery, alias: str | None) -> "_Derived":
+        """The derived table ``sub`` (alias ``alias``) over ``base``, ready to take its projections."""
         inner_quals = {base.name.casefold()}
         if base.args.get("alias") is not None:
             inner_quals.add(base.alias.casefold())
@@ -110,6 +111,10 @@ class _Derived:
         return node
 
     def add_projection(self, item: exp.Expression) -> None:
+        """Record one projection of the derived table (a star, a column or an aliased expression).
+
+        Raises: UnsupportedQuery (a star with modifiers, an unnamed expression).
+        """
         if isinstance(item, exp.Star) or (isinstance(item, exp.Column)
                                           and isinstance(item.this, exp.Star)):
             if real_args(item) - {"this", "table"}:
