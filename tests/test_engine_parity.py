@@ -625,14 +625,16 @@ def _corpus_bounded(policies, engines_ref: EngineSet, q) -> list[tuple[str, str]
 
     from sqlglot import exp
 
+    from dpgate.sql.grouping_sets import grouping_set_branches
     from dpgate.sql.parse import parse_statement
     from dpgate.sql.union import union_branches
 
     dialect = None if q.dialect == "duckdb" else q.dialect
     tree = parse_statement(q.sql, dialect, allow_union=True)
-    if isinstance(tree, exp.Union):  # UNION ALL (issue 21 item 6): every part's statements, as the gateway runs them
+    sets = grouping_set_branches(tree)  # ROLLUP / CUBE / GROUPING SETS: one part per set, as the gateway plans
+    if isinstance(tree, exp.Union) or sets is not None:  # UNION ALL (issue 21 item 6): every part's statements
         return [(f"part {i + 1}: {label}", bounded)
-                for i, branch in enumerate(union_branches(tree))
+                for i, branch in enumerate(sets if sets is not None else union_branches(tree))
                 for label, bounded in _corpus_bounded(policies, engines_ref, dataclasses.replace(
                     q, sql=branch.sql(dialect="duckdb"), dialect="duckdb"))]
     policy = policies[q.dataset]

@@ -28,6 +28,7 @@ from dpgate.sql.parse import nothing_charged, parse_query, parse_statement
 from dpgate.sql.plan import AggregateOutput, DerivedOutput, KeyOutput, QueryPlan
 from dpgate.sql.public import key_tuples_query, key_values_query
 from dpgate.sql.selection_query import check_candidates
+from dpgate.sql.grouping_sets import as_grouping_sets, grouping_set_branches, in_grouping_set
 from dpgate.sql.union import check_union_columns, in_part, union_branches, union_hash
 
 __all__ = ["MAX_PUBLIC_TABLE_KEYS", "check_text", "compile_query", "with_public_table_keys"]
@@ -54,6 +55,8 @@ def compile_query(policy: DatasetPolicy, sql: str, dialect: str | None = None
     try:
         statement = parse_statement(sql, dialect, allow_union=True)  # the analyst's text, parsed once
         branches = union_branches(statement) if isinstance(statement, exp.Union) else None
+        sets = grouping_set_branches(statement)  # ROLLUP / CUBE / GROUPING SETS: one part per set
+        branches = sets if sets is not None else branches
     except DpgateError as e:
         raise nothing_charged(e)
     if branches is None:
@@ -63,12 +66,12 @@ def compile_query(policy: DatasetPolicy, sql: str, dialect: str | None = None
         try:
             parts.append(Part(*_compile_one(policy, sql, dialect, branch)))
         except DpgateError as e:
-            raise in_part(e, i, len(branches))
+            raise in_grouping_set(e, i, branch) if sets is not None else in_part(e, i, len(branches))
     try:
         check_union_columns([p.plan for p in parts], [p.policy for p in parts])
         union = union_of(tuple(parts), union_hash([p.plan for p in parts]))
     except DpgateError as e:
-        raise nothing_charged(e)
+        raise nothing_charged(as_grouping_sets(e) if sets is not None else e)
     return policy, union.plan, union
 
 

@@ -143,7 +143,8 @@ def plan_group_by(stmt: exp.Select, scope: QueryScope) -> Keys:
     computed: dict[str, tuple[KeyDomain, exp.Expression]] = {}
     for item in group.expressions:
         if isinstance(item, (exp.Rollup, exp.Cube, exp.GroupingSets)):
-            raise unsupported(f"{item.key.upper()} is not supported: list the group keys", item)
+            raise unsupported(f"{item.key.upper()} is supported only in the outermost SELECT (not in a subquery, "
+                              "CTE or UNION ALL part): list the group keys here", item)
         target = unparen(item)
         if isinstance(target, exp.Literal) and not target.is_string:
             pos = number(target)
