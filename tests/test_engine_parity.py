@@ -638,7 +638,11 @@ def _corpus_bounded(policies, engines_ref: EngineSet, q) -> list[tuple[str, str]
                 for label, bounded in _corpus_bounded(policies, engines_ref, dataclasses.replace(
                     q, sql=branch.sql(dialect="duckdb"), dialect="duckdb"))]
     policy = policies[q.dataset]
-    plan = parse_query(q.sql, policy, dialect=dialect)
+    from dpgate.pipeline.planning import public_values
+    from dpgate.sql.semi_joins import resolve_semi_joins
+    if isinstance(tree, exp.Select):  # issue 21 item 5: public IN/EXISTS subqueries → their values, as the gateway does
+        tree = resolve_semi_joins(tree, policy, lambda sel: public_values(engines_ref, policy, sel))
+    plan = parse_query(q.sql, policy, dialect=dialect, statement=tree)
     policy = policy_for(plan.table, policy)  # a join: the joined table, as the service does
     if reads_public_only(plan, policy) or releases_public_keys_only(plan, policy):
         return []  # answered without a bounded query (exact public data, or the policy's key list)

@@ -33,7 +33,7 @@ from dpgate.notices import first_notice
 from dpgate.pipeline.admin import (AdminOperations, DatasetViews, StoreOperations, check_population_moves, ensure_populations,
                                    fingerprint_key, published_version)
 from dpgate.pipeline.budget import QueryBudget
-from dpgate.pipeline.planning import check_text, compile_query, with_public_table_keys
+from dpgate.pipeline.planning import check_text, compile_query, public_values, with_public_table_keys
 from dpgate.pipeline.runners import QueryContext, Runner, runner_for
 from dpgate.pipeline.strategy import ExactPublic, Strategy, TopK
 from dpgate.policy import DatasetPolicy, load_policies
@@ -233,9 +233,25 @@ class Gateway(DatasetViews, AdminOperations, StoreOperations):
         Raises:
             UnknownDataset, InvalidSql, UnsupportedQuery, UnknownTable, UnknownColumn (nothing charged).
         """
-        policy = self.policy(dataset)
+        policy = self._with_public_table_keys(self.policy(dataset))
         check_text(sql)
-        return compile_query(self._with_public_table_keys(policy), sql, dialect)
+        return compile_query(policy, sql, dialect, values_of=self._public_values_of(policy, dialect))
+
+    def _public_values_of(self, policy: DatasetPolicy, dialect: str | None):
+        """The exact answers of public IN/EXISTS subqueries (:func:`dpgate.pipeline.planning.public_values`),
+        cached per data version and subquery (public data only)."""
+        cache = self.__dict__.setdefault("_public_values_cache", {})
+        version = self.data_versions.get(policy.name)
+
+        def values_of(select):
+            key = (policy.name, version, select.sql(dialect="duckdb"))
+            if version is not None and key in cache:
+                return cache[key]
+            values = public_values(self.engine, policy, select, dialect)
+            if version is not None:
+                cache[key] = values
+            return values
+        return values_of
 
     def _plan(self, dataset: str, sql: str, dialect: str | None = None) -> tuple[DatasetPolicy, QueryPlan]:
         """``(policy, plan)`` of :meth:`compile`."""

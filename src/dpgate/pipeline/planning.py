@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from types import MappingProxyType
-from typing import Any, Mapping, MutableMapping
+from typing import Any, Callable, Mapping, MutableMapping, Sequence
 
 import numpy as np
 from sqlglot import exp
@@ -28,22 +28,33 @@ from dpgate.sql.parse import nothing_charged, parse_query, parse_statement
 from dpgate.sql.plan import AggregateOutput, DerivedOutput, KeyOutput, QueryPlan
 from dpgate.sql.public import key_tuples_query, key_values_query
 from dpgate.sql.selection_query import check_candidates
+from dpgate.sql.semi_joins import resolve_semi_joins
 from dpgate.sql.grouping_sets import as_grouping_sets, grouping_set_branches, in_grouping_set
 from dpgate.sql.union import check_union_columns, in_part, union_branches, union_hash
 
-__all__ = ["MAX_PUBLIC_TABLE_KEYS", "check_text", "compile_query", "with_public_table_keys"]
+__all__ = ["MAX_PUBLIC_TABLE_KEYS", "ValuesOf", "check_text", "compile_query", "public_values",
+           "with_public_table_keys"]
+
+#: The exact one-column answer of a public-only SELECT (:func:`public_values` bound to an engine).
+ValuesOf = Callable[[exp.Select], Sequence[Any]]
 
 #: Most distinct values of a public table's column used as its keys.
 MAX_PUBLIC_TABLE_KEYS = 100_000
 
 
-def compile_query(policy: DatasetPolicy, sql: str, dialect: str | None = None
-                  ) -> tuple[DatasetPolicy, QueryPlan, Strategy]:
+def compile_query(policy: DatasetPolicy, sql: str, dialect: str | None = None, *,
+                  values_of: ValuesOf | None = None) -> tuple[DatasetPolicy, QueryPlan, Strategy]:
     """Plan ``sql`` once against ``policy`` (with its public tables' keys) and choose its strategy.
 
     A top-level ``UNION ALL`` is planned part by part (:mod:`dpgate.sql.union`): each part's
     refusal names its part; the strategy is :class:`~dpgate.pipeline.strategy.UnionAll`, the
     policy the dataset's and the plan the first part's.
+
+    Args:
+        values_of: the exact one-column answer of a public-only SELECT
+            (:func:`public_values` bound to an engine): ``x IN (SELECT … FROM public_table)`` and
+            ``EXISTS`` over public tables are replaced by their values (:mod:`dpgate.sql.semi_joins`);
+            None leaves them to the planner's refusal.
 
     Returns:
         ``(policy, plan, strategy)``: the policy the plan reads (a joined table's for a join),
@@ -60,11 +71,11 @@ def compile_query(policy: DatasetPolicy, sql: str, dialect: str | None = None
     except DpgateError as e:
         raise nothing_charged(e)
     if branches is None:
-        return _compile_one(policy, sql, dialect, statement)
+        return _compile_one(policy, sql, dialect, statement, values_of)
     parts = []
     for i, branch in enumerate(branches):  # issue 21 item 6: each part planned like a standalone query
         try:
-            parts.append(Part(*_compile_one(policy, sql, dialect, branch)))
+            parts.append(Part(*_compile_one(policy, sql, dialect, branch, values_of)))
         except DpgateError as e:
             raise in_grouping_set(e, i, branch) if sets is not None else in_part(e, i, len(branches))
     try:
@@ -75,10 +86,11 @@ def compile_query(policy: DatasetPolicy, sql: str, dialect: str | None = None
     return policy, union.plan, union
 
 
-def _compile_one(policy: DatasetPolicy, sql: str, dialect: str | None, statement: exp.Select
-                 ) -> tuple[DatasetPolicy, QueryPlan, Strategy]:
+def _compile_one(policy: DatasetPolicy, sql: str, dialect: str | None, statement: exp.Select,
+                 values_of: ValuesOf | None = None) -> tuple[DatasetPolicy, QueryPlan, Strategy]:
     """One SELECT (the statement, or a UNION ALL part): checks, plan, strategy."""
     try:
+        resolve_semi_joins(statement, policy, values_of)  # issue 21 item 5: public IN / EXISTS → values
         check_candidates(statement, policy)  # selection hook (issue 15); reads the tree only
     except DpgateError as e:
         raise nothing_charged(e)
@@ -90,6 +102,36 @@ def _compile_one(policy: DatasetPolicy, sql: str, dialect: str | None, statement
     except DpgateError as e:
         raise nothing_charged(e)
     return planned, plan, choose(plan, planned)
+
+
+def public_values(engine: Any, policy: DatasetPolicy, select: exp.Select, dialect: str | None = None
+                  ) -> list[Any]:
+    """The exact answer of a one-column SELECT over public tables (an IN or EXISTS subquery).
+
+    The subquery is planned like a standalone query (:func:`_compile_one`), must be an exact public
+    answer (:class:`~dpgate.pipeline.strategy.ExactPublic`), and runs as SQL generated from its plan
+    (:func:`dpgate.sql.public.exact_query`), so the analyst's text never reaches the engine.
+
+    Returns:
+        The first column's values as Python values (NULL as None), in the engine's order.
+    Raises:
+        UnsupportedQuery: the subquery does not plan as a public-only query; ExecutionError.
+    """
+    from dpgate.pipeline.strategy import ExactPublic
+    from dpgate.sql.public import exact_query
+
+    try:
+        planned, plan, strategy = _compile_one(policy, select.sql(dialect="duckdb"), dialect, select.copy())
+    except DpgateError as e:
+        e.message = f"in the IN/EXISTS subquery: {e.message}"
+        e.args = (e.message,)
+        raise
+    if not isinstance(strategy, ExactPublic):
+        raise UnsupportedQuery("an IN or EXISTS subquery must read public tables only",
+                               {"reason": "semi_join", "construct": select.sql(dialect="duckdb")[:200]})
+    values = engine.execute(exact_query(plan, planned))
+    column = plan.visible_outputs[0].name
+    return [plain(v) for v in np.asarray(values[column]).tolist()]
 
 
 def check_text(sql: Any) -> None:
