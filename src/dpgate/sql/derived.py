@@ -78,6 +78,8 @@ def unbounded_message(e: Expr, node: exp.Expression) -> str:
     if bad.kind == "column":
         why = (f"column {bad.column!r} has no bounds in the policy (declare lower and upper)"
                if bad.type in NUMERIC else f"column {bad.column!r} is {bad.type}, not numeric")
+    elif bad.kind == "literal":
+        why = f"a literal beyond ±{limits.MAX_ABS_BOUND:g}, the largest magnitude a bound may have"
     elif bad.type == "int" and bad.args and all(a.range is not None for a in bad.args):
         why = "it can overflow 64-bit integers for values inside the policy's bounds"
     elif bad.type == "float" and bad.args and all(a.range is not None for a in bad.args):
