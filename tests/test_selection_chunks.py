@@ -152,3 +152,48 @@ def test_empty_and_bad_counts():
     assert len(out) == 0 and out.index.dtype == np.int64
     with pytest.raises(mechanisms.MechanismError):
         threshold_select(cal, np.array([1.5, 2.0]))
+
+
+def test_gateway_hands_the_mechanism_the_exact_histogram_and_releases_its_choice(tmp_path, monkeypatch):
+    """End to end (issue 25 item 2): the pipeline calls the threshold mechanism once, with one
+    entry per candidate (key order) holding that candidate's exact number of distinct units —
+    computed here by counting authors in Python (no author holds more than k = 2 keys, so the
+    bounding drops none; duplicate rows of one author count once) — and releases exactly the
+    candidates the mechanism keeps, with its noisy counts (COUNT(*) at m = 1 is the unit count,
+    reused). The mechanism is a deterministic stand-in (keeps every other candidate, noisy =
+    count + 1000), so the released rows are known exactly: the NumPy path loses, reorders or
+    duplicates no candidate."""
+    from dpgate import partition_selection as pipeline_selection
+    from tests.test_partition_selection import open_gateway
+
+    rows, holders = [], {}
+    for j in range(12):
+        key = f"g{j:02d}"
+        for u in range(j + 1):
+            rows.append((f"a{j}_{u}", key, "eu", 1))
+            holders.setdefault(key, set()).add(f"a{j}_{u}")
+        rows.append((f"a{j}_0", key, "us", 2))  # a second row of one author: still one unit
+    rows += [("x", "g00", "eu", 3), ("x", "g01", "eu", 3)]  # one author in two keys (k = 2)
+    holders["g00"].add("x")
+    holders["g01"].add("x")
+    expected = [len(holders[key]) for key in sorted(holders)]
+
+    calls: list[np.ndarray] = []
+
+    def stand_in(cal, counts):
+        counts = np.asarray(counts, dtype=np.int64)
+        calls.append(counts.copy())
+        index = np.arange(0, counts.size, 2, dtype=np.int64)
+        return ThresholdRelease(index, counts[index] + 1000)
+
+    monkeypatch.setattr(pipeline_selection, "threshold_select", stand_in)
+    gw = open_gateway(tmp_path, rows, k=2, m=1, rho=0.2)
+    try:
+        r = gw.query("posts", "SELECT ngram, COUNT(*) AS n FROM posts GROUP BY ngram", consumer="default")
+    finally:
+        gw.close()
+    assert len(calls) == 1 and calls[0].tolist() == expected
+    keys = sorted(holders)
+    assert [row[0] for row in r["rows"]] == keys[::2]
+    assert [row[1] for row in r["rows"]] == [c + 1000 for c in expected[::2]]
+    assert r["partition_selection"]["counts_from_selection"] == ["p0"]
