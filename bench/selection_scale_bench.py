@@ -18,6 +18,15 @@ deterministic, skewed keys: most candidates are rare). Each round, interleaved, 
   (chunks over threads; chunks in one thread; the old dict path) on a vector as long as the
   number of candidates (the raw per-key unit counts).
 
+Inside each ``selected`` query the bench also records where the time went (timers wrapped
+around the engine's ``execute`` and the pipeline's ``threshold_select``, no other change):
+``selected_engine`` (the bounded SQL in DuckDB, fetched as Arrow/NumPy), ``selected_threshold``
+(the threshold mechanism) and ``selected_rest`` (plan, charge, calibration, noise on the kept
+rows, release), each also as a ratio to ``raw``; ``candidates_selected``, how many candidates
+the mechanism noised (after the k-bounding; ``candidates_raw`` counts the keys before it); and
+``cpu_us_per_draw``, the process CPU time of the one-thread threshold step per raw candidate
+(OpenDP's exact sampler: the floor of that step).
+
 Each query gets a fresh budget (no cache hit). Medians and ratios go out as one JSON line.
 """
 
@@ -38,6 +47,7 @@ def run(args: argparse.Namespace) -> dict:
     import numpy as np
 
     from dpgate import partition_selection
+    from dpgate.engines.duckdb import DuckDBEngine
     from dpgate.mechanisms import selection as mechanisms
     from dpgate.service import Gateway, QueryBudget
     from dpgate.settings import Settings
@@ -64,15 +74,43 @@ def run(args: argparse.Namespace) -> dict:
     out: dict = {"rows": args.rows, "units": args.units, "key_domain": args.keys,
                  "candidates_raw": int(unit_counts.size), "k": args.k, "m": args.m, "runs": args.runs}
     original = partition_selection.threshold_select
+    phases: dict[str, float] = {}
+    execute = DuckDBEngine.execute
+
+    def timed(name, fn):
+        def wrapper(*a, **kw):
+            t = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                phases[name] = phases.get(name, 0.0) + time.perf_counter() - t
+        return wrapper
+
+    def counted(cal, counts, **kw):
+        out["candidates_selected"] = int(len(counts))  # after the bounding: what the mechanism noises
+        return original(cal, counts, **kw)
+
+    for key in ("selected_engine", "selected_threshold", "selected_rest", "cpu_us_per_draw"):
+        times[key] = []
     with Gateway.open(settings) as gw:
         for i in range(args.runs):
             t0 = time.perf_counter()
             con.execute(raw_only).fetchnumpy()
             times["raw"].append(time.perf_counter() - t0)
 
-            t0 = time.perf_counter()
-            r = gw.query("selected", SQL, consumer="default", budget=QueryBudget(rho=0.01 + 1e-6 * (2 * i)))
-            times["selected"].append(time.perf_counter() - t0)
+            phases.clear()
+            DuckDBEngine.execute = timed("engine", execute)
+            partition_selection.threshold_select = timed("threshold", counted)
+            try:
+                t0 = time.perf_counter()
+                r = gw.query("selected", SQL, consumer="default", budget=QueryBudget(rho=0.01 + 1e-6 * (2 * i)))
+                times["selected"].append(time.perf_counter() - t0)
+            finally:
+                DuckDBEngine.execute = execute
+                partition_selection.threshold_select = original
+            times["selected_engine"].append(phases["engine"])
+            times["selected_threshold"].append(phases["threshold"])
+            times["selected_rest"].append(times["selected"][-1] - phases["engine"] - phases["threshold"])
             out["keys_released"] = len(r["rows"])
             out["threshold"] = r["partition_selection"]["threshold"]
             out["sigma"] = r["partition_selection"].get("sigma")
@@ -92,19 +130,22 @@ def run(args: argparse.Namespace) -> dict:
             t0 = time.perf_counter()
             mechanisms.threshold_select(cal, unit_counts)
             times["mechanism"].append(time.perf_counter() - t0)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             mechanisms.threshold_select(cal, unit_counts, workers=1)
             times["mechanism_1_thread"].append(time.perf_counter() - t0)
+            times["cpu_us_per_draw"].append((time.process_time() - c0) / unit_counts.size * 1e6)
             if args.reference:
                 t0 = time.perf_counter()
                 mechanisms.threshold_select_opendp_map(cal, unit_counts)
                 times["mechanism_reference"].append(time.perf_counter() - t0)
-            print(f"# round {i + 1}: " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in times.items()), flush=True)
+            print(f"# round {i + 1}: " + ", ".join(f"{k} {v[-1]:.2f}" for k, v in times.items()), flush=True)
     con.close()
     med = {k: statistics.median(v) for k, v in times.items()}
     out["median_s"] = med
     out["times_s"] = times
     out["ratio_selected_over_raw"] = med["selected"] / med["raw"]
+    for key in ("selected_engine", "selected_threshold", "selected_rest"):
+        out[f"ratio_{key}_over_raw"] = med[key] / med["raw"]
     out["candidates_per_s_mechanism"] = unit_counts.size / med["mechanism"]
     out["ratio_mechanism_1_thread_over_threads"] = med["mechanism_1_thread"] / med["mechanism"]
     if args.reference:

@@ -13,7 +13,11 @@ own threshold measurement on a dict of every candidate
   of both paths within 5 binomial standard deviations of the exact tail P[c + Z ≥ T]
   (:meth:`~dpgate.mechanisms.selection.SelectionCalibration.release_probability`, computed from the
   discrete distributions' mass functions, not from OpenDP), and of each other;
-* the calibration (T, ρ/ε, δ) is the one OpenDP's threshold map gives for the whole histogram.
+* the released noisy values of both paths fit the exact conditional tail law P[Z = z | Z ≥ s]
+  (χ² goodness of fit against the mass functions, Gaussian and Laplace);
+* the calibration (T, ρ/ε, δ) is the one OpenDP's threshold map gives for the whole histogram;
+* end to end, the gateway hands the mechanism exactly the candidates' unit-count histogram (one
+  entry per candidate, key order) and releases exactly the candidates it keeps, with its values.
 """
 
 from __future__ import annotations
@@ -122,6 +126,37 @@ def test_released_noisy_values_have_the_reference_distribution():
     assert a.min() >= cal.threshold and b.min() >= cal.threshold
 
 
+def _tail_pmf(mech: str, scale: float, lo: int, hi: int) -> np.ndarray:
+    """P[Z = z | Z ≥ lo] for z = lo … hi − 1, then P[Z ≥ hi | Z ≥ lo] (last cell), by direct
+    summation of the unnormalised mass functions: discrete Gaussian exp(−z²/2σ²) ([CKS20] Def. 1),
+    discrete Laplace q^|z|, q = e^{−1/b} ([GRS12]); the tail beyond lo + 60·scale is < 1e-300."""
+    zs = np.arange(lo, lo + int(60 * scale) + 60, dtype=np.float64)
+    w = np.exp(-(zs * zs) / (2 * scale * scale)) if mech == "gaussian" else np.exp(-np.abs(zs) / scale)
+    w = w / w.sum()
+    cells = w[: hi - lo]
+    return np.append(cells, w[hi - lo:].sum())
+
+
+@pytest.mark.parametrize("mech, scale", [("gaussian", 3.0), ("laplace", 2.0)])
+def test_released_values_follow_the_exact_tail_distribution(mech, scale):
+    """Issue 25 item 2, the distribution check of the whole output of one key: keys held by
+    T − 2 units are released iff Z ≥ 2, with noisy value T − 2 + Z. For both paths (chunks over
+    threads; OpenDP's own map measurement) the released values' histogram over z = 2 … 9 and
+    ≥ 10 fits the exact conditional law P[Z = z | Z ≥ 2] (computed above from the mass
+    functions, not from OpenDP): χ² goodness of fit, p > 1e-6 each (false failure < 4e-6)."""
+    from scipy.stats import chisquare
+
+    cal = calibrate_selection(mech, scale, 1, 1e-2)
+    c = cal.threshold - 2
+    counts = np.full(20_000, c, dtype=np.int64)
+    pmf = _tail_pmf(mech, scale, 2, 10)
+    for rel in (threshold_select(cal, counts, chunk=3000, workers=2), threshold_select_opendp_map(cal, counts)):
+        z = rel.noisy - c
+        assert z.min() >= 2 and rel.index.size > 1000
+        observed = np.append(np.bincount(z[z < 10] - 2, minlength=8), (z >= 10).sum())
+        assert chisquare(observed, pmf * z.size).pvalue > 1e-6, (mech, observed.tolist())
+
+
 @pytest.mark.parametrize("mech", ["gaussian", "laplace"])
 def test_calibration_is_opendp_threshold_map_for_whole_histogram(mech):
     """T, the ρ/ε and the δ charged are OpenDP's threshold map for the whole histogram at
@@ -152,3 +187,48 @@ def test_empty_and_bad_counts():
     assert len(out) == 0 and out.index.dtype == np.int64
     with pytest.raises(mechanisms.MechanismError):
         threshold_select(cal, np.array([1.5, 2.0]))
+
+
+def test_gateway_hands_the_mechanism_the_exact_histogram_and_releases_its_choice(tmp_path, monkeypatch):
+    """End to end (issue 25 item 2): the pipeline calls the threshold mechanism once, with one
+    entry per candidate (key order) holding that candidate's exact number of distinct units —
+    computed here by counting authors in Python (no author holds more than k = 2 keys, so the
+    bounding drops none; duplicate rows of one author count once) — and releases exactly the
+    candidates the mechanism keeps, with its noisy counts (COUNT(*) at m = 1 is the unit count,
+    reused). The mechanism is a deterministic stand-in (keeps every other candidate, noisy =
+    count + 1000), so the released rows are known exactly: the NumPy path loses, reorders or
+    duplicates no candidate."""
+    from dpgate import partition_selection as pipeline_selection
+    from tests.test_partition_selection import open_gateway
+
+    rows, holders = [], {}
+    for j in range(12):
+        key = f"g{j:02d}"
+        for u in range(j + 1):
+            rows.append((f"a{j}_{u}", key, "eu", 1))
+            holders.setdefault(key, set()).add(f"a{j}_{u}")
+        rows.append((f"a{j}_0", key, "us", 2))  # a second row of one author: still one unit
+    rows += [("x", "g00", "eu", 3), ("x", "g01", "eu", 3)]  # one author in two keys (k = 2)
+    holders["g00"].add("x")
+    holders["g01"].add("x")
+    expected = [len(holders[key]) for key in sorted(holders)]
+
+    calls: list[np.ndarray] = []
+
+    def stand_in(cal, counts):
+        counts = np.asarray(counts, dtype=np.int64)
+        calls.append(counts.copy())
+        index = np.arange(0, counts.size, 2, dtype=np.int64)
+        return ThresholdRelease(index, counts[index] + 1000)
+
+    monkeypatch.setattr(pipeline_selection, "threshold_select", stand_in)
+    gw = open_gateway(tmp_path, rows, k=2, m=1, rho=0.2)
+    try:
+        r = gw.query("posts", "SELECT ngram, COUNT(*) AS n FROM posts GROUP BY ngram", consumer="default")
+    finally:
+        gw.close()
+    assert len(calls) == 1 and calls[0].tolist() == expected
+    keys = sorted(holders)
+    assert [row[0] for row in r["rows"]] == keys[::2]
+    assert [row[1] for row in r["rows"]] == [c + 1000 for c in expected[::2]]
+    assert r["partition_selection"]["counts_from_selection"] == ["p0"]
