@@ -420,3 +420,31 @@ def test_an_unparsable_body_is_invalid_json_in_the_error_shape(project, tmp_path
     assert "There was an error parsing the body" not in r.text
     if problem is not None:
         assert problem in message
+
+
+# --- duplicate JSON keys (a trial: the last of two equal keys silently won) ------------------
+
+
+def test_a_body_repeating_a_key_is_refused_before_any_route_reads_it(project, tmp_path):
+    settings = Settings(policies=project / "policies", home=tmp_path / "state")
+    keys = _keys(settings)
+    app = create_app(settings)
+    with LiveServer(app) as live, live.client(keys["analyst"]) as c, live.client(keys["admin"]) as admin:
+        json_headers = {"Content-Type": "application/json"}
+        twice = [
+            (c, "/v1/queries", b'{"dataset": "usage", "sql": "SELECT COUNT(*) FROM prompts", '
+                               b'"budget": {"rho": 0.0005}, "budget": {"rho": 5}}', "budget"),
+            (c, "/v1/queries", b'{"dataset": "usage", "dataset": "usage", "sql": "SELECT 1"}', "dataset"),
+            (c, "/v1/queries", b'{"dataset": "usage", "sql": "SELECT COUNT(*) FROM prompts", '
+                               b'"budget": {"rho": 0.001, "rho": 0.002}}', "rho"),  # nested object too
+            (admin, "/v1/admin/populations/product-users/cap", b'{"epsilon": 3.9, "delta": 1e-6, "epsilon": 1000}',
+             "epsilon"),
+        ]
+        before = admin.get("/v1/admin/ledger").json()
+        for client, path, body, key in twice:
+            r = client.post(path, content=body, headers=json_headers)
+            assert_error(r, 400, "invalid_request")
+            assert f"the key '{key}' twice" in r.json()["error"]["message"]
+        assert admin.get("/v1/admin/ledger").json() == before  # nothing charged, no cap changed
+        ok = c.post("/v1/queries", json={**QUERY, "budget": {"rho": 0.001}})  # one key each: answered
+        assert ok.status_code == 200, ok.text

@@ -85,6 +85,8 @@ ORACLE = [
     "SELECT a, b, COUNT(*) AS n, GROUPING_ID(a, b) AS g FROM t GROUP BY GROUPING SETS (ROLLUP (a, b), (b))",
     "SELECT a * 2 AS a2, b, COUNT(*) AS n FROM t GROUP BY ROLLUP (a2, b) HAVING COUNT(*) > 1",
     "SELECT a, b, COUNT(*) AS n FROM t GROUP BY ROLLUP (1, 2)",
+    # a computed key over another key: in the set (p), a is NULL but a % 2 is the key (a trial)
+    "SELECT a, a % 2 AS p, COUNT(*) AS n FROM t GROUP BY CUBE (a, p)",
 ]
 
 
@@ -101,6 +103,7 @@ def test_the_expansion_releases_duckdbs_own_grouping_sets_rows(sql):
 
 @pytest.mark.parametrize("sql,match", [
     ("SELECT a, COUNT(*) FROM t GROUP BY ROLLUP (a) ORDER BY a", "ORDER BY over ROLLUP"),
+    ("SELECT a, GROUPING(b), COUNT(*) FROM t GROUP BY ROLLUP (a)", "must be a key of the grouping sets"),
     ("SELECT a, COUNT(*) FROM t GROUP BY ROLLUP (a) LIMIT 3", "LIMIT over ROLLUP"),
     ("SELECT a, COUNT(*) FROM t GROUP BY GROUPING SETS ((a), (a))", "repeats grouping set 1"),
     ("SELECT a, COUNT(*) FROM t GROUP BY CUBE (a, b, c, d, e, f)", "64 grouping sets"),
@@ -218,3 +221,20 @@ def test_a_key_crossed_with_a_rollup_of_a_computed_key(gw):
     assert len(r["parts"]) == 2 and len(gw.ledger_entries()) == 1
     assert {row[0] for row in r["rows"]} == {"eu", "us", "apac"}
     assert set(row[1] for row in r["rows"]) == {"high", "low", None}  # the CASE's values, then NULL
+
+
+def test_a_cached_multi_part_release_is_never_served_for_other_post_processing(gw):
+    # a trial found the stored rows of one union served for another with a different HAVING, an
+    # added column or reordered columns (the noise-key fallback); each is now a release of its own
+    budget = QueryBudget(rho=0.04)
+    having = gw.query("shop", SETS + " HAVING COUNT(*) > 300", consumer="default", budget=budget)
+    plain = gw.query("shop", SETS, consumer="default", budget=budget)
+    assert plain["cached"] is False and len(plain["rows"]) == 4 and len(gw.ledger_entries()) == 2
+    assert len(having["rows"]) < 4  # eu (~133 users' rows) and us fall under 300
+    reordered = gw.query("shop", SETS.replace("SELECT region, GROUPING(region) AS g, COUNT(*) AS n",
+                                              "SELECT COUNT(*) AS n, region, GROUPING(region) AS g"),
+                         consumer="default", budget=budget)
+    assert reordered["columns"][:3] == ["n", "region", "g"]
+    assert [row[1] for row in reordered["rows"]] == ["eu", "us", "apac", None]  # the values under their names
+    relabelled = gw.query("shop", SETS.replace("AS n", "AS rows_"), consumer="default", budget=budget)
+    assert relabelled["cached"] is True and relabelled["rows"] == plain["rows"]  # labels only: the same release

@@ -233,7 +233,9 @@ def test_constant_queries_are_refused_alike_and_charge_nothing(tmp_path):
 
 
 @pytest.mark.parametrize("where", ["tokens = NULL", "tokens IN (NULL)", "NOT tokens = NULL", "NULL = NULL",
-                                   "week > 3 AND tokens <> NULL", "tokens = NULL OR week < NULL"])
+                                   "week > 3 AND tokens <> NULL", "tokens = NULL OR week < NULL",
+                                   # x IN (…, NULL) is TRUE or NULL, so its NOT is never TRUE (a trial)
+                                   "week NOT IN (0, NULL)", "NOT (week IN (3, NULL)) AND tokens > 1"])
 def test_a_where_that_no_row_can_satisfy_is_refused_before_the_charge(policy, where):
     """A comparison with a NULL literal is NULL on every row, so such a WHERE selects nothing on
     any data, like ``WHERE FALSE`` (the trial branch found ``WHERE tokens = NULL`` charged)."""
@@ -248,6 +250,13 @@ def test_a_where_that_no_row_can_satisfy_is_refused_before_the_charge(policy, wh
                                    "NOT (tokens = NULL AND week > 3)", "COALESCE(tokens, 1) > 0",
                                    "tokens IN (NULL, 3)", "NOT FALSE AND week > 1"])
 def test_a_where_that_some_row_may_satisfy_is_planned(policy, where):
+    from dpgate.sql.constant import refuse_constant_plan
+
+    refuse_constant_plan(parse_query(f"SELECT COUNT(*) FROM prompts WHERE {where}", policy))
+
+
+@pytest.mark.parametrize("where", ["week NOT IN (0, 1)", "week IN (0, NULL)", "NOT (week IN (0, NULL) OR tokens > 1) OR week = 3"])
+def test_a_where_some_row_can_satisfy_is_not_refused(policy, where):
     from dpgate.sql.constant import refuse_constant_plan
 
     refuse_constant_plan(parse_query(f"SELECT COUNT(*) FROM prompts WHERE {where}", policy))

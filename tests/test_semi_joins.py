@@ -82,7 +82,7 @@ def test_values_are_distinct_sorted_and_an_empty_answer_is_false(tmp_path):
     tree = sqlglot.parse_one("SELECT COUNT(*) FROM orders WHERE NOT region IN (SELECT zone FROM regions)")
     inline_values(public_subqueries(tree, _shop_policy(tmp_path))[0], [])
     assert tree.sql() == "SELECT COUNT(*) FROM orders WHERE NOT FALSE"
-    with pytest.raises(UnsupportedQuery, match=f"more than {MAX_VALUES} values"):
+    with pytest.raises(UnsupportedQuery, match=f"more than {MAX_VALUES} distinct values"):
         inline_values(public_subqueries(sqlglot.parse_one("SELECT 1 FROM orders WHERE region IN (SELECT zone FROM regions)"),
                                         _shop_policy(tmp_path))[0], list(range(MAX_VALUES + 1)))
 

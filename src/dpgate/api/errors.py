@@ -21,6 +21,7 @@ Every 4xx/5xx answer is ``{"error": {"code", "message", "details"}}``:
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import sqlite3
@@ -257,6 +258,38 @@ async def drain_small_body(headers: Headers, receive: Receive) -> bool:
         return False
 
 
+class _DuplicateKey(Exception):
+    pass
+
+
+def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise _DuplicateKey(key)
+        seen[key] = value
+    return seen
+
+
+def duplicate_json_key(body: bytes, content_type: str) -> str | None:
+    """The first key a JSON object of ``body`` repeats, else None (also for a body that is not
+    JSON: the route's parser answers that).
+
+    Python's parser, like FastAPI's, keeps the *last* of two equal keys; another reader (a proxy,
+    an audit log) may keep the first, so ``{"epsilon": 3.9, "epsilon": 1000}`` would mean two things.
+    The gateway refuses such a body (400 ``invalid_request``) before any route reads it.
+    """
+    if not body or not content_type.split(";")[0].strip().lower().endswith(("/json", "+json")):
+        return None
+    try:
+        json.loads(body, object_pairs_hook=_pairs)
+    except _DuplicateKey as e:
+        return str(e.args[0])
+    except (ValueError, RecursionError, UnicodeDecodeError):
+        return None
+    return None
+
+
 class BodySizeLimitMiddleware:
     """Pure ASGI middleware bounding a request body's size and the time to receive it.
 
@@ -332,6 +365,11 @@ class BodySizeLimitMiddleware:
             return
 
         body = b"".join(chunks)
+        repeated = duplicate_json_key(body, Headers(scope=scope).get("content-type", ""))
+        if repeated is not None:
+            await self._reject(scope, receive, send, f"the JSON body has the key {repeated[:80]!r} twice in one "
+                               "object: send each key once (JSON parsers disagree on which one counts)", 400)
+            return
         replayed = False
 
         async def replay() -> Message:

@@ -120,8 +120,14 @@ def public_values(engine: Any, policy: DatasetPolicy, select: exp.Select, dialec
     from dpgate.pipeline.strategy import ExactPublic
     from dpgate.sql.public import exact_query
 
+    select = select.copy()
+    if select.args.get("distinct") is not None or (select.args.get("group") is None and not any(
+            isinstance(n, exp.AggFunc) for n in select.expressions[0].walk())):
+        # its distinct values, whatever the table's size (a row read is cut at MAX_PUBLIC_ROWS)
+        select.set("distinct", None)
+        select.set("group", exp.Group(expressions=[exp.Literal.number(1)]))
     try:
-        planned, plan, strategy = _compile_one(policy, select.sql(dialect="duckdb"), dialect, select.copy())
+        planned, plan, strategy = _compile_one(policy, select.sql(dialect="duckdb"), dialect, select)
     except DpgateError as e:
         e.message = f"in the IN/EXISTS subquery: {e.message}"
         e.args = (e.message,)

@@ -628,7 +628,8 @@ class UnionAllRunner(Runner):
         budget_doc = resolved.to_dict()
         signatures = [documents.noise_signature(p.plan, cell_targets=resolved.is_ci95) for p in parts]
         keys = CacheKeys.of(plan_hash=self.strategy.plan_hash + scope_signature(scope),
-                            noise_signature=union_release.noise_signature(signatures) + scope_signature(scope),
+                            noise_signature=union_release.noise_signature(signatures, self.strategy.plan_hash)
+                            + scope_signature(scope),
                             data_version=version, mechanism=self.mechanism, budget=budget_doc,
                             post_processing=post_processing_settings(self.policy))
         with ctx.release_cache.flight(keys) as flight:

@@ -50,9 +50,18 @@ def split_description(whole: ResolvedBudget, budgets: Sequence[QueryBudget]) -> 
     return {"rule": rule, "parts": [{k: v for k, v in vars(b).items() if v is not None} for b in budgets]}
 
 
-def noise_signature(signatures: Sequence[str]) -> str:
-    """The union's noise signature: SHA-256 over its parts' noise signatures, in order."""
-    return "union-noise:" + hashlib.sha256("\n".join(signatures).encode()).hexdigest()
+def noise_signature(signatures: Sequence[str], plan_hash: str) -> str:
+    """The union's noise signature: SHA-256 over its parts' noise signatures, in order, and the
+    union's plan hash.
+
+    A flat query found under its noise key is post-processed again for the new request; a union
+    stores only its released rows (not its parts' noisy primitives), so it cannot be. The plan hash
+    (every part's outputs in order, HAVING, ORDER BY, LIMIT — not the labels) is therefore part of
+    the noise key: a union that differs in any of them is a new release with its own charge, never
+    the stored rows of another (which a trial found served as-is, HAVING and column order ignored).
+    """
+    body = "\n".join(signatures) + "\n" + plan_hash
+    return "union-noise:" + hashlib.sha256(body.encode()).hexdigest()
 
 
 def _merge_accuracy(columns: Sequence[str], docs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

@@ -28,7 +28,10 @@ def _text(sql: str) -> exp.Expression:
 def exact_tree(plan: QueryPlan, policy: DatasetPolicy, limit: int | None) -> exp.Select:
     """The exact answer's SELECT (``limit``: the LIMIT :func:`exact_sql` computed, or None)."""
     table = policy.table(plan.table)
-    src = lambda c: n.col(c, _SRC)  # noqa: E731
+
+    def src(c: str) -> exp.Expression:  # a computed key is its expression over the row (a trial: was g0)
+        computed = plan.computed_key(c)
+        return n.col(c, _SRC) if computed is None else exp.Paren(this=_text(computed.expression))
     items: list[exp.Expression] = []
     for o in plan.outputs:
         if isinstance(o, KeyOutput):

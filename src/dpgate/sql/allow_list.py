@@ -40,9 +40,12 @@ SELECT_ARG_NAMES = {
 
 
 STRUCTURAL = {
-    exp.Subquery: "subqueries are not supported",
-    exp.Select: "subqueries are not supported",
-    exp.Exists: "subqueries (EXISTS) are not supported",
+    exp.Subquery: "subqueries are not supported here (a WHERE IN/EXISTS subquery may read public tables only: over "
+                  "a protected table it would decide one unit's rows by other rows)",
+    exp.Select: "subqueries are not supported here (a WHERE IN/EXISTS subquery may read public tables only: over "
+                "a protected table it would decide one unit's rows by other rows)",
+    exp.Exists: "subqueries (EXISTS) are not supported here (an EXISTS may read public tables only, correlated on "
+                "one equality: over a protected table it would decide one unit's rows by other rows)",
     exp.Join: "JOIN is not supported",
     exp.Lateral: "LATERAL is not supported",
     exp.Unnest: "UNNEST is not supported",

@@ -41,7 +41,7 @@ def _never_true(node: exp.Expression) -> str | None:
     """``"null"`` (NULL on every row), ``"false"`` (FALSE on every row) or ``"not true"`` (one
     of them on each row) for a canonical WHERE predicate that no row can satisfy whatever the
     data, by SQL's three-valued logic: a comparison with a NULL literal (``x = NULL``,
-    ``x IN (NULL)``) is NULL, ``NOT NULL`` is NULL, an ``AND`` with such a conjunct and an
+    ``x IN (NULL)``) is NULL, ``NOT NULL`` is NULL, ``x NOT IN (…, NULL)`` is never TRUE, an ``AND`` with such a conjunct and an
     ``OR`` of such disjuncts select nothing. None when some row might satisfy it."""
     if isinstance(node, exp.Paren):
         return _never_true(node.this)
@@ -55,6 +55,11 @@ def _never_true(node: exp.Expression) -> str | None:
             and all(isinstance(e, exp.Null) for e in node.expressions)):
         return "null"
     if isinstance(node, exp.Not):
+        inner = node.this
+        while isinstance(inner, exp.Paren):
+            inner = inner.this
+        if isinstance(inner, exp.In) and any(isinstance(e, exp.Null) for e in inner.expressions):
+            return "not true"  # x IN (…, NULL) is TRUE or NULL, never FALSE: its NOT is never TRUE
         return "null" if _never_true(node.this) == "null" else None
     if isinstance(node, exp.And):
         parts = [_never_true(node.left), _never_true(node.right)]

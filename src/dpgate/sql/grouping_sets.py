@@ -193,7 +193,7 @@ def _branch(select: exp.Select, written: tuple[exp.Expression, ...], keys: tuple
     for p in branch.expressions:
         name = p.alias_or_name
         inner = p.unalias()
-        replaced = _null_missing(inner.copy(), keys, missing)
+        replaced = _null_missing(inner.copy(), keys, missing, every)
         if _text(replaced) == _text(inner):
             projections.append(p)
         else:
@@ -201,28 +201,35 @@ def _branch(select: exp.Select, written: tuple[exp.Expression, ...], keys: tuple
     branch.set("expressions", projections)
     having = branch.args.get("having")
     if having is not None:
-        branch.set("having", exp.Having(this=_null_missing(having.this.copy(), keys, missing)))
+        branch.set("having", exp.Having(this=_null_missing(having.this.copy(), keys, missing, every)))
     return branch
 
 
-def _null_missing(node: exp.Expression, keys: tuple[exp.Expression, ...], missing: list[exp.Expression]
-                  ) -> exp.Expression:
+def _null_missing(node: exp.Expression, keys: tuple[exp.Expression, ...], missing: list[exp.Expression],
+                  every: list[exp.Expression]) -> exp.Expression:
     """``node`` with each key in ``missing`` (outside aggregate arguments) as NULL and each
-    ``GROUPING(…)``/``GROUPING_ID(…)`` as its integer for the set ``keys``."""
+    ``GROUPING(…)``/``GROUPING_ID(…)`` as its integer for the set ``keys``.
+
+    Raises:
+        UnsupportedQuery: a GROUPING argument that is no grouping key (as DuckDB refuses it).
+    """
     if isinstance(node, (exp.Grouping, exp.GroupingId)):
         bits = 0
         for arg in node.expressions:
+            if not any(_same(_unparen(arg), k) for k in every):
+                raise _refusal(f"GROUPING({_text(arg)}): its argument must be a key of the grouping sets",
+                               construct="GROUPING")
             bits = bits * 2 + (0 if any(_same(_unparen(arg), k) for k in keys) else 1)
         return exp.Literal.number(bits)
-    if isinstance(node, exp.AggFunc):
-        return node
+    if isinstance(node, exp.AggFunc) or any(_same(node, k) for k in keys):
+        return node  # aggregate arguments are rows; a key of the set stays whole (a % 2 with a missing)
     if any(_same(node, m) for m in missing):
         return exp.Null()
     for key, value in list(node.args.items()):
         if isinstance(value, exp.Expression):
-            node.set(key, _null_missing(value, keys, missing))
+            node.set(key, _null_missing(value, keys, missing, every))
         elif isinstance(value, list):
-            node.set(key, [_null_missing(v, keys, missing) if isinstance(v, exp.Expression) else v
+            node.set(key, [_null_missing(v, keys, missing, every) if isinstance(v, exp.Expression) else v
                            for v in value])
     return node
 

@@ -92,7 +92,9 @@ def exact_sql(plan: QueryPlan, policy: DatasetPolicy) -> str:
     table = policy.table(plan.table)
     if not table.public:
         raise ValueError(f"table {table.name!r} is not public")
-    col = lambda c: f"{q(_SRC)}.{q(c)}"  # noqa: E731
+    def col(c: str) -> str:  # a computed key is its expression over the row
+        computed = plan.computed_key(c)
+        return f"{q(_SRC)}.{q(c)}" if computed is None else f"({computed.expression})"
     items = []
     for o in plan.outputs:
         if isinstance(o, KeyOutput):

@@ -22,12 +22,12 @@ reads no data.
   ``(o.x IS NOT NULL AND o.x IN (SELECT p.c FROM p WHERE rest AND p.c IS NOT NULL))``, which is
   TRUE or FALSE exactly where EXISTS is (never NULL), so ``NOT EXISTS`` is its negation.
 
-Refused (``UnsupportedQuery``, ``details.reason = "semi_join"``, before anything is read): an IN
-subquery or EXISTS over a protected table (it decides one unit's rows by other rows: issue 21
-item 5 keeps that refused), a subquery selecting other than one column, an EXISTS correlated on
+Refused (``UnsupportedQuery``, ``details.reason = "semi_join"``, before anything is read): a
+subquery selecting other than one column, an EXISTS correlated on
 zero or several equalities or on an unqualified outer column, and (in the pipeline) an answer of
 more than :data:`MAX_VALUES` values or of values that are not text, integers, finite floats or
-booleans.
+booleans. An IN subquery or EXISTS over a protected table is left in place for the planner's
+allow-list refusal (it decides one unit's rows by other rows: issue 21 item 5 keeps that refused).
 """
 
 from __future__ import annotations
@@ -151,10 +151,10 @@ def inline_values(node: exp.In, values: Sequence[Any]) -> None:
         UnsupportedQuery: more than :data:`MAX_VALUES` values, or a value that is not text, an
             integer, a finite float, a boolean or NULL.
     """
-    if len(values) > MAX_VALUES:
-        raise _refusal(f"the IN subquery answers more than {MAX_VALUES} values: filter it further", node)
-    literals: list[exp.Expression] = []
     distinct = dict.fromkeys(None if isinstance(v, float) and math.isnan(v) else v for v in values)
+    if len(distinct) > MAX_VALUES:
+        raise _refusal(f"the subquery answers more than {MAX_VALUES} distinct values: filter it further", node)
+    literals: list[exp.Expression] = []
     for v in sorted(distinct, key=lambda v: (v is not None, type(v).__name__, v if v is not None else 0)):
         if v is None:
             literals.append(exp.Null())
@@ -167,10 +167,10 @@ def inline_values(node: exp.In, values: Sequence[Any]) -> None:
         elif isinstance(v, str):
             literals.append(exp.Literal.string(v))
         else:
-            raise _refusal(f"the IN subquery answers a value of type {type(v).__name__}: only text, numbers and "
+            raise _refusal(f"the subquery answers a value of type {type(v).__name__}: only text, numbers and "
                            "booleans can be listed", node)
     if not literals:
-        node.replace(exp.false())
+        node.replace(exp.false())  # x IN (<no rows>) is FALSE for every x, NULL included
         return
     node.set("query", None)
     node.set("expressions", literals)
@@ -187,13 +187,6 @@ def resolve_semi_joins(select: exp.Select, policy: DatasetPolicy,
     """
     if values_of is None or select.args.get("where") is None:
         return select
-    for node in select.args["where"].find_all(exp.Subquery, exp.Exists):
-        inner = node.this
-        tables = list(inner.find_all(exp.Table)) if isinstance(inner, exp.Expression) else []
-        if any(t.name in policy.tables and not policy.tables[t.name].public for t in tables):
-            raise _refusal("a subquery in WHERE may read public tables only: over a protected table it would decide "
-                           "one privacy unit's rows by other rows (IN/EXISTS correlated on the privacy unit is not "
-                           "supported yet)", node)
     exists_as_in(select, policy)
     for node in public_subqueries(select, policy):
         query = node.args["query"]
