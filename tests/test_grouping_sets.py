@@ -238,3 +238,14 @@ def test_a_cached_multi_part_release_is_never_served_for_other_post_processing(g
     assert [row[1] for row in reordered["rows"]] == ["eu", "us", "apac", None]  # the values under their names
     relabelled = gw.query("shop", SETS.replace("AS n", "AS rows_"), consumer="default", budget=budget)
     assert relabelled["cached"] is True and relabelled["rows"] == plain["rows"]  # labels only: the same release
+
+
+def test_the_parts_shares_never_add_up_to_more_than_the_request(gw):
+    # a trial: 32 sets at ρ = 0.0005 charged 0.0005000000000000003 (float sum of the shares)
+    sql = ("SELECT region, CASE WHEN amount < 10 THEN 'a' ELSE 'b' END AS a1, CASE WHEN amount < 20 THEN 'a' ELSE 'b' END "
+           "AS a2, CASE WHEN amount < 30 THEN 'a' ELSE 'b' END AS a3, CASE WHEN amount < 40 THEN 'a' ELSE 'b' END AS a4, "
+           "COUNT(*) AS n FROM orders GROUP BY CUBE (region, a1, a2, a3, a4)")
+    for rho in (0.0005, 0.1, 1e-7, 0.03):
+        doc = gw.explain("shop", sql, budget=QueryBudget(rho=rho))
+        assert len(doc["parts"]) == 32 and doc["cost"]["rho"] <= rho
+        assert doc["cost"]["rho"] == pytest.approx(rho, rel=1e-12)

@@ -12,6 +12,7 @@ Lemma 2.3; pure ε adds, Dwork & Roth 2014 Thm. 3.16).
 from __future__ import annotations
 
 import hashlib
+import math
 from typing import Any, Mapping, Sequence
 
 from dpgate.pipeline.budget import QueryBudget, ResolvedBudget
@@ -28,9 +29,21 @@ COMPOSITION_NOTE = (
 
 
 def _shares(amount: float, plans: Sequence[QueryPlan]) -> list[float]:
+    """``amount`` split in proportion to the parts' primitives, rounded so that the shares added
+    left to right (as the parts' costs are) never exceed ``amount`` (a trial saw 32 parts of
+    ρ = 0.0005 charge 0.0005000000000000003, so a request for exactly what was left could fail)."""
     counts = [len(p.primitives) for p in plans]
     total = sum(counts)
-    return [amount * c / total for c in counts]
+    shares = [amount * c / total for c in counts]
+    for _ in range(256):
+        added = 0.0
+        for x in shares:
+            added += x
+        if added <= amount:
+            break
+        i = max(range(len(shares)), key=shares.__getitem__)
+        shares[i] = math.nextafter(shares[i], 0.0)
+    return shares
 
 
 def part_budgets(whole: ResolvedBudget, mechanism: str, plans: Sequence[QueryPlan]) -> list[QueryBudget]:
