@@ -53,7 +53,8 @@ Example: bounds [0, 100], m = k = 1 (Δ_S = 100, Δ_N = 1 in output units): E[μ
 equal split's (the price of not being minimax); at a mean of a tenth of the bound it is ≈ 0.79×.
 
 Primitives that no output weighs (none today: every noisy primitive belongs to an aggregate
-output) make the whole query fall back to the equal split, so no primitive is ever starved.
+output), and weights that overflow a float (bounds near ±1.8e308, where E[μ⁴] has no float),
+make the whole query fall back to the equal split, so no primitive is ever starved.
 
 References: [BS16] Bun & Steinke, TCC 2016; [DR14] Dwork & Roth 2014; [CKS20] Canonne, Kamath
 & Steinke, NeurIPS 2020.
@@ -108,7 +109,10 @@ def output_coefficients(target: CellTarget, units: Mapping[str, float]) -> dict[
         return {prims[0]: units[prims[0]] ** 2} if len(prims) == 1 else {}
     if target.bounds is None:
         return {}
-    m2, n_coef = _mean_priors(target.bounds)
+    try:
+        m2, n_coef = _mean_priors(target.bounds)
+    except OverflowError:  # bounds near the float limit: no weight, the query splits equally
+        return {}
     if f == "avg" and len(prims) == 2:
         s, n = prims
         return {s: units[s] ** 2, n: m2 * units[n] ** 2}
