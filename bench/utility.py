@@ -2,6 +2,7 @@
 
     python -m bench.utility --trials 3            # PUMS 120k under bench/.data (made once), peers if installed
     python -m bench.utility --data bench/.data/pums_120k --no-peers
+    python -m bench.utility --split               # AVG/STDDEV: the optimal budget split vs equal
 
 A PUMS policy whose cap is the total (ε, δ) (so the ledger enforces it), with clamping of
 counts off (so the error is the noise alone). ρ_cap is read from the ledger
@@ -30,6 +31,15 @@ Variants of dpgate (issue 22 item 1, "tightest valid composition for Gaussian ch
   Each release asks for the ρ whose discrete Gaussian μ (``accounting.discrete_gaussian_unit_mu``
   at σ = 1/√(2ρ), the largest μ a ρ can have for a sensitivity ≥ 1) is μ_cap/√52, μ_cap read
   from the ledger (``cap.mu_cap``: the exact GDP conversion of the cap at δ).
+
+AVG and STDDEV at equal privacy (issue 22 item 5, ``--split``): ``SELECT educ, AVG(income)``
+and ``STDDEV_POP(income)`` over PUMS (income bounds [0, 500000], one row per person) at one ρ,
+with the gateway's calibration (its explain's ``noise_scales``: the error-minimising split of
+:mod:`dpgate.postprocess.split`) against the equal split (``mechanisms.calibrate`` without
+weights) at the same ρ. The exact clamped per-group sums, counts and sums of squares are
+noised ``reps`` times with OpenDP's samplers (:func:`dpgate.mechanisms.sample`); the RMSE is
+of the noise alone (the noisy ratio, clamped to the bounds as the release does, against the
+ratio of the exact bounded values).
 
 PipelineDP (its PLD accountant over the 52 declared aggregations) runs in its own venv
 (:mod:`bench.peers`) when it is installed there or installable; otherwise its entry says why.
@@ -148,6 +158,69 @@ def measure(data: Path, *, weeks: int = 52, epsilon: float = 4.0, delta: float =
             "exact_gaussian_epsilon": accounting.gaussian_epsilon_exact(cap.rho_cap, cap.rho_delta)}
 
 
+SPLIT_QUERIES = {"avg": "SELECT educ, AVG(income) AS a FROM pums GROUP BY educ",
+                 "stddev": "SELECT educ, STDDEV_POP(income) AS a FROM pums GROUP BY educ"}
+
+
+def measure_split(data: Path, *, rho: float = 0.01, reps: int = 2000) -> dict[str, Any]:
+    """RMSE of AVG(income) and STDDEV_POP(income) by educ: the gateway's split vs the equal split (same ρ)."""
+    import duckdb
+    import numpy as np
+
+    from bench.latency import write_policies
+    from dpgate import mechanisms
+    from dpgate.service import Gateway, QueryBudget
+    from dpgate.settings import Settings
+
+    lo, hi = 0.0, 500000.0
+    con = duckdb.connect()
+    x = f"LEAST(GREATEST(income, {lo}), {hi})"
+    rows = con.execute(f"SELECT educ, SUM(ROUND({x}))::BIGINT, COUNT(income), SUM(ROUND({x}) * ROUND({x}))::HUGEINT "
+                       f"FROM '{(data / 'pums.parquet').as_posix()}' GROUP BY educ ORDER BY educ").fetchall()
+    exact = {"sum": np.array([r[1] for r in rows], dtype=np.int64), "count_column": np.array([r[2] for r in rows], dtype=np.int64),
+             "sum_squares": np.array([int(r[3]) for r in rows], dtype=object)}
+    out: dict[str, Any] = {"rho": rho, "reps": reps, "groups": len(rows), "bounds": [lo, hi]}
+    tmp = Path(tempfile.mkdtemp(prefix="dpgate-split-"))
+    try:
+        entry = write_policies(data, tmp / "policies", epsilon=4.0, delta=1e-6, clamp_counts=False)[0]
+        with Gateway.open(Settings(policies=tmp / "policies", home=tmp / "home")) as gw:
+            for name, sql in SPLIT_QUERIES.items():
+                doc = gw.explain(entry["dataset"], sql, budget=QueryBudget(rho=rho))
+                kinds = {pid: doc["noise_scale_units"][pid]["kind"] for pid in doc["noise_scales"]}
+                pairs = {pid: (v["l1"], v["l2"]) for pid, v in doc["sensitivity"].items()}
+                cals = {"dpgate": mechanisms.calibrate(pairs, scales=doc["noise_scales"]),
+                        "equal_split": mechanisms.calibrate(pairs, rho=rho)}
+                res: dict[str, Any] = {"split": {pid: {"kind": kinds[pid], "rho": r["rho"]}
+                                                 for pid, r in doc["primitive_split"]["primitives"].items()}}
+                for label, cal in cals.items():
+                    vals = {pid: np.tile(exact[kinds[pid]], reps) for pid in kinds}
+                    noisy = {pid: v.astype(float) for pid, v in mechanisms.sample(cal, vals).items()}
+                    ex = {pid: v.astype(float) for pid, v in vals.items()}
+                    res[label] = {"rmse": _ratio_rmse(name, noisy, ex, kinds, lo, hi), "rho": cal.rho}
+                res["rmse_ratio"] = res["dpgate"]["rmse"] / res["equal_split"]["rmse"]
+                out[name] = res
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def _ratio_rmse(name: str, noisy: dict, exact: dict, kinds: dict, lo: float, hi: float) -> float:
+    """RMSE of the noisy AVG/STDDEV (clamped to its range, as the release does) against the exact one."""
+    import numpy as np
+
+    by = {kinds[p]: p for p in kinds}
+
+    def value(v: dict) -> Any:
+        n = np.maximum(v[by["count_column"]], 1.0)
+        mean = np.clip(v[by["sum"]] / n, lo, hi)
+        if name == "avg":
+            return mean
+        var = np.clip(v[by["sum_squares"]] / n - mean ** 2, 0.0, (hi - lo) ** 2 / 4)
+        return np.sqrt(var)
+
+    return float(np.sqrt(np.mean((value(noisy) - value(exact)) ** 2)))
+
+
 def gdp_rho_per_release(mu_cap: float, weeks: int) -> float:
     """The largest ρ (to 1e-12) whose discrete Gaussian μ, at the smallest σ = 1/√(2ρ) a release of
     sensitivity ≥ 1 can have, is at most μ_cap/√weeks (times 1 − 1e-9 against rounding)."""
@@ -182,11 +255,15 @@ def measure_pipelinedp(data: Path, *, trials: int, install: bool, weeks: int = 5
             "accountant": out["utility"].get("accountant")}
 
 
-def run(data: Path | None, *, trials: int = 1, peers: bool = True, install: bool = True) -> dict[str, Any]:
-    """Every variant in one run (see the module docstring); skipped with the reason without PUMS."""
+def run(data: Path | None, *, trials: int = 1, peers: bool = True, install: bool = True,
+        split: bool = False) -> dict[str, Any]:
+    """Every variant in one run (see the module docstring); skipped with the reason without PUMS.
+    ``split``: only the AVG/STDDEV split comparison (:func:`measure_split`)."""
     folder, why = ensure_pums(data)
     if folder is None:
         return {"skipped": why}
+    if split:
+        return {"data": str(folder), "split": {str(r): measure_split(folder, rho=r) for r in (0.001, 0.01, 0.1)}}
     from bench.peers import utility_spec
 
     true = utility_spec(folder)["true"]
@@ -213,9 +290,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trials", type=int, default=1, help="independent runs of the 52 releases per tool")
     ap.add_argument("--no-peers", action="store_true", help="dpgate only")
     ap.add_argument("--no-install", action="store_true", help="use PipelineDP only if already installed")
+    ap.add_argument("--split", action="store_true", help="only AVG/STDDEV(income): the gateway's budget split "
+                    "vs the equal split (issue 22 item 5)")
     args = ap.parse_args(argv)
-    print(json.dumps(run(args.data, trials=args.trials, peers=not args.no_peers, install=not args.no_install),
-                     indent=1))
+    print(json.dumps(run(args.data, trials=args.trials, peers=not args.no_peers, install=not args.no_install,
+                         split=args.split), indent=1))
     return 0
 
 

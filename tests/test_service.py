@@ -91,18 +91,20 @@ def test_grouped_count_and_avg_are_charged_once_each(gw):
     assert r1["columns"] == ["sex", "n"] and [row[0] for row in r1["rows"]] == [0, 1]
     assert r2["columns"] == ["sex", "avg_income"]
     assert r1["charge"]["rho"] == pytest.approx(0.02, rel=1e-12)
-    # The AVG's charge is the sum of its two primitives (noisy sum and noisy count), each
-    # calibrated to ρ/2: ρ_i = Δ2_i² / (2 σ_i²) (Bun–Steinke 2016, Prop. 1.6).
-    # Sum: Δ2 = m · max|L|,|U| / resolution = 4 · 500000; count_column: Δ2 = m = 4 (k = 1).
+    # The AVG's charge is the sum of its two primitives (noisy sum and noisy count), split to
+    # minimise the AVG's variance (issue 22 item 5; bounds [0, U]: E[μ²] = U²/3, so
+    # ρ_S : ρ_N = √3 : 1, ρ_S = ρ(3 − √3)/2, ρ_N = ρ(√3 − 1)/2): ρ_i = Δ2_i² / (2 σ_i²) (Bun–Steinke
+    # 2016, Prop. 1.6). Sum: Δ2 = m · max|L|,|U| / resolution = 4 · 500000; count_column: Δ2 = m = 4 (k = 1).
     scales = r2["noise_scales"]
     assert len(scales) == 2
     deltas = sorted([4.0, 4.0 * 500000])
     parts = sorted(scales.values())
     per = [accounting.gaussian_rho(d, s) for d, s in zip(deltas, parts)]
-    assert per == pytest.approx([0.01, 0.01], rel=1e-9)
+    rho_n, rho_s = 0.02 * (math.sqrt(3) - 1) / 2, 0.02 * (3 - math.sqrt(3)) / 2
+    assert per == pytest.approx([rho_n, rho_s], rel=1e-9)
     assert r2["charge"]["rho"] == pytest.approx(sum(per), rel=1e-9)
-    # σ of the count: 4 / √(2 · 0.01) = 28.2843
-    assert parts[0] == pytest.approx(4 / math.sqrt(0.02), rel=1e-9)
+    # σ of the count: 4 / √(2 · 0.0073205) = 33.06
+    assert parts[0] == pytest.approx(4 / math.sqrt(2 * rho_n), rel=1e-9)
     for row in r2["rows"]:
         assert 0 <= row[1] <= 500000  # AVG clamped into [lower, upper]
     # ε at δ − selection_delta = 1e-6 − 1e-6/2 (default reserve for partition selection, issue 11)

@@ -26,7 +26,9 @@ rounds its arithmetic upward, so the sensitivity is never under-stated (for an
 integer-valued query the true shift is an integer vector whose norm is ≤ d_in).
 
 Budget split: a query with n primitives and budget ρ (or ε) gives each
-primitive ρ/n (or ε/n); by composition ([BS16] Lemma 2.3 for ρ; [DR14]
+primitive ρ/n (or ε/n), or, with ``weights`` c_i (:mod:`dpgate.postprocess.split`, the
+default of the pipeline), ρ_i ∝ √c_i·Δ2_i (or ε_i ∝ (c_i·Δ1_i²)^{1/3}), the shares summing
+to at most ρ in floating point (:func:`_split`); by composition ([BS16] Lemma 2.3 for ρ; [DR14]
 Thm. 3.16 for ε) the release costs ρ (or ε). Each primitive's cost is read back
 from OpenDP's own privacy map (``meas.map(d_in)``) and checked against
 :func:`dpgate.accounting.gaussian_rho` (or Δ1/b): a disagreement beyond
@@ -296,18 +298,20 @@ def calibrate(
     rho: float | None = None,
     epsilon: float | None = None,
     scales: Mapping[str, float] | None = None,
+    weights: Mapping[str, float] | None = None,
 ) -> Calibration:
     """Calibrate the noise of one release and compute its cost from OpenDP's privacy maps.
 
     Two modes:
 
     * budget given (``rho`` for the Gaussian, ``epsilon`` for the Laplace):
-      split equally over the n primitives of non-zero sensitivity (a primitive of
+      split over the n primitives of non-zero sensitivity (a primitive of
       sensitivity 0 is a constant: released exactly, scale 0, cost 0; see the module
-      docstring); σ_i = Δ2_i/√(2ρ/n) ([CKS20] Thm. 4,
-      via :func:`dpgate.accounting.gaussian_sigma`) or b_i = Δ1_i/(ε/n)
+      docstring), equally (ρ_i = ρ/n) or by ``weights`` (:func:`_split`); σ_i = Δ2_i/√(2ρ_i)
+      ([CKS20] Thm. 4, via :func:`dpgate.accounting.gaussian_sigma`) or b_i = Δ1_i/ε_i
       ([GRS12]); the release costs ρ (or ε) by composition ([BS16] Lemma 2.3;
-      [DR14] Thm. 3.16).
+      [DR14] Thm. 3.16): the shares' sum is ≤ the budget in floating point and the
+      charged total is exactly the requested budget.
     * ``scales`` given: use them; the cost is the sum of the primitives' costs
       from OpenDP's privacy maps (e.g. for a ``{ci95: …}`` budget, with scales
       from :func:`sigma_for_ci95`).
@@ -321,6 +325,8 @@ def calibrate(
         rho: total ρ of this release (Gaussian only).
         epsilon: total ε of this release (Laplace only).
         scales: primitive id → σ or b (integer units), instead of a budget.
+        weights: with a budget, primitive id → c_i > 0 for every noisy primitive: the
+            share minimising Σ c_i·Var(Z_i) (:func:`_split`); None: equal shares.
 
     Returns:
         A :class:`Calibration` whose ``cost`` is ``Cost.zcdp(total ρ)`` or
@@ -368,7 +374,7 @@ def calibrate(
 
     if scales is None:
         requested = _budget("rho" if gaussian else "epsilon", rho if gaussian else epsilon)
-        share = requested / len(noisy) if noisy else 0.0
+        shares = _split(requested, {p: d_in[p] for p in noisy}, weights, gaussian)
     else:
         missing = sorted(set(noisy) - set(scales))
         if missing:
@@ -380,8 +386,8 @@ def calibrate(
             out_scales[pid], costs[pid] = 0.0, 0.0
             continue
         if scales is None:
-            s = _scale_for_share(gaussian, pid, d, share)
-            s, mapped = _certify(mech, pid, d, s, share)
+            s = _scale_for_share(gaussian, pid, d, shares[pid])
+            s, mapped = _certify(mech, pid, d, s, shares[pid])
         else:
             s = _check_scale(pid, scales[pid])
             mapped = _privacy_map(_measurement(mech, s), d)
@@ -403,6 +409,39 @@ def calibrate(
         primitive_costs=costs,
         sensitivities=d_in,
     )
+
+
+def _split(total: float, d_in: Mapping[str, float], weights: Mapping[str, float] | None,
+           gaussian: bool) -> dict[str, float]:
+    """Each noisy primitive's share of ``total`` (ρ or ε); the shares' ``math.fsum`` is ≤ ``total``.
+
+    Equal (``weights`` None): total/n. Weighted: minimising Σ c_i Δ_i²/ρ_i subject to
+    Σ ρ_i = ρ gives ρ_i = ρ·√c_i Δ_i / Σ_j √c_j Δ_j (Lagrange; Gaussian, Var = Δ²/(2ρ)); for the
+    Laplace (Var = 2Δ²/ε²) ε_i ∝ (c_i Δ_i²)^{1/3} (derivations in :mod:`dpgate.postprocess.split`).
+    Rounding: the largest share absorbs the residue total − Σ others and is stepped down by
+    ulps while the correctly rounded sum exceeds ``total``, so OpenDP's certified costs (each ≤
+    its share) never add up to more than the requested budget.
+
+    Raises:
+        MechanismError: weights missing, non-finite or ≤ 0 for a noisy primitive.
+    """
+    if not d_in:
+        return {}
+    if weights is None:
+        return {p: total / len(d_in) for p in d_in}
+    raw: dict[str, float] = {}
+    for p, d in d_in.items():
+        c = weights.get(p)
+        if c is None or not math.isfinite(float(c)) or not float(c) > 0:
+            raise MechanismError(f"no positive split weight for primitive {p!r}", {"primitive": p})
+        raw[p] = math.sqrt(float(c)) * d if gaussian else (float(c) * d * d) ** (1.0 / 3.0)
+    norm = math.fsum(raw.values())
+    shares = {p: total * (r / norm) for p, r in raw.items()}
+    big = max(shares, key=shares.__getitem__)
+    shares[big] = total - math.fsum(v for p, v in shares.items() if p != big)
+    while math.fsum(shares.values()) > total:
+        shares[big] = math.nextafter(shares[big], 0.0)
+    return shares
 
 
 def _clamped_int64(pid: str, values: np.ndarray) -> np.ndarray:

@@ -36,6 +36,7 @@ from dpgate.pipeline.strategy import (ExactPublic, Noisy, NoisyWithPartitionSele
 from dpgate.policy import DatasetPolicy
 from dpgate.postprocess import finalize
 from dpgate.postprocess.calibration import scales_for_ci95
+from dpgate.postprocess.split import split_weights
 from dpgate.postprocess.expected import accuracy_reference, column_bounds, expected_accuracy
 from dpgate.releases import CacheKeys, Release
 from dpgate.releases.keys import post_processing_settings
@@ -228,11 +229,46 @@ def ci95_scales(policy: DatasetPolicy, plan: Any, mech: str, resolved: ResolvedB
                            expected_count=resolved.expected_count)
 
 
+def budget_split_weights(policy: DatasetPolicy, plan: Any, mech: str, sens: Mapping[str, Any]) -> dict | None:
+    """The c_i of a ρ/ε budget's error-minimising split (:func:`dpgate.postprocess.split.split_weights`).
+
+    Data-independent: the outputs, the policy's bounds and resolutions, the sensitivities. None
+    (equal split) when some noisy primitive belongs to no weighted output.
+    """
+    gaussian = mechanism_name(mech) == "discrete_gaussian"
+    d_in = {pid: (s.l2 if gaussian else s.l1) for pid, s in sens.items()}
+    units = {p.id: documents.primitive_unit(policy, plan, p.id) for p in plan.primitives}
+    return split_weights(documents.cell_targets(policy, plan), d_in, units)
+
+
+def split_description(policy: DatasetPolicy, plan: Any, m: Any, weights: Mapping[str, float] | None) -> dict[str, Any]:
+    """Explain's ``primitive_split``: the rule and each noisy primitive's ρ (or ε), share and σ (or b).
+
+    ``sigma``/``scale`` in output units (the sampler's scale × the primitive's unit).
+    """
+    gaussian = m.mechanism == "discrete_gaussian"
+    total = m.rho if gaussian else m.epsilon
+    rows = {}
+    for pid, cost in m.primitive_costs.items():
+        if m.scales.get(pid, 0.0) == 0:
+            continue
+        p = plan.primitive(pid)
+        rows[pid] = {"aggregate": documents.primitive_text(p), "rho" if gaussian else "epsilon": cost,
+                     "share": cost / total if total else None,
+                     "sigma" if gaussian else "scale": m.scales[pid] * documents.primitive_unit(policy, plan, pid)}
+    return {"rule": "equal" if weights is None else "optimal",
+            "doc": "the budget is split to minimise the outputs' noise variance (docs/DESIGN_NOTES.md "
+                   "\"Utility at equal privacy\"); shares and σ are calibration, not plan",
+            "primitives": rows}
+
+
 class NoisyRunner(Runner):
     """Counts and sums over public keys: one noisy vector per primitive."""
 
     #: the plan's keys are selected privately (:class:`PartitionSelectionRunner`)
     selecting = False
+    #: a ρ/ε budget goes through :meth:`_measure`'s error-minimising split (explain's ``primitive_split``)
+    _splits_budget = True
 
     def __init__(self, strategy: Strategy, ctx: QueryContext) -> None:
         super().__init__(strategy, ctx)
@@ -284,11 +320,12 @@ class NoisyRunner(Runner):
         if budget.is_ci95:
             return calibrate_noise(pairs, mechanism=mech,
                                    scales=ci95_scales(policy, plan, mech, budget, sens).scales), sens
+        weights = budget_split_weights(policy, plan, mech, sens)  # issue 22 item 5: error-minimising split
         if mech == "gaussian":
             # a standalone ε at the δ it is charged at → ρ by the ledger's one conversion (its cap rule)
-            return calibrate_noise(pairs, mechanism=mech, rho=budget.zcdp_rho()), sens
+            return calibrate_noise(pairs, mechanism=mech, rho=budget.zcdp_rho(), weights=weights), sens
         # laplace: pure ε; a ρ budget buys ε = √(2ρ) (ε-DP ⇒ ε²/2-zCDP, Bun–Steinke 2016 Prop. 1.4)
-        return calibrate_noise(pairs, mechanism=mech, epsilon=budget.pure_epsilon()), sens
+        return calibrate_noise(pairs, mechanism=mech, epsilon=budget.pure_epsilon(), weights=weights), sens
 
     # ------------------------------------------------------------ statements
 
@@ -365,6 +402,9 @@ class NoisyRunner(Runner):
         if resolved.is_ci95:
             extra["accuracy_target"] = ci95_scales(policy, plan, self.mechanism, resolved, sens).describe(
                 resolved.ci95, resolved.expected_count)
+        elif self._splits_budget and not m.exact:
+            weights = budget_split_weights(policy, plan, self.mechanism, sens)
+            extra["primitive_split"] = split_description(policy, plan, m, weights)
         extra.update(_source_description(policy, plan))
         extra.update(self._quantiles_description(m))
         return {
@@ -472,12 +512,14 @@ class PartitionSelectionRunner(NoisyRunner):
     (:mod:`dpgate.partition_selection`)."""
 
     selecting = True
+    _splits_budget = False  # the selection histogram's share: equal (partition_selection.calibrate_selecting)
 
 
 class QuantilesRunner(NoisyRunner):
     """Counts/sums noised as :class:`NoisyRunner`'s, and each quantile selected on its histogram."""
 
     strategy: WithQuantiles
+    _splits_budget = False  # quantile_release.calibrate_plan splits by its own rule
 
     def _measure(self, budget: ResolvedBudget):
         sens = sensitivities(self.strategy.base, self.policy)
