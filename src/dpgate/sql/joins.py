@@ -350,7 +350,8 @@ def _conditions(scope: _JoinScope) -> tuple[list[tuple[_Source, str, _Source, st
     for s in scope.sources[1:]:
         if not any(b is s for _a, _ca, b, _cb in conditions):
             raise _refuse(f"the ON of JOIN {s.label} compares no column of {s.written} with a table before it: "
-                          "it would be a cross join (every join needs an equality with the tables before it)")
+                          "it would be a cross join (every join needs an equality with the tables before it; in a comma "
+                          "join, list the tables so that each has an equality with one listed before it)")
     return conditions, typed
 
 
@@ -415,6 +416,8 @@ def _over_joined_table(stmt: exp.Select, scope: _JoinScope, canonical: str) -> e
     titles = {e.alias.casefold() for e in stmt.expressions if isinstance(e, exp.Alias)}
 
     def rename(node: exp.Expression) -> exp.Expression:
+        if isinstance(node, exp.Column) and node.find_ancestor(exp.Select) is not None:
+            return node  # inside a subquery: not the join's scope (the allow-list refuses subqueries)
         if isinstance(node, exp.Column) and not isinstance(node.this, exp.Star):
             if (node.args.get("table") is None and node.name.casefold() in titles
                     and not any(_find(s, node.name) is not None for s in sources)):
