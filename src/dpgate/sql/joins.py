@@ -47,10 +47,17 @@ VARCHAR)`` on both sides, which can neither fail nor merge two ids, whatever eac
 (an integer column, text, an enum). An int unit is never joined to a text (or undeclared)
 unit: '7', '07', '+7' and ' 7' are four units of a text table and would all meet unit 7.
 
-Refused, with the reason: joins of protected tables on anything but the unit (one row would
-then mix two units), self-joins on non-unit columns, cross joins or joins without ON/USING
-involving a protected table, a join whose ON compares nothing of the table it joins,
-non-equality conditions, equalities of columns of different types, RIGHT/FULL joins, a
+**Extra keys and filters** (issue 21 items 2, 3). Besides the unit equality, two protected
+tables may be joined on equalities of other columns (*extra keys*: typed like every equality,
+never edges of the unit graph, so they only restrict which rows of one unit meet). An INNER
+JOIN's other conjuncts (``a.v < b.w``, ``o.d < DATE '…'``) only filter rows and are moved to
+WHERE; comma joins arrive here as JOIN … ON (rule :mod:`dpgate.sql.rules.comma_joins`).
+
+Refused, with the reason: protected tables connected only by extra keys (one row would then
+mix two units), a unit compared with a non-unit column, cross joins or joins without ON/USING
+(or, in a comma join, an equality in WHERE), a join whose ON compares nothing of the table it
+joins with a table before it, non-equality conditions in a LEFT JOIN's ON, a filter in an ON
+naming a later table, equalities of columns of different types, RIGHT/FULL joins, a
 protected table not connected to the first one by unit equalities (only through a public
 table, or only through a LEFT JOIN that may leave it out), a condition in a LEFT JOIN that
 compares two earlier tables (or one that would move into a LEFT JOIN's ON), a reference to
