@@ -45,6 +45,10 @@ ACCEPTED = [
     "SELECT COUNT(*), SUM(b.w) FROM a JOIN b ON a.uid = b.uid AND a.v < b.w",
     # the unit equality on the third table only: c1 ⋈ c2 on the extra key is restricted by b's INNER ON
     "SELECT COUNT(*), SUM(a2.v) FROM a a1 JOIN a a2 ON a1.pk = a2.pk JOIN b ON b.uid = a1.uid AND b.uid = a2.uid",
+    # a LEFT JOIN decided by an extra key alone, its unit tied by a later INNER ON: rows where b
+    # matched another unit's row (or none) fail a2.uid = b.uid and are dropped
+    "SELECT COUNT(*), COUNT(b.w), SUM(b.w) FROM a a1 LEFT JOIN b ON b.pk = a1.pk "
+    "JOIN a a2 ON a2.uid = a1.uid AND a2.uid = b.uid",
 ]
 
 #: Connected by extra keys only (or through a LEFT-joined hub): the unit graph refuses them.
