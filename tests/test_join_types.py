@@ -349,3 +349,28 @@ def test_int_units_stored_otherwise_are_refused_at_load(tmp_path, create, words)
     folder = write_policy(tmp_path, "jt", 'data_version = "v1"\n', WIDE.format(db=db))
     with pytest.raises(PolicyError, match=words):
         Gateway.open(Settings(policies=folder, home=tmp_path / "home"))
+
+
+@pytest.mark.parametrize("sql, expected", [
+    # issue 21 item 2: the unit plus an extra key. ints' unit 7 has rows 'a' and 'c': on the unit
+    # alone 4 joined rows (capped to m = 3), with the name as an extra key 2 (each row with itself)
+    ("SELECT COUNT(*) FROM ints a JOIN ints b ON a.uid = b.uid", 5),
+    ("SELECT COUNT(*) FROM ints a JOIN ints b ON a.uid = b.uid AND a.name = b.name", 4),
+    # text units (one stored as integers) plus a float = int extra key, as a comma join (item 3):
+    # '7' meets 7 on the unit twice (x = 1.0 and 7.0), the extra key keeps x = 1.0 = y only
+    ("SELECT COUNT(*) FROM texts t, numtext u WHERE t.uid = u.uid", 3),
+    ("SELECT COUNT(*) FROM texts t, numtext u WHERE t.uid = u.uid AND t.x = u.y", 1),
+    # a filter in the INNER JOIN's ON (moved to WHERE) and the same filter in WHERE: '7' with 7
+    # keeps x = 7.0 > 1, '8' with 8 keeps 5.0 > 2
+    ("SELECT COUNT(*) FROM texts t JOIN numtext u ON t.uid = u.uid AND t.x > u.y", 2),
+    ("SELECT COUNT(*) FROM texts t JOIN numtext u ON t.uid = u.uid WHERE t.x > u.y", 2),
+])
+def test_extra_keys_and_comma_joins_run_on_every_engine(gw, sql, expected):
+    """The bounded SQL of joins on the unit plus extra keys runs on each engine with the exact
+    bounded count computed by hand (the comments), and the query is answered with one charge — or
+    none, served from the release cache, when an earlier spelling had its plan (the comma join of
+    ``texts t JOIN numtext u ON t.uid = u.uid`` above; the ON filter of the WHERE one)."""
+    assert _exact(gw, sql) == [[expected]]
+    before = _charges(gw)
+    r = gw.query("jt", sql, consumer="analysts", budget=QueryBudget(rho=0.001))
+    assert _charges(gw) == before + (0 if r["cached"] else 1)

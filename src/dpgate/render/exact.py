@@ -45,6 +45,8 @@ def exact_tree(plan: QueryPlan, policy: DatasetPolicy, limit: int | None) -> exp
             node = exp.func("QUANTILE_CONT", src(o.column), n.num(repr(alpha)), dialect="duckdb")
         elif o.function == "count":
             node = n.count()
+        elif o.function == "count_distinct":
+            node = exp.Count(this=exp.Distinct(expressions=[src(o.column)]), big_int=True)
         else:
             node = exp.func(_FUNCTIONS[o.function], src(o.column), dialect="duckdb")
         items.append(n.alias(node, o.name))

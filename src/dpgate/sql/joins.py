@@ -47,10 +47,17 @@ VARCHAR)`` on both sides, which can neither fail nor merge two ids, whatever eac
 (an integer column, text, an enum). An int unit is never joined to a text (or undeclared)
 unit: '7', '07', '+7' and ' 7' are four units of a text table and would all meet unit 7.
 
-Refused, with the reason: joins of protected tables on anything but the unit (one row would
-then mix two units), self-joins on non-unit columns, cross joins or joins without ON/USING
-involving a protected table, a join whose ON compares nothing of the table it joins,
-non-equality conditions, equalities of columns of different types, RIGHT/FULL joins, a
+**Extra keys and filters** (issue 21 items 2, 3). Besides the unit equality, two protected
+tables may be joined on equalities of other columns (*extra keys*: typed like every equality,
+never edges of the unit graph, so they only restrict which rows of one unit meet). An INNER
+JOIN's other conjuncts (``a.v < b.w``, ``o.d < DATE '…'``) only filter rows and are moved to
+WHERE; comma joins arrive here as JOIN … ON (rule :mod:`dpgate.sql.rules.comma_joins`).
+
+Refused, with the reason: protected tables connected only by extra keys (one row would then
+mix two units), a unit compared with a non-unit column, cross joins or joins without ON/USING
+(or, in a comma join, an equality in WHERE), a join whose ON compares nothing of the table it
+joins with a table before it, non-equality conditions in a LEFT JOIN's ON, a filter in an ON
+naming a later table, equalities of columns of different types, RIGHT/FULL joins, a
 protected table not connected to the first one by unit equalities (only through a public
 table, or only through a LEFT JOIN that may leave it out), a condition in a LEFT JOIN that
 compares two earlier tables (or one that would move into a LEFT JOIN's ON), a reference to
@@ -62,7 +69,7 @@ populations) are unknown to the query's dataset and refused as such.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from sqlglot import exp
@@ -133,8 +140,10 @@ def _sources(stmt: exp.Select, policy: DatasetPolicy) -> list[tuple[_Source, exp
             if side in ("RIGHT", "FULL"):
                 raise _refuse(f"{side} JOIN is not supported: write it as a LEFT JOIN with the tables swapped", join)
             if kind == "CROSS" or not (join.args.get("on") or join.args.get("using")):
-                raise _refuse("cross joins are not supported: every join needs ON or USING "
-                              "(a cross join of protected tables would pair different units' rows)", join)
+                raise _refuse("cross joins are not supported: every join needs ON or USING, and every table "
+                              "of a comma join an equality in WHERE with a table before it (a cross join of "
+                              "protected tables would pair different units' rows; one of public tables is "
+                              "refused too)", join)
             if join.args.get("method") or kind not in ("", "INNER", "OUTER"):
                 raise _refuse(f"{join.sql()[:60]}: only INNER and LEFT joins are supported", join)
         out.append((_Source(table, alias, names, side, node.alias or node.name), join))
@@ -171,6 +180,8 @@ class _JoinScope:
     names: dict[tuple[str, str], str]
     by_name: dict[str, _Source]
     unit_name: str | None
+    #: the INNER JOINs' ON conjuncts that only restrict rows (:func:`_equalities`), moved to WHERE
+    filters: list[exp.Expression] = field(default_factory=list)
 
     @classmethod
     def of(cls, stmt: exp.Select, policy: DatasetPolicy) -> "_JoinScope":
@@ -230,10 +241,18 @@ class _JoinScope:
 _Equality = tuple[tuple[_Source, str], tuple[_Source, str]]
 
 
-def _equalities(scope: _JoinScope, s: _Source, join: exp.Join) -> list[_Equality]:
-    """The column equalities of one JOIN's USING or ON (refusing anything but ``=`` of two columns)."""
+def _equalities(scope: _JoinScope, s: _Source, join: exp.Join) -> tuple[list[_Equality], list[exp.Expression]]:
+    """The column equalities of one JOIN's USING or ON, and the ON's row filters (INNER joins only).
+
+    An INNER JOIN's ON conjunct that is not an equality of columns of two different tables
+    (``a.x < b.y``, ``o.o_orderdate < DATE '1995-03-15'``, ``l.a = l.b``) only restricts the joined
+    rows, exactly as in WHERE (a later LEFT JOIN never null-extends the tables it compares): it is
+    returned as a filter, and :func:`rewrite_joins` moves it to WHERE. ``ON TRUE`` adds nothing. A
+    LEFT JOIN's ON decides which rows match, so there only equalities of columns are accepted.
+    """
     sources = scope.sources
     eqs: list[_Equality] = []
+    filters: list[exp.Expression] = []
     if join.args.get("using"):
         for ident in join.args["using"]:
             right = (s, _find(s, ident.name) or "")
@@ -242,18 +261,40 @@ def _equalities(scope: _JoinScope, s: _Source, join: exp.Join) -> list[_Equality
                 raise _refuse(f"USING ({ident.name}) must name a column of the joined table and of exactly "
                               "one table before it", join)
             eqs.append((lefts[0], right))
-        return eqs
+        return eqs, filters
     for cond in _conjuncts(join.args["on"]):
-        if not (isinstance(cond, exp.EQ) and isinstance(cond.this, exp.Column)
-                and isinstance(cond.expression, exp.Column)):
+        if s.side == "" and isinstance(cond, exp.Boolean) and cond.this is True:
+            continue  # ON TRUE (the comma_joins rule's placeholder): no condition
+        pair = None
+        if isinstance(cond, exp.EQ) and isinstance(cond.this, exp.Column) and isinstance(cond.expression, exp.Column):
+            pair = (scope.resolve(cond.this), scope.resolve(cond.expression))
+        if s.side == "" and (pair is None or pair[0][0] is pair[1][0]):
+            _check_filter_scope(scope, s, cond)
+            filters.append(cond)
+            continue
+        if pair is None:
             involved = {r[0].alias for c in cond.find_all(exp.Column) for r in [scope.resolve(c)]}
             if any(not by_alias(sources, a).table.public for a in involved):
-                raise _refuse(f"non-equi join conditions on protected tables are not supported "
-                              f"({cond.sql()}): join on the privacy unit with =", cond)
-            raise _refuse(f"join conditions must be equalities of columns ({cond.sql()}); put row "
-                          "filters in WHERE", cond)
-        eqs.append((scope.resolve(cond.this), scope.resolve(cond.expression)))
-    return eqs
+                raise _refuse(f"non-equi join conditions on protected tables are not supported in the ON of "
+                              f"LEFT JOIN {s.label} ({cond.sql()}): a LEFT JOIN's ON decides which rows match, "
+                              "and only equalities of columns are accepted there (join on the privacy unit with "
+                              "=; filter rows in WHERE, or in the ON of an INNER JOIN)", cond)
+            raise _refuse(f"the ON of LEFT JOIN {s.label} accepts equalities of columns only ({cond.sql()}): a "
+                          "LEFT JOIN's ON decides which rows match; put row filters in WHERE", cond)
+        eqs.append(pair)
+    return eqs, filters
+
+
+def _check_filter_scope(scope: _JoinScope, s: _Source, cond: exp.Expression) -> None:
+    """Refuse a filter in the ON of ``s`` that names a table joined after ``s`` (not in scope there)."""
+    position = scope.sources.index(s)
+    for c in cond.find_all(exp.Column):
+        if isinstance(c.this, exp.Star):
+            continue
+        t, _ = scope.resolve(c)
+        if scope.sources.index(t) > position:
+            raise _refuse(f"the ON of JOIN {s.label} names {c.sql()}, a column of {t.written}, which is joined "
+                          "after it: write the condition in WHERE or in the ON of the later table", cond)
 
 
 def _check_equality(scope: _JoinScope, s: _Source, join: exp.Join, a: _Source, ca: str, b: _Source, cb: str
@@ -262,12 +303,19 @@ def _check_equality(scope: _JoinScope, s: _Source, join: exp.Join, a: _Source, c
     if a.alias == b.alias:
         raise _refuse(f"a join condition must compare two different tables ({a.alias}.{ca} = {b.alias}.{cb})")
     if not a.table.public and not b.table.public:
-        if not (_is_unit(a, ca) and _is_unit(b, cb)):
+        # an equality of two units is an edge of the unit graph; one of two other columns is an
+        # extra key (it only restricts which rows of one unit meet: the unit graph, built from the
+        # unit equalities alone, must still connect the tables); a unit compared with another
+        # column is neither
+        if _is_unit(a, ca) != _is_unit(b, cb):
             what = ("a self-join" if a.table.name == b.table.name else "a join of protected tables")
+            unit, other = ((a, ca), (b, cb)) if _is_unit(a, ca) else ((b, cb), (a, ca))
             raise _refuse(
-                f"{what} must be on the privacy unit ({a.table.name}.{a.table.privacy_unit} = "
-                f"{b.table.name}.{b.table.privacy_unit}), not {a.alias}.{ca} = {b.alias}.{cb}: a joined "
-                "row would combine rows of two different units", join)
+                f"{what} compares the privacy unit {unit[0].written}.{unit[1]} with {other[0].written}.{other[1]}, "
+                f"which is not a privacy unit: join protected tables on the privacy unit "
+                f"({a.table.name}.{a.table.privacy_unit} = {b.table.name}.{b.table.privacy_unit}), plus "
+                "equalities of other columns if needed; a joined row must not combine rows of two different "
+                "units", join)
     else:
         # a public table joined on the privacy unit would turn the unit into a group key
         # (a public row per unit id: one released cell per person), which grouping by the
@@ -298,7 +346,9 @@ def _conditions(scope: _JoinScope) -> tuple[list[tuple[_Source, str, _Source, st
     conditions: list[tuple[_Source, str, _Source, str]] = []
     typed: list[JoinCondition] = []
     for s, join in scope.pairs[1:]:
-        for (a, ca), (b, cb) in _equalities(scope, s, join):
+        eqs, filters = _equalities(scope, s, join)
+        scope.filters.extend(filters)
+        for (a, ca), (b, cb) in eqs:
             a, ca, b, cb = _check_equality(scope, s, join, a, ca, b, cb)
             cond = JoinCondition(scope.side(a, ca), scope.side(b, cb))  # checks the two sides' types
             if (a, ca, b, cb) not in conditions:
@@ -307,7 +357,8 @@ def _conditions(scope: _JoinScope) -> tuple[list[tuple[_Source, str, _Source, st
     for s in scope.sources[1:]:
         if not any(b is s for _a, _ca, b, _cb in conditions):
             raise _refuse(f"the ON of JOIN {s.label} compares no column of {s.written} with a table before it: "
-                          "it would be a cross join (every join needs an equality with the tables before it)")
+                          "it would be a cross join (every join needs an equality with the tables before it; in a comma "
+                          "join, list the tables so that each has an equality with one listed before it)")
     return conditions, typed
 
 
@@ -372,6 +423,8 @@ def _over_joined_table(stmt: exp.Select, scope: _JoinScope, canonical: str) -> e
     titles = {e.alias.casefold() for e in stmt.expressions if isinstance(e, exp.Alias)}
 
     def rename(node: exp.Expression) -> exp.Expression:
+        if isinstance(node, exp.Column) and node.find_ancestor(exp.Select) is not None:
+            return node  # inside a subquery: not the join's scope (the allow-list refuses subqueries)
         if isinstance(node, exp.Column) and not isinstance(node.this, exp.Star):
             if (node.args.get("table") is None and node.name.casefold() in titles
                     and not any(_find(s, node.name) is not None for s in sources)):
@@ -425,6 +478,10 @@ def rewrite_joins(stmt: exp.Select, policy: DatasetPolicy) -> tuple[exp.Select, 
     scope = _JoinScope.of(stmt, policy)
     conditions, typed = _conditions(scope)
     joined = _joined_table(scope, policy, conditions, typed)
+    if scope.filters:  # an INNER JOIN's row filters mean the same in WHERE (see _equalities)
+        where = stmt.args.get("where")
+        parts = ([where.this] if where is not None else []) + [f.copy() for f in scope.filters]
+        stmt.set("where", exp.Where(this=exp.and_(*parts, copy=False)))
     stmt = _over_joined_table(stmt, scope, joined.name)
     tables = dict(policy.tables)
     tables[joined.name] = joined

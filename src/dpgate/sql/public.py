@@ -24,6 +24,7 @@ _SRC = "__dpg_src"
 _EXACT = {
     "count": "COUNT(*)",
     "count_column": "COUNT({c})",
+    "count_distinct": "COUNT(DISTINCT {c})",
     "sum": "SUM({c})",
     "avg": "AVG({c})",
     "var_pop": "VAR_POP({c})",

@@ -88,8 +88,13 @@ class JoinCondition:
 
     @property
     def unit_edge(self) -> bool:
-        """True for an equality between two protected tables (then on their units)."""
-        return self.left.protected and self.right.protected
+        """True for an equality of two protected tables' privacy units (an edge of the unit graph).
+
+        An equality of two other columns of protected tables is an *extra key* (issue 21 item 2):
+        it restricts which rows meet and is no edge; a unit compared with another column is
+        refused before a condition is built (:mod:`dpgate.sql.joins`).
+        """
+        return self.left.protected and self.right.protected and self.left.unit and self.right.unit
 
     def check_types(self) -> None:
         """Refuse sides of different type families (int/float, text, bool, date, timestamp)."""
@@ -202,7 +207,8 @@ class UnitGraph:
         how = ("its unit equalities are in the ON of a LEFT JOIN, which links the LEFT-joined table to the "
                "tables before it only (where the LEFT-joined table has no row, the others' units are not "
                "compared)" if alias in seen else
-               "joined only through a public table (or not at all), its rows would meet other units' rows")
+               "joined only through a public table, on columns other than the privacy unit, or not at all, its rows "
+               "would meet other units' rows (an equality of other columns only restricts which rows meet)")
         raise UnsupportedQuery(
             f"protected table {label} must be joined to the other protected tables on the privacy unit: "
             f"{how}; add an equality of the privacy units to its ON",
