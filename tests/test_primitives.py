@@ -67,6 +67,14 @@ def test_linf_is_the_table_of_dpgate_sensitivity(kind, m, lo, hi, expected):
     assert (l1, linf) == (2 * expected, expected) and l2 == pytest.approx(math.sqrt(2) * expected)
 
 
+def test_monotone_and_unit_counting_kinds():
+    # a selection utility is monotone for counts (adding a unit only adds rows); the threshold
+    # mechanism's unit count is reusable for COUNT(DISTINCT unit), and for COUNT(*) with m = 1
+    assert {k for k, c in PRIMITIVE_KINDS.items() if c.monotone} == {"count", "count_column", "count_distinct_unit"}
+    assert {k for k, c in PRIMITIVE_KINDS.items() if c.counts_units(True)} == {"count", "count_distinct_unit"}
+    assert {k for k, c in PRIMITIVE_KINDS.items() if c.counts_units(False)} == {"count_distinct_unit"}
+
+
 def test_output_units():
     assert primitive_kind("count").output_unit(0.5) == 1.0
     assert primitive_kind("sum").output_unit(0.5) == 0.5

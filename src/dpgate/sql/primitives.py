@@ -81,6 +81,15 @@ class PrimitiveKindBase(ABC):
     kind: ClassVar[str]
     #: True when the sensitivity reads the column's clamp (``lo``/``hi``)
     bounded: ClassVar[bool] = False
+    #: True when adding a unit's rows never lowers the value, whatever the bounds (counts;
+    #: a sum is monotone only when its clamp has one sign: dpgate.selection)
+    monotone: ClassVar[bool] = False
+
+    def counts_units(self, one_row: bool) -> bool:
+        """True when the bounded value per group is the group's number of distinct units (so the
+        threshold mechanism's own noisy unit count can be released for it: dpgate.sql.partition_selection);
+        ``one_row``: each unit adds at most one row per group (m = 1 or record-level)."""
+        return False
 
     @property
     @abstractmethod
@@ -124,6 +133,8 @@ class PrimitiveKindBase(ABC):
 class _Count(PrimitiveKindBase):
     """Common to counts: integer units are rows (or units), Δ∞ = m unless said otherwise."""
 
+    monotone: ClassVar[bool] = True
+
     def linf(self, m: int, lo: int, hi: int) -> int:
         return m
 
@@ -137,6 +148,9 @@ class Count(_Count):
 
     kind: ClassVar[str] = "count"
     row_value: ClassVar[RowValue] = "none"
+
+    def counts_units(self, one_row: bool) -> bool:
+        return one_row  # with ≤ 1 row per unit and group, rows are units
 
     def per_unit(self, value: str | None, m: int, lo: int, hi: int) -> PerUnit:
         return PerUnit(n.count(), n.least(n.count(), n.num(m)))
@@ -166,6 +180,9 @@ class CountDistinctUnit(_Count):
     kind: ClassVar[str] = "count_distinct_unit"
     row_value: ClassVar[RowValue] = "none"
 
+    def counts_units(self, one_row: bool) -> bool:
+        return True
+
     def per_unit(self, value: str | None, m: int, lo: int, hi: int) -> PerUnit:
         return PerUnit(n.count(), None)
 
@@ -183,6 +200,7 @@ class CountDistinct(_Count):
 
     kind: ClassVar[str] = "count_distinct"
     row_value: ClassVar[RowValue] = "raw"
+    monotone: ClassVar[bool] = False  # not a selection utility (dpgate.sql.selection_query)
 
     def per_unit(self, value: str | None, m: int, lo: int, hi: int) -> None:
         return None  # its own CTEs (dpgate.render.bounded), joined to the groups
