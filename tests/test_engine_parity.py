@@ -103,6 +103,9 @@ CORPUS: list[tuple[str, set[str]]] = [
     ("SELECT FLOOR(age / 10) AS decade, COUNT(*) FROM prompts GROUP BY decade", set()),
     ("SELECT CAST(age - age % 10 AS VARCHAR) AS label, COUNT(DISTINCT user_id) FROM prompts GROUP BY label",
      set()),
+    # COUNT_IF (issue 20 step 7): a CASE inside the bounded COUNT on every engine; NULL conditions
+    ("SELECT region, COUNT_IF(flagged OR age > 40), COUNT_IF(model LIKE 'gpt%' AND latency > 1) FROM prompts "
+     "GROUP BY region", set()),
 ]
 SALTS = (0, 12345, 2**62 + 7)
 MODELS = ["gpt-4", "GPT-4 ", " gpt-3.5", "claude", "a\\b", "x_y", "50%", "llama", "mistral", "éclair",
@@ -252,7 +255,7 @@ def test_postgres_equals_duckdb(reference, postgres, policy):
 
 #: The corpus entries Spark runs by default (one per transform; a JVM query takes seconds);
 #: ``DPGATE_TEST_SPARK_FULL=1`` runs the whole corpus (it passes: see the commit's run).
-SPARK_DEFAULT = {0, 1, 3, 5, 6, 11, 13, 16, 19, 20, 22, 24, 27, 29, 31, 32}
+SPARK_DEFAULT = {0, 1, 3, 5, 6, 11, 13, 16, 19, 20, 22, 24, 27, 29, 31, 32, 34}
 
 
 @pytest.mark.spark

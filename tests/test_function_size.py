@@ -20,7 +20,7 @@ MAX_LINES = 100
 
 #: ``module:qualified name`` → lines, today (the source-tree step of issue 20 rewrites the first three).
 LONG_FUNCTIONS: dict[str, int] = {
-    "dpgate.sql.bound:_render": 147,
+    "dpgate.sql.bound:_render": 132,
 }
 
 

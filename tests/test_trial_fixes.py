@@ -171,6 +171,7 @@ def test_an_expression_of_a_key_and_an_aggregate_without_the_key_selected(tmp_pa
 @pytest.mark.parametrize("sql,rows", [
     ("SELECT upper(zone) AS u, COUNT(*) AS n FROM regions GROUP BY 1", [["EAST", 1], ["NORTH", 1], ["WEST", 1]]),
     ("SELECT region || '!' AS x FROM regions GROUP BY region || '!'", [["apac!"], ["eu!"], ["us!"]]),
+    ("SELECT COUNT(DISTINCT zone) AS z, COUNT(*) AS n FROM regions", [[3, 3]]),  # was a KeyError (HTTP 500)
 ])
 def test_a_public_query_grouped_by_a_computed_key_is_answered_exactly(tmp_path, sql, rows):
     # a trial: the exact SQL grouped by the computed key's name (g0), not its expression (HTTP 500)

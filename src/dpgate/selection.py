@@ -67,6 +67,7 @@ from dpgate.representable import check_representable
 from dpgate.sensitivity import primitive_linf
 from dpgate.sql.bound import bounded_sql_template
 from dpgate.sql.plan import KeyOutput
+from dpgate.sql.primitives import primitive_kind
 from dpgate.sql.selection_query import SelectionQuery
 
 __all__ = ["MECHANISM", "SelectionCalibration", "calibrate_selection", "explain_selection", "noise_signature",
@@ -146,7 +147,7 @@ def resolve_selection_budget(policy: DatasetPolicy, budget: Any) -> dict[str, fl
 
 
 def _monotonic(sel: SelectionQuery, policy: DatasetPolicy) -> bool:
-    if sel.utility.kind in ("count", "count_column", "count_distinct_unit"):
+    if primitive_kind(sel.utility.kind).monotone:
         return True  # counts and distinct-unit counts only grow when a unit is added
     try:
         col = policy.table(sel.plan.table).column(sel.utility.column)

@@ -50,6 +50,7 @@ from fractions import Fraction
 
 from dpgate.policy import DatasetPolicy
 from dpgate.sql.plan import Primitive, QueryPlan
+from dpgate.sql.primitives import primitive_kind
 
 
 @dataclass(frozen=True)
@@ -106,22 +107,12 @@ def primitive_linf(primitive: Primitive, policy: DatasetPolicy, table: str,
         ValueError: a sum over a column without bounds (the parser refuses those).
     """
     t = policy.table(table)
-    m = t.max_rows_per_unit
-    if primitive.kind in ("count", "count_column"):
-        return m
-    if primitive.kind == "count_distinct_unit":
-        return 1
-    if primitive.kind == "count_distinct":
-        # each unit keeps at most m distinct values per group (sql/bound.py); removing it removes
-        # at most those m from the group's set of distinct values (others' choices do not move)
-        return m
-    col = plan.column_policy(t, primitive.column) if plan is not None else t.column(primitive.column)
-    lo, hi = col.fixed_point_bounds
-    if primitive.kind == "sum":
-        return m * max(abs(lo), abs(hi))
-    if primitive.kind == "sum_squares":
-        return m * max(lo * lo, hi * hi)
-    raise ValueError(f"unknown primitive kind {primitive.kind!r}")
+    kind = primitive_kind(primitive.kind)  # the formulas: dpgate.sql.primitives, table above
+    lo = hi = 0
+    if kind.bounded:
+        col = plan.column_policy(t, primitive.column) if plan is not None else t.column(primitive.column)
+        lo, hi = col.fixed_point_bounds
+    return kind.linf(t.max_rows_per_unit, lo, hi)
 
 
 def max_groups_changed(plan: QueryPlan, policy: DatasetPolicy) -> int:

@@ -83,6 +83,7 @@ from dpgate.postprocess.expressions import (
     sort_rows,
 )
 from dpgate.quantiles import grid_for
+from dpgate.sql.primitives import primitive_kind
 from dpgate.sql.plan import FUNCTION_PRIMITIVES, DerivedOutput, KeyOutput, QueryPlan
 
 _COUNTS = ("count", "count_column", "count_distinct_unit", "count_distinct")
@@ -363,10 +364,11 @@ def _finalize(plan, policy, keys, noisy, scales, halfwidths, mechanism, resoluti
     for p in plan.primitives:
         if p.id not in noisy or p.id not in scales or p.id not in halfwidths:
             raise Internal(f"post-processing is missing primitive {p.id!r}")
+        kind = primitive_kind(p.kind)
         if p.kind == "quantile":  # quantiles hook: the noisy value is a candidate index
-            values[p.id] = grid_for(table.column(p.column)).value(np.asarray(noisy[p.id]))
+            values[p.id] = kind.finalise(noisy[p.id], table.column(p.column))
             continue
-        unit = output_unit(p.kind, res(p.column) if p.column else None)
+        unit = kind.output_unit(res(p.column) if p.column else None)
         values[p.id] = np.asarray(noisy[p.id]).astype(np.float64) * unit
         prims[p.id] = primitive_noise(mechanism, scales[p.id], halfwidths[p.id], unit)
 
@@ -461,12 +463,7 @@ def output_unit(kind: str, resolution: float | None) -> float:
         1 for counts (rows, units), ``resolution`` for a fixed-point ``sum``,
         ``resolution²`` for a ``sum_squares``.
     """
-    r = 1.0 if resolution is None else float(resolution)
-    if kind == "sum":
-        return r
-    if kind == "sum_squares":
-        return r * r
-    return 1.0
+    return primitive_kind(kind).output_unit(resolution)
 
 
 def _row_count(plan: QueryPlan, keys: Mapping[str, np.ndarray], noisy: Mapping[str, np.ndarray]) -> int:

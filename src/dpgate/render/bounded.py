@@ -16,6 +16,7 @@ from dpgate.render import nodes as n
 from dpgate.sql.bind import bind_value
 from dpgate.sql.expr import total_sql, value_sql
 from dpgate.sql.plan import QueryPlan
+from dpgate.sql.primitives import primitive_kind
 
 _PREFIX = "__dpg_"
 _SRC = _PREFIX + "src"
@@ -26,14 +27,6 @@ UNITS_COLUMN = "__dpg_units"
 
 def _src(c: str) -> exp.Column:
     return n.col(c, _SRC)
-
-
-def _m_rows_worth(total, count, m: int) -> exp.Case:
-    """``CASE WHEN count > m THEN (total * m) // count ELSE total END`` (builders: fresh nodes)."""
-    return n.case_when(exp.GT(this=count(), expression=n.num(m)),
-                       exp.IntDiv(this=exp.Paren(this=exp.Mul(this=total(), expression=n.num(m))),
-                                  expression=count()),
-                       total())
 
 
 def row_tree(canonical: str, qualifier: str | None = _SRC) -> exp.Expression:
@@ -233,8 +226,8 @@ def _rows_cte(plan: QueryPlan, table: TablePolicy, keys: list, key_ref: list, g:
     if not table.record_level:
         rows_items.append(n.alias(_src(table.privacy_unit), u))
     rows_items += [n.alias(key_ref[i](), g[i]) for i in range(len(keys))]
-    summed = {p.column for p in plan.primitives if p.kind in ("sum", "sum_squares")}
-    counted = {p.column for p in plan.primitives if p.kind == "count_column"}
+    summed = {p.column for p in plan.primitives if primitive_kind(p.kind).row_value == "fixed_point"}
+    counted = {p.column for p in plan.primitives if primitive_kind(p.kind).row_value == "present"}
     declared = list(table.columns)
     derived = [v.expression for v in plan.values]
     order_key = lambda x: (0, declared.index(x)) if x in declared else (1, derived.index(x))  # noqa: E731
@@ -249,7 +242,8 @@ def _rows_cte(plan: QueryPlan, table: TablePolicy, keys: list, key_ref: list, g:
         rows_items.append(n.alias(_fixed_point(cp, ref) if name in summed else _present(cp, ref), v))
         value_of[name] = v
     distinct_of: dict[str, str] = {}
-    for j, name in enumerate(dict.fromkeys(p.column for p in plan.primitives if p.kind == "count_distinct")):
+    for j, name in enumerate(dict.fromkeys(p.column for p in plan.primitives
+                                                 if primitive_kind(p.kind).row_value == "raw")):
         distinct_of[name] = f"{_PREFIX}d{j}"
         rows_items.append(n.alias(_src(name), distinct_of[name]))
     if not rows_items:
@@ -276,29 +270,15 @@ def _primitive_columns(plan: QueryPlan, table: TablePolicy, value_of: dict[str, 
     group_cols: list[exp.Expression] = []
     for p in plan.primitives:
         pid = f"{_PREFIX}{p.id}"
-        if p.kind == "count_distinct_unit":
-            group_cols.append(n.alias(n.count(), pid))
+        kind = primitive_kind(p.kind)
+        lo, hi = plan.column_policy(table, p.column).fixed_point_bounds if kind.bounded else (0, 0)
+        fragment = kind.per_unit(value_of.get(p.column), m, lo, hi)
+        if fragment is None:  # COUNT(DISTINCT col): its own CTEs, joined to the groups
             continue
-        if p.kind == "count_distinct":
+        row, clip = fragment.row, fragment.clip
+        if clip is None:  # COUNT(DISTINCT unit): the group aggregate, per unit or not
+            group_cols.append(n.alias(row, pid))
             continue
-        if p.kind == "count":
-            row, clip = n.count(), n.least(n.count(), n.num(m))
-        elif p.kind == "count_column":
-            v = value_of[p.column]
-            row, clip = n.count(n.col(v)), n.least(n.count(n.col(v)), n.num(m))
-        elif p.kind == "sum":
-            v = value_of[p.column]
-            lo, hi = plan.column_policy(table, p.column).fixed_point_bounds
-            row = exp.Sum(this=n.col(v))
-            worth = _m_rows_worth(lambda v=v: exp.Sum(this=n.col(v)), lambda v=v: n.count(n.col(v)), m)
-            clip = n.least(n.greatest(n.coalesce0(worth), n.num(m * min(lo, 0))), n.num(m * max(hi, 0)))
-        else:
-            v = value_of[p.column]
-            lo, hi = plan.column_policy(table, p.column).fixed_point_bounds
-            sq = lambda v=v: exp.Sum(this=exp.Mul(this=n.col(v), expression=n.col(v)))  # noqa: E731
-            row = sq()
-            worth = _m_rows_worth(sq, lambda v=v: n.count(n.col(v)), m)
-            clip = n.least(n.coalesce0(worth), n.num(m * max(lo * lo, hi * hi)))
         if not per_unit:
             group_cols.append(n.alias(row, pid))
         else:
@@ -365,7 +345,7 @@ def bounded_tree(plan: QueryPlan, table: TablePolicy, salt: exp.Expression, *, p
     if not g + group_cols:
         group_cols.append(n.alias(n.count(), _PREFIX + "one"))
     groups = n.select(gc() + group_cols, n.table(source), group=gc() if keys else ())
-    distinct = [p for p in plan.primitives if p.kind == "count_distinct"]
+    distinct = [p for p in plan.primitives if primitive_kind(p.kind).row_value == "raw"]
     if distinct:
         ctes.append((_PREFIX + "groups0", groups))
         ctes += _distinct_ctes(distinct, distinct_of, g, m, lambda: salt.copy(), per_unit, rows_name)

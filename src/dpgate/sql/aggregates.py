@@ -3,7 +3,8 @@ or derived value, α for quantiles).
 
 The allow-list of aggregates: COUNT(*), COUNT(<literal>), COUNT(<unit>), COUNT(col),
 COUNT(DISTINCT col), APPROX_COUNT_DISTINCT, SUM, AVG/MEAN, VAR_POP and aliases, STDDEV_POP and
-aliases, ``agg(x) FILTER (WHERE p)`` (as ``agg(CASE WHEN p THEN x END)``), an aggregate of a
+aliases, ``agg(x) FILTER (WHERE p)`` (as ``agg(CASE WHEN p THEN x END)``), ``COUNT_IF(p)`` (as
+``COUNT(CASE WHEN p THEN 1 END)``), an aggregate of a
 row expression (bound by :mod:`dpgate.sql.bind`, its range the clamp) and the quantiles of
 :mod:`dpgate.sql.quantile` (MEDIAN, PERCENTILE_*, QUANTILE_*, MIN, MAX). Anything else is
 refused with the call quoted.
@@ -130,6 +131,8 @@ def aggregate(node: exp.Expression, scope: QueryScope) -> Agg:
     FILTER counts the rows where p holds."""
     if isinstance(node, exp.Filter):
         return filtered_aggregate(node, scope)
+    if isinstance(node, exp.CountIf):
+        return count_if_aggregate(node, scope)
     if is_quantile_call(node):
         return quantile_aggregate(node, scope)
     table = scope.table
@@ -266,6 +269,28 @@ def filtered_aggregate(node: exp.Filter, scope: QueryScope) -> Agg:
                            "<privacy unit>)", node)
     case = exp.Case(ifs=[exp.If(this=cond.copy(), true=arg.copy())])
     return expression_aggregate(function, case, node, scope)
+
+
+def count_if_aggregate(node: exp.CountIf, scope: QueryScope) -> Agg:
+    """``COUNT_IF(cond)`` (DuckDB, BigQuery, Spark, Snowflake): the rows where ``cond`` is true, as
+    ``COUNT(CASE WHEN cond THEN 1 END)`` — the ``count_column`` primitive over that 0/1 value, so
+    a NULL or false ``cond`` is not counted and the sensitivity is COUNT(*)'s (Δ∞ = m per unit and
+    group; :class:`dpgate.sql.primitives.CountColumn`). Same plan as ``COUNT(*) FILTER (WHERE cond)``.
+
+    Raises: UnsupportedQuery when ``cond`` is missing, DISTINCT, or not a boolean row expression
+    over declared columns (before the charge).
+    """
+    only_args(node, {"this"})
+    cond = node.this
+    if cond is None or isinstance(cond, (exp.Star, exp.Distinct)):
+        raise unsupported(f"{snippet(node)}: COUNT_IF takes one boolean condition over declared "
+                          "columns", node)
+    e, _ = canonical_value(cond, scope)
+    if e.type != "bool":
+        raise unsupported(f"{snippet(node)}: the condition of COUNT_IF is a {e.type} value, not a "
+                          "boolean (write COUNT_IF(x > 0), or COUNT(x) for the non-NULL values)", node)
+    case = exp.Case(ifs=[exp.If(this=cond.copy(), true=exp.Literal.number(1))])
+    return expression_aggregate("count_column", case, node, scope)
 
 
 def expression_aggregate(function: str, arg: exp.Expression, node: exp.Expression,

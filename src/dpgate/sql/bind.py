@@ -84,6 +84,7 @@ AGGREGATES = (
     exp.StddevPop,
     exp.StddevSamp,
     exp.ApproxDistinct,
+    exp.CountIf,  # COUNT_IF(cond): dpgate.sql.aggregates.count_if_aggregate
 )
 _AGGREGATES = AGGREGATES
 _ANON_AGGREGATES = {"mean": "avg", "var": "var_pop", "varp": "var_pop", "stdevp": "stddev_pop",

@@ -61,6 +61,7 @@ from dpgate.sql.bind import bind_value
 from dpgate.sql.expr import row_sql, total_sql, value_sql  # noqa: F401 - row_sql re-exported
 from dpgate.sql import partition_selection as selection
 from dpgate.sql.plan import QueryPlan
+from dpgate.sql.primitives import primitive_kind
 
 SALT_PLACEHOLDER = "<salt>"
 _PREFIX = "__dpg_"
@@ -69,10 +70,6 @@ _SRC = _PREFIX + "src"
 UNIQUE_ROWS_CTE = _PREFIX + "unique_rows"
 
 
-
-def _m_rows_worth(total: str, count: str, m: int) -> str:
-    """SQL of a per-unit partial scaled to at most ``m`` rows' worth: ``total·m // count`` if count > m."""
-    return f"CASE WHEN {count} > {m} THEN ({total} * {m}) // {count} ELSE {total} END"
 
 def bounded_sql(plan: QueryPlan, policy: DatasetPolicy, *, salt: int, unit_unique: bool = False) -> str:
     """DuckDB SQL computing the plan's primitives with bounded contributions.
@@ -428,8 +425,8 @@ def _render(plan: QueryPlan, policy: DatasetPolicy, salt: str, *, unit_unique: b
     if not record_level:
         select_rows.append(f"{src(table.privacy_unit)} AS {q(_PREFIX + 'u')}")
     select_rows += [f"{key_refs[i]} AS {g[i]}" for i in range(len(keys))]
-    summed = {p.column for p in plan.primitives if p.kind in ("sum", "sum_squares")}
-    counted = {p.column for p in plan.primitives if p.kind == "count_column"}
+    summed = {p.column for p in plan.primitives if primitive_kind(p.kind).row_value == "fixed_point"}
+    counted = {p.column for p in plan.primitives if primitive_kind(p.kind).row_value == "present"}
     declared = list(table.columns)
     derived = [v.expression for v in plan.values]
     order = lambda n: (0, declared.index(n)) if n in declared else (1, derived.index(n))  # noqa: E731
@@ -442,7 +439,8 @@ def _render(plan: QueryPlan, policy: DatasetPolicy, salt: str, *, unit_unique: b
         value_of[name] = v
     # COUNT(DISTINCT col) (issue 11): the raw value, bounded per (unit, group) further down
     distinct_of: dict[str, str] = {}
-    for j, name in enumerate(dict.fromkeys(p.column for p in plan.primitives if p.kind == "count_distinct")):
+    for j, name in enumerate(dict.fromkeys(p.column for p in plan.primitives
+                                                 if primitive_kind(p.kind).row_value == "raw")):
         distinct_of[name] = q(f"{_PREFIX}d{j}")
         select_rows.append(f"{src(name)} AS {distinct_of[name]}")
     if not select_rows:
@@ -470,33 +468,17 @@ def _render(plan: QueryPlan, policy: DatasetPolicy, salt: str, *, unit_unique: b
     group_cols: list[str] = []
     for p in plan.primitives:
         pid = q(f"{_PREFIX}{p.id}")
-        if p.kind == "count_distinct_unit":
-            group_cols.append(f"COUNT(*) AS {pid}")
+        kind = primitive_kind(p.kind)  # the fragments: dpgate.sql.primitives, as text here
+        lo, hi = plan.column_policy(table, p.column).fixed_point_bounds if kind.bounded else (0, 0)
+        v = value_of.get(p.column)
+        fragment = kind.per_unit(v[1:-1] if v else None, m, lo, hi)
+        if fragment is None:  # COUNT(DISTINCT col): its own CTEs (_distinct_ctes), joined below
             continue
-        if p.kind == "count_distinct":  # its own CTEs (_distinct_ctes), joined to the groups below
+        row = fragment.row.sql(dialect="duckdb")
+        if fragment.clip is None:  # COUNT(DISTINCT unit): the group aggregate, per unit or not
+            group_cols.append(f"{row} AS {pid}")
             continue
-        if p.kind == "count":
-            row, clip = "COUNT(*)", f"LEAST(COUNT(*), {m})"
-        elif p.kind == "count_column":
-            v = value_of[p.column]
-            row, clip = f"COUNT({v})", f"LEAST(COUNT({v}), {m})"
-        elif p.kind == "sum":
-            v = value_of[p.column]
-            lo, hi = plan.column_policy(table, p.column).fixed_point_bounds
-            row = f"SUM({v})"
-            # A unit with c > m values in the group adds m rows' worth: m × its mean
-            # (exact integer arithmetic, truncated), so that AVG = Σ sums / Σ min(c, m)
-            # weighs every unit's rows consistently. COALESCE: a partial whose values
-            # are all NULL adds 0 (LEAST/GREATEST skip NULL). The clip to m·[min(L,0),
-            # max(U,0)] is what the sensitivity rests on.
-            clip = (f"LEAST(GREATEST(COALESCE({_m_rows_worth(f'SUM({v})', f'COUNT({v})', m)}, 0), "
-                    f"{m * min(lo, 0)}), {m * max(hi, 0)})")
-        else:  # sum_squares: the parser checked |v| ≤ 2**31, so v*v fits in a BIGINT
-            v = value_of[p.column]
-            lo, hi = plan.column_policy(table, p.column).fixed_point_bounds
-            row = f"SUM({v} * {v})"
-            clip = (f"LEAST(COALESCE({_m_rows_worth(f'SUM({v} * {v})', f'COUNT({v})', m)}, 0), "
-                    f"{m * max(lo * lo, hi * hi)})")
+        clip = fragment.clip.sql(dialect="duckdb")
         if not per_unit:
             group_cols.append(f"{row} AS {pid}")
         else:
@@ -526,7 +508,7 @@ def _render(plan: QueryPlan, policy: DatasetPolicy, salt: str, *, unit_unique: b
     groups_sql = f"SELECT {', '.join(g + group_cols)}\n  FROM {source}"
     if keys:
         groups_sql += f"\n  GROUP BY {group_list}"
-    distinct = [p for p in plan.primitives if p.kind == "count_distinct"]
+    distinct = [p for p in plan.primitives if primitive_kind(p.kind).row_value == "raw"]
     if distinct:  # issue 11: COUNT(DISTINCT col), at most m distinct values per unit and group
         ctes.append(f"{q(_PREFIX + 'groups0')} AS (\n  {groups_sql}\n)")
         ctes += _distinct_ctes(distinct, distinct_of, g, m, salt, per_unit, rows_name)

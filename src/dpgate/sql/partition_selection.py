@@ -38,6 +38,7 @@ import numpy as np
 
 from dpgate.policy import ColumnPolicy, DatasetPolicy, TablePolicy, quote_identifier as q
 from dpgate.sql.plan import QueryPlan
+from dpgate.sql.primitives import primitive_kind
 
 #: Pseudo-primitive id of the selection histogram in a calibration (never a column name).
 SELECTION_ID = "__selection"
@@ -67,8 +68,7 @@ def reused_primitives(plan: QueryPlan, policy: DatasetPolicy) -> tuple[str, ...]
         return ()
     table = policy.table(plan.table)
     one_row = table.record_level or table.max_rows_per_unit == 1
-    return tuple(p.id for p in plan.primitives
-                 if p.kind == "count_distinct_unit" or (p.kind == "count" and one_row))
+    return tuple(p.id for p in plan.primitives if primitive_kind(p.kind).counts_units(one_row))
 
 
 def units_cte(plan: QueryPlan, source: str, record_level: bool) -> str:

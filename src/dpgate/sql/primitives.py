@@ -1,0 +1,302 @@
+"""The noisy primitive kinds as classes (issue 20 step 7): one frozen class per kind.
+
+A :class:`~dpgate.sql.plan.Primitive` carries its kind as a string (``"count"``, ``"sum"``…):
+that string is what the canonical plan serialises, so plan hashes do not depend on this module.
+Everything that used to branch on the string asks the kind's class instead
+(:func:`primitive_kind`):
+
+* :meth:`PrimitiveKindBase.row_value` — what the bounded query's rows CTE carries for it (nothing,
+  a presence flag, a fixed-point value, the raw value);
+* :meth:`PrimitiveKindBase.per_unit` — its per-(unit, group) fragment: the group aggregate and the
+  clipped partial of Wilson et al. 2020, "Differentially private SQL with bounded user
+  contribution", PoPETs 2020(2), §3 (:mod:`dpgate.render.bounded` assembles them);
+* :meth:`PrimitiveKindBase.linf` and :meth:`PrimitiveKindBase.sensitivity` — one unit's largest
+  change of one group (Δ∞) and of the vector over k_eff groups (Δ1 = k_eff·Δ∞, Δ2 = √k_eff·Δ∞ for
+  a k_eff-sparse change; :mod:`dpgate.sensitivity`);
+* :meth:`PrimitiveKindBase.exact` — the unbounded aggregate (exact answers of public tables, tests);
+* :meth:`PrimitiveKindBase.output_unit` / :meth:`PrimitiveKindBase.finalise` — the noisy integer in
+  output units (post-processing, Dwork & Roth 2014, Prop. 2.1: costs nothing).
+
+Every method is abstract in :class:`PrimitiveKindBase`, so a kind that forgets one cannot be
+instantiated: the registry :data:`PRIMITIVE_KINDS` builds one of each at import, and
+``tests/test_primitives.py`` checks that it covers :data:`~dpgate.sql.plan.PrimitiveKind`.
+
+Units: ``m`` is ``max_rows_per_unit``; ``lo``/``hi`` the column's clamp in fixed-point steps of its
+resolution (:attr:`~dpgate.policy.ColumnPolicy.fixed_point_bounds`; 0 for kinds that read no
+bounds); sensitivities are exact integers in the primitive's units (rows, units, steps, steps²).
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar, Literal, Mapping
+
+from sqlglot import exp
+
+from dpgate.render import nodes as n
+
+if TYPE_CHECKING:  # pragma: no cover
+    import numpy as np
+
+    from dpgate.policy import ColumnPolicy
+
+#: What the rows CTE carries for a primitive's column: nothing, ``v IS NOT NULL`` as 1/NULL
+#: (``present``), the clamped fixed-point value (``fixed_point``), the raw value (``raw``).
+RowValue = Literal["none", "present", "fixed_point", "raw"]
+
+
+@dataclass(frozen=True)
+class PerUnit:
+    """A primitive's fragment of the bounded query.
+
+    Attributes:
+        row: the group-level aggregate over the rows (used as is when no per-unit step is needed).
+        clip: the per-(unit, group) partial clipped to its Δ∞, summed per group; None when the
+            group aggregate is ``row`` even with a per-unit step (COUNT(DISTINCT unit): one partial
+            per unit and group is worth 1).
+    """
+
+    row: exp.Expression
+    clip: exp.Expression | None
+
+
+def m_rows_worth(total, count, m: int) -> exp.Case:
+    """``CASE WHEN count > m THEN (total * m) // count ELSE total END`` (builders: fresh nodes).
+
+    A unit with c > m values in a group adds m rows' worth: m × its mean (exact integer arithmetic,
+    truncated), so that AVG = Σ sums / Σ min(c, m) weighs every unit's rows consistently.
+    """
+    return n.case_when(exp.GT(this=count(), expression=n.num(m)),
+                       exp.IntDiv(this=exp.Paren(this=exp.Mul(this=total(), expression=n.num(m))),
+                                  expression=count()),
+                       total())
+
+
+class PrimitiveKindBase(ABC):
+    """One noisy primitive kind (abstract: every method must be given by a kind)."""
+
+    #: the kind string serialised in the canonical plan (never changes: plan hashes read it)
+    kind: ClassVar[str]
+    #: True when the sensitivity reads the column's clamp (``lo``/``hi``)
+    bounded: ClassVar[bool] = False
+    #: True when adding a unit's rows never lowers the value, whatever the bounds (counts;
+    #: a sum is monotone only when its clamp has one sign: dpgate.selection)
+    monotone: ClassVar[bool] = False
+
+    def counts_units(self, one_row: bool) -> bool:
+        """True when the bounded value per group is the group's number of distinct units (so the
+        threshold mechanism's own noisy unit count can be released for it: dpgate.sql.partition_selection);
+        ``one_row``: each unit adds at most one row per group (m = 1 or record-level)."""
+        return False
+
+    @property
+    @abstractmethod
+    def row_value(self) -> RowValue:
+        """What the rows CTE carries for this primitive's column."""
+
+    @abstractmethod
+    def per_unit(self, value: str | None, m: int, lo: int, hi: int) -> PerUnit | None:
+        """The fragment over the rows CTE's value column ``value`` (None: built in its own CTEs)."""
+
+    @abstractmethod
+    def linf(self, m: int, lo: int, hi: int) -> int:
+        """Δ∞: the most one unit changes one group's value (integer units)."""
+
+    @abstractmethod
+    def exact(self, column: exp.Expression | None, alpha: float | None = None) -> exp.Expression:
+        """The unbounded aggregate of ``column`` (the privacy unit for COUNT(DISTINCT unit); ``alpha``
+        for a quantile)."""
+
+    @abstractmethod
+    def output_unit(self, resolution: float | None) -> float:
+        """Size of one integer unit in output units (1 for counts)."""
+
+    def sensitivity(self, k_eff: int, m: int, lo: int = 0, hi: int = 0) -> tuple[int, float, int]:
+        """(Δ1, Δ2, Δ∞) of the vector over ``k_eff`` groups: k_eff·Δ∞, √(k_eff·Δ∞²), Δ∞.
+
+        Source: a k_eff-sparse change with entries ≤ Δ∞ has ‖·‖₁ ≤ k_eff·Δ∞ and ‖·‖₂ ≤ √k_eff·Δ∞
+        (Wilson et al. 2020 §3). Δ2 is a float here; :mod:`dpgate.sensitivity` rounds it up.
+        """
+        linf = self.linf(m, lo, hi)
+        return k_eff * linf, math.sqrt(k_eff * linf * linf), linf
+
+    def finalise(self, noisy: "np.ndarray", column: "ColumnPolicy | None") -> "np.ndarray":
+        """The noisy integers in output units (``column``: the primitive's column policy, if any)."""
+        import numpy as np
+
+        resolution = column.resolution if column is not None else None
+        return np.asarray(noisy).astype(np.float64) * self.output_unit(resolution)
+
+
+class _Count(PrimitiveKindBase):
+    """Common to counts: integer units are rows (or units), Δ∞ = m unless said otherwise."""
+
+    monotone: ClassVar[bool] = True
+
+    def linf(self, m: int, lo: int, hi: int) -> int:
+        return m
+
+    def output_unit(self, resolution: float | None) -> float:
+        return 1.0
+
+
+@dataclass(frozen=True)
+class Count(_Count):
+    """COUNT(*): rows, at most m per unit and group (partial clipped to [0, m])."""
+
+    kind: ClassVar[str] = "count"
+    row_value: ClassVar[RowValue] = "none"
+
+    def counts_units(self, one_row: bool) -> bool:
+        return one_row  # with ≤ 1 row per unit and group, rows are units
+
+    def per_unit(self, value: str | None, m: int, lo: int, hi: int) -> PerUnit:
+        return PerUnit(n.count(), n.least(n.count(), n.num(m)))
+
+    def exact(self, column: exp.Expression | None, alpha: float | None = None) -> exp.Expression:
+        return n.count()
+
+
+@dataclass(frozen=True)
+class CountColumn(_Count):
+    """COUNT(col): non-NULL (finite) values, at most m per unit and group."""
+
+    kind: ClassVar[str] = "count_column"
+    row_value: ClassVar[RowValue] = "present"
+
+    def per_unit(self, value: str | None, m: int, lo: int, hi: int) -> PerUnit:
+        return PerUnit(n.count(n.col(value)), n.least(n.count(n.col(value)), n.num(m)))
+
+    def exact(self, column: exp.Expression | None, alpha: float | None = None) -> exp.Expression:
+        return n.count(column)
+
+
+@dataclass(frozen=True)
+class CountDistinctUnit(_Count):
+    """COUNT(DISTINCT unit): a unit is one partial per group, Δ∞ = 1."""
+
+    kind: ClassVar[str] = "count_distinct_unit"
+    row_value: ClassVar[RowValue] = "none"
+
+    def counts_units(self, one_row: bool) -> bool:
+        return True
+
+    def per_unit(self, value: str | None, m: int, lo: int, hi: int) -> PerUnit:
+        return PerUnit(n.count(), None)
+
+    def linf(self, m: int, lo: int, hi: int) -> int:
+        return 1
+
+    def exact(self, column: exp.Expression | None, alpha: float | None = None) -> exp.Expression:
+        return n.count(exp.Distinct(expressions=[column]))
+
+
+@dataclass(frozen=True)
+class CountDistinct(_Count):
+    """COUNT(DISTINCT col), col not the unit: a unit keeps ≤ m distinct values per group (issue 11);
+    removing it removes at most those m from the group's set (others' choices do not move)."""
+
+    kind: ClassVar[str] = "count_distinct"
+    row_value: ClassVar[RowValue] = "raw"
+    monotone: ClassVar[bool] = False  # not a selection utility (dpgate.sql.selection_query)
+
+    def per_unit(self, value: str | None, m: int, lo: int, hi: int) -> None:
+        return None  # its own CTEs (dpgate.render.bounded), joined to the groups
+
+    def exact(self, column: exp.Expression | None, alpha: float | None = None) -> exp.Expression:
+        return n.count(exp.Distinct(expressions=[column]))
+
+
+@dataclass(frozen=True)
+class Sum(PrimitiveKindBase):
+    """SUM(col) in fixed-point steps: partial clipped to m·[min(lo, 0), max(hi, 0)], Δ∞ = m·max(|lo|, |hi|)."""
+
+    kind: ClassVar[str] = "sum"
+    bounded: ClassVar[bool] = True
+    row_value: ClassVar[RowValue] = "fixed_point"
+
+    def per_unit(self, value: str | None, m: int, lo: int, hi: int) -> PerUnit:
+        # COALESCE: a partial whose values are all NULL adds 0 (LEAST/GREATEST skip NULL)
+        worth = m_rows_worth(lambda: exp.Sum(this=n.col(value)), lambda: n.count(n.col(value)), m)
+        clip = n.least(n.greatest(n.coalesce0(worth), n.num(m * min(lo, 0))), n.num(m * max(hi, 0)))
+        return PerUnit(exp.Sum(this=n.col(value)), clip)
+
+    def linf(self, m: int, lo: int, hi: int) -> int:
+        return m * max(abs(lo), abs(hi))
+
+    def exact(self, column: exp.Expression | None, alpha: float | None = None) -> exp.Expression:
+        return exp.Sum(this=column)
+
+    def output_unit(self, resolution: float | None) -> float:
+        return 1.0 if resolution is None else float(resolution)
+
+
+@dataclass(frozen=True)
+class SumSquares(PrimitiveKindBase):
+    """Σ v² in steps²: partial clipped to [0, m·max(lo², hi²)] (the parser checked |v| ≤ 2**31)."""
+
+    kind: ClassVar[str] = "sum_squares"
+    bounded: ClassVar[bool] = True
+    row_value: ClassVar[RowValue] = "fixed_point"
+
+    def per_unit(self, value: str | None, m: int, lo: int, hi: int) -> PerUnit:
+        sq = lambda: exp.Sum(this=exp.Mul(this=n.col(value), expression=n.col(value)))  # noqa: E731
+        worth = m_rows_worth(sq, lambda: n.count(n.col(value)), m)
+        return PerUnit(sq(), n.least(n.coalesce0(worth), n.num(m * max(lo * lo, hi * hi))))
+
+    def linf(self, m: int, lo: int, hi: int) -> int:
+        return m * max(lo * lo, hi * hi)
+
+    def exact(self, column: exp.Expression | None, alpha: float | None = None) -> exp.Expression:
+        return exp.Sum(this=exp.Mul(this=column, expression=column.copy()))
+
+    def output_unit(self, resolution: float | None) -> float:
+        r = 1.0 if resolution is None else float(resolution)
+        return r * r
+
+
+@dataclass(frozen=True)
+class Quantile(PrimitiveKindBase):
+    """An α-quantile: the index of a candidate on the column's grid, chosen by the exponential
+    mechanism (:mod:`dpgate.quantiles`, its own histogram query and utility sensitivity)."""
+
+    kind: ClassVar[str] = "quantile"
+    row_value: ClassVar[RowValue] = "none"
+
+    def per_unit(self, value: str | None, m: int, lo: int, hi: int) -> None:
+        return None  # dpgate.render.histogram builds its query
+
+    def linf(self, m: int, lo: int, hi: int) -> int:
+        raise ValueError("unknown primitive kind 'quantile'")  # not a noisy sum: dpgate.quantiles
+
+    def exact(self, column: exp.Expression | None, alpha: float | None = None) -> exp.Expression:
+        return exp.func("QUANTILE_CONT", column, n.num(repr(alpha)), dialect="duckdb")
+
+    def output_unit(self, resolution: float | None) -> float:
+        return 1.0
+
+    def finalise(self, noisy: "np.ndarray", column: "ColumnPolicy | None") -> "np.ndarray":
+        import numpy as np
+
+        from dpgate.quantiles import grid_for
+
+        return grid_for(column).value(np.asarray(noisy))
+
+
+#: One instance per kind, by kind string (instantiating checks every abstract method is given).
+PRIMITIVE_KINDS: Mapping[str, PrimitiveKindBase] = {
+    c.kind: c() for c in (Count, CountColumn, CountDistinctUnit, CountDistinct, Sum, SumSquares, Quantile)}
+
+
+def primitive_kind(kind: str) -> PrimitiveKindBase:
+    """The class instance of a primitive kind string.
+
+    Raises:
+        ValueError: an unknown kind (a plan built by a newer version, or a bug).
+    """
+    try:
+        return PRIMITIVE_KINDS[kind]
+    except KeyError:
+        raise ValueError(f"unknown primitive kind {kind!r}") from None
