@@ -1,6 +1,6 @@
 """Privacy units through foreign keys (issue 21 item 1): the policy syntax, its load-time checks,
-``unique = true`` verified on the data by every engine, and the planner's refusal before any
-charge (the join along the path is the planner's next step, not built yet).
+``unique = true`` verified on the data by every engine, and the planner's answers and refusals
+(the join along the path: tests/test_unit_path_queries.py).
 """
 
 from __future__ import annotations
@@ -301,26 +301,36 @@ def gateway(tmp_path_factory):
     gw.close()
 
 
-@pytest.mark.parametrize("sql", [
-    "SELECT COUNT(*) FROM lineitem",
-    "SELECT l_returnflag, SUM(l_extendedprice) FROM lineitem GROUP BY l_returnflag",
-    "SELECT COUNT(*) FROM orders JOIN lineitem ON o_orderkey = l_orderkey",
-    "SELECT COUNT(*) FROM part JOIN lineitem ON p_partkey = l_partkey",
-    "SELECT COUNT(*) FROM orders WHERE o_orderkey IN (SELECT l_orderkey FROM lineitem)",
-    "WITH big AS (SELECT * FROM lineitem WHERE l_quantity > 40) SELECT COUNT(*) FROM big",
-    "SELECT AVG(n) FROM (SELECT l_orderkey, COUNT(*) AS n FROM lineitem GROUP BY l_orderkey) AS t",
-    "SELECT COUNT(*) FROM tpch_fk.LineItem",
+@pytest.mark.parametrize("sql, reason", [
+    ("SELECT COUNT(*) FROM orders JOIN lineitem ON o_orderkey = l_orderkey", "unit_path_join"),
+    ("SELECT COUNT(*) FROM part JOIN lineitem ON p_partkey = l_partkey", "unit_path_join"),
+    ("SELECT COUNT(*) FROM orders WHERE o_orderkey IN (SELECT l_orderkey FROM lineitem)", "unit_path"),
+    ("SELECT AVG(n) FROM (SELECT l_orderkey, COUNT(*) AS n FROM lineitem GROUP BY l_orderkey) AS t", "unit_path"),
+    ("WITH big AS (SELECT * FROM lineitem WHERE l_quantity > 40) SELECT COUNT(*) FROM big", "unit_path"),
 ])
-def test_queries_over_a_path_table_are_refused_before_the_charge(gateway, sql):
+def test_path_tables_joined_or_in_subqueries_are_refused_before_the_charge(gateway, sql, reason):
     before = gateway.ledger.spend("tpch-customers").charges
     with pytest.raises(UnsupportedQuery) as e:
         gateway.query("tpch_fk", sql, consumer="analysts", budget=QueryBudget(rho=0.01))
-    assert e.value.details["reason"] == "unit_path" and e.value.details["table"] == "lineitem"
+    assert e.value.details["reason"] == reason and e.value.details["table"] == "lineitem"
     assert e.value.details["unit_path"] == ["l_orderkey -> orders.o_orderkey", "o_custkey"]
     assert "issue 21" in e.value.message and "nothing was charged" in e.value.message
     assert gateway.ledger.spend("tpch-customers").charges == before
     with pytest.raises(UnsupportedQuery, match="through foreign keys"):
         gateway.explain("tpch_fk", sql)
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT COUNT(*) FROM lineitem",
+    "SELECT l_returnflag, SUM(l_extendedprice) FROM lineitem GROUP BY l_returnflag",
+    "SELECT COUNT(*) FROM tpch_fk.LineItem",
+])
+def test_queries_over_a_path_table_alone_are_answered_with_the_unit_attached(gateway, sql):
+    plan = gateway.explain("tpch_fk", sql)
+    assert plan["plan"]["table"] == "UNIT PATH lineitem" and plan["contribution"]["privacy_unit"] == "o_custkey"
+    assert '"tpch_fk"."orders"' in plan["bounded_sql"]  # joined along l_orderkey -> orders.o_orderkey
+    r = gateway.query("tpch_fk", sql, consumer="analysts", budget=QueryBudget(rho=0.01))
+    assert r["rows"]
 
 
 def test_tables_carrying_the_unit_are_answered_beside_a_path_table(gateway):

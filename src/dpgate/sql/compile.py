@@ -66,7 +66,8 @@ from dpgate.sql.plan import (
 )
 from dpgate.sql.quantile import QUANTILE_FUNCTIONS
 from dpgate.sql.selection_query import selection_shaped
-from dpgate.sql.resolve import QueryScope, refuse_unit_path_tables, resolve_from
+from dpgate.sql.resolve import QueryScope, resolve_from
+from dpgate.sql.unit_paths import rewrite_unit_paths
 from dpgate.sql.rules import MAX_NESTING, apply_statement_rules, apply_syntax_rules
 
 #: Most key combinations (public keys × computed-key domains) one query may release: the
@@ -109,7 +110,8 @@ def rewrite(stmt: exp.Select, policy: DatasetPolicy) -> tuple[exp.Select, Datase
     """The rewrite rules, in order: the statement in the flat one-table form, and the policy
     that declares its table (a joined or per-unit virtual table is added to it)."""
     stmt = apply_syntax_rules(stmt)  # column lists, GROUP BY ALL, LEFT, CTEs inlined, SELECT * unwrapped
-    refuse_unit_path_tables(stmt, policy)  # unit-path hook (issue 21): not joined along the path yet
+    # unit-path hook (dpgate.sql.unit_paths, issue 21): the unit attached along the foreign keys
+    stmt, policy = rewrite_unit_paths(stmt, policy)
     # per-unit hook (dpgate.sql.per_unit): FROM (SELECT unit, aggregates … GROUP BY unit)
     stmt, policy = rewrite_per_unit(stmt, policy)
     stmt = apply_statement_rules(stmt)

@@ -550,6 +550,10 @@ def policy_for(table: str, policy: DatasetPolicy) -> DatasetPolicy:
         from dpgate.sql.per_unit import policy_for as per_unit_policy
 
         return per_unit_policy(table, policy)
+    if table.startswith("UNIT PATH ") and table not in policy.tables:  # unit-path hook (issue 21)
+        from dpgate.sql.unit_paths import policy_for as unit_path_policy
+
+        return unit_path_policy(table, policy)
     if not table.startswith(JOIN_MARK) or table in policy.tables:
         return policy
     built = recalled(policy, table)

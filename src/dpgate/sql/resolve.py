@@ -117,9 +117,9 @@ def refuse_unit_path_tables(stmt: exp.Expression, policy: DatasetPolicy) -> None
 
     Run once per query, after the CTEs are inlined and before any other rewrite, over every
     table the statement names (FROM, JOIN, subqueries): such a table has no unit column of its
-    own (:attr:`~dpgate.policy.TablePolicy.unit_path`), and the planner does not yet join along
-    the path to attach the unit to each row before bounding. Belongs with table resolution
-    (``sql/resolve.py`` of the compile-once plan), where it becomes that join.
+    own (:attr:`~dpgate.policy.TablePolicy.unit_path`). The one place the planner joins along
+    the path is the statement's own FROM (:func:`dpgate.sql.unit_paths.rewrite_unit_paths`,
+    which calls this for every other place).
 
     Raises:
         UnsupportedQuery: ``details = {"reason": "unit_path", "table", "unit_path", "construct"}``.
@@ -132,8 +132,9 @@ def refuse_unit_path_tables(stmt: exp.Expression, policy: DatasetPolicy) -> None
         if table is not None and table.unit_path is not None:
             raise UnsupportedQuery(
                 f"table {table.name!r} reaches its privacy unit through foreign keys ({table.unit_path}): "
-                "queries over such tables are planned (issue 21: the gateway will join along the path to "
-                "attach the unit to every row before bounding) and refused until then",
+                "the gateway attaches the unit by joining along the path when the table is the query's own "
+                "FROM (issue 21); in a subquery, IN/EXISTS, a per-unit subquery or read twice it is not "
+                "supported yet",
                 {"reason": "unit_path", "table": table.name, "unit_path": table.unit_path.to_list(),
                  "construct": snippet(node)})
 
