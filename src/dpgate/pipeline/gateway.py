@@ -322,7 +322,9 @@ class Gateway(DatasetViews, AdminOperations, StoreOperations):
         """
         policy, plan, strategy = self.compile(dataset, sql, dialect)
         # what dpgate explain prints as well: the released columns and the contribution bounds
-        shown = {"columns": released_columns(plan), "contribution": contribution(plan, policy)}
+        parts = getattr(strategy, "parts", None)  # a union's plan is its first part's, over that part's tables
+        shown = {"columns": released_columns(plan),
+                 "contribution": contribution(plan, parts[0].policy if parts else policy)}
         on_proxy = None
         if trial:  # utility trial on the proxy (issue 23 item 6): free, reads only the proxy
             from dpgate.proxy import trial as proxy_trial

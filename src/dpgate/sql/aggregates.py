@@ -262,7 +262,10 @@ def filtered_aggregate(node: exp.Filter, scope: QueryScope) -> Agg:
         arg = inner.expressions[0]
     else:
         only_args(inner, {"this"})
-        function = AGG_FUNCTION[type(inner)]
+        function = AGG_FUNCTION.get(type(inner))
+        if function is None:  # a trial: COUNT_IF(…) FILTER (…), APPROX_COUNT_DISTINCT … FILTER were a KeyError
+            raise unsupported(f"FILTER is not supported on {snippet(inner)}: put the condition in the "
+                              "aggregate (COUNT_IF(a AND b)) or in WHERE", node)
         arg = inner.this
     if isinstance(arg, exp.Distinct):
         raise unsupported(f"{snippet(node)}: DISTINCT is only supported in COUNT(DISTINCT "

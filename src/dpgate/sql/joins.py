@@ -158,10 +158,18 @@ def _column_names(sources: list[_Source]) -> dict[tuple[str, str], str]:
             if s.table.privacy_unit is not None and c.casefold() == s.table.privacy_unit.casefold():
                 continue
             counts[c.casefold()] = counts.get(c.casefold(), 0) + 1
-    out = {}
+    out: dict[tuple[str, str], str] = {}
+    used = {c.casefold() for s in sources for c in s.table.columns if counts.get(c.casefold(), 0) == 1}
     for s in sources:
         for c in s.table.columns:
-            out[(s.alias, c)] = c if counts.get(c.casefold(), 0) == 1 else f"{s.alias}_{c}"
+            if counts.get(c.casefold(), 0) == 1:
+                out[(s.alias, c)] = c
+                continue
+            name = f"{s.alias}_{c}"
+            while name.casefold() in used:  # a trial: b.y renamed b_y met c's own column b_y (one read the other)
+                name += "_"
+            used.add(name.casefold())
+            out[(s.alias, c)] = name
     return out
 
 

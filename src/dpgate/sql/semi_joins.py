@@ -54,9 +54,19 @@ def _inner_tables(select: exp.Select) -> list[exp.Table]:
     return [t for t in select.find_all(exp.Table) if t.find_ancestor(exp.Select) is select]
 
 
+def _cte_names(select: exp.Expression) -> set[str]:
+    """Names the statement's WITH defines: they shadow a policy table of the same name."""
+    root = select
+    while root.parent is not None:
+        root = root.parent
+    return {cte.alias_or_name.casefold() for cte in root.find_all(exp.CTE)}
+
+
 def _reads_public_only(select: exp.Select, policy: DatasetPolicy) -> bool:
     tables = list(select.find_all(exp.Table))
-    return bool(tables) and all(t.name in policy.tables and policy.tables[t.name].public for t in tables)
+    shadowed = _cte_names(select)  # a trial: WITH pub AS (… protected …) … IN (SELECT g FROM pub) read the table
+    return bool(tables) and all(t.name in policy.tables and policy.tables[t.name].public
+                                and t.name.casefold() not in shadowed for t in tables)
 
 
 def exists_as_in(select: exp.Select, policy: DatasetPolicy) -> exp.Select:
