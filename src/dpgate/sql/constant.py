@@ -23,12 +23,12 @@ def refuse_constant_plan(plan: QueryPlan) -> None:
     gateway calls this before any charge.
 
     Raises:
-        UnsupportedQuery: the WHERE clause can select no row, LIMIT 0, or an always-false HAVING.
+        UnsupportedQuery: the WHERE clause can select no row, or the HAVING is always false.
     """
-    if plan.limit == 0 or (plan.having is not None and plan.having.upper() in ("FALSE", "NULL")):
-        raise UnsupportedQuery(  # a trial: LIMIT 0 and HAVING FALSE released no row, charged
-            "the query releases no row on any data (LIMIT 0 or a HAVING that is always false): there is "
-            "nothing to release (nothing was charged)", {"construct": "LIMIT 0" if plan.limit == 0 else "HAVING"})
+    if plan.having is not None and plan.having.upper() in ("FALSE", "NULL"):
+        raise UnsupportedQuery(  # a trial: HAVING FALSE released no row, charged
+            "the query releases no row on any data (a HAVING that is always false): there is "
+            "nothing to release (nothing was charged)", {"construct": "HAVING"})
     if plan.where is not None and (plan.where.upper() in ("FALSE", "NULL")
                                    or _never_true(sqlglot.parse_one(plan.where, read=DIALECT)) is not None):
         raise UnsupportedQuery(
