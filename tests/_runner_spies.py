@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 import dpgate.pipeline.runners as runners
 from dpgate.service import Gateway
 from dpgate.settings import Settings
@@ -91,4 +93,46 @@ def record_events(gw: Gateway, monkeypatch) -> list:
         monkeypatch.setattr(runners, name, spied)
     monkeypatch.setattr(gw, "ledger", Spy(gw.ledger, out, ("charge",)))
     monkeypatch.setattr(gw, "engine", Spy(gw.engine, out, ("check", "execute")))
+    return out
+
+
+@pytest.fixture
+def gw(tmp_path: Path):
+    """The shop (:func:`open_shop`: orders of 400 users, 1-3 rows each; public regions), closed after."""
+    g = open_shop(tmp_path)
+    yield g
+    g.close()
+
+
+@pytest.fixture
+def events(gw, monkeypatch) -> list:
+    """Renders, engine checks/executions and ledger charges, in order (:func:`record_events`)."""
+    return record_events(gw, monkeypatch)
+
+
+def neighbour_shop(tmp_path: Path, removed: int) -> Gateway:
+    """A gateway over the shop of ``tmp_path`` without user ``removed``'s rows (the neighbouring
+    dataset; same salt); the caller closes it."""
+    lines = (tmp_path / "orders.csv").read_text().splitlines()
+    kept = [lines[0]] + [line for line in lines[1:] if int(line.split(",")[0]) != removed]
+    assert len(kept) < len(lines), "the removed user has rows"
+    folder = tmp_path / f"neighbour-{removed}"
+    (folder / "policies").mkdir(parents=True)
+    (folder / "orders.csv").write_text("\n".join(kept) + "\n")
+    (folder / "regions.csv").write_text((tmp_path / "regions.csv").read_text())
+    (folder / "policies" / "shop.toml").write_text(POLICY.format(orders=(folder / "orders.csv").as_posix(),
+                                                                 regions=(folder / "regions.csv").as_posix()))
+    return Gateway.open(Settings(policies=folder / "policies", home=folder / "home"), salt_source=lambda: 12345)
+
+
+def exact_bounded_parts(gw: Gateway, sql: str) -> list[dict[str, list]]:
+    """Each part's exact bounded values per primitive of a multi-part release (its prepared
+    statement executed without noise)."""
+    policy, _, strategy = gw.compile("shop", sql)
+    runner = gw._runner("shop", policy, strategy)
+    out = []
+    for part in runner.parts:
+        part.prepare(gw.engine, 12345)
+        values = gw.engine.execute(part._general)
+        out.append({p.id: [float(v) for v in values[p.id]] for p in part.plan.primitives})
     return out

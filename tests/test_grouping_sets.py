@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from pathlib import Path
 
 import duckdb
 import pytest
 import sqlglot
-from _runner_spies import POLICY, open_shop, record_events
+import _runner_spies
+from _runner_spies import POLICY, exact_bounded_parts, neighbour_shop
 from test_pipeline_runners import _kinds
 
 from dpgate.errors import UnsupportedQuery
@@ -26,17 +26,7 @@ from dpgate.service import Gateway
 from dpgate.settings import Settings
 from dpgate.sql.grouping_sets import grouping_set_branches
 
-
-@pytest.fixture
-def gw(tmp_path: Path):
-    g = open_shop(tmp_path)
-    yield g
-    g.close()
-
-
-@pytest.fixture
-def events(gw, monkeypatch) -> list:
-    return record_events(gw, monkeypatch)
+gw, events = _runner_spies.gw, _runner_spies.events  # the shop gateway and its event spy (fixtures)
 
 
 def _branches(sql: str) -> list[str]:
@@ -164,31 +154,12 @@ def test_the_released_keys_do_not_depend_on_the_data(gw, tmp_path):
     assert [row[:2] for row in r["rows"]] == [["eu", 0], ["us", 0], ["apac", 0], [None, 1]]
 
 
-def _exact_bounded(gw, sql: str) -> list[dict[str, list]]:
-    policy, _, strategy = gw.compile("shop", sql)
-    runner = gw._runner("shop", policy, strategy)
-    out = []
-    for part in runner.parts:
-        part.prepare(gw.engine, 12345)
-        values = gw.engine.execute(part._general)
-        out.append({p.id: [float(v) for v in values[p.id]] for p in part.plan.primitives})
-    return out
-
 
 @pytest.mark.parametrize("removed", [0, 4, 7])
 def test_removing_one_unit_moves_each_set_by_at_most_its_sensitivity(gw, tmp_path, removed):
-    src = tmp_path / "orders.csv"
-    lines = src.read_text().splitlines()
-    kept = [lines[0]] + [line for line in lines[1:] if int(line.split(",")[0]) != removed]
-    folder = tmp_path / "neighbour"
-    (folder / "policies").mkdir(parents=True)
-    (folder / "orders.csv").write_text("\n".join(kept) + "\n")
-    (folder / "regions.csv").write_text((tmp_path / "regions.csv").read_text())
-    (folder / "policies" / "shop.toml").write_text(POLICY.format(orders=(folder / "orders.csv").as_posix(),
-                                                                 regions=(folder / "regions.csv").as_posix()))
-    with Gateway.open(Settings(policies=folder / "policies", home=folder / "home"), salt_source=lambda: 12345) as nb:
+    with neighbour_shop(tmp_path, removed) as nb:
         doc = gw.explain("shop", SETS, budget=QueryBudget(rho=0.04))
-        full, neighbour = _exact_bounded(gw, SETS), _exact_bounded(nb, SETS)
+        full, neighbour = exact_bounded_parts(gw, SETS), exact_bounded_parts(nb, SETS)
     moved = False
     for part, a, b in zip(doc["parts"], full, neighbour):
         for pid in a:

@@ -9,7 +9,6 @@ second runner's ``calibrate`` on the same plan and budget.
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
@@ -19,7 +18,9 @@ from dpgate.errors import Internal
 from dpgate.pipeline.budget import QueryBudget, ResolvedBudget
 from dpgate.pipeline.strategy import (ExactPublic, Noisy, NoisyWithPartitionSelection, PublicKeysOnly, TopK,
                                       WithQuantiles)
-from _runner_spies import open_shop, record_events
+import _runner_spies
+
+gw, events = _runner_spies.gw, _runner_spies.events  # the shop gateway and its event spy (fixtures)
 
 #: strategy → a query that gets it, and its budget.
 QUERIES = {
@@ -31,18 +32,6 @@ QUERIES = {
     ExactPublic: ("SELECT zone, COUNT(*) AS n FROM regions GROUP BY zone", None),
     PublicKeysOnly: ("SELECT region FROM orders GROUP BY region", None),
 }
-
-
-@pytest.fixture
-def gw(tmp_path: Path):
-    g = open_shop(tmp_path)
-    yield g
-    g.close()
-
-
-@pytest.fixture
-def events(gw, monkeypatch) -> list:
-    return record_events(gw, monkeypatch)
 
 
 def _kinds(events: list) -> list[str]:

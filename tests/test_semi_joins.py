@@ -13,7 +13,8 @@ from pathlib import Path
 import duckdb
 import pytest
 import sqlglot
-from _runner_spies import POLICY, open_shop, record_events
+import _runner_spies
+from _runner_spies import POLICY
 from test_pipeline_runners import _kinds
 
 from dpgate.errors import UnsupportedQuery
@@ -23,17 +24,7 @@ from dpgate.service import Gateway
 from dpgate.settings import Settings
 from dpgate.sql.semi_joins import MAX_VALUES, inline_values, public_subqueries, resolve_semi_joins
 
-
-@pytest.fixture
-def gw(tmp_path: Path):
-    g = open_shop(tmp_path)
-    yield g
-    g.close()
-
-
-@pytest.fixture
-def events(gw, monkeypatch) -> list:
-    return record_events(gw, monkeypatch)
+gw, events = _runner_spies.gw, _runner_spies.events  # the shop gateway and its event spy (fixtures)
 
 
 def _shop_policy(tmp_path: Path):

@@ -9,11 +9,11 @@ costs from standalone explains of each part's own SQL, independently of the unio
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 from _api_server import LiveServer, assert_error, make_project
-from _runner_spies import POLICY, open_shop, record_events
+import _runner_spies
+from _runner_spies import exact_bounded_parts, neighbour_shop
 from test_pipeline_runners import _kinds
 
 import dpgate.pipeline.runners as runners
@@ -22,8 +22,9 @@ from dpgate.auth import KeyStore
 from dpgate.errors import InvalidSql, UnsupportedQuery
 from dpgate.pipeline.budget import QueryBudget
 from dpgate.pipeline.strategy import UnionAll
-from dpgate.service import Gateway
 from dpgate.settings import Settings
+
+gw, events = _runner_spies.gw, _runner_spies.events  # the shop gateway and its event spy (fixtures)
 
 LOW = "SELECT 'low' AS grp, COUNT(*) AS n, SUM(amount) AS s FROM orders WHERE amount < 50"
 HIGH = "SELECT 'high', COUNT(*), SUM(amount) FROM orders WHERE amount >= 50"
@@ -31,20 +32,6 @@ EU = "SELECT 'eu', COUNT(*), SUM(amount) FROM orders WHERE region = 'eu'"
 UNION = f"{LOW} UNION ALL {HIGH} UNION ALL {EU}"
 #: standalone equivalents of the parts (the first part's labels; labels do not change a cost)
 PARTS = [LOW, HIGH.replace("'high',", "'high' AS grp,"), EU.replace("'eu',", "'eu' AS grp,")]
-
-
-@pytest.fixture
-def gw(tmp_path: Path):
-    """The shop of tests/_runner_spies.py (orders of 400 users, 1-3 rows each; public regions)."""
-    g = open_shop(tmp_path)
-    yield g
-    g.close()
-
-
-@pytest.fixture
-def events(gw, monkeypatch) -> list:
-    """Renders, engine checks/executions and ledger charges, in order."""
-    return record_events(gw, monkeypatch)
 
 
 def _no_trace(gw) -> None:
@@ -107,34 +94,12 @@ def test_the_release_is_the_concatenation_and_a_repeat_is_free(gw):
     assert other["cached"] is False and len(gw.ledger_entries()) == 2  # the key covers every part
 
 
-def _exact_bounded(gw, sql: str) -> dict[str, list]:
-    """Each part's exact bounded values per primitive (the prepared statement, executed without noise)."""
-    policy, _, strategy = gw.compile("shop", sql)
-    runner = gw._runner("shop", policy, strategy)
-    out = []
-    for part in runner.parts:
-        part.prepare(gw.engine, 12345)
-        values = gw.engine.execute(part._general)
-        out.append({p.id: [float(v) for v in values[p.id]] for p in part.plan.primitives})
-    return out
-
 
 @pytest.mark.parametrize("removed", [0, 1, 2, 5])
 def test_removing_one_unit_moves_each_part_by_at_most_its_sensitivity(gw, tmp_path, removed):
-    src = tmp_path / "orders.csv"
-    lines = src.read_text().splitlines()
-    kept = [lines[0]] + [line for line in lines[1:] if int(line.split(",")[0]) != removed]
-    assert len(kept) < len(lines)
-    folder = tmp_path / "neighbour"
-    folder.mkdir()
-    (folder / "orders.csv").write_text("\n".join(kept) + "\n")
-    (folder / "regions.csv").write_text((tmp_path / "regions.csv").read_text())
-    (folder / "policies").mkdir()
-    (folder / "policies" / "shop.toml").write_text(POLICY.format(orders=(folder / "orders.csv").as_posix(),
-                                                                 regions=(folder / "regions.csv").as_posix()))
-    with Gateway.open(Settings(policies=folder / "policies", home=folder / "home"), salt_source=lambda: 12345) as nb:
+    with neighbour_shop(tmp_path, removed) as nb:
         doc = gw.explain("shop", UNION, budget=QueryBudget(rho=0.03))
-        full, neighbour = _exact_bounded(gw, UNION), _exact_bounded(nb, UNION)
+        full, neighbour = exact_bounded_parts(gw, UNION), exact_bounded_parts(nb, UNION)
     moved = False
     for part, a, b in zip(doc["parts"], full, neighbour):
         for pid in a:

@@ -29,8 +29,8 @@ from dpgate.sql.plan import AggregateOutput, DerivedOutput, KeyOutput, QueryPlan
 from dpgate.sql.public import key_tuples_query, key_values_query
 from dpgate.sql.selection_query import check_candidates
 from dpgate.sql.semi_joins import resolve_semi_joins
-from dpgate.sql.grouping_sets import as_grouping_sets, grouping_set_branches, in_grouping_set
-from dpgate.sql.union import check_union_columns, in_part, union_branches, union_hash
+from dpgate.sql.grouping_sets import GROUPING_SET_NAMES, grouping_set_branches, in_grouping_set
+from dpgate.sql.union import UNION_NAMES, check_union_columns, in_part, union_branches, union_hash
 
 __all__ = ["MAX_PUBLIC_TABLE_KEYS", "ValuesOf", "check_text", "compile_query", "public_values",
            "with_public_table_keys"]
@@ -79,10 +79,11 @@ def compile_query(policy: DatasetPolicy, sql: str, dialect: str | None = None, *
         except DpgateError as e:
             raise in_grouping_set(e, i, branch) if sets is not None else in_part(e, i, len(branches))
     try:
-        check_union_columns([p.plan for p in parts], [p.policy for p in parts])
-        union = union_of(tuple(parts), union_hash([p.plan for p in parts]))
+        names = GROUPING_SET_NAMES if sets is not None else UNION_NAMES
+        check_union_columns([p.plan for p in parts], [p.policy for p in parts], names)
+        union = union_of(tuple(parts), union_hash([p.plan for p in parts]), names)
     except DpgateError as e:
-        raise nothing_charged(as_grouping_sets(e) if sets is not None else e)
+        raise nothing_charged(e)
     return policy, union.plan, union
 
 

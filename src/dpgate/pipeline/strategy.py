@@ -36,6 +36,7 @@ from dpgate.sql.parse import nothing_charged
 from dpgate.sql.plan import QueryPlan
 from dpgate.sql.public import reads_public_only, releases_public_keys_only
 from dpgate.sql.selection_query import SelectionQuery, recognize
+from dpgate.sql.union import UNION_NAMES, PartNames
 
 __all__ = ["ExactPublic", "PublicKeysOnly", "TopK", "Noisy", "NoisyWithPartitionSelection", "WithQuantiles",
            "Part", "UnionAll", "Strategy", "choose", "free", "union_of", "without_quantiles"]
@@ -144,7 +145,7 @@ class UnionAll:
 UNION_PARTS = (Noisy, WithQuantiles)
 
 
-def union_of(parts: tuple[Part, ...], plan_hash: str) -> UnionAll:
+def union_of(parts: tuple[Part, ...], plan_hash: str, names: PartNames = UNION_NAMES) -> UnionAll:
     """The :class:`UnionAll` of ``parts``.
 
     Raises:
@@ -157,9 +158,9 @@ def union_of(parts: tuple[Part, ...], plan_hash: str) -> UnionAll:
     for i, part in enumerate(parts):
         if not isinstance(part.strategy, UNION_PARTS):
             raise nothing_charged(UnsupportedQuery(
-                f"part {i + 1} of {len(parts)} of the UNION ALL {why.get(type(part.strategy), 'is not a noisy release')}"
-                ": a UNION ALL combines counts, sums and quantiles over public keys",
-                {"part": i + 1, "reason": "union_part", "strategy": part.strategy.name}))
+                f"{names.of(i + 1, len(parts))} {why.get(type(part.strategy), 'is not a noisy release')}"
+                f": {names.whole} combines counts, sums and quantiles over public keys",
+                {names.detail: i + 1, "reason": "union_part", "strategy": part.strategy.name}))
     return UnionAll(parts, plan_hash)
 
 

@@ -6,11 +6,10 @@ Part of :mod:`dpgate.policy`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Protocol
 
 if TYPE_CHECKING:
     from dpgate.policy.columns import ColumnPolicy
-    from dpgate.policy.tables import TablePolicy
 
 
 @dataclass(frozen=True, eq=False)
@@ -80,7 +79,15 @@ class KeyTuples:
         return out
 
 
-def key_blocks(table: "TablePolicy", names: Iterable[str]) -> list[tuple[int, ...]]:
+class _HasKeyTuples(Protocol):
+    """What the key enumeration reads of a table (a :class:`~dpgate.policy.TablePolicy`): its public
+    tables' key tuples. A protocol, so that this module does not import the tables module (which
+    imports it)."""
+
+    key_tuples: tuple["KeyTuples", ...]
+
+
+def key_blocks(table: _HasKeyTuples, names: Iterable[str]) -> list[tuple[int, ...]]:
     """The positions of group keys ``names`` enumerated together, in order of first position.
 
     Two or more of ``names`` that are columns of one :class:`KeyTuples` of ``table`` form one
@@ -108,7 +115,7 @@ def key_blocks(table: "TablePolicy", names: Iterable[str]) -> list[tuple[int, ..
     return out
 
 
-def key_domain(table: "TablePolicy", names: Iterable[str], columns: Iterable["ColumnPolicy"]
+def key_domain(table: _HasKeyTuples, names: Iterable[str], columns: Iterable["ColumnPolicy"]
                ) -> list[tuple[tuple[int, ...], Any]]:
     """The released key combinations of group keys ``names`` (their columns ``columns``, each
     with public keys), one ``(positions, values)`` per block of :func:`key_blocks`: a block of

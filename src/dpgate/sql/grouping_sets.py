@@ -32,17 +32,20 @@ sets inside a ``UNION ALL`` part, a subquery or a CTE (left to the planner's ref
 
 from __future__ import annotations
 
-import re
 from itertools import combinations
 
 from sqlglot import exp
 
 from dpgate.errors import DpgateError, UnsupportedQuery
-from dpgate.sql.union import MAX_PARTS
+from dpgate.sql.union import MAX_PARTS, PartNames
 
-__all__ = ["as_grouping_sets", "grouping_set_branches", "in_grouping_set"]
+__all__ = ["GROUPING_SET_NAMES", "grouping_set_branches", "in_grouping_set"]
 
 _GROUPING = (exp.Rollup, exp.Cube, exp.GroupingSets)
+
+#: How the union's refusals name a grouping set ("grouping set 2 of 3", ``details.grouping_set``).
+GROUPING_SET_NAMES = PartNames(part="grouping set", suffix="", whole="a release of grouping sets",
+                               detail="grouping_set")
 
 
 def grouping_set_branches(select: exp.Expression) -> list[exp.Select] | None:
@@ -102,19 +105,6 @@ def in_grouping_set(e: DpgateError, index: int, branch: exp.Select) -> DpgateErr
         e.args = (e.message,)
     e.details["grouping_set"] = index + 1
     e.details.pop("part", None)
-    return e
-
-
-def as_grouping_sets(e: DpgateError) -> DpgateError:
-    """A refusal of the union of the grouping sets (:func:`dpgate.sql.union.check_union_columns`,
-    the union's part strategies) worded for grouping sets: "grouping set i of n" for "part i of n
-    of the UNION ALL", ``details.grouping_set`` for ``details.part``."""
-    e.message = re.sub(r"part (\d+) of (\d+ )?(of )?the UNION ALL", lambda m: f"grouping set {m.group(1)}"
-                       + (f" of {m.group(2).strip()}" if m.group(2) else ""), e.message)
-    e.message = e.message.replace("a UNION ALL combines", "grouping sets combine").replace("a UNION ALL", "grouping sets").replace("the UNION ALL", "the grouping sets")
-    e.args = (e.message,)
-    if "part" in e.details:
-        e.details["grouping_set"] = e.details.pop("part")
     return e
 
 

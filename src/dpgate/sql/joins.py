@@ -86,6 +86,7 @@ from dpgate.sql.sources import (  # noqa: F401 - re-exported (the virtual tables
     JoinCondition,
     JoinedTable,
     UnitGraph,
+    planned_with,
     recalled,
     remember,
 )
@@ -491,11 +492,7 @@ def rewrite_joins(stmt: exp.Select, policy: DatasetPolicy) -> tuple[exp.Select, 
         parts = ([where.this] if where is not None else []) + [f.copy() for f in scope.filters]
         stmt.set("where", exp.Where(this=exp.and_(*parts, copy=False)))
     stmt = _over_joined_table(stmt, scope, joined.name)
-    tables = dict(policy.tables)
-    tables[joined.name] = joined
-    built = dataclasses.replace(policy, tables=MappingProxyType(tables))
-    remember(policy, joined.name, built)
-    return stmt, built
+    return stmt, planned_with(policy, joined)
 
 
 def relation_tree(table: TablePolicy, alias: str | None = None) -> exp.Expression:

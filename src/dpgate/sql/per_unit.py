@@ -58,7 +58,6 @@ HAVING/joins/DISTINCT/LIMIT, a per-unit subquery on a record-level or public tab
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 from fractions import Fraction
 from dataclasses import dataclass
@@ -71,7 +70,7 @@ from dpgate import limits
 from dpgate.errors import UnsupportedQuery
 from dpgate.policy import ColumnPolicy, DatasetPolicy, TablePolicy, quote_identifier as q
 from dpgate.render import nodes as sqln
-from dpgate.sql.sources import JoinedTable, recalled, remember
+from dpgate.sql.sources import JoinedTable, planned_with, recalled, with_table
 
 #: Marks a per-unit table's name (never a declared table name: it contains spaces).
 PER_UNIT_MARK = "PER UNIT "
@@ -365,11 +364,7 @@ def rewrite_per_unit(stmt: exp.Select, policy: DatasetPolicy) -> tuple[exp.Selec
     if alias_node is not None:
         new.set("alias", exp.TableAlias(this=exp.Identifier(this=alias_node.name, quoted=True)))
     frm.set("this", new)
-    tables = dict(policy.tables)
-    tables[table.name] = table
-    built = dataclasses.replace(policy, tables=MappingProxyType(tables))
-    remember(policy, table.name, built)
-    return stmt, built
+    return stmt, planned_with(policy, table)
 
 
 def policy_for(table: str, policy: DatasetPolicy) -> DatasetPolicy:
@@ -380,7 +375,4 @@ def policy_for(table: str, policy: DatasetPolicy) -> DatasetPolicy:
     if built is not None:
         return built
     inner = sqlglot.parse_one(table[len(PER_UNIT_MARK):], read="duckdb")
-    built = build_table(inner, policy)
-    tables = dict(policy.tables)
-    tables[built.name] = built
-    return dataclasses.replace(policy, tables=MappingProxyType(tables))
+    return with_table(policy, build_table(inner, policy))

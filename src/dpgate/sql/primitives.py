@@ -136,9 +136,11 @@ class _Count(PrimitiveKindBase):
     monotone: ClassVar[bool] = True
 
     def linf(self, m: int, lo: int, hi: int) -> int:
+        """Δ∞ = m: a unit adds at most m rows to one group (Wilson et al. 2020 §3, contribution bounding)."""
         return m
 
     def output_unit(self, resolution: float | None) -> float:
+        """1.0: a count's integer unit is one row (or one unit)."""
         return 1.0
 
 
@@ -150,12 +152,15 @@ class Count(_Count):
     row_value: ClassVar[RowValue] = "none"
 
     def counts_units(self, one_row: bool) -> bool:
+        """True when ``one_row`` (≤ 1 row per unit and group): the count of rows is the count of units."""
         return one_row  # with ≤ 1 row per unit and group, rows are units
 
     def per_unit(self, value: str | None, m: int, lo: int, hi: int) -> PerUnit:
+        """``COUNT(*)`` per (unit, group), clipped to ``LEAST(COUNT(*), m)``; ``value``, ``lo``, ``hi`` unused."""
         return PerUnit(n.count(), n.least(n.count(), n.num(m)))
 
     def exact(self, column: exp.Expression | None, alpha: float | None = None) -> exp.Expression:
+        """``COUNT(*)`` (``column`` and ``alpha`` unused)."""
         return n.count()
 
 
@@ -167,9 +172,11 @@ class CountColumn(_Count):
     row_value: ClassVar[RowValue] = "present"
 
     def per_unit(self, value: str | None, m: int, lo: int, hi: int) -> PerUnit:
+        """``COUNT(value)`` per (unit, group), clipped to ``LEAST(COUNT(value), m)``; ``lo``/``hi`` unused."""
         return PerUnit(n.count(n.col(value)), n.least(n.count(n.col(value)), n.num(m)))
 
     def exact(self, column: exp.Expression | None, alpha: float | None = None) -> exp.Expression:
+        """``COUNT(column)``: the non-NULL values."""
         return n.count(column)
 
 
@@ -181,15 +188,19 @@ class CountDistinctUnit(_Count):
     row_value: ClassVar[RowValue] = "none"
 
     def counts_units(self, one_row: bool) -> bool:
+        """True: the bounded value per group is its number of distinct units."""
         return True
 
     def per_unit(self, value: str | None, m: int, lo: int, hi: int) -> PerUnit:
+        """One partial (``COUNT(*)``) per (unit, group), not clipped: the unit counts once."""
         return PerUnit(n.count(), None)
 
     def linf(self, m: int, lo: int, hi: int) -> int:
+        """Δ∞ = 1: removing a unit removes it from each group it is in, once."""
         return 1
 
     def exact(self, column: exp.Expression | None, alpha: float | None = None) -> exp.Expression:
+        """``COUNT(DISTINCT column)`` (``column`` is the privacy unit)."""
         return n.count(exp.Distinct(expressions=[column]))
 
 
@@ -203,9 +214,11 @@ class CountDistinct(_Count):
     monotone: ClassVar[bool] = False  # not a selection utility (dpgate.sql.selection_query)
 
     def per_unit(self, value: str | None, m: int, lo: int, hi: int) -> None:
+        """None: built in its own CTEs (a unit keeps ≤ m distinct values per group; dpgate.render.bounded)."""
         return None  # its own CTEs (dpgate.render.bounded), joined to the groups
 
     def exact(self, column: exp.Expression | None, alpha: float | None = None) -> exp.Expression:
+        """``COUNT(DISTINCT column)``."""
         return n.count(exp.Distinct(expressions=[column]))
 
 
@@ -218,18 +231,23 @@ class Sum(PrimitiveKindBase):
     row_value: ClassVar[RowValue] = "fixed_point"
 
     def per_unit(self, value: str | None, m: int, lo: int, hi: int) -> PerUnit:
+        """``SUM(value)`` per (unit, group) in fixed-point steps, m rows' worth, clipped to
+        ``m·[min(lo, 0), max(hi, 0)]`` (``lo``/``hi``: the clamp in steps; NULL partials add 0)."""
         # COALESCE: a partial whose values are all NULL adds 0 (LEAST/GREATEST skip NULL)
         worth = m_rows_worth(lambda: exp.Sum(this=n.col(value)), lambda: n.count(n.col(value)), m)
         clip = n.least(n.greatest(n.coalesce0(worth), n.num(m * min(lo, 0))), n.num(m * max(hi, 0)))
         return PerUnit(exp.Sum(this=n.col(value)), clip)
 
     def linf(self, m: int, lo: int, hi: int) -> int:
+        """Δ∞ = m·max(|lo|, |hi|) in steps: m clamped values of one unit in one group."""
         return m * max(abs(lo), abs(hi))
 
     def exact(self, column: exp.Expression | None, alpha: float | None = None) -> exp.Expression:
+        """``SUM(column)``."""
         return exp.Sum(this=column)
 
     def output_unit(self, resolution: float | None) -> float:
+        """The column's resolution (one fixed-point step), or 1.0 for an integer column."""
         return 1.0 if resolution is None else float(resolution)
 
 
@@ -242,17 +260,22 @@ class SumSquares(PrimitiveKindBase):
     row_value: ClassVar[RowValue] = "fixed_point"
 
     def per_unit(self, value: str | None, m: int, lo: int, hi: int) -> PerUnit:
+        """``SUM(value·value)`` per (unit, group) in steps², m rows' worth, clipped to
+        ``[0, m·max(lo², hi²)]``."""
         sq = lambda: exp.Sum(this=exp.Mul(this=n.col(value), expression=n.col(value)))  # noqa: E731
         worth = m_rows_worth(sq, lambda: n.count(n.col(value)), m)
         return PerUnit(sq(), n.least(n.coalesce0(worth), n.num(m * max(lo * lo, hi * hi))))
 
     def linf(self, m: int, lo: int, hi: int) -> int:
+        """Δ∞ = m·max(lo², hi²) in steps²: m clamped squares of one unit in one group."""
         return m * max(lo * lo, hi * hi)
 
     def exact(self, column: exp.Expression | None, alpha: float | None = None) -> exp.Expression:
+        """``SUM(column * column)``."""
         return exp.Sum(this=exp.Mul(this=column, expression=column.copy()))
 
     def output_unit(self, resolution: float | None) -> float:
+        """The resolution squared (one step²), or 1.0 for an integer column."""
         r = 1.0 if resolution is None else float(resolution)
         return r * r
 
@@ -266,18 +289,24 @@ class Quantile(PrimitiveKindBase):
     row_value: ClassVar[RowValue] = "none"
 
     def per_unit(self, value: str | None, m: int, lo: int, hi: int) -> None:
+        """None: the quantile's histogram query is built by dpgate.render.histogram."""
         return None  # dpgate.render.histogram builds its query
 
     def linf(self, m: int, lo: int, hi: int) -> int:
+        """Raises ValueError: a quantile is not a noisy sum (its utility's sensitivity is in dpgate.quantiles)."""
         raise ValueError("unknown primitive kind 'quantile'")  # not a noisy sum: dpgate.quantiles
 
     def exact(self, column: exp.Expression | None, alpha: float | None = None) -> exp.Expression:
+        """``QUANTILE_CONT(column, alpha)`` (``alpha`` in [0, 1])."""
         return exp.func("QUANTILE_CONT", column, n.num(repr(alpha)), dialect="duckdb")
 
     def output_unit(self, resolution: float | None) -> float:
+        """1.0: the released value is read off the column's grid by :meth:`finalise`."""
         return 1.0
 
     def finalise(self, noisy: "np.ndarray", column: "ColumnPolicy | None") -> "np.ndarray":
+        """The chosen candidate indices ``noisy`` (integers, any shape) as values of the column's grid
+        (:func:`dpgate.quantiles.grid_for`), same shape."""
         import numpy as np
 
         from dpgate.quantiles import grid_for

@@ -277,3 +277,22 @@ def recalled(policy: DatasetPolicy, name: str) -> DatasetPolicy | None:
         if entry is None or entry[0]() is not policy:
             return None
         return entry[1].get(name)
+
+
+def with_table(policy: DatasetPolicy, table: TablePolicy) -> DatasetPolicy:
+    """``policy`` with the virtual table ``table`` (a join, per-unit or unit-path table) added under
+    its name; ``policy`` itself is unchanged (frozen)."""
+    import dataclasses
+    from types import MappingProxyType
+
+    tables = dict(policy.tables)
+    tables[table.name] = table
+    return dataclasses.replace(policy, tables=MappingProxyType(tables))
+
+
+def planned_with(policy: DatasetPolicy, table: TablePolicy) -> DatasetPolicy:
+    """:func:`with_table`, recorded by :func:`remember` so that the plan's ``policy_for`` finds it."""
+    built = with_table(policy, table)
+    remember(policy, table.name, built)
+    return built
+

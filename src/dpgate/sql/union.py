@@ -17,6 +17,7 @@ refusal (:func:`in_part`), and checks that the parts' columns match in number an
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 from typing import Sequence
 
 from sqlglot import exp
@@ -25,10 +26,29 @@ from dpgate.errors import DpgateError, UnsupportedQuery
 from dpgate.policy import DatasetPolicy
 from dpgate.sql.plan import AggregateOutput, DerivedOutput, KeyOutput, QueryPlan
 
-__all__ = ["MAX_PARTS", "check_union_columns", "in_part", "output_types", "union_branches", "union_hash"]
+__all__ = ["MAX_PARTS", "PartNames", "UNION_NAMES", "check_union_columns", "in_part", "output_types", "union_branches", "union_hash"]
 
 #: Most parts one UNION ALL release may have.
 MAX_PARTS = 32
+
+
+@dataclass(frozen=True)
+class PartNames:
+    """How refusals name a multi-part release's parts: a UNION ALL's "part 2 of 3 of the UNION ALL"
+    (``details.part``), grouping sets' "grouping set 2 of 3" (``details.grouping_set``)."""
+
+    part: str = "part"
+    suffix: str = " of the UNION ALL"
+    whole: str = "a UNION ALL"
+    detail: str = "part"
+
+    def of(self, i: int, n: int | None = None) -> str:
+        """``part i[ of n] of the UNION ALL`` (1-based ``i``)."""
+        return f"{self.part} {i}" + (f" of {n}" if n is not None else "") + self.suffix
+
+
+#: The UNION ALL's names (the default).
+UNION_NAMES = PartNames()
 
 
 def union_branches(tree: exp.Union) -> list[exp.Select]:
@@ -133,7 +153,8 @@ def _literal_type(expression: str) -> str:
     return "any"
 
 
-def check_union_columns(plans: Sequence[QueryPlan], policies: Sequence[DatasetPolicy]) -> None:
+def check_union_columns(plans: Sequence[QueryPlan], policies: Sequence[DatasetPolicy],
+                        names: PartNames = UNION_NAMES) -> None:
     """Refuse parts whose columns differ from the first part's in number or type class
     (:func:`output_types`; ``any`` matches every class; NULL-free SQL's compatible types).
 
@@ -146,15 +167,15 @@ def check_union_columns(plans: Sequence[QueryPlan], policies: Sequence[DatasetPo
         types = output_types(plan, policy)
         if len(types) != len(first):
             raise UnsupportedQuery(
-                f"part {i} of the UNION ALL has {len(types)} columns, part 1 has {len(first)}: every part must "
-                "release the same columns", {"part": i, "reason": "union_columns", "columns": len(types),
+                f"{names.of(i)} has {len(types)} columns, {names.part} 1 has {len(first)}: every {names.part} must "
+                "release the same columns", {names.detail: i, "reason": "union_columns", "columns": len(types),
                                             "expected": len(first)})
         for c, (a, b) in enumerate(zip(first, types)):
             if "any" not in (a, b) and a != b:
                 raise UnsupportedQuery(
-                    f"column {c + 1} ({labels[c]}) of part {i} of the UNION ALL is {b}, in part 1 it is {a}: the "
-                    "parts' columns must have compatible types", {"part": i, "reason": "union_columns",
-                                                                  "column": c + 1, "type": b, "expected": a})
+                    f"column {c + 1} ({labels[c]}) of {names.of(i)} is {b}, in {names.part} 1 it is {a}: the "
+                    f"{names.part}s' columns must have compatible types", {names.detail: i, "reason": "union_columns",
+                                                                          "column": c + 1, "type": b, "expected": a})
 
 
 def union_hash(plans: Sequence[QueryPlan]) -> str:

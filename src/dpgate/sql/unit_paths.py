@@ -40,9 +40,7 @@ Cycles never reach the planner (refused at load).
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
-from types import MappingProxyType
 
 from sqlglot import exp
 
@@ -51,7 +49,7 @@ from dpgate.policy import DatasetPolicy, TablePolicy
 from dpgate.policy.tables import UNIT_PATH_KEY_TYPES
 from dpgate.render import nodes as sqln
 from dpgate.sql.resolve import refuse_unit_path_tables, resolve_from
-from dpgate.sql.sources import JoinedTable, recalled, remember
+from dpgate.sql.sources import JoinedTable, planned_with, recalled, with_table
 
 __all__ = ["UNIT_PATH_MARK", "PathStep", "UnitPathTable", "build_table", "rewrite_unit_paths", "policy_for"]
 
@@ -214,11 +212,7 @@ def rewrite_unit_paths(stmt: exp.Select, policy: DatasetPolicy) -> tuple[exp.Sel
     new.set("alias", exp.TableAlias(this=exp.Identifier(this=qualifiers[0] if qualifiers else table.name,
                                                         quoted=True)))
     frm.set("this", new)
-    tables = dict(policy.tables)
-    tables[built_table.name] = built_table
-    built = dataclasses.replace(policy, tables=MappingProxyType(tables))
-    remember(policy, built_table.name, built)
-    return stmt, built
+    return stmt, planned_with(policy, built_table)
 
 
 def policy_for(table: str, policy: DatasetPolicy) -> DatasetPolicy:
@@ -228,7 +222,4 @@ def policy_for(table: str, policy: DatasetPolicy) -> DatasetPolicy:
     built = recalled(policy, table)
     if built is not None:
         return built
-    made = build_table(policy.table(table[len(UNIT_PATH_MARK):]), policy)
-    tables = dict(policy.tables)
-    tables[made.name] = made
-    return dataclasses.replace(policy, tables=MappingProxyType(tables))
+    return with_table(policy, build_table(policy.table(table[len(UNIT_PATH_MARK):]), policy))
