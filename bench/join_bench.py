@@ -23,7 +23,7 @@ import duckdb
 
 from dpgate.policy import parse_policy
 from dpgate.sql.bound import bounded_sql
-from dpgate.sql.joins import policy_for
+from dpgate.sql.sources import plan_policy
 from dpgate.sql.parse import parse_query
 
 
@@ -65,7 +65,7 @@ def main() -> None:
     policy = _policy(args.k, args.m)
     sql = "SELECT u.tier, COUNT(*), SUM(e.x) FROM events e JOIN users u USING (user_id) GROUP BY u.tier"
     plan = parse_query(sql, policy)
-    bounded = bounded_sql(plan, policy_for(plan.table, policy), salt=12345)
+    bounded = bounded_sql(plan, plan_policy(plan, policy), salt=12345)
     raw = ("SELECT u.tier, COUNT(*), SUM(e.x) FROM bench.events e JOIN bench.users u USING (user_id) "
            "GROUP BY u.tier")
     t_raw, t_bounded = [], []

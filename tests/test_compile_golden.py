@@ -50,7 +50,7 @@ from dpgate.errors import DpgateError
 from dpgate.policy import DatasetPolicy, load_policy
 from dpgate.sql.bound import bounded_sql
 from dpgate.sql.explain import explain_query
-from dpgate.sql.joins import JoinedTable, policy_for
+from dpgate.sql.sources import TableSource, plan_policy
 from dpgate.sql.parse import parse_query
 from dpgate.sql.public import exact_sql, reads_public_only, releases_public_keys_only
 from dpgate.sql.quantile import histogram_sql
@@ -214,7 +214,7 @@ def compile_document(name: str, policies, engines) -> dict[str, Any]:
     policy = policies[dataset]
     explained = explain_query(sql, policy)
     plan = parse_query(sql, policy)
-    table_policy = policy_for(plan.table, policy)
+    table_policy = plan_policy(plan, policy)
     doc: dict[str, Any] = {
         "dataset": dataset,
         "sql": sql,
@@ -233,7 +233,7 @@ def compile_document(name: str, policies, engines) -> dict[str, Any]:
         "engines": {},
     }
     for mode in ("general", "unit_unique"):
-        joined = isinstance(table_policy.table(plan.table), JoinedTable)
+        joined = not isinstance(plan.source, TableSource)
         fast = mode == "unit_unique"
         if fast and (joined or plan.table not in UNIT_UNIQUE[dataset]):
             continue  # the gateway takes the fast path only on a unit-unique table read alone

@@ -622,7 +622,7 @@ def _corpus_bounded(policies, engines_ref: EngineSet, q) -> list[tuple[str, str]
     """(label, bounded SQL) of one corpus query: the general form, and the fast path where
     the reference load found the unit unique."""
     from dpgate.quantile_release import has_quantiles, without_quantiles
-    from dpgate.sql.joins import JoinedTable, policy_for
+    from dpgate.sql.sources import TableSource, plan_policy
     from dpgate.sql.public import reads_public_only, releases_public_keys_only
     from dpgate.sql.quantile import histogram_sql
 
@@ -646,7 +646,7 @@ def _corpus_bounded(policies, engines_ref: EngineSet, q) -> list[tuple[str, str]
     if isinstance(tree, exp.Select):  # issue 21 item 5: public IN/EXISTS subqueries → their values, as the gateway does
         tree = resolve_semi_joins(tree, policy, lambda sel: public_values(engines_ref, policy, sel))
     plan = parse_query(q.sql, policy, dialect=dialect, statement=tree)
-    policy = policy_for(plan.table, policy)  # a join: the joined table, as the service does
+    policy = plan_policy(plan, policy)  # a join: the joined table, as the service does
     if reads_public_only(plan, policy) or releases_public_keys_only(plan, policy):
         return []  # answered without a bounded query (exact public data, or the policy's key list)
     if has_quantiles(plan):  # what the service runs: counts/sums, then one histogram per column
@@ -656,7 +656,7 @@ def _corpus_bounded(policies, engines_ref: EngineSet, q) -> list[tuple[str, str]
         return out + [(f"quantile histogram of {c}", histogram_sql(plan, policy, c, salt=CORPUS_SALT))
                       for c in columns]
     out = [("general", bounded_sql(plan, policy, salt=CORPUS_SALT))]
-    if not isinstance(policy.table(plan.table), JoinedTable) and engines_ref.unit_is_unique(q.dataset, plan.table):
+    if isinstance(plan.source, TableSource) and engines_ref.unit_is_unique(q.dataset, plan.table):
         out.append(("fast path", bounded_sql(plan, policy, salt=CORPUS_SALT, unit_unique=True)))
     return out
 

@@ -32,7 +32,7 @@ from dpgate.sensitivity import sensitivities
 from dpgate.service import Gateway
 from dpgate.settings import Settings
 from dpgate.sql.bound import bounded_sql
-from dpgate.sql.joins import JoinedTable, policy_for
+from dpgate.sql.sources import JoinSource, plan_policy
 from dpgate.sql.parse import parse_query
 
 ACCEPTED = [
@@ -71,7 +71,7 @@ def test_removing_one_unit_moves_each_extra_key_join_aggregate_by_at_most_the_se
         assert "must be joined to the other protected tables on the privacy unit" in e.message
         return
     assert sql not in REFUSED, f"accepted a join its unit equalities do not connect: {sql}"
-    full = policy_for(plan.table, policy)
+    full = plan_policy(plan, policy)
     sens = sensitivities(plan, full)
     bounded = bounded_sql(plan, full, salt=11)
     everyone = list(enumerate(units))
@@ -89,8 +89,7 @@ def test_removing_one_unit_moves_each_extra_key_join_aggregate_by_at_most_the_se
 def test_the_shape_lists_are_what_the_planner_does():
     policy = _with_public_rows(_policy(), [(0, "c0", "u"), (1, "c1", "v")])
     for sql in ACCEPTED:
-        assert isinstance(policy_for(parse_query(sql, policy).table, policy).table(parse_query(sql, policy).table),
-                          JoinedTable)
+        assert isinstance(parse_query(sql, policy).source, JoinSource)
     for sql in REFUSED:
         with pytest.raises(UnsupportedQuery, match="on the privacy unit"):
             parse_query(sql, policy)
@@ -101,7 +100,7 @@ def test_the_shape_lists_are_what_the_planner_does():
 def _count(sql: str, units) -> int:
     policy = _with_public_rows(_policy(), [(0, "c0", "u")])
     plan = parse_query(sql, policy)
-    out = _run(bounded_sql(plan, policy_for(plan.table, policy), salt=3), list(enumerate(units)), [(0, "c0", "u")])
+    out = _run(bounded_sql(plan, plan_policy(plan, policy), salt=3), list(enumerate(units)), [(0, "c0", "u")])
     (count,) = [v for p, v in zip(plan.primitives, out.values()) if p.kind == "count"][:1]
     return count[0]
 
@@ -124,7 +123,7 @@ def test_null_extra_keys_never_match():
     # LEFT: unit 0's a row is kept, unmatched (COUNT(b.w) does not count it)
     policy = _with_public_rows(_policy(), [(0, "c0", "u")])
     plan = parse_query("SELECT COUNT(*), COUNT(b.w) FROM a LEFT JOIN b ON b.uid = a.uid AND b.pk = a.pk", policy)
-    out = _run(bounded_sql(plan, policy_for(plan.table, policy), salt=3), list(enumerate(units)), [(0, "c0", "u")])
+    out = _run(bounded_sql(plan, plan_policy(plan, policy), salt=3), list(enumerate(units)), [(0, "c0", "u")])
     assert [v[0] for v in out.values()] == [2, 1]
 
 
@@ -185,9 +184,8 @@ def test_extra_keys_are_in_the_canonical_join_and_rebuilt_from_it():
     policy = _with_public_rows(_policy(), [(0, "c0", "u")])
     plan = parse_query("SELECT COUNT(*) FROM a, b WHERE a.uid = b.uid AND a.pk = b.pk", policy)
     assert plan.table == "JOIN a JOIN b ON a.uid = b.uid AND a.pk = b.pk"
-    joined = policy_for(plan.table, policy).table(plan.table)
-    assert [c.unit_edge for c in joined.conditions] == [True, False]
-    assert joined.unit_graph.edges == (("a", "b"),)
+    assert [c.unit_edge for c in plan.source.conditions] == [True, False]
+    assert plan.source.unit_graph.edges == plan.source.unit_edges == (("a", "b"),)
 
 
 # --- engines ---------------------------------------------------------------------------------------
@@ -196,7 +194,7 @@ def test_extra_key_joins_render_on_every_engine():
     policy = _with_public_rows(_policy(), [(0, "c0", "u")])
     plan = parse_query("SELECT a.g, COUNT(*), SUM(b.w) FROM a, b WHERE a.uid = b.uid AND a.pk = b.pk "
                        "AND a.v < b.w GROUP BY a.g", policy)
-    full = policy_for(plan.table, policy)
+    full = plan_policy(plan, policy)
     sql = bounded_sql(plan, full, salt=0)
     engines = {"duckdb": duckdb_engine(full), "postgres": postgres_engine(full), "spark": spark_engine(full)}
     dialects = {"duckdb": "duckdb", "postgres": "postgres", "spark": "spark"}

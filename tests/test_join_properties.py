@@ -35,7 +35,7 @@ from dpgate.errors import UnsupportedQuery
 from dpgate.policy import KeyTuples, load_policy
 from dpgate.sensitivity import sensitivities
 from dpgate.sql.bound import bounded_sql
-from dpgate.sql.joins import policy_for
+from dpgate.sql.sources import plan_policy
 from dpgate.sql.parse import parse_query
 
 POLICY = """
@@ -175,7 +175,7 @@ def test_removing_one_unit_moves_each_bounded_join_aggregate_by_at_most_the_sens
         assert sql in REFUSED, (sql, e.message)
         assert "must be joined to the other protected tables on the privacy unit" in e.message
         return
-    full = policy_for(plan.table, policy)
+    full = plan_policy(plan, policy)
     sens = sensitivities(plan, full)
     bounded = bounded_sql(plan, full, salt=7)
     everyone = list(enumerate(units))

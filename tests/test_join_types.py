@@ -26,7 +26,7 @@ from dpgate.errors import UnsupportedQuery
 from dpgate.service import Gateway, QueryBudget
 from dpgate.settings import Settings
 from dpgate.sql.bound import bounded_sql
-from dpgate.sql.joins import policy_for
+from dpgate.sql.sources import plan_policy
 from dpgate.sql.parse import parse_query
 
 #: Text ids that are four units for a text unit and would all be 7 as integers.
@@ -207,7 +207,7 @@ def _exact(gw, sql: str, salt: int = 11) -> list:
     """The gateway's own bounded SQL of ``sql`` run on the gateway's engine (exact, pre-noise)."""
     policy = gw._with_public_table_keys(gw.policy("jt"))
     plan = parse_query(sql, policy)
-    values = gw.engine.execute(bounded_sql(plan, policy_for(plan.table, policy), salt=salt))
+    values = gw.engine.execute(bounded_sql(plan, plan_policy(plan, policy), salt=salt))
     return [v.tolist() for v in values.values()]
 
 
@@ -242,7 +242,7 @@ def test_removing_one_text_unit_moves_the_count_by_at_most_m(duck, removed, move
     sql = "SELECT COUNT(*) FROM texts t JOIN numtext u ON t.uid = u.uid"
     policy = duck._with_public_table_keys(duck.policy("jt"))
     plan = parse_query(sql, policy)
-    bounded = bounded_sql(plan, policy_for(plan.table, policy), salt=11)
+    bounded = bounded_sql(plan, plan_policy(plan, policy), salt=11)
     full = duck.engine.execute(bounded)["p0"].tolist()[0]
     text = removed.replace("'", "''")
     without = bounded

@@ -16,7 +16,7 @@ from dpgate.policy import load_policy
 from dpgate.service import Gateway, QueryBudget
 from dpgate.settings import Settings
 from dpgate.sql.bound import bounded_sql
-from dpgate.sql.joins import JoinedTable, policy_for
+from dpgate.sql.sources import JoinSource, plan_policy
 from dpgate.sql.parse import parse_query
 
 TABLES = """
@@ -79,8 +79,8 @@ def test_spellings_of_one_unit_join_share_a_plan(tmp_path):
     b = parse_query("SELECT edu, COUNT(*) n FROM checkouts INNER JOIN members ON members.id = checkouts.member_id "
                     "GROUP BY edu", pol)
     assert a.plan_hash == b.plan_hash
-    joined = policy_for(a.table, pol).table(a.table)
-    assert isinstance(joined, JoinedTable) and joined.privacy_unit == "member_id"
+    joined = plan_policy(a, pol).table(a.table)
+    assert isinstance(a.source, JoinSource) and joined is a.source.table and joined.privacy_unit == "member_id"
     assert (joined.max_groups_per_unit, joined.max_rows_per_unit) == (2, 3)  # the largest of the tables'
     assert a.canonical_sql.endswith('FROM checkouts JOIN members ON checkouts.member_id = members.id GROUP BY "edu"')
 
@@ -197,7 +197,7 @@ def test_one_unit_moves_bounded_aggregates_by_at_most_the_sensitivity(tmp_path_f
     count by ≤ m and each bounded sum by ≤ m·max|bound|, in at most k groups."""
     pol = policy(tmp_path_factory.mktemp("j"))
     plan = parse_query(query, pol)
-    full = policy_for(plan.table, pol)
+    full = plan_policy(plan, pol)
     joined = full.table(plan.table)
     k, m = joined.max_groups_per_unit, joined.max_rows_per_unit
     genre_rows = GENRES + [g for g in GENRES for _ in range(dup_genres)]
@@ -300,8 +300,7 @@ def test_the_audit_numbers_are_what_the_old_join_released(tmp_path):
 def test_connected_joins_are_accepted(tmp_path, sql):
     pol = policy(tmp_path)
     plan = parse_query(sql, pol)
-    joined = policy_for(plan.table, pol).table(plan.table)
-    assert joined.unit_graph is not None and joined.unit_graph.unconnected() is None
+    assert isinstance(plan.source, JoinSource) and plan.source.unit_graph.unconnected() is None
 
 
 @pytest.mark.parametrize("sql, table, words", [

@@ -21,7 +21,7 @@ from dpgate.policy import ColumnPolicy, KeyTuples, load_policy
 from dpgate.service import Gateway, QueryBudget
 from dpgate.settings import Settings
 from dpgate.sql.bound import bounded_sql
-from dpgate.sql.joins import policy_for
+from dpgate.sql.sources import plan_policy
 from dpgate.sql.parse import parse_query
 
 SUPPLIERS = 100
@@ -103,7 +103,7 @@ def bounded(gw, sql: str, salt: int = 3) -> dict[str, list]:
     """The gateway's own bounded SQL of ``sql`` on its engine: the exact, pre-noise columns."""
     policy = gw._with_public_table_keys(gw.policy("tpch"))
     plan = parse_query(sql, policy)
-    return {k: v.tolist() for k, v in gw.engine.execute(bounded_sql(plan, policy_for(plan.table, policy),
+    return {k: v.tolist() for k, v in gw.engine.execute(bounded_sql(plan, plan_policy(plan, policy),
                                                                    salt=salt)).items()}
 
 
@@ -146,15 +146,15 @@ def test_tuples_mix_with_other_public_keys_computed_keys_and_keys_only(gw):
 def test_the_plan_and_the_bounded_sql_use_the_tuples(gw):
     policy = gw._with_public_table_keys(gw.policy("tpch"))
     plan = parse_query(f"SELECT s.s_suppkey, s.s_name, COUNT(*) {JOIN} GROUP BY s.s_suppkey, s.s_name", policy)
-    joined = policy_for(plan.table, policy).table(plan.table)
+    joined = plan_policy(plan, policy).table(plan.table)
     assert plan.key_combinations(joined) == SUPPLIERS
     single = parse_query(f"SELECT s.s_suppkey, COUNT(*) {JOIN} GROUP BY s.s_suppkey", policy)
-    assert single.key_combinations(policy_for(single.table, policy).table(single.table)) == SUPPLIERS
+    assert single.key_combinations(plan_policy(single, policy).table(single.table)) == SUPPLIERS
     # the plan hash of a query with one public column does not depend on the tuples
     bare = load_policy(gw.root / "policies" / "tpch.toml")
     assert parse_query(f"SELECT l.l_flag, COUNT(*) {JOIN} GROUP BY l.l_flag", bare).plan_hash == \
         parse_query(f"SELECT l.l_flag, COUNT(*) {JOIN} GROUP BY l.l_flag", policy).plan_hash
-    sql = bounded_sql(plan, policy_for(plan.table, policy), salt=1)
+    sql = bounded_sql(plan, plan_policy(plan, policy), salt=1)
     assert f"(99, 100, '{name(100)}')) AS \"__dpg_k0\"(\"__dpg_o0\", \"__dpg_g0\", \"__dpg_g1\")" in sql
 
 
@@ -191,7 +191,7 @@ def test_selection_with_a_public_key_first_keeps_candidates_in_order(gw):
           "GROUP BY s.s_nation, l.l_tag"
     plan = parse_query(sql, policy)
     assert plan.group_by == ("s_nation", "l_tag") and plan.selected_keys == ("l_tag",)
-    values = gw.engine.execute(bounded_sql(plan, policy_for(plan.table, policy), salt=5))
+    values = gw.engine.execute(bounded_sql(plan, plan_policy(plan, policy), salt=5))
     tags, units = values["l_tag"].tolist(), values["__dpg_units"].tolist()
     assert tags == sorted(tags) and len(tags) == 3 * 5  # 3 candidates × 5 nations, candidate-major
     for i in range(0, 15, 5):

@@ -71,7 +71,8 @@ BASELINE_WARM_UP = {"analyst": 1, "generated": 21}
 #: execute (``engines.registry._dataset_of``, ``engines.base.parse_bounded``), the group hash's
 #: ``DataType.build`` fragments, and ``sql.joins.policy_for`` / ``sql.per_unit.policy_for``
 #: parsing the virtual table's name. The bounded query, the quantile histograms and the joined
-#: tables are now sqlglot trees, and ``policy_for`` finds the table planning built.
+#: tables are now sqlglot trees, and the plan carries its source node (issue 20 step 2:
+#: ``sql.sources``; the virtual table's name is never parsed back).
 CALLERS: dict[str, dict[str, int]] = {kind: {} for kind in QUERIES}
 
 

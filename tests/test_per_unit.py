@@ -20,7 +20,7 @@ from dpgate.sensitivity import sensitivities
 from dpgate.service import Gateway
 from dpgate.settings import Settings
 from dpgate.sql.bound import bounded_sql
-from dpgate.sql.joins import policy_for
+from dpgate.sql.sources import plan_policy
 from dpgate.sql.parse import parse_query
 
 POLICY = """
@@ -88,7 +88,7 @@ def test_derived_ranges_and_outer_sensitivities(policies, k, m):
     p = policies[(k, m)]
     c = k * m
     plan = parse_query(f"SELECT COUNT(*) AS users, SUM(s) AS total, SUM(LEAST(n, 5)) AS capped FROM {INNER}", p)
-    table = policy_for(plan.table, p).table(plan.table)
+    table = plan_policy(plan, p).table(plan.table)
     cols = {name: (col.type, col.lower, col.upper) for name, col in table.columns.items()}
     assert cols["n"] == ("int", 1, c)
     assert cols["nd"] == ("int", 0, c)
@@ -96,7 +96,7 @@ def test_derived_ranges_and_outer_sensitivities(policies, k, m):
     assert cols["a"] == ("float", 0, 10)
     assert cols["r"][1:] == (None, None)  # raw has no declared bounds: neither has its sum
     assert (table.max_groups_per_unit, table.max_rows_per_unit) == (1, 1)
-    sens = sensitivities(plan, policy_for(plan.table, p))
+    sens = sensitivities(plan, plan_policy(plan, p))
     by_out = {o.label: [sens[i].l1 for i in o.primitives] for o in plan.outputs if hasattr(o, "primitives")}
     assert by_out["users"] == [1]
     assert by_out["total"] == [10 * c]
@@ -186,7 +186,7 @@ def test_sum_of_a_float_column_keeps_bounds_on_its_resolution_grid(tmp_path):
     (folder / "visits.toml").write_text(text)
     p = load_policies(folder)["visits"]
     plan = parse_query("SELECT SUM(t) FROM (SELECT member, SUM(x) AS t FROM visits GROUP BY member) AS u", p)
-    col = policy_for(plan.table, p).table(plan.table).column("t")
+    col = plan_policy(plan, p).table(plan.table).column("t")
     assert (col.lower, col.upper) == (-1.8, 4.2)
     assert col.fixed_point_bounds == (-18, 42)
 
@@ -208,7 +208,7 @@ def test_derived_ranges_are_checked_against_the_limits_before_the_charge(tmp_pat
         p = load_policies(folder)["visits"]
         sql = "SELECT COUNT(*) FROM (SELECT member, SUM(wide) AS s, AVG(wide) AS a FROM visits GROUP BY member) u WHERE a > 5"
         plan = parse_query(sql, p)
-        full = policy_for(plan.table, p)
+        full = plan_policy(plan, p)
         assert full.table(plan.table).column("a").fixed_point_bounds[1] <= 2**62
         if fits:
             check_representable(plan, full)

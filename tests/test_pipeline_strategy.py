@@ -16,7 +16,7 @@ from test_compile_golden import GOLDEN, QUERIES, _policies
 from dpgate.errors import UnsupportedQuery
 from dpgate.pipeline.strategy import (ExactPublic, Noisy, NoisyWithPartitionSelection, PublicKeysOnly, TopK,
                                       WithQuantiles, choose, free)
-from dpgate.sql.joins import policy_for
+from dpgate.sql.sources import plan_policy
 from dpgate.sql.parse import parse_query
 
 #: golden query → the strategy it must get (by hand, from what each query releases).
@@ -44,7 +44,7 @@ def policies():
 def _choose(policies, dataset: str, sql: str):
     policy = policies[dataset]
     plan = parse_query(sql, policy)
-    return plan, choose(plan, policy_for(plan.table, policy))
+    return plan, choose(plan, plan_policy(plan, policy))
 
 
 @pytest.mark.parametrize("name", sorted(QUERIES))

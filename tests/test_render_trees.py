@@ -18,7 +18,7 @@ from sqlglot.dialects.dialect import Dialect
 from dpgate.engines.base import assumes_unique_units
 from dpgate.engines.types import datatype
 from dpgate.sql.bound import aggregates_per_unit, bounded_query, bounded_sql
-from dpgate.sql.joins import policy_for
+from dpgate.sql.sources import plan_policy
 from dpgate.sql.parse import parse_query
 from dpgate.sql.public import reads_public_only, releases_public_keys_only
 from dpgate.sql.quantile import histogram_query, histogram_sql
@@ -34,7 +34,7 @@ def plans():
     for name, (dataset, sql) in QUERIES.items():
         policy = policies[dataset]
         plan = parse_query(sql, policy)
-        out.append((name, plan, policy_for(plan.table, policy)))
+        out.append((name, plan, plan_policy(plan, policy)))
     return out
 
 
@@ -183,18 +183,16 @@ def test_duckdb_runs_the_tree_it_is_given(plans):
         engine.close()
 
 
-def test_policy_for_recalls_the_table_planning_built():
-    """``policy_for`` returns the joined table planning built for this very policy object (no
-    parse), and rebuilds an equal one for another object (the name is parsed again)."""
+def test_plan_policy_reads_the_plans_source():
+    """``plan_policy`` declares the view of the source node the plan carries (no parse, no
+    registry): the same view object, whichever policy object it is added to."""
     import dataclasses
 
     policy = _policies()["library_catalog"]
     sql = "SELECT m.gender, COUNT(*) AS n FROM checkouts c JOIN members m ON c.member_id = m.id GROUP BY m.gender"
     plan = parse_query(sql, policy)
-    recalled = policy_for(plan.table, policy)
-    assert recalled.table(plan.table).join_tree is not None
-    other = dataclasses.replace(policy)
-    rebuilt = policy_for(plan.table, other)
-    assert rebuilt is not recalled
-    assert rebuilt.table(plan.table).join_sql == recalled.table(plan.table).join_sql
-    assert rebuilt.table(plan.table).join_tree == recalled.table(plan.table).join_tree
+    planned = plan_policy(plan, policy)
+    assert planned.table(plan.table) is plan.source.table and plan.source.rows() is not None
+    assert plan_policy(plan, planned) is planned  # already declared
+    other = plan_policy(plan, dataclasses.replace(policy))
+    assert other is not planned and other.table(plan.table) is plan.source.table

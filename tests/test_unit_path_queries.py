@@ -28,9 +28,9 @@ from dpgate.errors import PolicyError, UnknownColumn, UnsupportedQuery
 from dpgate.policy import load_policy
 from dpgate.sensitivity import sensitivities
 from dpgate.sql.bound import bounded_sql
-from dpgate.sql.joins import policy_for
+from dpgate.sql.sources import plan_policy
 from dpgate.sql.parse import parse_query
-from dpgate.sql.unit_paths import UnitPathTable
+from dpgate.sql.unit_paths import UnitPathSource
 
 POLICY = """
 [dataset]
@@ -166,7 +166,7 @@ def test_removing_one_customer_with_their_orders_and_lines_moves_each_bounded_ag
         units, sql, data):
     policy = _policy()
     plan = parse_query(sql, policy)
-    full = policy_for(plan.table, policy)
+    full = plan_policy(plan, policy)
     sens = sensitivities(plan, full)
     bounded = bounded_sql(plan, full, salt=11)
     everyone = list(enumerate(units))
@@ -187,7 +187,7 @@ def test_the_sensitivity_is_the_path_tables_own():
     # L1 = k·m = 6, L∞ = m = 3, L2 = m·√k = 3√2 (Wilson et al. 2020 §4.1).
     policy = _policy()
     plan = parse_query("SELECT l_flag, COUNT(*) FROM lineitem GROUP BY l_flag", policy)
-    s = next(iter(sensitivities(plan, policy_for(plan.table, policy)).values()))
+    s = next(iter(sensitivities(plan, plan_policy(plan, policy)).values()))
     assert (s.l1, s.linf) == (6, 3) and s.l2 == pytest.approx(3 * math.sqrt(2))
 
 
@@ -199,19 +199,19 @@ def test_orphan_lines_and_lines_of_an_order_without_customer_are_dropped():
     units = [(0, [(10, [("A", 5, []), ("N", 6, [])])]), (1, [(20, [("A", 7, [("AIR", 4)])])])]
     policy = _policy()
     plan = parse_query("SELECT COUNT(*), SUM(l_qty) FROM lineitem", policy)
-    out = _run(bounded_sql(plan, policy_for(plan.table, policy), salt=3), units)
+    out = _run(bounded_sql(plan, plan_policy(plan, policy), salt=3), units)
     # exact: 3 lines of customers, qty 5 + 6 + 7 = 18; the orphan (order 9999), the NULL order key
     # and the line of the order whose customer is NULL (10_500) are not counted
     assert sorted(v[0] for v in out.values()) == [3, 18]
     plan = parse_query("SELECT COUNT(*), SUM(s_cost) FROM shipments", policy)
-    out = _run(bounded_sql(plan, policy_for(plan.table, policy), salt=3), units)
+    out = _run(bounded_sql(plan, plan_policy(plan, policy), salt=3), units)
     assert sorted(v[0] for v in out.values()) == [1, 4]  # two hops: only customer 1's shipment
 
 
 def test_rows_of_no_unit_alone_release_zero():
     policy = _policy()
     plan = parse_query("SELECT COUNT(*) FROM lineitem", policy)
-    assert [v[0] for v in _run(bounded_sql(plan, policy_for(plan.table, policy), salt=3), []).values()] == [0]
+    assert [v[0] for v in _run(bounded_sql(plan, plan_policy(plan, policy), salt=3), []).values()] == [0]
 
 
 # --- the planner's tree ------------------------------------------------------------------------------
@@ -220,14 +220,14 @@ def test_rows_of_no_unit_alone_release_zero():
 def _rows_tree(sql: str):
     policy = _policy()
     plan = parse_query(sql, policy)
-    table = policy_for(plan.table, policy).table(plan.table)
-    assert isinstance(table, UnitPathTable)
+    table = plan_policy(plan, policy).table(plan.table)
+    assert isinstance(plan.source, UnitPathSource) and table is plan.source.table
     return plan, table
 
 
 def test_the_tree_joins_along_the_path_on_the_unique_keys():
     plan, table = _rows_tree("SELECT COUNT(*) FROM lineitem")
-    assert plan.table == "UNIT PATH lineitem" and table.sources == ("lineitem", "orders")
+    assert plan.table == "UNIT PATH lineitem" and plan.source.tables == ("lineitem", "orders")
     tree = table.join_tree
     (join,) = tree.args["joins"]
     assert join.this.name == "orders" and not join.args.get("side") and not join.args.get("kind")  # INNER
@@ -251,13 +251,17 @@ def test_a_chain_of_two_hops_joins_each_hop():
     assert [e.alias for e in table.join_tree.expressions] == ["o_custkey", "s_linekey", "s_mode", "s_cost"]
 
 
-def test_the_plan_is_rebuilt_from_its_table_name():
+def test_a_deserialised_plan_is_not_rebuilt_from_its_table_name():
+    """The plan carries its source; one without (``from_dict``) is refused, never re-parsed."""
+    from dpgate.sql.plan import QueryPlan
+    from dpgate.sql.sources import SourceMissing
+
     policy = _policy()
     plan = parse_query("SELECT COUNT(*) FROM lineitem", policy)
-    from dpgate.sql.unit_paths import policy_for as rebuild
-
-    again = rebuild(plan.table, policy).table(plan.table)
-    assert again.join_sql == policy_for(plan.table, policy).table(plan.table).join_sql
+    again = QueryPlan.from_dict(plan.to_dict())
+    assert again == plan and again.plan_hash == plan.plan_hash and again.source is None
+    with pytest.raises(SourceMissing):
+        plan_policy(again, policy)
 
 
 @pytest.mark.parametrize("sql", [

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from dpgate import limits
 from dpgate.errors import UnsupportedQuery
-from dpgate.policy import DatasetPolicy, TablePolicy
+from dpgate.policy import DatasetPolicy
 from dpgate.sensitivity import primitive_linf
 from dpgate.sql.plan import QueryPlan
+from dpgate.sql.sources import PerUnitSource, Source, plan_source
 
 __all__ = ["check_representable"]
 
@@ -51,7 +52,7 @@ def check_representable(plan: QueryPlan, policy: DatasetPolicy) -> None:
 
 def _check(plan: QueryPlan, policy: DatasetPolicy) -> None:
     table = policy.table(plan.table)
-    _check_columns(table, policy)
+    _check_columns(plan_source(plan, policy))
     for p in plan.primitives:
         if p.kind == "quantile":  # a candidate index; nothing is summed (dpgate.quantiles)
             continue
@@ -69,8 +70,10 @@ def _check(plan: QueryPlan, policy: DatasetPolicy) -> None:
             )
 
 
-def _check_columns(table: TablePolicy, policy: DatasetPolicy) -> None:
-    derived = dict(getattr(table, "ranges", ()))  # a per-unit table: label → "SUM(x): [lo, hi]"
+def _check_columns(source: Source) -> None:
+    table = source.table
+    # a per-unit source's derived columns: label → "SUM(x): [lo, hi]"
+    derived = dict(source.ranges) if isinstance(source, PerUnitSource) else {}
     for name, col in table.columns.items():
         if col.type not in ("int", "float") or not col.bounded or col.resolution is None:
             continue
@@ -81,14 +84,14 @@ def _check_columns(table: TablePolicy, policy: DatasetPolicy) -> None:
         details = {"column": name, "bound": str(max(abs(col.lower), abs(col.upper))),
                    "max": str(limits.MAX_INT if col.type == "int" else limits.MAX_ABS_BOUND)}
         if name in derived:
-            source = policy.table(table.sources[0])
-            details.update(aggregate=derived[name].split(":")[0], inner_bound=table.inner_bound)
+            inner = source.inner.table
+            details.update(aggregate=derived[name].split(":")[0], inner_bound=source.inner_bound)
             raise UnsupportedQuery(
                 f"the per-unit column {name!r} = {derived[name]} ranges {problem}: its range grows "
-                f"with the k·m = {source.max_groups_per_unit} × {source.max_rows_per_unit} = "
-                f"{table.inner_bound} rows a unit keeps, and on some data the inner aggregate would "
+                f"with the k·m = {inner.max_groups_per_unit} × {inner.max_rows_per_unit} = "
+                f"{source.inner_bound} rows a unit keeps, and on some data the inner aggregate would "
                 f"overflow after the charge. Lower max_groups_per_unit or max_rows_per_unit of table "
-                f"{source.name!r}, tighten the column's bounds, or use COUNT, AVG, MIN or MAX "
+                f"{inner.name!r}, tighten the column's bounds, or use COUNT, AVG, MIN or MAX "
                 "(whose ranges do not grow with k·m)",
                 details)
         raise UnsupportedQuery(  # pragma: no cover - the policy loader refuses these

@@ -289,11 +289,12 @@ class Gateway(DatasetViews, AdminOperations, StoreOperations):
             as :meth:`_explain`; InvalidRequest: ``reference_rows`` not a number > 1.
         """
         check_reference_rows(reference_rows)
-        doc = self._explain(dataset, sql, budget=budget, mechanism=mechanism, consumer=consumer,
-                            dialect=dialect, trial=trial)
+        doc, planned = self._explain(dataset, sql, budget=budget, mechanism=mechanism, consumer=consumer,
+                                     dialect=dialect, trial=trial)
         if doc.get("plan") and not doc.get("public") and not doc.get("public_keys_only"):
-            # issue 22 item 6: the bounds and group size each output's ± is compared with (data-independent)
-            doc["column_bounds"] = column_bounds(self.policy(dataset), doc["plan"])
+            # issue 22 item 6: the bounds and group size each output's ± is compared with (data-independent);
+            # ``planned`` declares the plan's source view (a join's, per-unit subquery's, unit path's)
+            doc["column_bounds"] = column_bounds(planned, doc["plan"])
             doc["accuracy_reference"] = accuracy_reference(
                 self.policy(dataset), reference_rows, None if budget is None else budget.expected_count)
         doc["expected_accuracy"] = expected_accuracy(doc)
@@ -302,8 +303,9 @@ class Gateway(DatasetViews, AdminOperations, StoreOperations):
 
     def _explain(self, dataset: str, sql: str, *, budget: QueryBudget | None = None,
                  mechanism: str | None = None, consumer: str | None = None,
-                 dialect: str | None = None, trial: bool = False) -> dict[str, Any]:
-        """Plan, bounded SQL (salt hidden), sensitivities and cost of a query (the strategy's runner).
+                 dialect: str | None = None, trial: bool = False) -> tuple[dict[str, Any], DatasetPolicy]:
+        """Plan, bounded SQL (salt hidden), sensitivities and cost of a query (the strategy's runner),
+        and the policy it was planned against (declaring the plan's source view).
 
         Reads no data and charges nothing. Raises the same errors as :meth:`query`
         before its charge. ``cost.fits`` says whether the charge fits what is left
@@ -333,7 +335,7 @@ class Gateway(DatasetViews, AdminOperations, StoreOperations):
                 return proxy_trial(self, policy, plan, cal)
 
         return self._runner(dataset, policy, strategy).explain(
-            shown, budget=budget, mechanism=mechanism, consumer=consumer, trial=on_proxy)
+            shown, budget=budget, mechanism=mechanism, consumer=consumer, trial=on_proxy), policy
 
     # ----------------------------------------------------------------- query
 

@@ -23,12 +23,12 @@ from dpgate.pipeline.strategy import Part, Strategy, choose, union_of
 from dpgate.policy import DatasetPolicy, KeyTuples
 from dpgate.postprocess import check_postprocess_expression
 from dpgate.sql.constant import refuse_constant_plan
-from dpgate.sql.joins import policy_for
 from dpgate.sql.parse import nothing_charged, parse_query, parse_statement
 from dpgate.sql.plan import AggregateOutput, DerivedOutput, KeyOutput, QueryPlan
 from dpgate.sql.public import key_tuples_query, key_values_query
 from dpgate.sql.selection_query import check_candidates
 from dpgate.sql.semi_joins import resolve_semi_joins
+from dpgate.sql.sources import plan_policy
 from dpgate.sql.grouping_sets import GROUPING_SET_NAMES, grouping_set_branches, in_grouping_set
 from dpgate.sql.union import UNION_NAMES, check_union_columns, in_part, union_branches, union_hash
 
@@ -96,7 +96,7 @@ def _compile_one(policy: DatasetPolicy, sql: str, dialect: str | None, statement
     except DpgateError as e:
         raise nothing_charged(e)
     plan = parse_query(sql, policy, dialect=dialect, statement=statement)
-    planned = policy_for(plan.table, policy)  # joins hook: the plan's joined table
+    planned = plan_policy(plan, policy)  # the policy declaring the plan's source view (sql.sources)
     try:
         refuse_constant_plan(plan)
         check_derived_outputs(plan, planned)

@@ -45,11 +45,10 @@ from dpgate import selection as top_k
 from dpgate.sensitivity import sensitivities
 from dpgate.sql import partition_selection as selection_plan
 from dpgate.sql.bound import bounded_query, bounded_sql_template
-from dpgate.sql.joins import JoinedTable
 from dpgate.sql.parse import nothing_charged
-from dpgate.sql.per_unit import PerUnitTable
 from dpgate.sql.public import MAX_PUBLIC_ROWS, exact_query, exact_sql, public_key_columns, reads_rows
 from dpgate.sql.quantile import histogram_query, histogram_sql_template
+from dpgate.sql.sources import plan_source
 from dpgate.sql.explain import contribution, released_columns
 from dpgate.sql.union import in_part
 
@@ -339,7 +338,7 @@ class NoisyRunner(Runner):
         each table read has one row per unit.
         """
         policy = self.policy
-        unique = not isinstance(policy.table(plan.table), JoinedTable) and \
+        unique = plan_source(plan, policy).unit_unique_possible and \
             self.ctx.engine.unit_is_unique(policy.name, plan.table)
         fast = bounded_query(plan, policy, salt=salt, unit_unique=True) if unique else None
         return fast, bounded_query(plan, policy, salt=salt)
@@ -492,18 +491,9 @@ class NoisyRunner(Runner):
 
 
 def _source_description(policy: DatasetPolicy, plan: Any) -> dict[str, Any]:
-    """Explain's ``per_unit`` (the outer row's derived ranges) or ``join`` (where bounding happens)."""
-    joined = policy.table(plan.table)
-    if isinstance(joined, PerUnitTable):  # per-unit hook
-        return {"per_unit": joined.describe()}
-    if isinstance(joined, JoinedTable):  # joins hook
-        return {"join": {
-            "tables": list(joined.sources), "join_sql": joined.join_sql,
-            "privacy_unit": joined.privacy_unit,
-            "bounding": (f"after the join, on the joined rows: at most k = {joined.max_groups_per_unit} "
-                         f"groups and m = {joined.max_rows_per_unit} rows per unit and group, values clamped"),
-        }}
-    return {}
+    """Explain's ``per_unit`` (the outer row's derived ranges) or ``join`` (where bounding happens),
+    from the plan's source node (:meth:`dpgate.sql.sources.Source.describe`)."""
+    return plan_source(plan, policy).describe()
 
 
 class PartitionSelectionRunner(NoisyRunner):
@@ -634,8 +624,8 @@ class UnionAllRunner(Runner):
         docs = self._each(lambda i, r: {"part": i + 1, **r.explain(
             {"columns": released_columns(parts[i].plan), "contribution": contribution(parts[i].plan, parts[i].policy)},
             budget=budgets[i], mechanism=self.mechanism, consumer=consumer)})
-        for d in docs:  # each part's expected ± and warnings, at the default group size (issue 22 item 6)
-            d["column_bounds"] = column_bounds(policy, d["plan"])
+        for d, part in zip(docs, parts):  # each part's expected ± and warnings, at the default group size
+            d["column_bounds"] = column_bounds(part.policy, d["plan"])  # (issue 22 item 6) over its source
             d["accuracy_reference"] = accuracy_reference(policy, None, resolved.expected_count)
             d["expected_accuracy"] = expected_accuracy(d)
             d["warnings"] = [w["message"] for w in d["expected_accuracy"].get("warnings", [])]

@@ -269,15 +269,14 @@ def accuracy_reference(policy: Any, reference_rows: float | None, expected_count
 
 def column_bounds(policy: Any, plan: Mapping[str, Any]) -> dict[str, dict[str, float]]:
     """``{column: {lower, upper}}`` of the bounded numeric columns the plan document's outputs
-    read (from the dataset policy ``policy``, or for a joined or per-unit table the policy
-    :func:`dpgate.sql.joins.policy_for` rebuilds it in: a per-unit column's range is its
-    per-unit range; empty when the plan's table is not the policy's)."""
-    from dpgate.sql.joins import policy_for  # the virtual tables of joins and per-unit subqueries
-
+    read, from ``policy``: the policy the plan was compiled against, which declares its table (for
+    a join, per-unit subquery or unit path, the source's view, :func:`dpgate.sql.sources.plan_policy`:
+    a per-unit column's range is its per-unit range); empty when it does not declare the table
+    (the document's table name is never parsed back into a source)."""
     out: dict[str, dict[str, float]] = {}
     try:
         name = str(plan.get("table"))
-        table = policy_for(name, policy).table(name)
+        table = policy.table(name)
     except DpgateError:
         return out
     for o in plan.get("outputs", []):

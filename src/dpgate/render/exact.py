@@ -15,6 +15,7 @@ from dpgate.policy import DatasetPolicy
 from dpgate.render import nodes as n
 from dpgate.render.bounded import row_tree
 from dpgate.sql.plan import AggregateOutput, DerivedOutput, KeyOutput, QueryPlan
+from dpgate.sql.sources import plan_source
 
 _SRC = "__dpg_src"
 _FUNCTIONS = {"count_column": "COUNT", "sum": "SUM", "avg": "AVG", "var_pop": "VAR_POP",
@@ -27,7 +28,6 @@ def _text(sql: str) -> exp.Expression:
 
 def exact_tree(plan: QueryPlan, policy: DatasetPolicy, limit: int | None) -> exp.Select:
     """The exact answer's SELECT (``limit``: the LIMIT :func:`exact_sql` computed, or None)."""
-    table = policy.table(plan.table)
 
     def src(c: str) -> exp.Expression:  # a computed key is its expression over the row (a trial: was g0)
         computed = plan.computed_key(c)
@@ -51,9 +51,7 @@ def exact_tree(plan: QueryPlan, policy: DatasetPolicy, limit: int | None) -> exp
             node = exp.func(_FUNCTIONS[o.function], src(o.column), dialect="duckdb")
         items.append(n.alias(node, o.name))
     where = row_tree(plan.where) if plan.where is not None else None
-    inner = n.select(items, n.table(table.name, table.dataset, _SRC) if getattr(table, "join_tree", None) is None
-                     else n.subquery(table.join_tree.copy(), _SRC),
-                     where=where, group=[src(c) for c in plan.group_by])
+    inner = n.select(items, plan_source(plan, policy).relation(_SRC), where=where, group=[src(c) for c in plan.group_by])
     visible = [n.alias(exp.Paren(this=_text(o.expression)), o.name) if isinstance(o, DerivedOutput) else n.col(o.name)
                for o in plan.visible_outputs]
     outer = n.select(visible, exp.Subquery(this=inner, alias=exp.TableAlias(this=n.ident("__dpg_exact", quoted=False))),

@@ -62,6 +62,7 @@ from dpgate.sql.expr import row_sql, total_sql, value_sql  # noqa: F401 - row_sq
 from dpgate.sql import partition_selection as selection
 from dpgate.sql.plan import QueryPlan
 from dpgate.sql.primitives import primitive_kind
+from dpgate.sql.sources import plan_policy, plan_source
 
 SALT_PLACEHOLDER = "<salt>"
 _PREFIX = "__dpg_"
@@ -116,38 +117,24 @@ def bounded_query(plan: QueryPlan, policy: DatasetPolicy, *, salt: int, unit_uni
     from dpgate.render.bounded import bounded_tree
 
     plan, policy = _counted(plan, policy)
-    table = policy.table(plan.table)
+    source = plan_source(plan, policy)
+    table = source.table
     per_unit = aggregates_per_unit(table, unit_unique=unit_unique)
     tree = bounded_tree(plan, table, exp.Literal.number(str(salt)), per_unit=per_unit,
-                        join_tree=join_tree(table))
+                        join_tree=source.rows())
     tree.meta["unit_unique"] = not per_unit and not table.record_level
     tree.meta["per_unit"] = bool(getattr(table, "per_unit", False))  # rows kept by DuckDB's row hash
     return tree
 
 
-def join_tree(table: TablePolicy) -> exp.Select | None:
-    """The joined (or per-unit) table's rows as a tree, None for a declared table."""
-    tree = getattr(table, "join_tree", None)
-    if tree is not None:
-        return tree.copy()
-    text = getattr(table, "join_sql", "")
-    return _parsed_join(text) if text else None
-
-
-def _parsed_join(text: str) -> exp.Select:
-    # issue 20 step 2 gives the joined table a source tree; until then its SQL is parsed here
-    return sqlglot.parse_one(text, read="duckdb")
-
-
 def _counted(plan: QueryPlan, policy: DatasetPolicy) -> tuple[QueryPlan, DatasetPolicy]:
-    """The plan's count/sum primitives and the policy with its joined table, if any.
+    """The plan's count/sum primitives and the policy declaring its source's view.
 
     Hooks: a quantile primitive is computed by :mod:`dpgate.sql.quantile` (left out here);
-    a plan over a join reads the joined table of :mod:`dpgate.sql.joins`.
+    a plan over a join, a per-unit subquery or a unit path reads its source node's view
+    (:func:`dpgate.sql.sources.plan_policy`).
     """
-    from dpgate.sql.joins import policy_for  # joins import nothing of this module
-
-    policy = policy_for(plan.table, policy)
+    policy = plan_policy(plan, policy)
     if any(p.kind == "quantile" for p in plan.primitives):
         plan = replace(plan, primitives=tuple(p for p in plan.primitives if p.kind != "quantile"))
     return plan, policy

@@ -38,7 +38,7 @@ from dpgate.sql.aggregates import Agg, aggregate, aggregate_label, aggregate_sql
 from dpgate.sql.allow_list import check_size, check_structure
 from dpgate.sql.bind import AGGREGATES, DIALECT, plan_where_tree, snippet, unsupported
 from dpgate.sql.group_keys import Keys, free_prefix, plan_group_by
-from dpgate.sql.joins import JOIN_MARK, rewrite_joins
+from dpgate.sql.joins import rewrite_joins
 from dpgate.sql.narrow import narrow_keys
 from dpgate.sql.outputs import (
     Outputs,
@@ -67,6 +67,7 @@ from dpgate.sql.plan import (
 from dpgate.sql.quantile import QUANTILE_FUNCTIONS
 from dpgate.sql.selection_query import selection_shaped
 from dpgate.sql.resolve import QueryScope, resolve_from
+from dpgate.sql.sources import Source, TableSource
 from dpgate.sql.unit_paths import rewrite_unit_paths
 from dpgate.sql.rules import MAX_NESTING, apply_statement_rules, apply_syntax_rules
 
@@ -96,8 +97,8 @@ def compile_statement(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
     """
     check_size(stmt)
     try:
-        stmt, policy = rewrite(stmt, policy)
-        return plan_statement(stmt, policy)
+        stmt, policy, source = rewrite(stmt, policy)
+        return plan_statement(stmt, policy, source)
     except RecursionError:  # within the nesting limits: only from a caller already very deep
         raise UnsupportedQuery(
             "the query is nested too deeply to be planned from this caller (Python's recursion "
@@ -106,23 +107,28 @@ def compile_statement(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
                                                "depth": None, "max": MAX_NESTING}) from None
 
 
-def rewrite(stmt: exp.Select, policy: DatasetPolicy) -> tuple[exp.Select, DatasetPolicy]:
-    """The rewrite rules, in order: the statement in the flat one-table form, and the policy
-    that declares its table (a joined or per-unit virtual table is added to it)."""
+def rewrite(stmt: exp.Select, policy: DatasetPolicy) -> tuple[exp.Select, DatasetPolicy, Source | None]:
+    """The rewrite rules, in order: the statement in the flat one-table form, the policy that
+    declares its table (a virtual source's view is added to it) and that source node (None: the
+    statement reads a declared table; :mod:`dpgate.sql.sources`). At most one rewrite builds a
+    source: each refuses the others' sources inside its own."""
     stmt = apply_syntax_rules(stmt)  # column lists, GROUP BY ALL, LEFT, CTEs inlined, SELECT * unwrapped
     # unit-path hook (dpgate.sql.unit_paths, issue 21): the unit attached along the foreign keys
-    stmt, policy = rewrite_unit_paths(stmt, policy)
+    stmt, policy, path = rewrite_unit_paths(stmt, policy)
     # per-unit hook (dpgate.sql.per_unit): FROM (SELECT unit, aggregates … GROUP BY unit)
-    stmt, policy = rewrite_per_unit(stmt, policy)
+    stmt, policy, per_unit = rewrite_per_unit(stmt, policy)
     stmt = apply_statement_rules(stmt)
-    return rewrite_joins(stmt, policy)  # joins hook (dpgate.sql.joins): one joined table
+    stmt, policy, join = rewrite_joins(stmt, policy)  # joins hook (dpgate.sql.joins): one joined table
+    return stmt, policy, join or per_unit or path
 
 
-def plan_statement(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
-    """Plan a rewritten (flat, one-table) statement: the steps after the rules."""
+def plan_statement(stmt: exp.Select, policy: DatasetPolicy, source: Source | None = None) -> QueryPlan:
+    """Plan a rewritten (flat, one-table) statement: the steps after the rules; ``source`` is the
+    node :func:`rewrite` built (None: the declared table the statement reads)."""
     check_size(stmt)
     check_structure(stmt)
     table, qualifiers = resolve_from(stmt, policy)
+    source = source if source is not None and source.table is table else TableSource(table)
     scope = QueryScope(policy, table, qualifiers)
     if not stmt.expressions:
         raise InvalidSql("the SELECT list is empty")
@@ -168,6 +174,7 @@ def plan_statement(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
         computed_keys=tuple(keys.computed),
         narrowed_keys=narrowed,
         offset=offset,
+        source=source,
     )
     if offset and (table.public or selection_shaped(plan)):
         what = "a public table's rows" if table.public else "a top-k selection (keys ordered by an aggregate)"
@@ -498,9 +505,7 @@ def with_canonical_sql(plan: QueryPlan, scope: QueryScope, fragments: _Fragments
                 and out.column not in key_sql):
             text += f" AS {quote_identifier(out.name)}"
         items.append(text)
-    source = (plan.table[len(JOIN_MARK):] if plan.table.startswith(JOIN_MARK)  # joins hook
-              else quote_identifier(plan.table))
-    sql = f"SELECT {', '.join(items)} FROM {source}"
+    sql = f"SELECT {', '.join(items)} FROM {plan.source.canonical_from}"
     if plan.where:
         sql += f" WHERE {plan.where}"
     if plan.group_by:

@@ -16,11 +16,11 @@ from typing import Any
 from dpgate.policy import DatasetPolicy
 from dpgate.sensitivity import sensitivities
 from dpgate.sql.bound import bounded_sql_template
-from dpgate.sql.joins import policy_for
 from dpgate.sql.parse import parse_query
 from dpgate.sql.plan import QueryPlan
 from dpgate.sql.public import exact_sql, reads_public_only, releases_public_keys_only
 from dpgate.sql.quantile import histogram_sql_template
+from dpgate.sql.sources import plan_policy
 
 
 def explain_query(sql: str, policy: DatasetPolicy, *, dialect: str | None = None) -> dict[str, Any]:
@@ -52,7 +52,7 @@ def explain_query(sql: str, policy: DatasetPolicy, *, dialect: str | None = None
             :func:`~dpgate.sql.parse.parse_query` (the refusal; nothing is charged).
     """
     plan = parse_query(sql, policy, dialect=dialect)
-    policy = policy_for(plan.table, policy)  # a join or a per-unit subquery: the plan's own table
+    policy = plan_policy(plan, policy)  # a join, per-unit subquery or unit path: its source's view
     doc: dict[str, Any] = {
         "dataset": plan.dataset,
         "table": plan.table,
@@ -100,8 +100,8 @@ def contribution(plan: QueryPlan, policy: DatasetPolicy) -> dict[str, Any]:
 
     Args:
         plan: the plan.
-        policy: the plan's policy (:func:`dpgate.sql.joins.policy_for`: a join or a per-unit
-            subquery is a table of it).
+        policy: the plan's policy (:func:`dpgate.sql.sources.plan_policy`: a join's, per-unit
+            subquery's or unit path's view is a table of it).
     """
     if reads_public_only(plan, policy):
         return {"privacy_unit": None, "record_level": False, "public": True,

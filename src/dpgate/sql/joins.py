@@ -2,7 +2,8 @@
 joined on declared columns (issue 12 item 2), planned as one *joined table*.
 
 A query whose FROM joins declared tables is rewritten, before the planner sees it, into a
-query over a single virtual :class:`JoinedTable` whose rows are the join's rows:
+query over a single virtual table whose rows are the join's rows — the view of its source node
+(:class:`~dpgate.sql.sources.JoinSource`, carried by the plan):
 
 * its columns are the joined tables' declared columns, named ``<column>`` when that name
   is unique among the joined tables and ``<table>_<column>`` otherwise (``<table>_2_…``
@@ -32,7 +33,8 @@ through edges, so that on every joined row all protected rows present carry the 
 edge carried by the ON of an INNER JOIN holds on every joined row; one carried by the ON of a
 LEFT JOIN holds only where the LEFT-joined table has a row, so it links that table to the one
 before it and not the other way round (:meth:`UnitGraph.unconnected`). The graph is built and
-checked once, when the joined table is built: a :class:`JoinedTable` always has a connected one.
+checked once, when the join's source node is built: a :class:`~dpgate.sql.sources.JoinSource` always
+has a connected one.
 
 **Types of join equalities** (issue 19 item 2; :class:`JoinCondition`). The two sides of each
 equality are of one type family: numbers (int, float: compared as numbers), text, bool,
@@ -78,17 +80,18 @@ from dpgate.errors import UnknownColumn, UnknownTable, UnsupportedQuery
 from dpgate.policy import ColumnPolicy, DatasetPolicy, TablePolicy, quote_identifier as q
 from dpgate.render import nodes as sqln
 
-from dpgate.sql.sources import (  # noqa: F401 - re-exported (the virtual tables' types moved there)
-    _BUILT,
+from dpgate.sql.sources import (  # noqa: F401 - re-exported (the source nodes' types live there)
     _FAMILIES,
     JOIN_MARK,
     JoinColumn,
     JoinCondition,
-    JoinedTable,
+    JoinSource,
+    Occurrence,
+    Source,
+    TableSource,
     UnitGraph,
-    planned_with,
-    recalled,
-    remember,
+    VirtualTable,
+    with_table,
 )
 
 
@@ -128,7 +131,7 @@ def _sources(stmt: exp.Select, policy: DatasetPolicy) -> list[tuple[_Source, exp
                                f"cannot be joined; this query runs on dataset {policy.name!r}",
                                {"dataset": db.name})
         table = policy.table(node.name)
-        if isinstance(table, JoinedTable):  # a per-unit subquery (sql/per_unit.py) in a join
+        if isinstance(table, VirtualTable):  # a per-unit subquery (sql/per_unit.py) in a join
             raise _refuse("a per-unit subquery cannot be joined to other tables (nor contain a join): it "
                           "aggregates one declared table per unit", node)
         seen[table.name] = seen.get(table.name, 0) + 1
@@ -351,7 +354,7 @@ def _check_equality(scope: _JoinScope, s: _Source, join: exp.Join, a: _Source, c
 
 
 def _conditions(scope: _JoinScope) -> tuple[list[tuple[_Source, str, _Source, str]], list[JoinCondition]]:
-    """Every join equality (checked, deduplicated, canonical order) and its typed form; refuses cross joins."""
+    """Every join equality (checked, deduplicated, canonical order) and its typed form."""
     conditions: list[tuple[_Source, str, _Source, str]] = []
     typed: list[JoinCondition] = []
     for s, join in scope.pairs[1:]:
@@ -363,12 +366,7 @@ def _conditions(scope: _JoinScope) -> tuple[list[tuple[_Source, str, _Source, st
             if (a, ca, b, cb) not in conditions:
                 conditions.append((a, ca, b, cb))
                 typed.append(cond)
-    for s in scope.sources[1:]:
-        if not any(b is s for _a, _ca, b, _cb in conditions):
-            raise _refuse(f"the ON of JOIN {s.label} compares no column of {s.written} with a table before it: "
-                          "it would be a cross join (every join needs an equality with the tables before it; in a comma "
-                          "join, list the tables so that each has an equality with one listed before it)")
-    return conditions, typed
+    return conditions, typed  # a table compared with none before it: refused by JoinSource
 
 
 def _ident(name: str) -> str:
@@ -377,13 +375,10 @@ def _ident(name: str) -> str:
 
 
 def _joined_table(scope: _JoinScope, policy: DatasetPolicy, conditions: list[tuple[_Source, str, _Source, str]],
-                  typed: list[JoinCondition]) -> JoinedTable:
-    """The virtual table whose rows are the join's rows (module docstring), with its checked unit graph."""
+                  typed: list[JoinCondition]) -> JoinSource:
+    """The join's source node: its view (the joined rows' columns, unit, k, m) and, checked when the
+    node is built, its unit graph and conditions (:class:`~dpgate.sql.sources.JoinSource`)."""
     pairs, sources, protected, names = scope.pairs, scope.sources, scope.protected, scope.names
-    unit_graph = UnitGraph(  # refuses a protected table not connected by unit equalities
-        tables=tuple((s.alias, s.label) for s in protected),
-        optional=frozenset(s.alias for s in protected if s.side == "LEFT"),
-        edges=tuple((c.left.alias, c.right.alias) for c in typed if c.unit_edge))
     columns: dict[str, ColumnPolicy] = {}
     select = []
     for s in sources:
@@ -401,7 +396,6 @@ def _joined_table(scope: _JoinScope, policy: DatasetPolicy, conditions: list[tup
         on = [c.sql() for (a, ca, b, cb), c in zip(conditions, typed) if b is s]
         from_sql += (f" {'LEFT ' if s.side == 'LEFT' else ''}JOIN {s.table.relation} AS {q(s.alias)} "
                      f"ON {' AND '.join(on)}")
-    join_sql = f"SELECT {', '.join(select)} FROM {from_sql}"
     join_tree = _join_tree(pairs, conditions, typed, sources, names, protected, scope.unit_name, _is_unit)
     canonical = JOIN_MARK + " ".join(
         [_ident(pairs[0][0].table.name)
@@ -413,15 +407,17 @@ def _joined_table(scope: _JoinScope, policy: DatasetPolicy, conditions: list[tup
            for s, _ in pairs[1:]])
     k = max((s.table.max_groups_per_unit for s in protected), default=1)
     m = max((s.table.max_rows_per_unit for s in protected), default=1)
-    return JoinedTable(
+    view = VirtualTable(
         name=canonical, dataset=policy.name, source="", privacy_unit=scope.unit_name,
         max_groups_per_unit=k, max_rows_per_unit=m, columns=MappingProxyType(columns),
-        path=pairs[0][0].table.path, public=not protected, join_sql=join_sql,
-        sources=tuple(s.table.name for s in sources), unit_graph=unit_graph, conditions=tuple(typed),
+        path=pairs[0][0].table.path, public=not protected, join_sql=f"SELECT {', '.join(select)} FROM {from_sql}",
         join_tree=join_tree,
         # several columns of one public table joined: the combinations that occur in it (issue 19)
         key_tuples=tuple(kt.renamed({c: names[(s.alias, c)] for c in kt.columns})
                          for s in sources if s.table.public for kt in s.table.key_tuples))
+    return JoinSource(  # refuses a cross join and a protected table not connected by unit equalities
+        tables=tuple(Occurrence(s.alias, s.label, TableSource(s.table), s.side, s.written) for s in sources),
+        conditions=tuple(typed), view=view)
 
 
 def _over_joined_table(stmt: exp.Select, scope: _JoinScope, canonical: str) -> exp.Select:
@@ -468,21 +464,22 @@ def _over_joined_table(stmt: exp.Select, scope: _JoinScope, canonical: str) -> e
     return stmt
 
 
-def rewrite_joins(stmt: exp.Select, policy: DatasetPolicy) -> tuple[exp.Select, DatasetPolicy]:
-    """Rewrite a SELECT over a join into one over a :class:`JoinedTable` (module docstring).
+def rewrite_joins(stmt: exp.Select, policy: DatasetPolicy) -> tuple[exp.Select, DatasetPolicy, JoinSource | None]:
+    """Rewrite a SELECT over a join into one over its :class:`~dpgate.sql.sources.JoinSource`'s view
+    (module docstring).
 
-    Returns ``(stmt, policy)`` unchanged when there is no join; else the rewritten
-    statement (FROM the joined table, columns unqualified and renamed) and the policy
-    with the joined table added. In named steps: the sources (:class:`_JoinScope`), the
-    checked equalities (:func:`_conditions`), the joined table with its unit graph
-    (:func:`_joined_table`), the statement over it (:func:`_over_joined_table`).
+    Returns ``(stmt, policy, None)`` unchanged when there is no join; else the rewritten
+    statement (FROM the joined table, columns unqualified and renamed), the policy with the
+    joined table's view added and the source node. In named steps: the sources
+    (:class:`_JoinScope`), the checked equalities (:func:`_conditions`), the source node with its
+    unit graph (:func:`_joined_table`), the statement over it (:func:`_over_joined_table`).
 
     Raises:
         UnsupportedQuery: a join outside the supported subset (the message says why).
         UnknownTable, UnknownColumn: undeclared tables, aliases or columns.
     """
     if not stmt.args.get("joins"):
-        return stmt, policy
+        return stmt, policy, None
     stmt = stmt.copy()
     scope = _JoinScope.of(stmt, policy)
     conditions, typed = _conditions(scope)
@@ -492,25 +489,12 @@ def rewrite_joins(stmt: exp.Select, policy: DatasetPolicy) -> tuple[exp.Select, 
         parts = ([where.this] if where is not None else []) + [f.copy() for f in scope.filters]
         stmt.set("where", exp.Where(this=exp.and_(*parts, copy=False)))
     stmt = _over_joined_table(stmt, scope, joined.name)
-    return stmt, planned_with(policy, joined)
+    return stmt, with_table(policy, joined.table), joined
 
 
-def relation_tree(table: TablePolicy, alias: str | None = None) -> exp.Expression:
-    """A table's rows where a table name would be: ``"<dataset>"."<table>" [AS alias]``, or a
-    joined (per-unit) table's subquery (:attr:`TablePolicy.relation` as a tree)."""
-    tree = getattr(table, "join_tree", None)
-    if tree is None:
-        return sqln.table(table.name, table.dataset, alias)
-    sub = exp.Subquery(this=tree.copy())
-    if alias is not None:
-        sub.set("alias", exp.TableAlias(this=sqln.ident(alias)))
-    return sub if alias is not None else exp.Paren(this=tree.copy())
-
-
-def _join_tree(pairs, conditions, typed, sources, names, protected, unit_name, is_unit) -> exp.Select | None:
-    """``join_sql`` built as a tree (None when a joined source has no tree: then it is parsed)."""
-    if any(getattr(s.table, "join_sql", "") and getattr(s.table, "join_tree", None) is None for s in sources):
-        return None
+def _join_tree(pairs, conditions, typed, sources, names, protected, unit_name, is_unit) -> exp.Select:
+    """The joined rows as a tree: the first protected table's unit, every other declared column
+    (renamed), over the FROM with each later table's ON."""
     items = [sqln.alias(sqln.col(c, s.alias), names[(s.alias, c)])
              for s in sources for c in s.table.columns if not is_unit(s, c)]
     if protected:
@@ -518,9 +502,11 @@ def _join_tree(pairs, conditions, typed, sources, names, protected, unit_name, i
         items.insert(0, sqln.alias(sqln.col(first.table.privacy_unit, first.alias), unit_name))
     joins = []
     for s, _join in pairs[1:]:
-        on = sqln.conjunction([c.tree() for (a, ca, b, cb), c in zip(conditions, typed) if b is s])
-        joins.append(exp.Join(this=relation_tree(s.table, s.alias), on=on, side="LEFT" if s.side == "LEFT" else None))
-    return sqln.select(items, relation_tree(pairs[0][0].table, pairs[0][0].alias), joins=joins)
+        on = [c.tree() for (a, ca, b, cb), c in zip(conditions, typed) if b is s]
+        # no equality with an earlier table: a cross join, refused when the JoinSource is built
+        joins.append(exp.Join(this=TableSource(s.table).relation(s.alias), on=sqln.conjunction(on) if on else None,
+                              side="LEFT" if s.side == "LEFT" else None))
+    return sqln.select(items, TableSource(pairs[0][0].table).relation(pairs[0][0].alias), joins=joins)
 
 
 def by_alias(sources: list[_Source], alias: str) -> _Source:
@@ -543,28 +529,3 @@ def _conjuncts(node: exp.Expression) -> list[exp.Expression]:
     if isinstance(node, exp.And):
         return _conjuncts(node.this) + _conjuncts(node.expression)
     return [node]
-
-
-def policy_for(table: str, policy: DatasetPolicy) -> DatasetPolicy:
-    """The policy with the joined table ``table`` (a plan's ``table``) added, rebuilt from its name.
-
-    Plans store the joined table's canonical name; the service rebuilds the joined table
-    from it (the same rewrite as at planning). A declared table's name returns ``policy``.
-    """
-    if table.startswith("PER UNIT ") and table not in policy.tables:  # per-unit hook
-        from dpgate.sql.per_unit import policy_for as per_unit_policy
-
-        return per_unit_policy(table, policy)
-    if table.startswith("UNIT PATH ") and table not in policy.tables:  # unit-path hook (issue 21)
-        from dpgate.sql.unit_paths import policy_for as unit_path_policy
-
-        return unit_path_policy(table, policy)
-    if not table.startswith(JOIN_MARK) or table in policy.tables:
-        return policy
-    built = recalled(policy, table)
-    if built is not None:
-        return built
-    import sqlglot
-
-    stmt = sqlglot.parse_one(f"SELECT COUNT(*) FROM {table[len(JOIN_MARK):]}", read="duckdb")
-    return rewrite_joins(stmt, policy)[1]

@@ -6,8 +6,8 @@ An analyst's query of the form ::
         SELECT member_id, COUNT(*) AS n, SUM(x) AS s FROM t WHERE … GROUP BY member_id
     ) AS u WHERE n > 10
 
-is rewritten, before the planner sees it, into a query over one virtual
-:class:`PerUnitTable` whose rows are the inner query's rows: one row per privacy unit,
+is rewritten, before the planner sees it, into a query over one virtual table whose rows are
+the inner query's rows (the view of its :class:`~dpgate.sql.sources.PerUnitSource`, carried by the plan): one row per privacy unit,
 columns the inner aggregates (``n``, ``s``), each with a range derived from the policy
 (never from data). The outer query is then planned as any query over a table whose unit
 is unique (k = 1, m = 1).
@@ -60,53 +60,17 @@ from __future__ import annotations
 
 from typing import Any
 from fractions import Fraction
-from dataclasses import dataclass
 from types import MappingProxyType
 
-import sqlglot
 from sqlglot import exp
 
 from dpgate import limits
 from dpgate.errors import UnsupportedQuery
 from dpgate.policy import ColumnPolicy, DatasetPolicy, TablePolicy, quote_identifier as q
 from dpgate.render import nodes as sqln
-from dpgate.sql.sources import JoinedTable, planned_with, recalled, with_table
-
-#: Marks a per-unit table's name (never a declared table name: it contains spaces).
-PER_UNIT_MARK = "PER UNIT "
+from dpgate.sql.sources import PER_UNIT_MARK, PerUnitSource, TableSource, VirtualTable, with_table
 _INNER_ARGS = {"expressions", "from_", "from", "where", "group"}
 _AGGS = {exp.Count: "count", exp.Sum: "sum", exp.Avg: "avg", exp.Min: "min", exp.Max: "max"}
-
-
-@dataclass(frozen=True)
-class PerUnitTable(JoinedTable):
-    """A table with one row per privacy unit: a per-unit subquery's rows (module docstring).
-
-    A :class:`~dpgate.sql.joins.JoinedTable` (its rows are a DuckDB subquery, ``join_sql``),
-    with k = m = 1 and columns the inner aggregates with their derived ranges.
-
-    Attributes (besides the joined table's):
-        ranges: the derived range of each column as written for humans (explain).
-    """
-
-    ranges: tuple[tuple[str, str], ...] = ()
-    inner_bound: int = 0
-
-    @property
-    def per_unit(self) -> bool:
-        """Always True: its rows are one per unit, kept by DuckDB's row hash (engines read this flag)."""
-        return True
-
-    def describe(self) -> dict:
-        """For explain: the inner table, its bounding, each outer column's derived range and
-        the per-unit rows' SQL (``{"table", "privacy_unit", "bounding", "columns", "inner_sql"}``)."""
-        return {
-            "table": self.sources[0], "privacy_unit": self.privacy_unit,
-            "bounding": (f"before the inner aggregates: at most k·m = {self.inner_bound} rows per unit "
-                         "(values clamped); each unit is then one outer row (k = m = 1)"),
-            "columns": {name: text for name, text in self.ranges},
-            "inner_sql": self.join_sql,
-        }
 
 
 def _refuse(message: str, node: exp.Expression | None = None) -> UnsupportedQuery:
@@ -252,8 +216,8 @@ def _inner_aggregate(item: exp.Expression, scope: Any, table: TablePolicy, c: in
             sqln.alias(sqln.cast(_AGG_NODES[kind](this=vt), cast), label))
 
 
-def build_table(inner: exp.Select, policy: DatasetPolicy) -> PerUnitTable:
-    """The :class:`PerUnitTable` of a per-unit subquery's inner SELECT.
+def build_source(inner: exp.Select, policy: DatasetPolicy) -> PerUnitSource:
+    """The :class:`~dpgate.sql.sources.PerUnitSource` of a per-unit subquery's inner SELECT.
 
     In named steps: the table and its scope (:func:`_inner_table`), each aggregate with its
     per-unit range (:func:`_inner_aggregate`, :func:`_value_column`), the inner WHERE (bound
@@ -297,11 +261,12 @@ def build_table(inner: exp.Select, policy: DatasetPolicy) -> PerUnitTable:
     join_sql = (f"SELECT {', '.join(select)} FROM ({bounded_rows}) AS {q('__dpg_src')} "
                 f"WHERE {q('__dpg_rn')} <= {c} GROUP BY {q('__dpg_src')}.{q(unit)}")
     join_tree = _join_tree(table, items, where, c)
-    return PerUnitTable(
+    view = VirtualTable(
         name=PER_UNIT_MARK + inner.sql(dialect="duckdb"), dataset=policy.name, source="",
         privacy_unit=unit, max_groups_per_unit=1, max_rows_per_unit=1,
         columns=MappingProxyType(columns), path=table.path, public=False, join_sql=join_sql, join_tree=join_tree,
-        sources=(table.name,), ranges=tuple(ranges), inner_bound=c)
+        per_unit=True)
+    return PerUnitSource(inner=TableSource(table), ranges=tuple(ranges), view=view)
 
 
 #: The inner aggregates' nodes (COUNT is built apart).
@@ -326,12 +291,13 @@ def _join_tree(table: TablePolicy, items: list[exp.Expression], where: str | Non
                     group=[sqln.col(unit, "__dpg_src")])
 
 
-def rewrite_per_unit(stmt: exp.Select, policy: DatasetPolicy) -> tuple[exp.Select, DatasetPolicy]:
-    """Rewrite a query over a per-unit subquery into one over a :class:`PerUnitTable`.
+def rewrite_per_unit(stmt: exp.Select, policy: DatasetPolicy
+                     ) -> tuple[exp.Select, DatasetPolicy, PerUnitSource | None]:
+    """Rewrite a query over a per-unit subquery into one over its :class:`~dpgate.sql.sources.PerUnitSource`.
 
-    Returns ``(stmt, policy)`` unchanged when FROM is not a subquery that groups or
-    aggregates; else the statement reading the per-unit table (same alias) and the policy
-    with that table added.
+    Returns ``(stmt, policy, None)`` unchanged when FROM is not a subquery that groups or
+    aggregates; else the statement reading the per-unit table (same alias), the policy
+    with its view added and the source node.
 
     Raises:
         UnsupportedQuery: outside the supported subset (module docstring), including any
@@ -339,13 +305,14 @@ def rewrite_per_unit(stmt: exp.Select, policy: DatasetPolicy) -> tuple[exp.Selec
     """
     sub = _is_per_unit(stmt)
     if sub is None:
-        return stmt, policy
+        return stmt, policy, None
     inner = sub.this
     alias_node = sub.args.get("alias")
     if alias_node is not None and alias_node.args.get("columns"):
         raise _refuse("column lists on a per-unit subquery's alias are not supported: name the "
                       "columns with AS inside it", alias_node)
-    table = build_table(inner, policy)
+    source = build_source(inner, policy)
+    table = source.table
     stmt = stmt.copy()
     frm = _from(stmt)
     outer_nodes = [v for k, v in stmt.args.items() if k not in ("from", "from_")]
@@ -364,15 +331,4 @@ def rewrite_per_unit(stmt: exp.Select, policy: DatasetPolicy) -> tuple[exp.Selec
     if alias_node is not None:
         new.set("alias", exp.TableAlias(this=exp.Identifier(this=alias_node.name, quoted=True)))
     frm.set("this", new)
-    return stmt, planned_with(policy, table)
-
-
-def policy_for(table: str, policy: DatasetPolicy) -> DatasetPolicy:
-    """The policy with the per-unit table ``table`` (a plan's ``table``) added, rebuilt from its name."""
-    if not table.startswith(PER_UNIT_MARK) or table in policy.tables:
-        return policy
-    built = recalled(policy, table)
-    if built is not None:
-        return built
-    inner = sqlglot.parse_one(table[len(PER_UNIT_MARK):], read="duckdb")
-    return with_table(policy, build_table(inner, policy))
+    return stmt, with_table(policy, table), source

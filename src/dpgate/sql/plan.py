@@ -35,6 +35,7 @@ import numpy as np
 
 if TYPE_CHECKING:  # pragma: no cover
     from dpgate.policy import ColumnPolicy, TablePolicy
+    from dpgate.sql.sources import Source
 
 PrimitiveKind = Literal["count", "count_column", "count_distinct_unit", "count_distinct", "sum", "sum_squares",
                         "quantile"]
@@ -327,6 +328,10 @@ class QueryPlan:
         narrowed_keys: declared group keys whose released keys the WHERE narrows
             (:class:`NarrowedKey`, :mod:`dpgate.sql.narrow`); left out of the canonical form
             when empty, so only the plans of such queries have a new hash.
+        source: the compiled source node (:mod:`dpgate.sql.sources`: a declared table, a join, a
+            per-unit subquery, a unit path) whose canonical name is ``table``; what consumers read
+            (:func:`dpgate.sql.sources.plan_source`). Not part of the canonical form, the hash,
+            equality or :meth:`to_dict` (``table`` serialises it); None after :meth:`from_dict`.
     """
 
     dataset: str
@@ -363,6 +368,7 @@ class QueryPlan:
     selected_keys: tuple[str, ...] = ()
     narrowed_keys: tuple[NarrowedKey, ...] = ()
     offset: int = 0
+    source: "Source | None" = field(default=None, compare=False, repr=False)
 
     def narrowed_key(self, name: str) -> NarrowedKey | None:
         """The narrowing of declared group key ``name`` by the WHERE, or None."""
@@ -426,7 +432,7 @@ class QueryPlan:
         does not change what is computed. HAVING and ORDER BY refer to canonical
         output names, so they stay meaningful.
         """
-        d = asdict(self)
+        d = _fields(self)
         d.pop("canonical_sql")
         if not d["values"]:  # plans without expressions keep their hash
             d.pop("values")
@@ -474,7 +480,7 @@ class QueryPlan:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-native full form (lists, not tuples; with labels, canonical SQL and ``plan_hash``)."""
-        d = json.loads(json.dumps(asdict(self)))
+        d = json.loads(json.dumps(_fields(self)))
         if not d["values"]:
             d.pop("values")
         if not d["computed_keys"]:
@@ -524,6 +530,13 @@ class QueryPlan:
             narrowed_keys=tuple(NarrowedKey.from_dict(k) for k in d.get("narrowed_keys", ())),
             offset=int(d.get("offset", 0)),
         )
+
+
+def _fields(plan: "QueryPlan") -> dict:
+    """:func:`dataclasses.asdict` of the plan without its :attr:`~QueryPlan.source` (never serialised)."""
+    d = asdict(plan if plan.source is None else replace(plan, source=None))
+    d.pop("source")
+    return d
 
 
 def _narrowed_form(d: dict, plan: "QueryPlan") -> None:

@@ -226,11 +226,11 @@ def histogram_query(plan: QueryPlan, policy: DatasetPolicy, column: str, *, salt
     ``meta["per_unit"]``: the rows are a per-unit table's (engines that cannot run one refuse it).
     """
     from dpgate.render.histogram import histogram_tree
-    from dpgate.sql.bound import join_tree
+    from dpgate.sql.sources import plan_source
 
-    tree = histogram_tree(plan, policy, column, exp.Literal.number(str(int(salt))),
-                          join_tree=join_tree(policy.table(plan.table)))
-    tree.meta["per_unit"] = bool(getattr(policy.table(plan.table), "per_unit", False))
+    source = plan_source(plan, policy)
+    tree = histogram_tree(plan, policy, column, exp.Literal.number(str(int(salt))), join_tree=source.rows())
+    tree.meta["per_unit"] = bool(getattr(source.table, "per_unit", False))
     return tree
 
 

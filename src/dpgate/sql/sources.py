@@ -1,29 +1,65 @@
-"""Virtual tables of the FROM — a join's rows (:class:`JoinedTable`, with its checked
-:class:`UnitGraph` and typed :class:`JoinCondition` equalities) — and the registry of what
-planning built (:func:`remember`, :func:`recalled`).
+"""The source tree of a plan (issue 20 step 2; DESIGN.md "Compile once"): what the FROM reads.
 
-The types the join rewrite (:mod:`dpgate.sql.joins`) and the per-unit subquery
-(:mod:`dpgate.sql.per_unit`) build on, in a module of their own so that both import it and
-neither imports the other at module level (the first piece of issue 20 step 2's source tree).
-The rules these types enforce are described in :mod:`dpgate.sql.joins`.
+One frozen node per kind of source, built once by the rewrite that recognises it and carried by
+the plan (:attr:`dpgate.sql.plan.QueryPlan.source`, left out of the canonical form and the hash)::
+
+    Source = TableSource(table)                          a declared table
+           | JoinSource(tables, conditions) → unit_edges  a join (dpgate.sql.joins)
+           | PerUnitSource(inner, ranges)                 a per-unit subquery (dpgate.sql.per_unit)
+           | UnitPathSource(table, steps)                 a unit through foreign keys (dpgate.sql.unit_paths)
+
+Each node checks its own invariants in its constructor, so a node that could not be valid
+cannot be built: a :class:`JoinSource`'s unit graph is connected and each later table is
+compared with one before it (:class:`UnitGraph`), its equalities are of one type family
+(:class:`JoinCondition`); a :class:`PerUnitSource` reads one protected table and is one row per
+unit; a :class:`UnitPathSource` is a chain of hops to unique keys (:class:`PathStep`).
+
+Every node exposes what the consumers of a plan need:
+
+* :attr:`Source.table`: its :class:`~dpgate.policy.TablePolicy` view (columns with types and
+  bounds — a per-unit column's derived range —, privacy unit, k and m, key tuples); for a
+  virtual source a :class:`VirtualTable` named by the canonical name (the marked string
+  ``JOIN …``, ``PER UNIT …``, ``UNIT PATH …``: what ``QueryPlan.table`` and the plan hash
+  serialise, and never parsed back);
+* :meth:`Source.rows`: the rows as a sqlglot tree (None for a declared table), and
+  :meth:`Source.relation`: the FROM item (a table reference or that subquery);
+* :meth:`Source.describe`: explain's ``join`` / ``per_unit`` section.
+
+:func:`plan_source` and :func:`plan_policy` are how a consumer reads a plan's source (and the
+policy that declares its view, for the code that looks tables up by ``plan.table``). A plan
+without a source (only :meth:`~dpgate.sql.plan.QueryPlan.from_dict` builds one) over a
+declared table gets its :class:`TableSource`; over a virtual table it is refused
+(:class:`SourceMissing`): compile its SQL again — a name is never parsed back into a source.
+
+Adding a construct that reads rows in a new way = one node class here (its fields, its
+``__post_init__`` checks, ``table``/``rows``/``describe``), built by the rewrite that
+recognises it and returned to :func:`dpgate.sql.compile.rewrite`.
 """
 
 from __future__ import annotations
 
-import threading
-import weakref
+import dataclasses
 from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
 
 from sqlglot import exp
 
-from dpgate.errors import UnsupportedQuery
+from dpgate.errors import Internal, UnsupportedQuery
 from dpgate.policy import DatasetPolicy, TablePolicy, quote_identifier as q
+from dpgate.policy.tables import UNIT_PATH_KEY_TYPES
 from dpgate.render import nodes as sqln
 
-__all__ = ["JOIN_MARK", "JoinColumn", "JoinCondition", "UnitGraph", "JoinedTable", "remember", "recalled"]
+__all__ = ["JOIN_MARK", "PER_UNIT_MARK", "UNIT_PATH_MARK", "JoinColumn", "JoinCondition", "UnitGraph",
+           "VirtualTable", "Source", "TableSource", "Occurrence", "JoinSource", "PerUnitSource", "PathStep",
+           "UnitPathSource", "SourceMissing", "plan_source", "plan_policy", "with_table"]
 
 #: Marks a joined table's name (never a declared table name: it contains spaces).
 JOIN_MARK = "JOIN "
+#: Marks a per-unit table's name.
+PER_UNIT_MARK = "PER UNIT "
+#: Marks a unit-path table's name.
+UNIT_PATH_MARK = "UNIT PATH "
 
 
 #: Type families of join equalities: two columns compare only within one family.
@@ -215,84 +251,387 @@ class UnitGraph:
             {"table": label, "construct": label})
 
 
-@dataclass(frozen=True)
-class JoinedTable(TablePolicy):
-    """A :class:`TablePolicy` whose rows are a join of declared tables (module docstring).
 
-    Attributes (besides :class:`TablePolicy`'s):
-        join_sql: the DuckDB subquery producing the joined rows, columns named as declared here.
-        sources: the declared tables joined, in FROM order.
-        unit_graph: the join's unit graph (connected: checked when it is built), or None for a
-            per-unit table.
-        conditions: the join's equalities (their types checked when they are built).
+
+# --- the nodes -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class VirtualTable(TablePolicy):
+    """The :class:`~dpgate.policy.TablePolicy` view of a virtual source (a join, a per-unit
+    subquery, a unit path): its columns, unit, k and m, named by the source's canonical name.
+
+    Only its :class:`Source` builds one. Attributes (besides :class:`TablePolicy`'s):
+        join_sql: the rows as DuckDB SQL (the text renderings read it through :attr:`relation`).
+        join_tree: the same rows as a sqlglot tree (equal to the parse of ``join_sql``).
+        per_unit: its rows are one per unit, kept by DuckDB's row hash (engines read the flag).
     """
 
     join_sql: str = ""
-    sources: tuple[str, ...] = ()
-    unit_graph: UnitGraph | None = None
-    conditions: tuple[JoinCondition, ...] = ()
-    #: ``join_sql`` as a sqlglot tree (equal to its parse; engines receive copies of it).
     join_tree: exp.Select | None = field(default=None, compare=False, repr=False)
-
-    @property
-    def per_unit(self) -> bool:
-        """True for a per-unit subquery's table (:class:`dpgate.sql.per_unit.PerUnitTable`)."""
-        return False
+    per_unit: bool = False
 
     @property
     def relation(self) -> str:
-        """The joined rows as a parenthesised subquery (used where a table name would be)."""
+        """The rows as a parenthesised subquery (used where a table name would be)."""
         return f"({self.join_sql})"
 
 
-#: id(policy) → (weak reference to it, {virtual table name → the policy with that table}): what
-#: planning built, so that :func:`policy_for` finds it without parsing the name again (issue 20
-#: step 2 replaces the name by a source tree carried by the plan). At most 64 policies.
-_BUILT: dict[int, tuple[weakref.ref, dict[str, DatasetPolicy]]] = {}
-_BUILT_LOCK = threading.Lock()
-#: Virtual tables remembered per policy (the oldest is forgotten first; it is then parsed again).
-_PER_POLICY = 256
+class Source:
+    """A node of the source tree (module docstring). Subclasses are frozen dataclasses."""
+
+    @property
+    def table(self) -> TablePolicy:  # pragma: no cover - every node defines it
+        """The node's TablePolicy view (a declared table, or a :class:`VirtualTable`)."""
+        raise NotImplementedError
+
+    @property
+    def name(self) -> str:
+        """The canonical name (``QueryPlan.table``)."""
+        return self.table.name
+
+    def rows(self) -> exp.Select | None:
+        """The source's rows as a fresh sqlglot tree; None for a declared table."""
+        tree = getattr(self.table, "join_tree", None)
+        return None if tree is None else tree.copy()
+
+    def relation(self, alias: str | None = None) -> exp.Expression:
+        """The FROM item: ``"<dataset>"."<table>" [AS alias]``, or the rows as a subquery."""
+        rows = self.rows()
+        if rows is None:
+            return sqln.table(self.table.name, self.table.dataset, alias)
+        if alias is None:
+            return exp.Paren(this=rows)
+        return sqln.subquery(rows, alias)
+
+    @property
+    def canonical_from(self) -> str:
+        """The FROM of the plan's canonical SQL (part of the release record, not of the hash)."""
+        return q(self.name)
+
+    @property
+    def unit_unique_possible(self) -> bool:
+        """Whether the engine's "one row per unit" load check may skip the per-unit step: only for
+        a declared table (a join or a path can give one unit several rows even then)."""
+        return False
+
+    def describe(self) -> dict[str, Any]:
+        """Explain's description of where bounding happens (empty for a declared table)."""
+        return {}
 
 
-def remember(policy: DatasetPolicy, name: str, built: DatasetPolicy) -> None:
-    """Record that planning over ``policy`` built the virtual table ``name`` (into ``built``)."""
-    with _BUILT_LOCK:
-        entry = _BUILT.get(id(policy))
-        if entry is None or entry[0]() is not policy:
-            while len(_BUILT) >= 64:
-                _BUILT.pop(next(iter(_BUILT)), None)
-            entry = (weakref.ref(policy), {})
-            _BUILT[id(policy)] = entry
-        names = entry[1]
-        names.pop(name, None)
-        while len(names) >= _PER_POLICY:
-            names.pop(next(iter(names)), None)
-        names[name] = built
+@dataclass(frozen=True)
+class TableSource(Source):
+    """A declared table of the policy."""
+
+    declared: TablePolicy
+
+    def __post_init__(self) -> None:
+        if isinstance(self.declared, VirtualTable):
+            raise Internal("a TableSource reads a declared table, not a virtual one")
+
+    @property
+    def table(self) -> TablePolicy:
+        """The declared table."""
+        return self.declared
+
+    @property
+    def unit_unique_possible(self) -> bool:
+        """True: the load may find one row per unit in a declared table."""
+        return True
 
 
-def recalled(policy: DatasetPolicy, name: str) -> DatasetPolicy | None:
-    """The policy :func:`remember` recorded for (this very ``policy`` object, ``name``), or None."""
-    with _BUILT_LOCK:
-        entry = _BUILT.get(id(policy))
-        if entry is None or entry[0]() is not policy:
-            return None
-        return entry[1].get(name)
+@dataclass(frozen=True)
+class Occurrence:
+    """One table occurrence of a join's FROM.
+
+    Attributes:
+        alias: its canonical alias (``checkouts``, ``checkouts_2`` …).
+        label: ``checkouts (c2)`` for messages.
+        source: what it reads (a declared table; :class:`UnitGraph` only sees whether it is protected).
+        side: ``""`` (the FROM table or an INNER JOIN) or ``"LEFT"``.
+        written: how the query names it (its alias, else the table name), for messages.
+    """
+
+    alias: str
+    label: str
+    source: Source
+    side: str = ""
+    written: str = ""
+
+    @property
+    def protected(self) -> bool:
+        """The occurrence reads a protected table."""
+        return not self.source.table.public
+
+
+def _max_caps(tables: tuple[Occurrence, ...]) -> tuple[int, int]:
+    protected = [o.source.table for o in tables if o.protected]
+    return (max((t.max_groups_per_unit for t in protected), default=1),
+            max((t.max_rows_per_unit for t in protected), default=1))
+
+
+@dataclass(frozen=True)
+class JoinSource(Source):
+    """A join of declared tables (:mod:`dpgate.sql.joins`), checked when it is built.
+
+    Attributes:
+        tables: the occurrences in FROM order; the first protected one's unit is the join's unit.
+        conditions: the join's equalities (typed :class:`JoinCondition`; left side earlier).
+        view: the :class:`VirtualTable` of the joined rows.
+        unit_graph: (derived at construction) the :class:`UnitGraph` of the unit equalities.
+
+    Raises:
+        UnsupportedQuery: (at construction) a condition of two types, a table after the first
+            not compared with one before it (a cross join), a protected table not connected to
+            the first one by unit equalities.
+        Internal: the view does not match the tables (k, m, unit, public).
+    """
+
+    tables: tuple[Occurrence, ...]
+    conditions: tuple[JoinCondition, ...]
+    view: VirtualTable
+    unit_graph: UnitGraph = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        position = {o.alias: i for i, o in enumerate(self.tables)}
+        for c in self.conditions:
+            c.check_types()
+            if c.left.alias not in position or c.right.alias not in position \
+                    or position[c.left.alias] >= position[c.right.alias]:
+                raise Internal(f"join condition {c.left.label} = {c.right.label}: not an earlier and a later table")
+        for o in self.tables[1:]:
+            if not any(c.right.alias == o.alias for c in self.conditions):
+                raise UnsupportedQuery(
+                    f"the ON of JOIN {o.label} compares no column of {o.written or o.alias} with a table before it: "
+                    "it would be a cross join (every join needs an equality with the tables before it; in a comma "
+                    "join, list the tables so that each has an equality with one listed before it)", {})
+        protected = [o for o in self.tables if o.protected]
+        object.__setattr__(self, "unit_graph", UnitGraph(  # refuses a protected table not connected
+            tables=tuple((o.alias, o.label) for o in protected),
+            optional=frozenset(o.alias for o in protected if o.side == "LEFT"),
+            edges=self.unit_edges))
+        k, m = _max_caps(self.tables)
+        v = self.view
+        if (v.public != (not protected) or (v.privacy_unit is None) != (not protected)
+                or (v.max_groups_per_unit, v.max_rows_per_unit) != (k, m) or not v.name.startswith(JOIN_MARK)):
+            raise Internal("a join's view does not match its tables (unit, k, m, public, name)")
+
+    @property
+    def unit_edges(self) -> tuple[tuple[str, str], ...]:
+        """``(earlier alias, later alias)`` of each unit equality (the unit graph's edges)."""
+        return tuple((c.left.alias, c.right.alias) for c in self.conditions if c.unit_edge)
+
+    @property
+    def table(self) -> VirtualTable:
+        """The joined rows' view."""
+        return self.view
+
+    @property
+    def canonical_from(self) -> str:
+        """The join as the canonical SQL writes it (the canonical name without its mark)."""
+        return self.view.name[len(JOIN_MARK):]
+
+    def describe(self) -> dict[str, Any]:
+        """``{"join": {"tables", "join_sql", "privacy_unit", "bounding"}}``."""
+        v = self.view
+        return {"join": {
+            "tables": [o.source.table.name for o in self.tables], "join_sql": v.join_sql,
+            "privacy_unit": v.privacy_unit,
+            "bounding": (f"after the join, on the joined rows: at most k = {v.max_groups_per_unit} "
+                         f"groups and m = {v.max_rows_per_unit} rows per unit and group, values clamped")}}
+
+
+@dataclass(frozen=True)
+class PerUnitSource(Source):
+    """A per-unit subquery's rows: one per unit of its inner table (:mod:`dpgate.sql.per_unit`).
+
+    Attributes:
+        inner: the protected table the inner query reads.
+        ranges: ``(column, "SUM(x): [lo, hi]")`` per outer column: its derived range, for humans.
+        view: the :class:`VirtualTable` of the per-unit rows (k = m = 1; columns the inner
+            aggregates with their derived ranges).
+
+    Raises:
+        Internal: (at construction) the inner table is public or record-level, the view is not one
+            row per unit of that unit, or the ranges do not name the view's columns.
+    """
+
+    inner: TableSource
+    ranges: tuple[tuple[str, str], ...]
+    view: VirtualTable
+
+    def __post_init__(self) -> None:
+        t, v = self.inner.table, self.view
+        if t.public or t.record_level:
+            raise Internal(f"a per-unit source reads a table with a privacy unit, not {t.name!r}")
+        if (v.max_groups_per_unit, v.max_rows_per_unit) != (1, 1) or v.privacy_unit != t.privacy_unit \
+                or not v.per_unit or not v.name.startswith(PER_UNIT_MARK):
+            raise Internal("a per-unit source's view must be one row per unit (k = m = 1) of its inner unit")
+        if [name for name, _ in self.ranges] != list(v.columns):
+            raise Internal("a per-unit source's ranges name its columns, in order")
+
+    @property
+    def table(self) -> VirtualTable:
+        """The per-unit rows' view."""
+        return self.view
+
+    @property
+    def inner_bound(self) -> int:
+        """k·m of the inner table: the rows each unit keeps before the inner aggregates."""
+        return self.inner.table.max_groups_per_unit * self.inner.table.max_rows_per_unit
+
+    def describe(self) -> dict[str, Any]:
+        """``{"per_unit": {"table", "privacy_unit", "bounding", "columns", "inner_sql"}}``."""
+        return {"per_unit": {
+            "table": self.inner.table.name, "privacy_unit": self.view.privacy_unit,
+            "bounding": (f"before the inner aggregates: at most k·m = {self.inner_bound} rows per unit "
+                         "(values clamped); each unit is then one outer row (k = m = 1)"),
+            "columns": {name: text for name, text in self.ranges},
+            "inner_sql": self.view.join_sql}}
+
+
+@dataclass(frozen=True)
+class PathStep:
+    """One hop of the join along a unit path: ``source.column = target.key`` (an INNER join).
+
+    Attributes:
+        source, target: the declared tables the hop leaves and reaches.
+        column: the foreign key in ``source``; ``key``: the key of ``target`` it references.
+
+    Raises:
+        UnsupportedQuery: (at construction) ``key`` is not declared unique in ``target``, either
+            column is undeclared, or their types differ or are not int/text (a row could then
+            reach several units, or the equality cast).
+    """
+
+    source: TablePolicy
+    column: str
+    target: TablePolicy
+    key: str
+
+    def __post_init__(self) -> None:
+        fk, key = self.source.find_column(self.column), self.target.find_column(self.key)
+        what = f"{self.source.name}.{self.column} -> {self.target.name}.{self.key}"
+        if fk is None or key is None:
+            raise _path_refusal(f"the unit path step {what} names an undeclared column")
+        if not key.unique:
+            raise _path_refusal(f"the unit path step {what} reaches a key not declared unique: a row could reach "
+                                "several units")
+        if fk.type != key.type or fk.type not in UNIT_PATH_KEY_TYPES:
+            raise _path_refusal(f"the unit path step {what} compares {fk.type} with {key.type}: both must be int "
+                                "or both text")
+
+    def on(self) -> exp.EQ:
+        """``"source"."column" = "target"."key"`` (both declared, one type: no implicit cast)."""
+        return exp.EQ(this=sqln.col(self.column, self.source.name), expression=sqln.col(self.key, self.target.name))
+
+
+def _path_refusal(message: str) -> UnsupportedQuery:
+    return UnsupportedQuery(message, {"reason": "unit_path"})
+
+
+@dataclass(frozen=True)
+class UnitPathSource(Source):
+    """A path table's rows with their unit attached by INNER joins along its foreign keys
+    (:mod:`dpgate.sql.unit_paths`).
+
+    Attributes:
+        path_table: the declared table whose unit is a path.
+        steps: the hops, in order (each checked by :class:`PathStep`).
+        view: the :class:`VirtualTable` of the rows with their unit (the path table's k, m, columns).
+
+    Raises:
+        UnsupportedQuery: (at construction) no hop, the hops do not form a chain from the path
+            table, the chain visits a table twice, or it ends at a table without a unit column.
+    """
+
+    path_table: TableSource
+    steps: tuple[PathStep, ...]
+    view: VirtualTable
+
+    def __post_init__(self) -> None:
+        if not self.steps:
+            raise _path_refusal("a unit path has at least one hop")
+        if self.steps[0].source.name != self.path_table.table.name:
+            raise _path_refusal("the unit path's first hop does not leave the path table")
+        seen = [self.steps[0].source.name]
+        for a, b in zip(self.steps, self.steps[1:] + (None,)):
+            if a.target.name in seen:
+                raise _path_refusal(f"the unit path returns to table {a.target.name!r}")
+            seen.append(a.target.name)
+            if b is not None and b.source.name != a.target.name:
+                raise _path_refusal("the unit path's hops do not form a chain")
+        last = self.steps[-1].target
+        if last.privacy_unit is None or last.unit_path is not None:
+            raise _path_refusal(f"the unit path ends at {last.name!r}, which does not carry a unit column")
+        t, v = self.path_table.table, self.view
+        if (v.max_groups_per_unit, v.max_rows_per_unit) != (t.max_groups_per_unit, t.max_rows_per_unit) \
+                or v.public or not v.name.startswith(UNIT_PATH_MARK):
+            raise Internal("a unit-path source's view has its path table's k and m")
+
+    @property
+    def table(self) -> VirtualTable:
+        """The rows-with-unit view."""
+        return self.view
+
+    @property
+    def tables(self) -> tuple[str, ...]:
+        """The declared tables read: the path table, then each hop's target."""
+        return (self.path_table.table.name,) + tuple(s.target.name for s in self.steps)
+
+    def describe(self) -> dict[str, Any]:
+        """``{"join": {"tables", "join_sql", "privacy_unit", "bounding", "unit_path"}}`` (the rows
+        are a join along the path; bounding happens after it)."""
+        v = self.view
+        return {"join": {
+            "tables": list(self.tables), "join_sql": v.join_sql, "privacy_unit": v.privacy_unit,
+            "bounding": (f"after the join, on the joined rows: at most k = {v.max_groups_per_unit} "
+                         f"groups and m = {v.max_rows_per_unit} rows per unit and group, values clamped")}}
+
+
+# --- reading a plan's source ---------------------------------------------------------------
+
+
+class SourceMissing(Internal):
+    """A plan over a virtual table without its source node (a deserialised plan): compile again."""
+
+
+def plan_source(plan: Any, policy: DatasetPolicy) -> Source:
+    """The plan's source node: ``plan.source``, else (a plan from :meth:`QueryPlan.from_dict`) the
+    :class:`TableSource` of its declared table.
+
+    Raises:
+        SourceMissing: a plan over a virtual table (a join, a per-unit subquery, a unit path)
+            without its source: its name is not parsed back; compile the plan's SQL again.
+    """
+    source = getattr(plan, "source", None)
+    if source is not None:
+        return source
+    table = policy.tables.get(plan.table)
+    if table is not None and not isinstance(table, VirtualTable):
+        return TableSource(table)
+    raise SourceMissing(
+        f"the plan reads {plan.table!r}, a virtual table, and carries no source (a deserialised plan): "
+        "compile its SQL again", {"table": plan.table})
+
+
+def plan_policy(plan: Any, policy: DatasetPolicy) -> DatasetPolicy:
+    """``policy`` declaring the plan's table: itself for a declared table, else with the plan's
+    source view added under its canonical name (for the code that looks ``plan.table`` up).
+
+    Raises:
+        SourceMissing: as :func:`plan_source`.
+    """
+    source = plan_source(plan, policy)
+    if isinstance(source, TableSource) or policy.tables.get(source.name) is source.table:
+        return policy
+    return with_table(policy, source.table)
 
 
 def with_table(policy: DatasetPolicy, table: TablePolicy) -> DatasetPolicy:
-    """``policy`` with the virtual table ``table`` (a join, per-unit or unit-path table) added under
-    its name; ``policy`` itself is unchanged (frozen)."""
-    import dataclasses
-    from types import MappingProxyType
-
+    """``policy`` with the virtual table ``table`` added under its name; ``policy`` itself is
+    unchanged (frozen)."""
     tables = dict(policy.tables)
     tables[table.name] = table
     return dataclasses.replace(policy, tables=MappingProxyType(tables))
-
-
-def planned_with(policy: DatasetPolicy, table: TablePolicy) -> DatasetPolicy:
-    """:func:`with_table`, recorded by :func:`remember` so that the plan's ``policy_for`` finds it."""
-    built = with_table(policy, table)
-    remember(policy, table.name, built)
-    return built
-

@@ -2,8 +2,8 @@
 
 A table whose policy declares ``privacy_unit = { path = ["l_orderkey -> orders.o_orderkey",
 "o_custkey"] }`` has no unit column of its own. A query reading it is rewritten, before the
-other rules, into a query over one virtual :class:`UnitPathTable` whose rows are the path
-table's rows with the unit attached::
+other rules, into a query over one virtual table whose rows are the path table's rows with the
+unit attached (the view of its :class:`~dpgate.sql.sources.UnitPathSource`, carried by the plan)::
 
     SELECT "orders"."o_custkey" AS "o_custkey", "lineitem"."l_orderkey" AS "l_orderkey", …
     FROM "tpch"."lineitem" AS "lineitem"
@@ -16,8 +16,8 @@ table's rows with the unit attached::
   most one row of each table along the path, hence at most one unit. A row whose path breaks
   (a NULL or dangling foreign key) meets none and is dropped, as is a row whose path ends in a
   NULL unit: such rows belong to no unit and are released by no query (the same rule as a
-  NULL unit column). :class:`PathStep` and :class:`UnitPathTable` check this once, when the
-  node is built (a key not declared unique, two key types, a broken chain or a table visited
+  NULL unit column). :class:`~dpgate.sql.sources.PathStep` and
+  :class:`~dpgate.sql.sources.UnitPathSource` check this once, when the node is built (a key not declared unique, two key types, a broken chain or a table visited
   twice raise there).
 * **Bounding after the join.** The bounding rewrite (:mod:`dpgate.sql.bound`) runs on these
   rows exactly as on a table carrying its unit: the path table's own k and m and column
@@ -40,96 +40,22 @@ Cycles never reach the planner (refused at load).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from sqlglot import exp
 
 from dpgate.errors import UnsupportedQuery
 from dpgate.policy import DatasetPolicy, TablePolicy
-from dpgate.policy.tables import UNIT_PATH_KEY_TYPES
 from dpgate.render import nodes as sqln
 from dpgate.sql.resolve import refuse_unit_path_tables, resolve_from
-from dpgate.sql.sources import JoinedTable, planned_with, recalled, with_table
+from dpgate.sql.sources import (  # noqa: F401 - PathStep re-exported (the source nodes live there)
+    UNIT_PATH_MARK,
+    PathStep,
+    TableSource,
+    UnitPathSource,
+    VirtualTable,
+    with_table,
+)
 
-__all__ = ["UNIT_PATH_MARK", "PathStep", "UnitPathTable", "build_table", "rewrite_unit_paths", "policy_for"]
-
-#: Marks a unit-path table's name (never a declared table name: it contains spaces).
-UNIT_PATH_MARK = "UNIT PATH "
-
-
-@dataclass(frozen=True)
-class PathStep:
-    """One hop of the join along a unit path: ``source.column = target.key`` (an INNER join).
-
-    Attributes:
-        source, target: the declared tables the hop leaves and reaches.
-        column: the foreign key in ``source``; ``key``: the key of ``target`` it references.
-
-    Raises:
-        UnsupportedQuery: (at construction) ``key`` is not declared unique in ``target``, either
-            column is undeclared, or their types differ or are not int/text (a row could then
-            reach several units, or the equality cast).
-    """
-
-    source: TablePolicy
-    column: str
-    target: TablePolicy
-    key: str
-
-    def __post_init__(self) -> None:
-        fk, key = self.source.find_column(self.column), self.target.find_column(self.key)
-        what = f"{self.source.name}.{self.column} -> {self.target.name}.{self.key}"
-        if fk is None or key is None:
-            raise _refuse(f"the unit path step {what} names an undeclared column", "unit_path")
-        if not key.unique:
-            raise _refuse(f"the unit path step {what} reaches a key not declared unique: a row could reach "
-                          "several units", "unit_path")
-        if fk.type != key.type or fk.type not in UNIT_PATH_KEY_TYPES:
-            raise _refuse(f"the unit path step {what} compares {fk.type} with {key.type}: both must be int "
-                          "or both text", "unit_path")
-
-    def on(self) -> exp.EQ:
-        """``"source"."column" = "target"."key"`` (both declared, one type: no implicit cast)."""
-        return exp.EQ(this=sqln.col(self.column, self.source.name), expression=sqln.col(self.key, self.target.name))
-
-
-@dataclass(frozen=True)
-class UnitPathTable(JoinedTable):
-    """A path table's rows with their unit attached by INNER joins along its path (module docstring).
-
-    A :class:`~dpgate.sql.sources.JoinedTable` with the path table's k, m and columns, its unit
-    the last table's unit column.
-
-    Attributes (besides the joined table's):
-        steps: the hops, in order (checked at construction: a chain from ``sources[0]`` that
-            visits each table once and ends at the table whose unit column it attaches).
-
-    Raises:
-        UnsupportedQuery: (at construction) the steps do not form such a chain.
-    """
-
-    steps: tuple[PathStep, ...] = ()
-
-    def __post_init__(self) -> None:
-        if not self.steps:
-            raise _refuse("a unit path has at least one hop", "unit_path")
-        seen = [self.steps[0].source.name]
-        for a, b in zip(self.steps, self.steps[1:] + (None,)):
-            if a.target.name in seen:
-                raise _refuse(f"the unit path returns to table {a.target.name!r}", "unit_path")
-            seen.append(a.target.name)
-            if b is not None and b.source.name != a.target.name:
-                raise _refuse("the unit path's hops do not form a chain", "unit_path")
-        last = self.steps[-1].target
-        if last.privacy_unit is None or last.unit_path is not None:
-            raise _refuse(f"the unit path ends at {last.name!r}, which does not carry a unit column", "unit_path")
-
-    def describe(self) -> dict:
-        """For explain: ``{"table", "unit_path", "privacy_unit", "join"}``."""
-        return {"table": self.sources[0], "unit_path": [f"{s.column} -> {s.target.name}.{s.key}" for s in self.steps],
-                "privacy_unit": self.privacy_unit,
-                "join": "INNER joins on unique keys (one unit per row; rows whose path breaks are dropped)",
-                "rows_sql": self.join_sql}
+__all__ = ["UNIT_PATH_MARK", "PathStep", "UnitPathSource", "build_source", "rewrite_unit_paths"]
 
 
 def _refuse(message: str, reason: str, node: exp.Expression | None = None, table: TablePolicy | None = None
@@ -143,11 +69,11 @@ def _refuse(message: str, reason: str, node: exp.Expression | None = None, table
     return UnsupportedQuery(message, details)
 
 
-def build_table(table: TablePolicy, policy: DatasetPolicy) -> UnitPathTable:
-    """The :class:`UnitPathTable` of a declared table whose unit is a foreign-key path.
+def build_source(table: TablePolicy, policy: DatasetPolicy) -> UnitPathSource:
+    """The :class:`~dpgate.sql.sources.UnitPathSource` of a declared table whose unit is a foreign-key path.
 
     Raises:
-        UnsupportedQuery: the path does not hold on this policy (see :class:`PathStep`).
+        UnsupportedQuery: the path does not hold on this policy (see :class:`~dpgate.sql.sources.PathStep`).
     """
     up = table.unit_path
     steps, here = [], table
@@ -164,11 +90,12 @@ def build_table(table: TablePolicy, policy: DatasetPolicy) -> UnitPathTable:
     joins = [exp.Join(this=sqln.table(s.target.name, s.target.dataset, s.target.name), on=s.on()) for s in steps]
     tree = sqln.select(items, sqln.table(table.name, table.dataset, table.name), joins=joins,
                        where=sqln.not_null(sqln.col(here.privacy_unit, here.name)))
-    return UnitPathTable(
+    view = VirtualTable(
         name=UNIT_PATH_MARK + table.name, dataset=policy.name, source="", privacy_unit=unit,
         max_groups_per_unit=table.max_groups_per_unit, max_rows_per_unit=table.max_rows_per_unit,
         columns=table.columns, path=table.path, public=False, join_sql=tree.sql(dialect="duckdb"),
-        join_tree=tree, sources=(table.name,) + tuple(s.target.name for s in steps), steps=tuple(steps))
+        join_tree=tree)
+    return UnitPathSource(path_table=TableSource(table), steps=tuple(steps), view=view)
 
 
 def _path_table(node: exp.Table, policy: DatasetPolicy) -> TablePolicy | None:
@@ -179,12 +106,14 @@ def _path_table(node: exp.Table, policy: DatasetPolicy) -> TablePolicy | None:
     return table if table is not None and table.unit_path is not None else None
 
 
-def rewrite_unit_paths(stmt: exp.Select, policy: DatasetPolicy) -> tuple[exp.Select, DatasetPolicy]:
-    """Rewrite a SELECT whose FROM is a path table into one over its :class:`UnitPathTable`.
+def rewrite_unit_paths(stmt: exp.Select, policy: DatasetPolicy
+                       ) -> tuple[exp.Select, DatasetPolicy, UnitPathSource | None]:
+    """Rewrite a SELECT whose FROM is a path table into one over its
+    :class:`~dpgate.sql.sources.UnitPathSource`'s view.
 
-    Returns ``(stmt, policy)`` unchanged when no table of the statement has a unit path; else
-    the statement reading the unit-path table (same alias; qualified references keep working)
-    and the policy with that table added (recorded for :func:`policy_for`).
+    Returns ``(stmt, policy, None)`` unchanged when no table of the statement has a unit path;
+    else the statement reading the unit-path table (same alias; qualified references keep
+    working), the policy with its view added and the source node.
 
     Raises:
         UnsupportedQuery: a path table joined to others (``reason = "unit_path_join"``) or read
@@ -193,7 +122,7 @@ def rewrite_unit_paths(stmt: exp.Select, policy: DatasetPolicy) -> tuple[exp.Sel
     frm = stmt.args.get("from_") or stmt.args.get("from")
     found = [(n, t) for n in stmt.find_all(exp.Table) if (t := _path_table(n, policy)) is not None]
     if not found:
-        return stmt, policy
+        return stmt, policy, None
     node, table = found[0]
     if stmt.args.get("joins") and any(n.parent is frm or isinstance(n.parent, exp.Join) for n, _ in found):
         raise _refuse(
@@ -203,7 +132,8 @@ def rewrite_unit_paths(stmt: exp.Select, policy: DatasetPolicy) -> tuple[exp.Sel
     if frm is None or node.parent is not frm or len(found) > 1:
         refuse_unit_path_tables(stmt, policy)  # in a subquery, IN/EXISTS, or read twice
     resolve_from(stmt, policy)  # another dataset's qualifier, table modifiers: refused as for any table
-    built_table = build_table(table, policy)
+    source = build_source(table, policy)
+    built_table = source.table
     stmt = stmt.copy()
     frm = stmt.args.get("from_") or stmt.args.get("from")
     new = exp.Table(this=exp.Identifier(this=built_table.name, quoted=True))
@@ -212,14 +142,4 @@ def rewrite_unit_paths(stmt: exp.Select, policy: DatasetPolicy) -> tuple[exp.Sel
     new.set("alias", exp.TableAlias(this=exp.Identifier(this=qualifiers[0] if qualifiers else table.name,
                                                         quoted=True)))
     frm.set("this", new)
-    return stmt, planned_with(policy, built_table)
-
-
-def policy_for(table: str, policy: DatasetPolicy) -> DatasetPolicy:
-    """The policy with the unit-path table ``table`` (a plan's ``table``) added, rebuilt from its name."""
-    if not table.startswith(UNIT_PATH_MARK) or table in policy.tables:
-        return policy
-    built = recalled(policy, table)
-    if built is not None:
-        return built
-    return with_table(policy, build_table(policy.table(table[len(UNIT_PATH_MARK):]), policy))
+    return stmt, with_table(policy, built_table), source
