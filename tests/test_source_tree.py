@@ -155,7 +155,8 @@ def test_a_per_unit_source_exposes_its_ranges():
 def test_a_per_unit_source_over_a_public_table_cannot_be_built():
     public = _table("genres", None, {"g": ColumnPolicy("g", "text")}, public=True)
     with pytest.raises(Internal):
-        PerUnitSource(inner=TableSource(public), ranges=(), view=_view("PER UNIT …", k=1, m=1, per_unit=True))
+        PerUnitSource(inner=TableSource(public), ranges=(), view=_view("PER UNIT …", k=1, m=1, unit=None,
+                                                                         per_unit=True))
     with pytest.raises(Internal):  # a view of more than one row per unit
         PerUnitSource(inner=TableSource(ORDERS), ranges=(), view=_view("PER UNIT …", k=2, m=1, per_unit=True))
 
