@@ -274,9 +274,6 @@ def test_intermediate_columns_are_not_readable(sql):
 
 
 @pytest.mark.parametrize("sql, reason", [
-    ("SELECT COUNT(*) FROM lineitem JOIN orders ON l_orderkey = o_orderkey", "unit_path_join"),
-    ("SELECT COUNT(*) FROM orders JOIN lineitem ON o_orderkey = l_orderkey", "unit_path_join"),
-    ("SELECT COUNT(*) FROM lineitem, orders WHERE l_orderkey = o_orderkey", "unit_path_join"),
     ("SELECT COUNT(*) FROM orders WHERE o_orderkey IN (SELECT l_orderkey FROM lineitem)", "unit_path"),
     ("SELECT AVG(n) FROM (SELECT o_custkey, COUNT(*) AS n FROM lineitem GROUP BY o_custkey) AS t", "unit_path"),
 ])

@@ -49,6 +49,13 @@ VARCHAR)`` on both sides, which can neither fail nor merge two ids, whatever eac
 (an integer column, text, an enum). An int unit is never joined to a text (or undeclared)
 unit: '7', '07', '+7' and ' 7' are four units of a text table and would all meet unit 7.
 
+**Path tables** (issue 21 item 1). A table whose unit is a foreign-key path is joined as its
+:class:`~dpgate.sql.sources.UnitPathSource` (its rows with the unit attached, :mod:`dpgate.sql.unit_paths`),
+and the equality of its path's first hop with the hop's target (``lineitem.l_orderkey =
+orders.o_orderkey``, the key declared unique) is an edge of the unit graph: the line's unit is
+attached through exactly the order it meets (:func:`_is_hop`; checked against the path again by
+the node).
+
 **Extra keys and filters** (issue 21 items 2, 3). Besides the unit equality, two protected
 tables may be joined on equalities of other columns (*extra keys*: typed like every equality,
 never edges of the unit graph, so they only restrict which rows of one unit meet). An INNER
@@ -107,6 +114,9 @@ class _Source:
     names: set[str]  # how the query refers to it (alias or table name), casefolded
     side: str  # "" for the FROM table and inner joins, "LEFT"
     written: str = ""  # how the query names it (its alias, else the table name), for messages
+    #: what it reads: the declared table, or a path table's rows with their unit attached
+    #: (:class:`~dpgate.sql.sources.UnitPathSource`; ``table`` is then its view under the table's name)
+    node: Source | None = None
 
     @property
     def label(self) -> str:
@@ -134,6 +144,12 @@ def _sources(stmt: exp.Select, policy: DatasetPolicy) -> list[tuple[_Source, exp
         if isinstance(table, VirtualTable):  # a per-unit subquery (sql/per_unit.py) in a join
             raise _refuse("a per-unit subquery cannot be joined to other tables (nor contain a join): it "
                           "aggregates one declared table per unit", node)
+        node_source: Source = TableSource(table)
+        if table.unit_path is not None:  # issue 21 item 1: the unit attached along its path first
+            from dpgate.sql.unit_paths import build_source
+
+            node_source = build_source(table, policy)
+            table = dataclasses.replace(node_source.table, name=table.name)
         seen[table.name] = seen.get(table.name, 0) + 1
         alias = table.name if seen[table.name] == 1 else f"{table.name}_{seen[table.name]}"
         names = {node.alias.casefold()} if node.alias else {table.name.casefold()}
@@ -150,7 +166,7 @@ def _sources(stmt: exp.Select, policy: DatasetPolicy) -> list[tuple[_Source, exp
                               "refused too)", join)
             if join.args.get("method") or kind not in ("", "INNER", "OUTER"):
                 raise _refuse(f"{join.sql()[:60]}: only INNER and LEFT joins are supported", join)
-        out.append((_Source(table, alias, names, side, node.alias or node.name), join))
+        out.append((_Source(table, alias, names, side, node.alias or node.name, node_source), join))
     return out
 
 
@@ -362,11 +378,22 @@ def _conditions(scope: _JoinScope) -> tuple[list[tuple[_Source, str, _Source, st
         scope.filters.extend(filters)
         for (a, ca), (b, cb) in eqs:
             a, ca, b, cb = _check_equality(scope, s, join, a, ca, b, cb)
-            cond = JoinCondition(scope.side(a, ca), scope.side(b, cb))  # checks the two sides' types
+            cond = JoinCondition(scope.side(a, ca), scope.side(b, cb),  # checks the two sides' types
+                                 hop=_is_hop(a, ca, b, cb) or _is_hop(b, cb, a, ca))
             if (a, ca, b, cb) not in conditions:
                 conditions.append((a, ca, b, cb))
                 typed.append(cond)
     return conditions, typed  # a table compared with none before it: refused by JoinSource
+
+
+def _is_hop(path: _Source, column: str, target: _Source, key: str) -> bool:
+    """``path.column = target.key`` is the first hop of ``path``'s unit path (issue 21 item 1):
+    ``path``'s rows get their unit through the one ``target`` row they reach, so the two rows of a
+    joined row have one unit (an edge of the unit graph; :class:`~dpgate.sql.sources.JoinSource`
+    checks it against the path again)."""
+    steps = getattr(path.node, "steps", None)
+    return bool(steps) and steps[0].column == column and steps[0].target.name == target.table.name \
+        and steps[0].key == key
 
 
 def _ident(name: str) -> str:
@@ -416,7 +443,7 @@ def _joined_table(scope: _JoinScope, policy: DatasetPolicy, conditions: list[tup
         key_tuples=tuple(kt.renamed({c: names[(s.alias, c)] for c in kt.columns})
                          for s in sources if s.table.public for kt in s.table.key_tuples))
     return JoinSource(  # refuses a cross join and a protected table not connected by unit equalities
-        tables=tuple(Occurrence(s.alias, s.label, TableSource(s.table), s.side, s.written) for s in sources),
+        tables=tuple(Occurrence(s.alias, s.label, s.node, s.side, s.written) for s in sources),
         conditions=tuple(typed), view=view)
 
 
@@ -504,9 +531,9 @@ def _join_tree(pairs, conditions, typed, sources, names, protected, unit_name, i
     for s, _join in pairs[1:]:
         on = [c.tree() for (a, ca, b, cb), c in zip(conditions, typed) if b is s]
         # no equality with an earlier table: a cross join, refused when the JoinSource is built
-        joins.append(exp.Join(this=TableSource(s.table).relation(s.alias), on=sqln.conjunction(on) if on else None,
+        joins.append(exp.Join(this=s.node.relation(s.alias), on=sqln.conjunction(on) if on else None,
                               side="LEFT" if s.side == "LEFT" else None))
-    return sqln.select(items, TableSource(pairs[0][0].table).relation(pairs[0][0].alias), joins=joins)
+    return sqln.select(items, pairs[0][0].node.relation(pairs[0][0].alias), joins=joins)
 
 
 def by_alias(sources: list[_Source], alias: str) -> _Source:

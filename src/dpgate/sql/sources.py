@@ -118,19 +118,29 @@ class JoinCondition:
 
     left: JoinColumn
     right: JoinColumn
+    #: the equality is the first hop of one side's unit path (``lineitem.l_orderkey =
+    #: orders.o_orderkey``): that side's unit is attached through the other side's row, so the
+    #: two rows have one unit (checked by :class:`JoinSource` against the path; issue 21 item 1)
+    hop: bool = False
 
     def __post_init__(self) -> None:
         self.check_types()
 
     @property
+    def units_compared(self) -> bool:
+        """True for an equality of two protected tables' privacy units."""
+        return self.left.protected and self.right.protected and self.left.unit and self.right.unit
+
+    @property
     def unit_edge(self) -> bool:
-        """True for an equality of two protected tables' privacy units (an edge of the unit graph).
+        """True for an edge of the unit graph: an equality of two protected tables' privacy units,
+        or a unit path's first hop (:attr:`hop`).
 
         An equality of two other columns of protected tables is an *extra key* (issue 21 item 2):
         it restricts which rows meet and is no edge; a unit compared with another column is
         refused before a condition is built (:mod:`dpgate.sql.joins`).
         """
-        return self.left.protected and self.right.protected and self.left.unit and self.right.unit
+        return self.units_compared or self.hop
 
     def check_types(self) -> None:
         """Refuse sides of different type families (int/float, text, bool, date, timestamp)."""
@@ -156,7 +166,7 @@ class JoinCondition:
     def tree(self) -> exp.EQ:
         """:meth:`sql` as a sqlglot tree (as DuckDB's parser builds it)."""
         a, b = sqln.col(self.left.column, self.left.alias), sqln.col(self.right.column, self.right.alias)
-        if self.unit_edge and self.left.table != self.right.table and self.left.type == "text":
+        if self.units_compared and self.left.table != self.right.table and self.left.type == "text":
             return exp.EQ(this=sqln.cast(a, "VARCHAR"), expression=sqln.cast(b, "VARCHAR"))
         return exp.EQ(this=a, expression=b)
 
@@ -169,7 +179,7 @@ class JoinCondition:
         """
         a = f"{q(self.left.alias)}.{q(self.left.column)}"
         b = f"{q(self.right.alias)}.{q(self.right.column)}"
-        if self.unit_edge and self.left.table != self.right.table and self.left.type == "text":
+        if self.units_compared and self.left.table != self.right.table and self.left.type == "text":
             return f"CAST({a} AS VARCHAR) = CAST({b} AS VARCHAR)"
         return f"{a} = {b}"
 
@@ -364,6 +374,11 @@ class Occurrence:
         """The occurrence reads a protected table."""
         return not self.source.table.public
 
+    @property
+    def declared(self) -> str:
+        """The declared table it reads (a unit path's path table)."""
+        return self.source.path_table.table.name if isinstance(self.source, UnitPathSource) else self.source.table.name
+
 
 def _max_caps(tables: tuple[Occurrence, ...]) -> tuple[int, int]:
     protected = [o.source.table for o in tables if o.protected]
@@ -406,11 +421,19 @@ class JoinSource(Source):
                     f"the ON of JOIN {o.label} compares no column of {o.written or o.alias} with a table before it: "
                     "it would be a cross join (every join needs an equality with the tables before it; in a comma "
                     "join, list the tables so that each has an equality with one listed before it)", {})
+        by_alias = {o.alias: o for o in self.tables}
+        for c in self.conditions:
+            if c.hop:
+                _check_hop(c, by_alias[c.left.alias], by_alias[c.right.alias])
         protected = [o for o in self.tables if o.protected]
-        object.__setattr__(self, "unit_graph", UnitGraph(  # refuses a protected table not connected
-            tables=tuple((o.alias, o.label) for o in protected),
-            optional=frozenset(o.alias for o in protected if o.side == "LEFT"),
-            edges=self.unit_edges))
+        try:
+            graph = UnitGraph(  # refuses a protected table not connected
+                tables=tuple((o.alias, o.label) for o in protected),
+                optional=frozenset(o.alias for o in protected if o.side == "LEFT"),
+                edges=self.unit_edges)
+        except UnsupportedQuery as e:
+            raise _path_join_hint(e, self.tables) from None
+        object.__setattr__(self, "unit_graph", graph)
         k, m = _max_caps(self.tables)
         v = self.view
         if (v.public != (not protected) or (v.privacy_unit is None) != (not protected)
@@ -436,10 +459,36 @@ class JoinSource(Source):
         """``{"join": {"tables", "join_sql", "privacy_unit", "bounding"}}``."""
         v = self.view
         return {"join": {
-            "tables": [o.source.table.name for o in self.tables], "join_sql": v.join_sql,
+            "tables": [o.declared for o in self.tables], "join_sql": v.join_sql,
             "privacy_unit": v.privacy_unit,
             "bounding": (f"after the join, on the joined rows: at most k = {v.max_groups_per_unit} "
                          f"groups and m = {v.max_rows_per_unit} rows per unit and group, values clamped")}}
+
+
+def _first_hop(o: Occurrence) -> "PathStep | None":
+    return o.source.steps[0] if isinstance(o.source, UnitPathSource) else None
+
+
+def _check_hop(c: JoinCondition, left: Occurrence, right: Occurrence) -> None:
+    """A condition marked :attr:`JoinCondition.hop` is one side's first hop to the other side's table."""
+    for path, target, fk, key in ((left, right, c.left, c.right), (right, left, c.right, c.left)):
+        step = _first_hop(path)
+        if (step is not None and fk.column == step.column and target.declared == step.target.name
+                and key.column == step.key):
+            return
+    raise UnsupportedQuery(f"the join condition {c.left.label} = {c.right.label} is not the first hop of a unit path",
+                           {"reason": "unit_path_join", "construct": f"{c.left.label} = {c.right.label}"})
+
+
+def _path_join_hint(e: UnsupportedQuery, tables: tuple[Occurrence, ...]) -> UnsupportedQuery:
+    """The unit graph's refusal, naming the path a unit-path table may be joined along."""
+    paths = [(o, _first_hop(o)) for o in tables if _first_hop(o) is not None]
+    if not paths:
+        return e
+    hints = "; ".join(f"{o.written or o.alias}.{s.column} = {s.target.name}.{s.key} (the first hop of its unit "
+                      f"path)" for o, s in paths)
+    return UnsupportedQuery(f"{e.message}; a table whose privacy unit is a foreign-key path joins on {hints}",
+                            {**e.details, "reason": "unit_path_join"})
 
 
 @dataclass(frozen=True)

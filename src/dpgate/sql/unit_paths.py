@@ -32,10 +32,17 @@ unit attached (the view of its :class:`~dpgate.sql.sources.UnitPathSource`, carr
   leading ``_`` while that name is taken). The intermediate tables contribute only their key
   and unit columns to the join: none of their other columns becomes readable.
 
-Refused (before any charge; ``details.reason``): a path table joined to other tables in the
-same SELECT (``unit_path_join``: the joined table machinery does not yet take a unit-path table
-as a source), a path table inside a subquery, IN/EXISTS or a per-unit subquery (``unit_path``).
-Cycles never reach the planner (refused at load).
+**Joined by the analyst.** A path table in a join's FROM is left to :mod:`dpgate.sql.joins`: its
+occurrence reads the :class:`~dpgate.sql.sources.UnitPathSource` (the rows with their unit) and
+may be joined to the target of its path's first hop on that hop (``lineitem.l_orderkey =
+orders.o_orderkey``: the line's unit is attached through exactly that order, so the two rows
+have one unit — an edge of the unit graph, :attr:`~dpgate.sql.sources.JoinCondition.hop`), on
+the unit, or to public tables; anything else leaves the unit graph disconnected and is refused
+(``unit_path_join``, naming the hop).
+
+Refused (before any charge; ``details.reason``): a path table joined off its path
+(``unit_path_join``), a path table inside a subquery, IN/EXISTS or a per-unit subquery
+(``unit_path``). Cycles never reach the planner (refused at load).
 """
 
 from __future__ import annotations
@@ -116,19 +123,22 @@ def rewrite_unit_paths(stmt: exp.Select, policy: DatasetPolicy
     working), the policy with its view added and the source node.
 
     Raises:
-        UnsupportedQuery: a path table joined to others (``reason = "unit_path_join"``) or read
-            anywhere but the statement's own FROM (``reason = "unit_path"``); nothing is charged.
+        UnsupportedQuery: a path table read anywhere but the statement's own FROM or JOIN items
+            (``reason = "unit_path"``); nothing is charged. A join is planned by
+            :mod:`dpgate.sql.joins` (returned unchanged here).
     """
     frm = stmt.args.get("from_") or stmt.args.get("from")
     found = [(n, t) for n in stmt.find_all(exp.Table) if (t := _path_table(n, policy)) is not None]
     if not found:
         return stmt, policy, None
     node, table = found[0]
-    if stmt.args.get("joins") and any(n.parent is frm or isinstance(n.parent, exp.Join) for n, _ in found):
-        raise _refuse(
-            f"table {table.name!r} reaches its privacy unit through foreign keys ({table.unit_path}) and cannot be "
-            "joined to other tables yet (issue 21): query it alone (the gateway joins along the path itself), "
-            "or query the table that carries the unit; nothing was charged", "unit_path_join", node, table)
+    if stmt.args.get("joins"):
+        # a join (issue 21 item 1): each path table of the FROM is a UnitPathSource of the join
+        # (sql.joins), joined to the others on its path's first hop or on the unit; anywhere else refused
+        for n, _ in found:
+            if n.parent is not frm and not isinstance(n.parent, exp.Join):
+                refuse_unit_path_tables(n, policy)
+        return stmt, policy, None
     if frm is None or node.parent is not frm or len(found) > 1:
         refuse_unit_path_tables(stmt, policy)  # in a subquery, IN/EXISTS, or read twice
     resolve_from(stmt, policy)  # another dataset's qualifier, table modifiers: refused as for any table
