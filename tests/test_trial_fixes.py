@@ -243,7 +243,9 @@ def test_explain_of_grouping_sets_over_a_join_and_filter_on_count_if(tmp_path):
                     "SELECT APPROX_COUNT_DISTINCT(model) FILTER (WHERE amount > 3) FROM orders"]:
             with pytest.raises(UnsupportedQuery, match="FILTER is not supported|not supported"):
                 gw.explain("shop", sql)
-        for sql in ["SELECT region, COUNT(*) FROM orders GROUP BY region HAVING FALSE"]:
+        for sql in ["SELECT region, COUNT(*) FROM orders GROUP BY region HAVING FALSE",
+                    "SELECT COUNT(*) FROM orders LIMIT 0",  # a papercut of the second trial
+                    "SELECT region, SUM(amount) FROM orders GROUP BY region ORDER BY 1 LIMIT 0"]:
             with pytest.raises(UnsupportedQuery, match="releases no row"):
                 gw.query("shop", sql, consumer="default", budget=QueryBudget(rho=0.01))
         assert gw.ledger_entries() == []
