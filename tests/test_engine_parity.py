@@ -656,7 +656,8 @@ def _corpus_bounded(policies, engines_ref: EngineSet, q) -> list[tuple[str, str]
         return []  # answered without a bounded query (exact public data, or the policy's key list)
     if has_quantiles(plan):  # what the service runs: counts/sums, then one histogram per column
         base = without_quantiles(plan)
-        out = [("general", bounded_sql(base, policy, salt=CORPUS_SALT))] if base.primitives else []
+        out = [("general", bounded_sql(base, policy, salt=CORPUS_SALT))] \
+            if base.primitives or plan.selected_keys else []  # selected keys: the selection's statement too
         columns = dict.fromkeys(p.column for p in plan.primitives if p.kind == "quantile")
         return out + [(f"quantile histogram of {c}", histogram_sql(plan, policy, c, salt=CORPUS_SALT))
                       for c in columns]
