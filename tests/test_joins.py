@@ -189,6 +189,11 @@ def _load(con, checkouts, members, genres):
            "JOIN genres g ON g.genre = c.genre GROUP BY c.genre",
            "SELECT g.genre, COUNT(c.pages), SUM(c.pages) FROM genres g LEFT JOIN checkouts c ON c.genre = g.genre "
            "GROUP BY g.genre",
+           # joins inside a subquery or a CTE (issue 21 item 4; merged by rule merge_derived_tables)
+           "SELECT edu, COUNT(*), SUM(pages) FROM (SELECT m.edu, c.pages FROM checkouts c JOIN members m "
+           "ON c.member_id = m.id) AS s GROUP BY edu",
+           "WITH j AS (SELECT g.category, c.pages FROM checkouts c, genres g WHERE c.genre = g.genre) "
+           "SELECT category, COUNT(*), SUM(pages) FROM j GROUP BY category",
        ]))
 def test_one_unit_moves_bounded_aggregates_by_at_most_the_sensitivity(tmp_path_factory, n_checkouts, n_member_rows,
                                                                      dup_genres, genres, pages, query):

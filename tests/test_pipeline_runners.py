@@ -16,8 +16,8 @@ import dpgate.pipeline.runners as runners
 from dpgate import accounting
 from dpgate.errors import Internal
 from dpgate.pipeline.budget import QueryBudget, ResolvedBudget
-from dpgate.pipeline.strategy import (ExactPublic, Noisy, NoisyWithPartitionSelection, PublicKeysOnly, TopK,
-                                      WithQuantiles)
+from dpgate.pipeline.strategy import (ExactPublic, Noisy, NoisyWithPartitionSelection, PublicKeysOnly,
+                                      QuantilesWithPartitionSelection, TopK, WithQuantiles)
 import _runner_spies
 
 gw, events = _runner_spies.gw, _runner_spies.events  # the shop gateway and its event spy (fixtures)
@@ -28,6 +28,9 @@ QUERIES = {
     NoisyWithPartitionSelection: ("SELECT model, COUNT(*) AS n FROM orders GROUP BY model", QueryBudget(rho=0.02)),
     WithQuantiles: ("SELECT region, COUNT(*) AS n, MEDIAN(amount) AS m FROM orders GROUP BY region",
                     QueryBudget(rho=0.02)),
+    # issue 21 item 8: the selection (ρ_sel, δ) and the quantiles' ρ, one charge for both
+    QuantilesWithPartitionSelection: ("SELECT model, COUNT(*) AS n, MEDIAN(amount) AS m FROM orders GROUP BY model",
+                                      QueryBudget(rho=0.02)),
     TopK: ("SELECT region FROM orders GROUP BY region ORDER BY COUNT(*) DESC LIMIT 2", QueryBudget(rho=0.02)),
     ExactPublic: ("SELECT zone, COUNT(*) AS n FROM regions GROUP BY zone", None),
     PublicKeysOnly: ("SELECT region FROM orders GROUP BY region", None),
@@ -45,7 +48,8 @@ def test_each_query_gets_the_strategy_it_is_written_for(gw, kind):
     assert type(strategy) is kind
 
 
-@pytest.mark.parametrize("kind", [Noisy, NoisyWithPartitionSelection, WithQuantiles, TopK], ids=lambda k: k.__name__)
+@pytest.mark.parametrize("kind", [Noisy, NoisyWithPartitionSelection, WithQuantiles, QuantilesWithPartitionSelection,
+                                  TopK], ids=lambda k: k.__name__)
 def test_render_and_checks_finish_before_the_charge_and_the_charge_is_the_calibrated_cost(gw, events, kind):
     sql, budget = QUERIES[kind]
     gw.query("shop", sql, consumer="default", budget=budget)
@@ -77,7 +81,8 @@ def test_free_strategies_never_charge(gw, events, kind):
     assert ("execute" in _kinds(events)) == (kind is ExactPublic)  # keys only reads no data
 
 
-@pytest.mark.parametrize("kind", [Noisy, WithQuantiles, TopK], ids=lambda k: k.__name__)
+@pytest.mark.parametrize("kind", [Noisy, WithQuantiles, QuantilesWithPartitionSelection, TopK],
+                         ids=lambda k: k.__name__)
 def test_explain_and_query_share_the_dispatch(gw, kind):
     sql, budget = QUERIES[kind]
     doc = gw.explain("shop", sql, budget=budget)
@@ -85,7 +90,8 @@ def test_explain_and_query_share_the_dispatch(gw, kind):
     runner = gw._runner("shop", policy, strategy)
     cal = runner.calibrate(runner.resolve(budget, None))
     assert doc["cost"]["rho"] == pytest.approx(cal.cost.rho, rel=1e-12)
-    assert doc["budget"] == runner.resolve(budget, None).to_dict() == {"rho": 0.02}
+    selecting = {"selection_delta": doc["budget"].get("selection_delta")} if kind is QuantilesWithPartitionSelection else {}
+    assert doc["budget"] == runner.resolve(budget, None).to_dict() == {"rho": 0.02, **selecting}
 
 
 def test_a_charge_before_the_checks_is_an_internal_error(gw):

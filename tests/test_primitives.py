@@ -122,7 +122,7 @@ def test_count_if_renders_on_every_engine(engine):
     ("SELECT COUNT_IF(g) FROM t", "not a boolean"),
     ("SELECT COUNT_IF(y) FROM t", "not a boolean"),
     ("SELECT COUNT_IF(u > 2) FROM t", "privacy unit"),
-    ("SELECT COUNT_IF(NULL) FROM t", "null value, not a boolean"),
+    ("SELECT COUNT_IF(NULL) FROM t", "a value of type null, not a boolean"),
     ("SELECT COUNT_IF(*) FROM t", "COUNT_IF"),
     ("SELECT COUNT_IF(DISTINCT x > 2) FROM t", "COUNT_IF"),
     ("SELECT COUNT_IF(nope > 2) FROM t", "nope"),

@@ -130,7 +130,7 @@ REFUSED = [
     ("SELECT COUNT(*) FROM (SELECT DISTINCT region FROM prompts) x", UnsupportedQuery,
      "SELECT DISTINCT inside a subquery"),
     ("SELECT COUNT(*) FROM (SELECT * FROM prompts JOIN pums ON TRUE) x", UnsupportedQuery,
-     "JOIN inside a subquery"),
+     "SELECT * in a subquery with joins"),
     ("SELECT COUNT(*) FROM (SELECT * FROM prompts UNION ALL SELECT * FROM prompts) x",
      UnsupportedQuery, "only a plain SELECT"),
     ("WITH RECURSIVE r AS (SELECT * FROM prompts) SELECT COUNT(*) FROM r", UnsupportedQuery,

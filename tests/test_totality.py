@@ -260,6 +260,8 @@ CASES = [
     ("quantiles", "SELECT g, MEDIAN(x), MAX(f) FROM t WHERE ROUND(pages, -1) = 100 GROUP BY g", {}),
     # private partition selection (s has no public keys)
     ("partition selection", "SELECT s, COUNT(*) FROM t WHERE x * 3 > 1 GROUP BY s", {}),
+    # quantiles of privately selected keys (issue 21 item 8): selection, then the selected keys' histograms
+    ("quantiles with partition selection", "SELECT s, g, COUNT(*), MEDIAN(x), MAX(f) FROM t GROUP BY s, g", {}),
     # top-k selection
     ("top-k", "SELECT g FROM t WHERE ROUND(pages, -1) = 100 GROUP BY g ORDER BY SUM(x) DESC LIMIT 1", {}),
     # public-only (exact and free)

@@ -243,9 +243,37 @@ def test_explain_of_grouping_sets_over_a_join_and_filter_on_count_if(tmp_path):
                     "SELECT APPROX_COUNT_DISTINCT(model) FILTER (WHERE amount > 3) FROM orders"]:
             with pytest.raises(UnsupportedQuery, match="FILTER is not supported|not supported"):
                 gw.explain("shop", sql)
-        for sql in ["SELECT region, COUNT(*) FROM orders GROUP BY region HAVING FALSE"]:
+        for sql in ["SELECT region, COUNT(*) FROM orders GROUP BY region HAVING FALSE",
+                    "SELECT COUNT(*) FROM orders LIMIT 0",  # a papercut of the second trial
+                    "SELECT region, SUM(amount) FROM orders GROUP BY region ORDER BY 1 LIMIT 0"]:
             with pytest.raises(UnsupportedQuery, match="releases no row"):
                 gw.query("shop", sql, consumer="default", budget=QueryBudget(rho=0.01))
         assert gw.ledger_entries() == []
+    finally:
+        gw.close()
+
+
+@pytest.mark.parametrize("sql,dialect,refused", [
+    # a third trial: COUNT(*) / 7 in PostgreSQL is integer division (144), released as 144.86 and
+    # served from the DuckDB spelling's cached release
+    ("SELECT COUNT(*) / 7 AS w FROM orders", "postgres", True),
+    ("SELECT SUM(amount) / COUNT(*) AS w FROM orders", "tsql", True),
+    ("SELECT region, COUNT(*) / 2 AS w FROM orders GROUP BY region", "trino", True),
+    ("SELECT COUNT(*) / 7 AS w FROM orders", "duckdb", False),      # a fraction in DuckDB
+    ("SELECT COUNT(*) / 7 AS w FROM orders", "mysql", False),       # a fraction in MySQL
+    ("SELECT COUNT(*) / 7.0 AS w FROM orders", "postgres", False),  # numeric division there
+    ("SELECT CAST(COUNT(*) AS DOUBLE) / 7 AS w FROM orders", "postgres", False),
+    ("SELECT AVG(amount) / 2 AS w FROM orders", "postgres", False),
+])
+def test_an_integer_division_of_the_dialect_in_the_select_list_is_refused(tmp_path, sql, dialect, refused):
+    from _runner_spies import open_shop
+    gw = open_shop(tmp_path)
+    try:
+        if refused:
+            with pytest.raises(UnsupportedQuery, match="integer divided by an integer"):
+                gw.query("shop", sql, consumer="default", budget=QueryBudget(rho=0.01), dialect=dialect)
+            assert gw.ledger_entries() == []
+        else:
+            gw.compile("shop", sql, dialect=dialect)
     finally:
         gw.close()

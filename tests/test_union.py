@@ -82,6 +82,10 @@ def test_the_release_is_the_concatenation_and_a_repeat_is_free(gw):
     assert [row[0] for row in r["rows"]] == ["low", "high", "eu"]
     assert r["union_all"] is True and r["composition"]["rule"] == "sequential"
     assert [p["rows"] for p in r["parts"]] == [1, 1, 1]
+    # the top-level scales are the parts' own, named as explain names them (was {})
+    assert r["noise_scales"] == {f"part{p['part']}.{k}": v for p in r["parts"] for k, v in p["noise_scales"].items()}
+    assert r["noise_scales"] == gw.explain("shop", UNION, budget=QueryBudget(rho=0.03))["noise_scales"]
+    assert len(r["noise_scales"]) >= 3
     again = gw.query("shop", UNION, consumer="default", budget=QueryBudget(rho=0.03))
     assert again["cached"] is True and again["charge"] is None and again["rows"] == r["rows"]
     assert len(gw.ledger_entries()) == 1

@@ -168,4 +168,6 @@ def describe(plan: QueryPlan, cal: Calibration, requested_delta: float) -> dict[
                  "threshold (OpenDP's " + ("Gaussian" if mechanism_name(cal.mechanism) == "discrete_gaussian"
                                            else "Laplace") + " threshold mechanism); NULL is a key like any other"),
     }
+    if getattr(cal, "quantiles", None):  # issue 21 item 8: selection, then the selected groups' quantiles
+        out["composition"] = cal.composition()
     return out

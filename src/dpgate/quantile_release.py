@@ -157,6 +157,43 @@ class PlanCalibration:
         """Never exact: a quantile always costs something."""
         return False
 
+    @property
+    def selection(self) -> Any:
+        """The threshold mechanism of a plan with privately selected keys (its ρ/ε is in ``base``'s
+        cost), None otherwise (:func:`calibrate_selecting_plan`)."""
+        return getattr(self.base, "selection", None)
+
+    @property
+    def reused(self) -> tuple[str, ...]:
+        """Count primitives released from the threshold mechanism's own noisy counts."""
+        return tuple(getattr(self.base, "reused", ()))
+
+    def composition(self) -> dict[str, Any]:
+        """The two steps of a selecting plan and how they compose (explain's and the release's
+        ``partition_selection.composition``): the selection with the plan's counts/sums, (ρ_sel, δ)
+        (or (ε_sel, δ)), then the quantiles of the selected groups, ρ_q (or ε_q); sequential
+        composition, ρ = ρ_sel + ρ_q ([BS16] Lemma 2.3; ε adds, [DR14] Thm. 3.16), δ the selection's
+        (the quantile step adds none)."""
+        unit = "rho" if self.rho is not None else "epsilon"
+        sel = self.base.rho if unit == "rho" else self.base.epsilon
+        quant = math.fsum(q.cost for q in self.quantiles.values())
+        return {
+            "rule": "sequential",
+            "steps": [
+                {"step": "partition_selection", unit: sel, "delta": self.selection.delta,
+                 "primitives": [pid for pid in self.base.scales], "note": "the threshold mechanism on the "
+                 "candidates' unit counts (and the noisy counts/sums of the selected groups)"},
+                {"step": "quantiles", unit: quant, "delta": 0.0, "primitives": list(self.quantiles),
+                 "note": "one exponential mechanism per quantile and selected group; the histograms of "
+                 "groups the selection did not release are never scored"},
+            ],
+            unit: self.cost.rho if unit == "rho" else self.cost.epsilon,
+            "delta": self.selection.delta,
+            "note": "charged once, before any noise is drawn, for both steps: (rho_sel + rho_q, delta) "
+                    "by sequential composition (Bun & Steinke 2016 Lemma 2.3; the quantile step is "
+                    "adaptive on the selected keys, which are a DP output)",
+        }
+
     def halfwidths(self) -> dict[str, float]:
         """Quantile primitive → rank error (ranks); count/sum primitive → 95 % half-width."""
         out = {pid: mechanisms.ci95_halfwidth(self.base.mechanism, s) for pid, s in self.base.scales.items()} \
@@ -181,19 +218,7 @@ def calibrate_plan(plan: QueryPlan, policy: DatasetPolicy, mechanism: str, resol
         InvalidBudget: a ``ci95`` budget; a budget too small.
         UnsupportedQuery: groups × candidates above :data:`dpgate.quantiles.MAX_CELLS`.
     """
-    if "ci95" in resolved:
-        raise InvalidBudget(
-            "a ci95 budget is a half-width in the column's units; a DP quantile (MEDIAN, PERCENTILE, "
-            "MIN, MAX) reports a rank error instead: give rho or epsilon for this query")
-    gaussian = mechanisms.mechanism_name(mechanism) == "discrete_gaussian"
-    measure: Measure = "zcdp" if gaussian else "pure"
-    if gaussian:
-        total = (ledger_rho(resolved["epsilon"], resolved["delta"])  # the ledger's one conversion
-                 if "epsilon" in resolved else float(resolved["rho"]))
-    else:
-        total = resolved["epsilon"] if "epsilon" in resolved else math.sqrt(2.0 * resolved["rho"])
-    if not (math.isfinite(total) and total > 0):
-        raise InvalidBudget(f"the budget must be finite and > 0, got {total!r}")
+    gaussian, measure, total = _total_budget(mechanism, resolved)
     table = policy.table(plan.table)
     groups = plan.key_combinations(table)
     qprims = [p for p in plan.primitives if p.kind == "quantile"]
@@ -224,6 +249,118 @@ def calibrate_plan(plan: QueryPlan, policy: DatasetPolicy, mechanism: str, resol
     return PlanCalibration(mech, base, quantiles,
                            accounting.Cost.zcdp(spent) if gaussian else accounting.Cost.pure(spent),
                            spent if gaussian else None, None if gaussian else spent, scales)
+
+
+def _total_budget(mechanism: str, resolved: Mapping[str, Any]) -> tuple[bool, Measure, float]:
+    """(Gaussian?, the quantiles' measure, the query's total ρ or ε) of a resolved budget.
+
+    Raises:
+        InvalidBudget: a ``ci95`` budget; a total that is not finite and > 0.
+    """
+    if "ci95" in resolved:
+        raise InvalidBudget(
+            "a ci95 budget is a half-width in the column's units; a DP quantile (MEDIAN, PERCENTILE, "
+            "MIN, MAX) reports a rank error instead: give rho or epsilon for this query")
+    gaussian = mechanisms.mechanism_name(mechanism) == "discrete_gaussian"
+    if gaussian:
+        total = (ledger_rho(resolved["epsilon"], resolved["delta"])  # the ledger's one conversion
+                 if "epsilon" in resolved else float(resolved["rho"]))
+    else:
+        total = resolved["epsilon"] if "epsilon" in resolved else math.sqrt(2.0 * resolved["rho"])
+    if not (math.isfinite(total) and total > 0):
+        raise InvalidBudget(f"the budget must be finite and > 0, got {total!r}")
+    return gaussian, ("zcdp" if gaussian else "pure"), total
+
+
+def calibrate_selecting_plan(plan: QueryPlan, policy: DatasetPolicy, mechanism: str, resolved: Mapping[str, Any],
+                             pairs: Mapping[str, tuple[float, float]], delta: float) -> PlanCalibration:
+    """Calibrate quantiles grouped by privately selected keys (issue 21 item 8): selection first.
+
+    The budget (total ρ, or ε) is split equally over n = c + 1 + q releases: the plan's c own
+    noisy count/sum primitives, the selection histogram (the threshold mechanism's unit counts,
+    (ℓ0, ℓ2, ℓ∞) = (k, √k, 1); :func:`dpgate.partition_selection.calibrate_selecting`, which also
+    fixes T for δ_q) and the q quantiles (each over k_eff = k groups one unit can change,
+    :func:`calibrate_quantile`). Step 1 costs (ρ_sel, δ) with ρ_sel = (c + 1)·ρ/n; step 2 costs
+    ρ_q = Σ over quantiles of k·ε_g²/8 ≤ q·ρ/n. Sequential composition ([BS16] Lemma 2.3): the
+    charge is (max(ρ_sel + ρ_q, ρ), δ) — the whole requested ρ, as :func:`calibrate_plan` — paid
+    once before either step draws noise (:meth:`PlanCalibration.composition`).
+
+    Args:
+        plan: a plan with quantiles and :attr:`~dpgate.sql.plan.QueryPlan.selected_keys`.
+        pairs: (Δ1, Δ2) of its count/sum primitives (k_eff = k). delta: δ_q
+            (:func:`dpgate.partition_selection.selection_budget`).
+    Raises:
+        InvalidBudget: a ``ci95`` budget; a budget or δ too small.
+    """
+    from dpgate import partition_selection  # the selection's calibration (it never imports this module)
+    from dpgate.sql.partition_selection import reused_primitives
+
+    gaussian, measure, total = _total_budget(mechanism, resolved)
+    base_plan = without_quantiles(plan)
+    reused = reused_primitives(base_plan, policy)
+    own = [pid for pid, (l1, l2) in pairs.items() if pid not in reused and (l2 if gaussian else l1) > 0]
+    qprims = [p for p in plan.primitives if p.kind == "quantile"]
+    share = total / (len(own) + 1 + len(qprims))
+    first = share * (len(own) + 1)
+    base = partition_selection.calibrate_selecting(base_plan, policy, pairs, mechanism=mechanism, delta=delta,
+                                                   **({"rho": first} if gaussian else {"epsilon": first}))
+    quantiles = {p.id: calibrate_quantile(p, plan, policy, measure, share) for p in qprims}
+    spent = math.fsum([q.cost for q in quantiles.values()] + [(base.rho if gaussian else base.epsilon) or 0.0])
+    spent = max(spent, total)
+    scales = dict(base.scales)
+    scales.update({pid: q.rank_scale for pid, q in quantiles.items()})
+    return PlanCalibration(base.mechanism, base, quantiles,
+                           accounting.Cost.zcdp(spent) if gaussian else accounting.Cost.pure(spent),
+                           spent if gaussian else None, None if gaussian else spent, scales)
+
+
+def _key_value(v: Any) -> Any:
+    """A group-key value comparable across result sets (NULL, NaN and NaT are one NULL group)."""
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return None
+    return v
+
+
+def selected_histograms(result: Mapping[str, np.ndarray], plan: QueryPlan, keys: Mapping[str, np.ndarray],
+                        candidates: int) -> np.ndarray:
+    """The (released groups × candidates) count matrix of a selecting plan's histogram statement.
+
+    ``keys`` are the groups the threshold mechanism released (:func:`dpgate.partition_selection.select_rows`),
+    row r of the matrix is group r; the result's rows of any other group are dropped here, before
+    any quantile is scored (the quantile step never sees an unselected group). A released group
+    without values of the column has a zero row.
+    """
+    names = list(plan.group_by)
+    index = {tuple(_key_value(v) for v in row): i
+             for i, row in enumerate(zip(*(np.asarray(keys[c], dtype=object).tolist() for c in names)))}
+    out = np.zeros((len(np.asarray(keys[names[0]])), candidates), dtype=np.int64)
+    b = np.asarray(result["__dpg_b"], dtype=np.int64).tolist()
+    c = np.asarray(result["__dpg_n"], dtype=np.int64).tolist()
+    rows = zip(*(np.asarray(result[k], dtype=object).tolist() for k in names))
+    for key, bi, ci in zip(rows, b, c):
+        i = index.get(tuple(_key_value(v) for v in key))
+        if i is not None and 0 <= bi < candidates:
+            out[i, bi] += ci
+    return out
+
+
+def run_selected(plan: QueryPlan, cal: PlanCalibration, execute: Callable[[Any], Mapping[str, np.ndarray]],
+                 keys: Mapping[str, np.ndarray], statements: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """Step 2 of a selecting plan: each quantile chosen on the released groups' histograms only.
+
+    Args:
+        keys: the released groups (step 1's keys). statements: column → its histogram statement,
+            rendered and checked before the charge.
+    Returns: primitive id → candidate index per released group (in ``keys`` order).
+    """
+    by_column: dict[str, np.ndarray] = {}
+    out: dict[str, np.ndarray] = {}
+    for pid, q in cal.quantiles.items():
+        if q.column not in by_column:
+            by_column[q.column] = selected_histograms(execute(statements[q.column]), plan, keys, q.grid.size)
+        hist = by_column[q.column]
+        out[pid] = select(q, hist) if hist.shape[0] else np.zeros(0, dtype=np.int64)
+    return out
 
 
 def histograms(result: Mapping[str, np.ndarray], n_groups: int, candidates: int) -> np.ndarray:

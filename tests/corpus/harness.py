@@ -243,6 +243,13 @@ class CorpusRunner:
             # row that passes it (the caller treats the answer like a LIMITed one)
             tree.set("having", None)
         tree = tree.transform(_population_estimates)
+        group = tree.args.get("group") if isinstance(tree, exp.Select) else None
+        if group is not None and (group.args.get("rollup") or group.args.get("cube") or group.args.get("grouping_sets")):
+            # MySQL/Spark "GROUP BY a, b WITH ROLLUP" and Spark's "GROUP BY a, b GROUPING SETS (…)":
+            # DuckDB reads the standard spelling only (its docs: GROUP BY ROLLUP (a, b))
+            items = group.args.get("grouping_sets") or [
+                (exp.Rollup if group.args.get("rollup") else exp.Cube)(expressions=list(group.expressions))]
+            tree.set("group", exp.Group(expressions=list(items)))
         sql = tree.sql(dialect="duckdb")
         cur = self.exact_connection(q.dataset).execute(sql)
         columns = [d[0] for d in cur.description]

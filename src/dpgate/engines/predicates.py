@@ -154,6 +154,8 @@ class PredicateRewriter:
             return self._int_cast(node)
         if isinstance(node, exp.Escape):
             raise self.refuse(node)
+        if isinstance(node, exp.Substring):
+            return self._substring(node)
         if isinstance(node, (exp.Like, exp.ILike)):
             return self.like(type(node), self.safe(node.this), self.safe(node.expression))
         if isinstance(node, exp.EndsWith):
@@ -311,6 +313,24 @@ class PredicateRewriter:
             raise self.refuse(node)
         op = type(node)(this=self.safe(node.this), expression=exp.Literal.number(d))
         return exp.Cast(this=op, to=datatype("bigint"))
+
+    def _substring(self, node: exp.Substring) -> exp.Expression:
+        """``SUBSTRING(s, start[, length])`` of text (``LEFT(s, n)`` arrives as ``SUBSTRING(s, 1, n)``,
+        :mod:`dpgate.sql.rules.left_to_substring`) with integer literals ``1 <= start`` and
+        ``0 <= length`` below 2**31: DuckDB, PostgreSQL and Spark then agree (code points, 1-based,
+        NULL in → NULL out, past the end → ``''``) and none can raise (their int4 arguments fit).
+        A negative or zero start (counted from the end on DuckDB, before the start on
+        PostgreSQL) or a computed bound is refused."""
+        start = _int_literal(node.args.get("start")) if node.args.get("start") is not None else None
+        length = node.args.get("length")
+        n = None if length is None else _int_literal(length)
+        if self.type(node.this) not in ("text", "null") or start is None or not 1 <= start < 2**31 \
+                or (length is not None and (n is None or not 0 <= n < 2**31)):
+            raise self.refuse(node)
+        out = exp.Substring(this=self.safe(node.this), start=exp.Literal.number(start))
+        if n is not None:
+            out.set("length", exp.Literal.number(n))
+        return out
 
     def _int_cast(self, node: exp.Cast) -> exp.Expression:
         """CAST of an integer to BIGINT, DOUBLE or text: the same value on every engine, never an error."""

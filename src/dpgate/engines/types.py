@@ -173,7 +173,7 @@ def static_type(node: exp.Expression, types: Mapping[str, str]) -> str:
         return "float"
     if isinstance(node, (exp.IntDiv, exp.Mod)):
         return "int" if static_type(node.this, types) == "int" else "?"
-    if isinstance(node, (exp.Lower, exp.Upper, exp.Trim, exp.Concat, exp.DPipe)):
+    if isinstance(node, (exp.Lower, exp.Upper, exp.Trim, exp.Concat, exp.DPipe, exp.Substring)):
         return "text"
     if isinstance(node, exp.Length):
         return "int"

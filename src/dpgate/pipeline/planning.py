@@ -19,7 +19,7 @@ from sqlglot import exp
 
 from dpgate.errors import DpgateError, InvalidSql, UnsupportedQuery
 from dpgate.pipeline.documents import plain
-from dpgate.pipeline.strategy import Part, Strategy, choose, union_of
+from dpgate.pipeline.strategy import Part, Strategy, choose, free, union_of
 from dpgate.policy import DatasetPolicy, KeyTuples
 from dpgate.postprocess import check_postprocess_expression
 from dpgate.sql.constant import refuse_constant_plan
@@ -102,7 +102,12 @@ def _compile_one(policy: DatasetPolicy, sql: str, dialect: str | None, statement
         check_derived_outputs(plan, planned)
     except DpgateError as e:
         raise nothing_charged(e)
-    return planned, plan, choose(plan, planned)
+    strategy = choose(plan, planned)  # a top-k selection's own LIMIT refusal comes first
+    if plan.limit == 0 and not free(strategy):
+        raise nothing_charged(UnsupportedQuery(
+            "LIMIT 0 releases no row on any data: there is nothing to release (nothing was charged)",
+            {"construct": "LIMIT 0"}))
+    return planned, plan, strategy
 
 
 def public_values(engine: Any, policy: DatasetPolicy, select: exp.Select, dialect: str | None = None

@@ -31,8 +31,8 @@ from dpgate.mechanisms import calibrate as calibrate_noise, ci95_halfwidth, mech
 from dpgate.pipeline import documents, union_release
 from dpgate.pipeline.budget import (QueryBudget, ResolvedBudget, fit, mechanism_of, refuse_without_gdp_claim,
                                     resolve, resolve_selection, stated)
-from dpgate.pipeline.strategy import (ExactPublic, Noisy, NoisyWithPartitionSelection, PublicKeysOnly, Strategy,
-                                      TopK, UnionAll, WithQuantiles)
+from dpgate.pipeline.strategy import (ExactPublic, Noisy, NoisyWithPartitionSelection, PublicKeysOnly,
+                                      QuantilesWithPartitionSelection, Strategy, TopK, UnionAll, WithQuantiles)
 from dpgate.policy import DatasetPolicy
 from dpgate.postprocess import finalize
 from dpgate.postprocess.calibration import scales_for_ci95
@@ -290,11 +290,6 @@ class NoisyRunner(Runner):
         plan = self.plan
         try:
             check_representable(plan, self.policy)
-            if plan.selected_keys and isinstance(self.strategy, WithQuantiles):  # issue 11: not combined yet
-                raise UnsupportedQuery(
-                    "quantiles (MEDIAN, PERCENTILE_CONT, MIN/MAX, …) are not supported with private partition "
-                    f"selection yet: give GROUP BY {', '.join(plan.selected_keys)} public keys",
-                    {"selected_keys": list(plan.selected_keys)})
             cal, sens = self._measure(budget)
         except InvalidBudget as e:  # name the aggregate, not the internal primitive id
             pid = e.details.get("primitive")
@@ -554,6 +549,49 @@ class QuantilesRunner(NoisyRunner):
                               for pid, q in measurement.quantiles.items()}}
 
 
+class SelectingQuantilesRunner(QuantilesRunner):
+    """Quantiles grouped by keys without public keys (issue 21 item 8): step 1, the count/sum
+    statement (with the candidates' unit counts) and the threshold mechanism select the groups;
+    step 2, each quantile is chosen on the selected groups' histograms only. One charge, before
+    either step, for both (:func:`dpgate.quantile_release.calibrate_selecting_plan`)."""
+
+    strategy: QuantilesWithPartitionSelection
+    selecting = True
+
+    def _measure(self, budget: ResolvedBudget):
+        sens = sensitivities(self.strategy.base, self.policy)
+        pairs = {pid: (s.l1, s.l2) for pid, s in sens.items()}
+        return quantile_release.calibrate_selecting_plan(self.plan, self.policy, self.mechanism, budget.to_dict(),
+                                                         pairs, budget.selection_delta), sens
+
+    def prepare(self, engine: Any, salt: int) -> None:
+        """Render step 1's statement (always: it counts the candidates' units) and each histogram;
+        check them before the charge."""
+        base = self.strategy.base
+        self._fast, self._general = self._bounded(base, salt)
+        self._histograms = {c: histogram_query(self.plan, self.policy, c, salt=salt) for c in self.strategy.columns}
+        self._either(engine.check, self._fast, self._general)
+        for statement in self._histograms.values():
+            engine.check(statement)
+        selection_plan.public_combinations(base, self.policy)
+        self._prepared = True
+
+    def run(self, engine: Any, salt: int, cal: Calibrated, receipt: Any = None) -> tuple[dict, dict, dict]:
+        """Step 1 (selection, counts/sums noised on the selected rows), then step 2 (quantiles of
+        the selected groups): keys, noisy values, half-widths."""
+        m, base = cal.measurement, self.strategy.base
+        with _charged_execution(receipt):
+            values = self._either(engine.execute, self._fast, self._general)
+        keys, noisy = partition_selection.select_rows(base, self.policy, m.base, values)
+        with _charged_execution(receipt):
+            noisy.update(quantile_release.run_selected(self.plan, m, engine.execute, keys, self._histograms))
+        return keys, noisy, m.halfwidths()
+
+    def bounded_template(self) -> Any:
+        """Step 1's bounded SQL (salt hidden)."""
+        return bounded_sql_template(self.strategy.base, self.policy)
+
+
 class UnionAllRunner(Runner):
     """``UNION ALL`` of aggregate queries (:class:`~dpgate.pipeline.strategy.UnionAll`): one runner per
     part; calibrate sums the parts' costs (sequential composition), prepare prepares every part before
@@ -699,6 +737,7 @@ RUNNERS: dict[type, type[Runner]] = {
     Noisy: NoisyRunner,
     NoisyWithPartitionSelection: PartitionSelectionRunner,
     WithQuantiles: QuantilesRunner,
+    QuantilesWithPartitionSelection: SelectingQuantilesRunner,
     UnionAll: UnionAllRunner,
 }
 

@@ -14,6 +14,9 @@ The strategies, in the order they are tried (the first that applies wins):
   the exponential mechanism releases the k best keys (:mod:`dpgate.selection`).
 * :class:`WithQuantiles` — at least one quantile primitive (MEDIAN, PERCENTILE, MIN/MAX):
   counts/sums noised, quantiles selected on histograms (:mod:`dpgate.quantile_release`).
+  With a GROUP BY key without public keys it is :class:`QuantilesWithPartitionSelection`: the
+  threshold mechanism selects the keys first, then the quantiles of the selected keys only
+  (issue 21 item 8; sequential composition).
 * :class:`NoisyWithPartitionSelection` — a GROUP BY key without public keys
   (:attr:`~dpgate.sql.plan.QueryPlan.selected_keys`): the threshold mechanism selects the keys
   (:mod:`dpgate.partition_selection`).
@@ -39,6 +42,7 @@ from dpgate.sql.selection_query import SelectionQuery, recognize
 from dpgate.sql.union import UNION_NAMES, PartNames
 
 __all__ = ["ExactPublic", "PublicKeysOnly", "TopK", "Noisy", "NoisyWithPartitionSelection", "WithQuantiles",
+           "QuantilesWithPartitionSelection",
            "Part", "UnionAll", "Strategy", "choose", "free", "union_of", "without_quantiles"]
 
 
@@ -110,6 +114,28 @@ class WithQuantiles:
 
 
 @dataclass(frozen=True)
+class QuantilesWithPartitionSelection:
+    """Quantiles (and possibly counts/sums) grouped by keys without public keys (issue 21 item 8).
+
+    Step 1, the threshold mechanism selects the groups (with the count/sum primitives noised on
+    them, as :class:`NoisyWithPartitionSelection`); step 2, each quantile is chosen on the selected
+    groups' histograms only. One charge covers both (sequential composition:
+    :func:`dpgate.quantile_release.calibrate_selecting_plan`).
+
+    Attributes:
+        plan: the plan. base: its count/sum primitives only (step 1's bounded query, which also
+            counts the candidates' units). columns: the quantile columns, in first-use order.
+        selected_keys: the group keys selected privately (in plan order).
+    """
+
+    plan: QueryPlan
+    base: QueryPlan
+    columns: tuple[str, ...]
+    selected_keys: tuple[str, ...]
+    name: str = "quantiles_with_partition_selection"
+
+
+@dataclass(frozen=True)
 class Part:
     """One branch of a ``UNION ALL``: the policy it is planned against, its plan and its strategy."""
 
@@ -154,7 +180,8 @@ def union_of(parts: tuple[Part, ...], plan_hash: str, names: PartNames = UNION_N
     why = {ExactPublic: "reads public tables only (send it alone: it is exact and free)",
            PublicKeysOnly: "releases public keys only (send it alone: it is free)",
            TopK: "is a selection query (ORDER BY an aggregate, LIMIT k)",
-           NoisyWithPartitionSelection: "groups by keys without public keys (private partition selection)"}
+           NoisyWithPartitionSelection: "groups by keys without public keys (private partition selection)",
+           QuantilesWithPartitionSelection: "groups by keys without public keys (private partition selection)"}
     for i, part in enumerate(parts):
         if not isinstance(part.strategy, UNION_PARTS):
             raise nothing_charged(UnsupportedQuery(
@@ -164,7 +191,8 @@ def union_of(parts: tuple[Part, ...], plan_hash: str, names: PartNames = UNION_N
     return UnionAll(parts, plan_hash)
 
 
-Strategy = Union[ExactPublic, PublicKeysOnly, TopK, Noisy, NoisyWithPartitionSelection, WithQuantiles, UnionAll]
+Strategy = Union[ExactPublic, PublicKeysOnly, TopK, Noisy, NoisyWithPartitionSelection, WithQuantiles,
+                 QuantilesWithPartitionSelection, UnionAll]
 
 
 def choose(plan: QueryPlan, policy: DatasetPolicy) -> Strategy:
@@ -190,6 +218,9 @@ def choose(plan: QueryPlan, policy: DatasetPolicy) -> Strategy:
     if selection is not None:
         return TopK(plan, selection)
     quantile_columns = tuple(dict.fromkeys(p.column for p in plan.primitives if p.kind == "quantile"))
+    if quantile_columns and plan.selected_keys:
+        return QuantilesWithPartitionSelection(plan, without_quantiles(plan), quantile_columns,
+                                               tuple(plan.selected_keys))
     if quantile_columns:
         return WithQuantiles(plan, without_quantiles(plan), quantile_columns)
     if plan.selected_keys:

@@ -138,7 +138,8 @@ def union_document(part_releases: Sequence[Release], *, plan_hash: str, budget: 
         "accuracy": _merge_accuracy(columns, docs),
         "plan_hash": plan_hash,
         "canonical_sql": "\nUNION ALL\n".join(d["canonical_sql"] for d in docs),
-        "noise_scales": {},
+        # each part's scales, named "part<i>.<id>" as explain names them (the parts' ids repeat)
+        "noise_scales": {f"part{i + 1}.{k}": v for i, d in enumerate(docs) for k, v in (d.get("noise_scales") or {}).items()},
         "budget": dict(budget),
         "union_all": True,
         "composition": {"rule": "sequential", "note": COMPOSITION_NOTE},

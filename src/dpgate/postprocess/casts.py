@@ -138,7 +138,7 @@ def _cast(v: Vector, target: str, scale: int | None) -> Vector:
             return _int_checked(np.where(np.abs(r) < INT_LIMIT, r, 0).astype(np.int64), v.valid, r)
         if v.type == "text":
             return _cast(_cast(v, "float", None), "int", None)
-        raise ExpressionError(f"a {v.type} value cannot be cast to an integer")
+        raise ExpressionError(f"a value of type {v.type} cannot be cast to an integer")
     if target == "float":
         if v.type in ("int", "bool", "float"):
             r = v.values.astype(np.float64)
@@ -147,7 +147,7 @@ def _cast(v: Vector, target: str, scale: int | None) -> Vector:
             r = np.array([p if p is not None else 0.0 for p in parsed], dtype=np.float64)
             v = Vector(v.values, v.valid & np.array([p is not None for p in parsed], dtype=bool), v.type)
         else:
-            raise ExpressionError(f"a {v.type} value cannot be cast to a number")
+            raise ExpressionError(f"a value of type {v.type} cannot be cast to a number")
         if scale is not None:
             r = _round_half_away(r, scale)
         return _float_result(r, v.valid)
@@ -173,7 +173,7 @@ def _cast(v: Vector, target: str, scale: int | None) -> Vector:
             parsed = [(_parse_bool(x) if ok else None) for x, ok in zip(v.values, v.valid)]
             return Vector(np.array([bool(p) for p in parsed], dtype=bool),
                           np.array([p is not None for p in parsed], dtype=bool), "bool")
-        raise ExpressionError(f"a {v.type} value cannot be cast to a boolean")
+        raise ExpressionError(f"a value of type {v.type} cannot be cast to a boolean")
     if target in ("date", "timestamp"):
         if v.type == target:
             return v
@@ -185,7 +185,7 @@ def _cast(v: Vector, target: str, scale: int | None) -> Vector:
         elif v.type == "date":
             parsed = [(_to_timestamp(x) if ok else None) for x, ok in zip(v.values, v.valid)]
         else:
-            raise ExpressionError(f"a {v.type} value cannot be cast to {target}")
+            raise ExpressionError(f"a value of type {v.type} cannot be cast to {target}")
         out = np.empty(n, dtype=object)
         out[:] = parsed
         return Vector(out, np.array([p is not None for p in parsed], dtype=bool), target)

@@ -155,7 +155,7 @@ class Vector:
         if self.type in ("int", "float", "bool", "null"):
             f = np.asarray(self.values, dtype=np.float64) if self.type != "null" else np.full(len(self), np.nan)
             return np.where(self.valid, f, np.nan)
-        raise ExpressionError(f"a {self.type} value is not a number")
+        raise ExpressionError(f"a value of type {self.type} is not a number")
 
     def take(self, index: np.ndarray) -> "Vector":
         """The rows at ``index`` (an integer array), in that order."""
@@ -275,7 +275,7 @@ def _convert(v: Vector, t: str) -> Vector:
         vals = np.empty(n, dtype=object)
         vals[:] = [_to_timestamp(x) if ok else None for x, ok in zip(v.values, v.valid)]
         return Vector(vals, v.valid, t)
-    raise ExpressionError(f"a {v.type} value cannot be used as {t}")
+    raise ExpressionError(f"a value of type {v.type} cannot be used as {t}")
 
 
 def _const(value: Any, t: str, n: int) -> Vector:

@@ -52,7 +52,7 @@ def histogram_tree(plan: QueryPlan, policy: DatasetPolicy, column: str, salt: ex
         conditions.append(n.not_null(_src(table.privacy_unit)))
     if plan.where is not None:
         conditions.append(exp.Paren(this=row_tree(plan.where)))
-    conditions += [_key_filter(c, lambda c=c: _src(c.name)) for c in keys]
+    conditions += [_key_filter(c, lambda c=c: _src(c.name)) for c in keys if c.name not in plan.selected_keys]
     ctes: list[tuple[str, exp.Expression]] = [
         (_PREFIX + "rows", n.select(items, _relation(table, join_tree), where=n.conjunction(conditions)))]
     source = _PREFIX + "rows"
@@ -60,13 +60,15 @@ def histogram_tree(plan: QueryPlan, policy: DatasetPolicy, column: str, salt: ex
     if not table.record_level:
         ug, j, c = _PREFIX + "unit_groups", _PREFIX + "joined", _PREFIX + "c"
         qualify = None
-        if keys and k < plan.key_combinations(table):
+        if keys and (plan.selected_keys or k < plan.key_combinations(table)):
             window = _window(exp.RowNumber(), [u],
                              [n.anonymous("hash", *cols([u] + g), salt.copy())] + cols(g))
             qualify = exp.LTE(this=window, expression=n.num(k))
         ctes.append((ug, n.select(cols([u] + g) + [n.alias(n.count(), c)], n.table(source),
                                   group=cols([u] + g), qualify=qualify)))
-        on = n.conjunction([exp.EQ(this=n.col(x, source), expression=n.col(x, ug)) for x in [u] + g])
+        nullable = {g[i] for i, c in enumerate(keys) if c.name in plan.selected_keys}  # NULL is a selected key
+        on = n.conjunction([(exp.NullSafeEQ if x in nullable else exp.EQ)(this=n.col(x, source), expression=n.col(x, ug))
+                            for x in [u] + g])
         ctes.append((j, n.select(cols([u] + g + [b], source) + [n.col(c, ug)], n.table(source),
                                  joins=[exp.Join(this=n.table(ug), on=on)])))
         window = _window(exp.RowNumber(), [u] + g, [n.anonymous("hash", n.col(u), n.col(b), salt.copy()), n.col(b)])
@@ -83,7 +85,11 @@ def histogram_tree(plan: QueryPlan, policy: DatasetPolicy, column: str, salt: ex
     r, nn = _PREFIX + "r", _PREFIX + "n"
     outs = [n.alias(exp.Coalesce(this=n.col(b, cnt), expressions=[n.num(-1)]), b),
             n.alias(n.coalesce0(n.col(nn, cnt)), nn)]
-    if not keys:
+    if plan.selected_keys:  # issue 21 item 8: the candidates' counts (histogram_sql's step 4)
+        key_outs = [n.alias(n.cast(n.col(g[i]), c.duckdb_type), c.name) for i, c in enumerate(keys)]
+        final = n.select(key_outs + [n.col(b), n.col(nn)], n.table(cnt),
+                         order=[n.col(x) for x in g] + [n.col(b)])
+    elif not keys:
         one = exp.Subquery(this=exp.Select(expressions=[n.num(1)]), alias=exp.TableAlias(
             this=n.ident(_PREFIX + "one"), columns=[n.ident("x", quoted=False)]))
         final = n.select([n.alias(n.num(0), r)] + outs, one,

@@ -290,7 +290,7 @@ def count_if_aggregate(node: exp.CountIf, scope: QueryScope) -> Agg:
                           "columns", node)
     e, _ = canonical_value(cond, scope)
     if e.type != "bool":
-        raise unsupported(f"{snippet(node)}: the condition of COUNT_IF is a {e.type} value, not a "
+        raise unsupported(f"{snippet(node)}: the condition of COUNT_IF is a value of type {e.type}, not a "
                           "boolean (write COUNT_IF(x > 0), or COUNT(x) for the non-NULL values)", node)
     case = exp.Case(ifs=[exp.If(this=cond.copy(), true=exp.Literal.number(1))])
     return expression_aggregate("count_column", case, node, scope)
@@ -315,7 +315,7 @@ def expression_aggregate(function: str, arg: exp.Expression, node: exp.Expressio
             return Agg(function, col.name)
     if e.type not in ("int", "float", "bool"):
         raise unsupported(
-            f"{snippet(node)}: the argument is a {e.type} value; aggregates take numbers "
+            f"{snippet(node)}: the argument is a value of type {e.type}; aggregates take numbers "
             "(booleans count as 0/1)", node)
     if e.unbounded() is not None or e.range is None:
         raise unsupported(unbounded_message(e, node), node)

@@ -449,7 +449,7 @@ class Binder:
                               "(BIGINT, INTEGER, DOUBLE)", node)
         a = self.bind(node.this)
         if a.type not in _NUMERIC + ("bool", "null"):
-            raise unsupported(f"CAST of a {a.type} value is not supported inside aggregates: "
+            raise unsupported(f"CAST of a value of type {a.type} is not supported inside aggregates: "
                               f"{snippet(node)}", node)
         return self._converted(node, a, target, to)
 
@@ -466,7 +466,7 @@ class Binder:
                               "INTEGER, DOUBLE, VARCHAR or BOOLEAN)", node)
         a = self.bind(node.this)
         if a.type in ("date", "timestamp"):
-            raise unsupported(f"CAST of a {a.type} value is not supported in {self.clause}: "
+            raise unsupported(f"CAST of a value of type {a.type} is not supported in {self.clause}: "
                               f"{snippet(node)}", node)
         kind = "predicate" if target == "bool" else "cast"
         return Expr(kind, target, node, (a,), _BOOL if target == "bool" else None, True)

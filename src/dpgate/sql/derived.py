@@ -85,7 +85,7 @@ def unbounded_message(e: Expr, node: exp.Expression) -> str:
     elif bad.type == "float" and bad.args and all(a.range is not None for a in bad.args):
         why = f"its range exceeds ±{limits.MAX_ABS_BOUND:g} for values inside the policy's bounds"
     elif bad.type not in NUMERIC + ("bool",):
-        why = f"it is a {bad.type} value, not a number"
+        why = f"it is a value of type {bad.type}, not a number"
     else:
         why = "no bounds follow from the policy"
     return (f"{snippet(node)}: the sub-expression {what} is unbounded ({why}); every value "

@@ -16,6 +16,8 @@ The expansion (:func:`grouping_set_branches`) is syntactic and reads no data:
 * ``GROUP BY a, ROLLUP(b, c)`` is the cross product of its items' sets, as in SQL:2003
   (``(a, b, c), (a, b), (a)``); ``CUBE(a, b)`` is every subset, largest first; a parenthesised
   list is one element (``ROLLUP((a, b), c)``); ``GROUPING SETS`` may nest ``ROLLUP``/``CUBE``.
+* MySQL's and Spark's ``GROUP BY a, b WITH ROLLUP`` / ``WITH CUBE`` and Spark's ``GROUP BY a, b
+  GROUPING SETS (…)`` are read as ``ROLLUP(a, b)``, ``CUBE(a, b)`` and ``GROUPING SETS (…)``.
 * In the part of a set S, each select-list or HAVING reference to a grouping key outside S
   (outside aggregate arguments) becomes ``NULL`` — an output keeps its name (``NULL AS week``) —
   and ``GROUPING(k, …)`` / ``GROUPING_ID(k, …)`` becomes its integer: bit i (from the right,
@@ -65,7 +67,8 @@ def grouping_set_branches(select: exp.Expression) -> list[exp.Select] | None:
     if not isinstance(select, exp.Select):
         return None
     group = select.args.get("group")
-    if group is None or not any(isinstance(i, _GROUPING) for i in group.expressions):
+    items = _standard_items(group) if group is not None else []
+    if not any(isinstance(i, _GROUPING) for i in items):
         return None
     if group.args.get("all"):
         raise _refusal("GROUP BY ALL with ROLLUP, CUBE or GROUPING SETS is not supported: list the keys")
@@ -76,7 +79,7 @@ def grouping_set_branches(select: exp.Expression) -> list[exp.Select] | None:
                 "set's rows in order; sort or cut the released rows yourself (post-processing, free)",
                 construct=word)
     sets = [()]
-    for item in group.expressions:
+    for item in items:
         sets = [a + b for a in sets for b in _sets_of(item)]
     if len(sets) > MAX_PARTS:
         raise _refusal(f"these grouping sets are {len(sets)} queries; at most {MAX_PARTS} are released together",
@@ -92,6 +95,21 @@ def grouping_set_branches(select: exp.Expression) -> list[exp.Select] | None:
     every = _dedupe([k for keys in resolved for k in keys])
     return [_branch(select, written, keys, every) for written, keys in zip(
         (tuple(_dedupe(list(s))) for s in sets), resolved)]
+
+
+def _standard_items(group: exp.Group) -> list[exp.Expression]:
+    """The GROUP BY items in the standard's spelling: MySQL's and Spark's ``GROUP BY a, b WITH
+    ROLLUP`` (``WITH CUBE``) is ``ROLLUP(a, b)`` (``CUBE(a, b)``); Hive's and Spark's ``GROUP BY a, b
+    GROUPING SETS ((a), (b))`` is ``GROUPING SETS ((a), (b))`` (the listed keys only name the
+    columns the sets may use, as in Spark's documentation of ``GROUP BY``)."""
+    items = list(group.expressions)
+    if group.args.get("grouping_sets"):
+        return list(group.args["grouping_sets"])
+    if group.args.get("rollup"):
+        return [exp.Rollup(expressions=[i.copy() for i in items])]
+    if group.args.get("cube"):
+        return [exp.Cube(expressions=[i.copy() for i in items])]
+    return items
 
 
 def in_grouping_set(e: DpgateError, index: int, branch: exp.Select) -> DpgateError:

@@ -280,8 +280,54 @@ def finish_expression(tree: exp.Expression, refs: dict[str, Out]) -> str:
     return finish_expression_tree(tree, refs).sql(dialect=DIALECT, comments=False)
 
 
+#: Aggregates whose released value is never an integer (a typed division by them is a fraction).
+_FRACTION_FUNCTIONS = frozenset({"avg", "var_pop", "var_samp", "stddev_pop", "stddev_samp"}) | frozenset(
+    QUANTILE_FUNCTIONS)
+
+
+def _may_be_int(node: exp.Expression, refs: dict[str, Out]) -> bool:
+    """Whether a post-processing operand may be an integer (conservatively: unless it is a
+    fraction-valued aggregate, a decimal literal or a cast to a non-integer type)."""
+    node = unparen(node)
+    if isinstance(node, exp.Column) and node.name in refs:
+        out = refs[node.name]
+        return not (out.kind == "agg" and out.function in _FRACTION_FUNCTIONS)
+    if isinstance(node, exp.Literal):
+        return not node.is_string and node.this.lstrip("-").isdigit()
+    if isinstance(node, exp.Cast):
+        return node.to.is_type(*exp.DataType.INTEGER_TYPES)
+    if isinstance(node, (exp.Div, exp.Avg)):
+        return False
+    return True
+
+
+def refuse_typed_division(tree: exp.Expression, refs: dict[str, Out]) -> None:
+    """Refuse ``a / b`` in a select-list expression when the analyst's dialect divides two
+    integers as integers (sqlglot marks the ``/`` as ``typed``: PostgreSQL, T-SQL, Trino) and both
+    operands may be integers (``COUNT(*) / 7`` is 144 there, not 144.86). Post-processing divides
+    as DuckDB does, and the plan (its hash, its cached release) does not record the dialect, so
+    such a query would be answered — and served to other dialects — as a fraction. As in WHERE and
+    HAVING (:func:`dpgate.sql.bind._check_typed_division`).
+
+    Raises:
+        UnsupportedQuery: such a division, with the spellings that say what is meant.
+    """
+    for node in tree.find_all(exp.Div):
+        if node.args.get("typed") and _may_be_int(node.this, refs) and _may_be_int(node.expression, refs):
+            raise UnsupportedQuery(
+                "in this dialect an integer divided by an integer is an integer (truncated), which "
+                "dpgate does not compute after the release; write CAST(COUNT(*) AS DOUBLE) / 7 (or / 7.0) "
+                "for a fraction, or FLOOR(CAST(… AS DOUBLE) / 7) for the integer part "
+                "(nothing was charged)", {"construct": "/", "reason": "typed_division"})
+
+
 def finish_expression_tree(tree: exp.Expression, refs: dict[str, Out]) -> exp.Expression:
-    """The canonical tree of a select-list post-processing item over output names."""
+    """The canonical tree of a select-list post-processing item over output names.
+
+    Raises:
+        UnsupportedQuery: an integer division of the analyst's dialect (:func:`refuse_typed_division`).
+    """
+    refuse_typed_division(tree, refs)
 
     def rename(node: exp.Expression) -> exp.Expression:
         if isinstance(node, exp.Column) and node.name in refs:

@@ -31,6 +31,13 @@ WHERE, the analyst's text never reaches the engine). Its steps:
 4. the public keys LEFT JOINed: one row per (group, non-empty candidate), or one row
    with ``b = -1`` for an empty group, in public-key order.
 
+With privately selected keys (issue 21 item 8; :mod:`dpgate.sql.partition_selection`) the
+selected keys have no public keys to filter or enumerate: step 1 keeps every value of them
+(NULL too), step 2 always keeps at most k groups, and step 4 is the non-empty (group,
+candidate) counts alone, without ``__dpg_r``; the gateway keeps the groups the threshold
+mechanism selected, before any quantile is chosen
+(:func:`dpgate.quantile_release.selected_histograms`).
+
 Record-level tables (each row its own unit, k = m = 1) skip step 2.
 """
 
@@ -177,7 +184,7 @@ def histogram_sql(plan: QueryPlan, policy: DatasetPolicy, column: str, *, salt: 
     where = _where(plan)
     if where is not None:
         conditions.append(f"({where})")
-    conditions += [_key_filter(c, src(c.name)) for c in keys]
+    conditions += [_key_filter(c, src(c.name)) for c in keys if c.name not in plan.selected_keys]
     ctes = [f"{q(_PREFIX + 'rows')} AS (\n  SELECT {', '.join(select)}\n  FROM {table.relation} AS "
             f"{q(_SRC)}\n  WHERE {' AND '.join(conditions)}\n)"]
     source = q(_PREFIX + "rows")
@@ -187,11 +194,13 @@ def histogram_sql(plan: QueryPlan, policy: DatasetPolicy, column: str, *, salt: 
         # rank their rows (the expensive window runs on those alone)
         ug, j, c = q(_PREFIX + "unit_groups"), q(_PREFIX + "joined"), q(_PREFIX + "c")
         ugs = f"SELECT {', '.join([u] + g)}, COUNT(*) AS {c} FROM {source} GROUP BY {', '.join([u] + g)}"
-        if keys and k < plan.key_combinations(table):
+        if keys and (plan.selected_keys or k < plan.key_combinations(table)):
             order = ", ".join([f"hash({', '.join([u] + g + [salt_sql])})"] + g)
             ugs += f"\n  QUALIFY row_number() OVER (PARTITION BY {u} ORDER BY {order}) <= {k}"
         ctes.append(f"{ug} AS (\n  {ugs}\n)")
-        on = " AND ".join(f"{source}.{x} = {ug}.{x}" for x in [u] + g)
+        nullable = {g[i] for i, c in enumerate(keys) if c.name in plan.selected_keys}  # NULL is a selected key
+        on = " AND ".join(f"{source}.{x} {'IS NOT DISTINCT FROM' if x in nullable else '='} {ug}.{x}"
+                          for x in [u] + g)
         ctes.append(f"{j} AS (\n  SELECT {', '.join(f'{source}.{x}' for x in [u] + g + [b])}, {ug}.{c} "
                     f"FROM {source} JOIN {ug} ON {on}\n)")
         part = ", ".join([u] + g)
@@ -205,7 +214,11 @@ def histogram_sql(plan: QueryPlan, policy: DatasetPolicy, column: str, *, salt: 
     ctes.append(f"{q(_PREFIX + 'counts')} AS (\n  {counts}\n)")
     cnt = q(_PREFIX + "counts")
     r, n = q(_PREFIX + "r"), q(_PREFIX + "n")
-    if not keys:
+    if plan.selected_keys:  # issue 21 item 8: the candidates' counts; the selected ones are kept in Python
+        key_outs = [f"CAST({g[i]} AS {c.duckdb_type}) AS {q(c.name)}" for i, c in enumerate(keys)]
+        final = (f"SELECT {', '.join(key_outs)}, {b}, {n}\nFROM {cnt}\n"
+                 f"ORDER BY {', '.join(f'{x} NULLS LAST' for x in g)}, {b} NULLS LAST")
+    elif not keys:
         final = (f"SELECT 0 AS {r}, COALESCE({cnt}.{b}, -1) AS {b}, COALESCE({cnt}.{n}, 0) AS {n}\n"
                  f"FROM (SELECT 1) AS {q(_PREFIX + 'one')}(x) LEFT JOIN {cnt} ON TRUE\nORDER BY {b}")
     else:

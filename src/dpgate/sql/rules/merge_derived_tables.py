@@ -3,10 +3,21 @@
 name replaced by its expression (nested derived tables merge inside out).
 
 A derived table is merged only when it filters, projects and computes row expressions over
-one table: its own GROUP BY, aggregates, DISTINCT, LIMIT, joins, HAVING, window functions and
-the like are refused with a reason (per-unit subqueries and joins are separate features:
-issue 12). Inlining is what SQL means: a derived table without those clauses is exactly the
-filtered projection of its table (ISO/IEC 9075-2, §7.6), so the rewrite changes no answer.
+one table or over a join of tables: its own GROUP BY, aggregates, DISTINCT, LIMIT, HAVING,
+window functions and the like are refused with a reason (per-unit subqueries are a separate
+feature: issue 12). Inlining is what SQL means: a derived table without those clauses is
+exactly the filtered projection of its FROM (ISO/IEC 9075-2, §7.6), so the rewrite changes no
+answer.
+
+A derived table over a join (issue 21 item 4: TPC-H Q7–Q9 write ``FROM (SELECT … FROM a, b, c
+WHERE …) AS shipping``) merges into an outer query that reads it alone (no join of its own):
+the outer query's FROM becomes the derived table's FROM and joins, its WHERE is the inner
+WHERE AND the outer one (the outer WHERE filters the joined rows either way, LEFT joins
+included), and the inner columns keep their qualifiers (each names one of the join's tables).
+The merged query is then checked like any join (:mod:`dpgate.sql.joins`, after the comma-join
+rule): the merge adds no way to pair rows the flat query would not. Refused: a ``*`` in such a
+derived table (its columns would be every joined table's) and an outer query that joins the
+derived table to other tables.
 Fixtures: ``tests/fixtures/rules/merge_derived_tables.sql``.
 """
 
@@ -22,7 +33,7 @@ from dpgate.sql.rules.inline_ctes import inline_ctes
 from dpgate.sql.rules.nesting import nesting_refusal
 
 #: SELECT arguments a mergeable derived table may have.
-_MERGEABLE_ARGS = {"expressions", "from_", "from", "where"}
+_MERGEABLE_ARGS = {"expressions", "from_", "from", "where", "joins"}
 
 
 def merge_derived_tables(stmt: exp.Select, _depth: int = 0) -> exp.Select:
@@ -62,6 +73,8 @@ def merge_derived_tables(stmt: exp.Select, _depth: int = 0) -> exp.Select:
         raise refuse(f"column lists on a subquery alias ({snippet(alias_node)}) are not "
                      "supported: rename the columns with AS inside the subquery", alias_node)
     alias = alias_node.name if alias_node is not None else None
+    if inner.args.get("joins"):
+        return _merge_join(stmt, inner, sub, alias)
     base = from_clause(inner).this.copy()
     derived = _Derived.of(inner, base, sub, alias)
     out = stmt.copy()
@@ -73,6 +86,38 @@ def merge_derived_tables(stmt: exp.Select, _depth: int = 0) -> exp.Select:
     inner_where = inner.args.get("where")
     if inner_where is not None:
         cond = inner_where.this.transform(derived.unqualify, copy=True)
+        outer_where = out.args.get("where")
+        if outer_where is not None:
+            cond = exp.and_(exp.Paren(this=cond), exp.Paren(this=outer_where.this))
+        out.set("where", exp.Where(this=cond))
+    return out
+
+
+def _merge_join(stmt: exp.Select, inner: exp.Select, sub: exp.Subquery, alias: str | None) -> exp.Select:
+    """Merge a derived table over a join (module docstring): the outer query reads the join."""
+    if stmt.args.get("joins"):
+        raise refuse(f"{snippet(sub)}: a subquery with joins that is itself joined to other tables is not "
+                     "supported: write one join of the tables", sub)
+    derived = _Derived(sub, alias, set())  # inner columns keep their qualifiers
+    for item in inner.expressions:
+        derived.add_projection(item)
+    if derived.star:
+        raise refuse(f"{snippet(sub)}: SELECT * in a subquery with joins is not supported: name its "
+                     "columns (with AS where two tables share a name)", sub)
+    if real_args(stmt) <= {"expressions", "from_", "from"} and len(stmt.expressions) == 1 and (
+            isinstance(stmt.expressions[0], exp.Star)):
+        return inner.copy()  # SELECT * FROM (the join) with no other clause is the join's query
+    out = stmt.copy()
+    if any(isinstance(e, exp.Star) or (isinstance(e, exp.Column) and isinstance(e.this, exp.Star))
+           for e in out.expressions):
+        raise refuse(f"SELECT * over {snippet(sub)} is not supported: name the columns", sub)
+    _substitute_outer(out, derived)
+    out.set("from_", exp.From(this=from_clause(inner).this.copy()))
+    out.set("from", None)
+    out.set("joins", [j.copy() for j in inner.args["joins"]])
+    inner_where = inner.args.get("where")
+    if inner_where is not None:
+        cond = inner_where.this.copy()
         outer_where = out.args.get("where")
         if outer_where is not None:
             cond = exp.and_(exp.Paren(this=cond), exp.Paren(this=outer_where.this))
@@ -187,7 +232,7 @@ def _check_mergeable(inner: exp.Select) -> None:
         what = CLAUSE_NAMES.get(key, key.upper())
         raise refuse(
             f"{what} inside a subquery is not supported: a subquery may only filter (WHERE), "
-            "project and compute row expressions over one table",
+            "project and compute row expressions over one table or a join",
             inner,
         )
     frm = from_clause(inner)
@@ -195,6 +240,10 @@ def _check_mergeable(inner: exp.Select) -> None:
         raise refuse("a subquery needs a FROM clause naming one table", inner)
     if not isinstance(frm.this, exp.Table):
         raise refuse(f"{snippet(frm.this)} in a subquery's FROM: name one table", frm.this)
+    for join in inner.args.get("joins") or []:
+        if not isinstance(join.this, exp.Table):
+            raise refuse(f"{snippet(join.this)} joined in a subquery: only declared tables can be joined",
+                         join.this)
     for node in inner.expressions:
         agg = node.find(exp.AggFunc)
         if agg is not None:
