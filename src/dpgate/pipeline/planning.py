@@ -219,7 +219,7 @@ def check_derived_outputs(plan: QueryPlan, policy: DatasetPolicy) -> None:
         for value_type in ("int", "float"):
             types = {**{o.name: value_type for o in plan.outputs if isinstance(o, AggregateOutput)}, **keys}
             for o in derived:
-                check_postprocess_expression(o.expression, types)
+                check_postprocess_expression(plan.derived_tree(o), types)
     except UnsupportedQuery as e:
         raise in_analyst_terms(e, labels) from None
 

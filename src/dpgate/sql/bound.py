@@ -270,7 +270,7 @@ def _key_expression(plan: QueryPlan, name: str) -> str | None:
     key = plan.computed_key(name)
     if key is None:
         return None
-    return row_sql(key.expression)
+    return row_sql(plan.key_tree(key))
 
 
 def _key_relation(col: ColumnPolicy, i: int) -> str:
@@ -339,10 +339,10 @@ def _where(plan: QueryPlan) -> str | None:
     # whose predicate would raise at run time (an overflow in ROUND, say) is filtered out
     # instead of failing the query, so whether a query succeeds never depends on the data
     # (an error would be a release without noise).
-    return row_sql(plan.where)
+    return row_sql(plan.where_tree())
 
 
-def _derived_value(expression: str, table: TablePolicy) -> str:
+def _derived_value(tree: exp.Expression, table: TablePolicy) -> str:
     """The executable per-row value of an aggregated expression (DuckDB SQL over ``__dpg_src``).
 
     The canonical expression is bound again against the table policy
@@ -351,7 +351,6 @@ def _derived_value(expression: str, table: TablePolicy) -> str:
     (NaN/±inf → NULL), conditions over raw columns under ``TRY``, division in doubles. The
     result is then clamped again to the plan's derived range by :func:`_fixed_point`.
     """
-    tree = sqlglot.parse_one(expression, read="duckdb")
     e = bind_value(tree, table)
     ref = lambda name: exp.column(name, table=_SRC, quoted=True)  # noqa: E731
     return f"({value_sql(e, ref).sql(dialect='duckdb')})"
@@ -433,7 +432,7 @@ def _render(plan: QueryPlan, policy: DatasetPolicy, salt: str, *, unit_unique: b
     for j, name in enumerate(sorted(summed | counted, key=order)):
         col = plan.column_policy(table, name)
         v = q(f"{_PREFIX}v{j}")
-        ref = src(name) if name in declared else _derived_value(name, table)
+        ref = src(name) if name in declared else _derived_value(plan.value_tree(name), table)
         expr = _fixed_point(col, ref) if name in summed else _present(col, ref)
         select_rows.append(f"{expr} AS {v}")
         value_of[name] = v

@@ -51,6 +51,7 @@ from dpgate.sql.outputs import (
     plan_offset,
     plan_order_by,
 )
+from dpgate.sql.parsed_shape import parsed_shape
 from dpgate.sql.per_unit import rewrite_per_unit
 from dpgate.sql.plan import (
     FUNCTION_PRIMITIVES,
@@ -61,6 +62,7 @@ from dpgate.sql.plan import (
     NarrowedKey,
     OrderItem,
     Output,
+    PlanTrees,
     Primitive,
     QueryPlan,
 )
@@ -145,7 +147,8 @@ def plan_statement(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
 
     selected_keys = selection.selected_columns(table, group_by)  # issue 11 hook
     _refuse_float_selected_keys(selected_keys, table)
-    narrowed, tuples = _released_keys(where, table, keys, selected_keys)
+    where_shaped = None if where_tree is None else parsed_shape(where_tree)  # the text's own shape
+    narrowed, tuples = _released_keys(where_shaped, table, keys, selected_keys)
 
     outputs.check_labels()
     outputs.assign_names()
@@ -168,6 +171,7 @@ def plan_statement(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
         computed_keys=tuple(keys.computed),
         narrowed_keys=narrowed,
         offset=offset,
+        trees=_plan_trees(where_shaped, having, plan_outputs, derived_trees, keys, outputs),
     )
     if offset and (table.public or selection_shaped(plan)):
         what = "a public table's rows" if table.public else "a top-k selection (keys ordered by an aggregate)"
@@ -179,6 +183,20 @@ def plan_statement(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
             {"construct": plan.computed_keys[0].expression},
         )
     return with_canonical_sql(plan, scope, _Fragments.of(keys, derived_trees, having))
+
+
+def _plan_trees(where: exp.Expression | None, having: exp.Expression | None, plan_outputs: tuple[Output, ...],
+                derived: dict[str, exp.Expression], keys: Keys, outputs: Outputs) -> PlanTrees:
+    """The trees the plan's texts were generated from, in the shape DuckDB's parser gives those
+    texts (:class:`~dpgate.sql.plan.PlanTrees`, :func:`~dpgate.sql.parsed_shape.parsed_shape`;
+    ``where`` is shaped already)."""
+    shaped = lambda tree: None if tree is None else parsed_shape(tree)  # noqa: E731
+    values = {o.derived.expression: parsed_shape(o.derived_tree) for o in outputs.items
+              if o.derived is not None and o.derived_tree is not None}
+    return PlanTrees(where=where, having=shaped(having), values=values,
+                     keys={name: parsed_shape(tree) for name, tree in keys.trees.items()},
+                     derived={o.name: parsed_shape(derived[o.name]) for o in plan_outputs
+                              if isinstance(o, DerivedOutput)})
 
 
 def _raw_rows(stmt: exp.Select, table: TablePolicy, group_by: list[str]) -> bool:
@@ -277,7 +295,7 @@ def _refuse_float_selected_keys(selected_keys: tuple[str, ...], table: TablePoli
                 "or group by a condition or a CASE with literal results over it")
 
 
-def _released_keys(where: str | None, table: TablePolicy, keys: Keys, selected_keys: tuple[str, ...]
+def _released_keys(where: exp.Expression | None, table: TablePolicy, keys: Keys, selected_keys: tuple[str, ...]
                    ) -> tuple[tuple[NarrowedKey, ...], dict[str, tuple]]:
     """The keys narrowed by WHERE and the key tuples of several columns of one public table;
     refuses more than :data:`MAX_GROUPS` key combinations and an empty tuple set."""

@@ -287,9 +287,9 @@ def canonical_date_key(tree: exp.Expression) -> exp.Expression:
     if isinstance(top, (exp.TimestampTrunc, exp.DateTrunc)):
         unit = top.args.get("unit")
         name = unit.name.lower() if unit is not None else ""
-        inner = (exp.Cast(this=top, to=exp.DataType.build("DATE"))
+        inner = (exp.Cast(this=top, to=exp.DataType(this=exp.DataType.Type.DATE, nested=False))
                  if name in ("year", "quarter", "month", "week", "day") else top)
-        return exp.Cast(this=inner, to=exp.DataType.build("VARCHAR"))
+        return exp.Cast(this=inner, to=exp.DataType(this=exp.DataType.Type.VARCHAR, nested=False))
     return tree
 
 

@@ -104,12 +104,14 @@ def _as_domain(col: ColumnPolicy, kept: Sequence[int]) -> tuple[tuple, range | N
     return tuple(keys[j] for j in kept), None
 
 
-def narrow_keys(where: str | None, table: TablePolicy, keys: Sequence[str]) -> tuple[NarrowedKey, ...]:
+def narrow_keys(where: exp.Expression | str | None, table: TablePolicy, keys: Sequence[str]) -> tuple[NarrowedKey, ...]:
     """The group keys ``keys`` (declared columns with public keys) that the canonical WHERE
     ``where`` narrows, each with the public keys it keeps (module docstring).
 
     Args:
-        where: the plan's canonical WHERE (DuckDB SQL over declared, double-quoted names), or None.
+        where: the plan's canonical WHERE as its tree (``PlanTrees.where``: the shape DuckDB's
+            parser gives the canonical text, over declared, double-quoted names), or None; a
+            canonical text is parsed (callers outside the planner).
         table: the table policy (or joined/per-unit table) the query reads.
         keys: the plan's declared group-by columns that have public keys.
 
@@ -122,6 +124,8 @@ def narrow_keys(where: str | None, table: TablePolicy, keys: Sequence[str]) -> t
     """
     if where is None or not keys:
         return ()
+    if isinstance(where, str):
+        where = sqlglot.parse_one(where, read="duckdb")
     columns: dict[str, ColumnPolicy] = {}
     for name in keys:
         col = table.find_column(name)
@@ -130,7 +134,7 @@ def narrow_keys(where: str | None, table: TablePolicy, keys: Sequence[str]) -> t
     if not columns:
         return ()
     kept: dict[str, frozenset[int]] = {}
-    for conjunct in _conjuncts(sqlglot.parse_one(where, read="duckdb")):
+    for conjunct in _conjuncts(where):
         refs = {c.name for c in conjunct.find_all(exp.Column)}
         if not refs or not refs <= set(columns):
             continue  # reads a non-key column (or no column): it does not narrow
