@@ -409,15 +409,60 @@ def _join_distinct(prims, g: list[str]) -> str:
 
 def _render(plan: QueryPlan, policy: DatasetPolicy, salt: str, *, unit_unique: bool = False) -> str:
     table: TablePolicy = policy.table(plan.table)
-    src = lambda c: f"{q(_SRC)}.{q(c)}"  # noqa: E731
     keys = [plan.key_column(table, c) for c in plan.group_by]
-    key_refs = [_key_expression(plan, c.name) or src(c.name) for c in keys]
     g = [q(f"{_PREFIX}g{i}") for i in range(len(keys))]
     m = table.max_rows_per_unit
     k = table.max_groups_per_unit
     record_level = table.record_level
     per_unit = aggregates_per_unit(table, unit_unique=unit_unique)
+    rows_sql, value_of, distinct_of = _rows_text(plan, table, keys, g)
+    part_cols, group_cols = _primitive_texts(plan, table, value_of, per_unit=per_unit)
 
+    group_list = ", ".join(g)
+    rows_name = _PREFIX + "rows" if per_unit or record_level else UNIQUE_ROWS_CTE
+    ctes = [f"{q(rows_name)} AS (\n  {rows_sql}\n)"]
+    source = q(rows_name)
+    if per_unit:
+        u = q(_PREFIX + "u")
+        part_sql = (
+            f"SELECT {', '.join([u] + g + part_cols)}\n  FROM {source}\n"
+            f"  GROUP BY {', '.join([u] + g)}"
+        )
+        if keys and (plan.selected_keys or k < plan.key_combinations(table)):
+            hashed = [_hash_key(c, g[i]) for i, c in enumerate(keys)]
+            order = ", ".join([f"hash({', '.join([u] + hashed + [salt])})"] + g)
+            part_sql += (
+                f"\n  QUALIFY row_number() OVER (PARTITION BY {u} ORDER BY {order}) <= {k}"
+            )
+        ctes.append(f"{q(_PREFIX + 'partials')} AS (\n  {part_sql}\n)")
+        source = q(_PREFIX + "partials")
+    if not g + group_cols:  # only COUNT(DISTINCT col), ungrouped: one aggregate row to join to
+        group_cols.append(f"COUNT(*) AS {q(_PREFIX + 'one')}")
+    groups_sql = f"SELECT {', '.join(g + group_cols)}\n  FROM {source}"
+    if keys:
+        groups_sql += f"\n  GROUP BY {group_list}"
+    distinct = [p for p in plan.primitives if primitive_kind(p.kind).row_value == "raw"]
+    if distinct:  # issue 11: COUNT(DISTINCT col), at most m distinct values per unit and group
+        ctes.append(f"{q(_PREFIX + 'groups0')} AS (\n  {groups_sql}\n)")
+        ctes += _distinct_ctes(distinct, distinct_of, g, m, salt, per_unit, rows_name)
+        ctes.append(_join_distinct(distinct, g))
+    else:
+        ctes.append(f"{q(_PREFIX + 'groups')} AS (\n  {groups_sql}\n)")
+
+    if plan.selected_keys:  # issue 11 hook: private partition selection (sql/partition_selection.py)
+        ctes.append(selection.units_cte(plan, source, record_level))
+        return "WITH " + ",\n".join(ctes) + "\n" + selection.final_sql(
+            plan, keys, _key_relations(plan, table, keys, plan.public_group_by))
+    return "WITH " + ",\n".join(ctes) + "\n" + _final_text(plan, table, keys, g)
+
+
+def _rows_text(plan: QueryPlan, table: TablePolicy, keys: list[ColumnPolicy], g: list[str]
+               ) -> tuple[str, dict[str, str], dict[str, str]]:
+    """Step 1 of :func:`_render`: the rows' SELECT (unit, keys, one value column per aggregated
+    column, raw values of COUNT(DISTINCT col)) with its WHERE; the value and distinct columns' names."""
+    src = lambda c: f"{q(_SRC)}.{q(c)}"  # noqa: E731
+    key_refs = [_key_expression(plan, c.name) or src(c.name) for c in keys]
+    record_level = table.record_level
     # Value columns: one per aggregated column (fixed-point value or presence flag).
     value_of: dict[str, str] = {}
     select_rows: list[str] = []
@@ -461,8 +506,13 @@ def _render(plan: QueryPlan, policy: DatasetPolicy, salt: str, *, unit_unique: b
         f"SELECT {', '.join(select_rows)}\n  FROM {table.relation} AS {q(_SRC)}"
         + (f"\n  WHERE {' AND '.join(conditions)}" if conditions else "")
     )
+    return rows_sql, value_of, distinct_of
 
-    # Per-primitive expressions at the partial and at the group level.
+
+def _primitive_texts(plan: QueryPlan, table: TablePolicy, value_of: dict[str, str], *, per_unit: bool
+                     ) -> tuple[list[str], list[str]]:
+    """Per-primitive expressions at the partial (per unit and group) and at the group level."""
+    m = table.max_rows_per_unit
     part_cols: list[str] = []
     group_cols: list[str] = []
     for p in plan.primitives:
@@ -483,59 +533,25 @@ def _render(plan: QueryPlan, policy: DatasetPolicy, salt: str, *, unit_unique: b
         else:
             part_cols.append(f"{clip} AS {pid}")
             group_cols.append(f"SUM({pid}) AS {pid}")
+    return part_cols, group_cols
 
-    group_list = ", ".join(g)
-    rows_name = _PREFIX + "rows" if per_unit or record_level else UNIQUE_ROWS_CTE
-    ctes = [f"{q(rows_name)} AS (\n  {rows_sql}\n)"]
-    source = q(rows_name)
-    if per_unit:
-        u = q(_PREFIX + "u")
-        part_sql = (
-            f"SELECT {', '.join([u] + g + part_cols)}\n  FROM {source}\n"
-            f"  GROUP BY {', '.join([u] + g)}"
-        )
-        if keys and (plan.selected_keys or k < plan.key_combinations(table)):
-            hashed = [_hash_key(c, g[i]) for i, c in enumerate(keys)]
-            order = ", ".join([f"hash({', '.join([u] + hashed + [salt])})"] + g)
-            part_sql += (
-                f"\n  QUALIFY row_number() OVER (PARTITION BY {u} ORDER BY {order}) <= {k}"
-            )
-        ctes.append(f"{q(_PREFIX + 'partials')} AS (\n  {part_sql}\n)")
-        source = q(_PREFIX + "partials")
-    if not g + group_cols:  # only COUNT(DISTINCT col), ungrouped: one aggregate row to join to
-        group_cols.append(f"COUNT(*) AS {q(_PREFIX + 'one')}")
-    groups_sql = f"SELECT {', '.join(g + group_cols)}\n  FROM {source}"
-    if keys:
-        groups_sql += f"\n  GROUP BY {group_list}"
-    distinct = [p for p in plan.primitives if primitive_kind(p.kind).row_value == "raw"]
-    if distinct:  # issue 11: COUNT(DISTINCT col), at most m distinct values per unit and group
-        ctes.append(f"{q(_PREFIX + 'groups0')} AS (\n  {groups_sql}\n)")
-        ctes += _distinct_ctes(distinct, distinct_of, g, m, salt, per_unit, rows_name)
-        ctes.append(_join_distinct(distinct, g))
-    else:
-        ctes.append(f"{q(_PREFIX + 'groups')} AS (\n  {groups_sql}\n)")
 
-    if plan.selected_keys:  # issue 11 hook: private partition selection (sql/partition_selection.py)
-        ctes.append(selection.units_cte(plan, source, record_level))
-        return "WITH " + ",\n".join(ctes) + "\n" + selection.final_sql(
-            plan, keys, _key_relations(plan, table, keys, plan.public_group_by))
-
+def _final_text(plan: QueryPlan, table: TablePolicy, keys: list[ColumnPolicy], g: list[str]) -> str:
+    """The final SELECT: every primitive per released key combination (0 for an empty group)."""
     grp = q(_PREFIX + "groups")
     outs = [
         f"COALESCE({grp}.{q(_PREFIX + p.id)}, 0) AS {q(p.id)}" for p in plan.primitives
     ]
     if not keys:
-        final = f"SELECT {', '.join(outs)}\nFROM {grp}"
-    else:
-        relations, refs, orders = _key_relations(plan, table, keys)
-        key_outs = [f"CAST({refs[i]} AS {c.duckdb_type}) AS {q(c.name)}" for i, c in enumerate(keys)]
-        joins = " CROSS JOIN ".join(relations)
-        on = " AND ".join(
-            f"{refs[i]} {'IS NOT DISTINCT FROM' if _has_null(c) else '='} {grp}.{g[i]}"
-            for i, c in enumerate(keys))
-        order = ", ".join(orders)
-        final = (
-            f"SELECT {', '.join(key_outs + outs)}\nFROM {joins}\n"
-            f"LEFT JOIN {grp} ON {on}\nORDER BY {order}"
-        )
-    return "WITH " + ",\n".join(ctes) + "\n" + final
+        return f"SELECT {', '.join(outs)}\nFROM {grp}"
+    relations, refs, orders = _key_relations(plan, table, keys)
+    key_outs = [f"CAST({refs[i]} AS {c.duckdb_type}) AS {q(c.name)}" for i, c in enumerate(keys)]
+    joins = " CROSS JOIN ".join(relations)
+    on = " AND ".join(
+        f"{refs[i]} {'IS NOT DISTINCT FROM' if _has_null(c) else '='} {grp}.{g[i]}"
+        for i, c in enumerate(keys))
+    order = ", ".join(orders)
+    return (
+        f"SELECT {', '.join(key_outs + outs)}\nFROM {joins}\n"
+        f"LEFT JOIN {grp} ON {on}\nORDER BY {order}"
+    )
