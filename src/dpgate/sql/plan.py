@@ -31,7 +31,6 @@ import json
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, Mapping
 
-import numpy as np
 import sqlglot
 from sqlglot import exp
 
@@ -620,16 +619,3 @@ def _drop_empty_alpha(d: dict) -> None:
         if p.get("alpha") is None:
             p.pop("alpha", None)
 
-
-# --- HAVING on noisy values (post-processing) ---------------------------------------------
-
-
-def evaluate_predicate(predicate: str, values: Mapping[str, Any]) -> np.ndarray:
-    """Compatibility alias of :func:`dpgate.postprocess.evaluate_predicate` (moved there).
-
-    Imported lazily: ``dpgate.postprocess`` imports this module. Raises ``ValueError``
-    (:class:`~dpgate.postprocess.ExpressionError`) as before.
-    """
-    from dpgate.postprocess.expressions import evaluate_predicate as _evaluate_predicate
-
-    return _evaluate_predicate(predicate, values)
