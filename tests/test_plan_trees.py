@@ -203,3 +203,63 @@ def test_trees_are_handed_out_as_copies():
     plan.where_tree().set("this", None)
     assert plan.where_tree().sql(dialect="duckdb") == plan.where
     assert "trees" not in plan.canonical_dict() and "trees" not in plan.to_dict()
+
+
+# --- parsed_shape on random trees ------------------------------------------------------------------
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+from sqlglot import exp  # noqa: E402
+
+from dpgate.sql.parsed_shape import ambiguous, parsed_shape  # noqa: E402
+
+_ATOMS = st.sampled_from(["a", "b", "c", "1", "2.5", "'x'", "NULL", "TRUE"]).map(
+    lambda s: exp.column(s, quoted=True) if s in "abc" else sqlglot.parse_one(s, read="duckdb"))
+_BINARY = [exp.And, exp.Or, exp.EQ, exp.NEQ, exp.GT, exp.LTE, exp.Add, exp.Sub, exp.Mul, exp.Div,
+           exp.IntDiv, exp.Mod, exp.DPipe]
+
+
+def _trees():
+    def extend(children):
+        binary = st.builds(lambda op, left, right: op(this=left, expression=right),
+                           st.sampled_from(_BINARY), children, children)
+        unary = st.builds(lambda op, x: op(this=x), st.sampled_from([exp.Not, exp.Neg, exp.Paren]), children)
+        case = st.builds(lambda c, t, f: exp.If(this=c, true=t, false=f), children, children, children)
+        typed = st.builds(lambda x, y: exp.Div(this=x, expression=y, typed=True, safe=False), children, children)
+        return st.one_of(binary, unary, case, typed)
+    return st.recursive(_ATOMS, extend, max_leaves=8)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_trees())
+def test_parsed_shape_is_the_parse_of_the_text(tree):
+    """Either the tree is ambiguous (the compiler then parses its text) or its parsed shape is
+    exactly ``parse_one(tree.sql())`` — AND/OR/NOT precedence and association, IIF, typed division."""
+    text = tree.sql(dialect="duckdb")
+    if ambiguous(tree):
+        return
+    assert parsed_shape(tree) == sqlglot.parse_one(text, read="duckdb"), (text, repr(tree))
+    assert parsed_shape(tree).sql(dialect="duckdb") == text
+
+
+def test_ambiguous_trees_are_the_ones_the_generator_writes_without_parentheses():
+    a, b, c = (exp.column(n, quoted=True) for n in "abc")
+    assert ambiguous(exp.Mul(this=exp.Add(this=a.copy(), expression=b.copy()), expression=c.copy()))
+    assert ambiguous(exp.Sub(this=a.copy(), expression=exp.Sub(this=b.copy(), expression=c.copy())))
+    assert ambiguous(exp.Neg(this=exp.Add(this=a.copy(), expression=b.copy())))
+    assert ambiguous(exp.EQ(this=exp.And(this=a.copy(), expression=b.copy()), expression=c.copy()))
+    assert not ambiguous(exp.And(this=exp.Or(this=a.copy(), expression=b.copy()), expression=c.copy()))
+    assert not ambiguous(exp.Add(this=exp.Mul(this=a.copy(), expression=b.copy()), expression=c.copy()))
+    assert not ambiguous(exp.Mul(this=exp.Paren(this=exp.Add(this=a.copy(), expression=b.copy())), expression=c))
+
+
+def test_trees_of_the_golden_queries_are_the_parsed_texts():
+    from tests.test_compile_golden import QUERIES as GOLDEN, _policies
+
+    policies = _policies()
+    checked = 0
+    for name, (dataset, sql) in GOLDEN.items():
+        plan = parse_query(sql, policies[dataset])
+        for part, tree, text in _checks(plan):
+            assert tree == sqlglot.parse_one(text, read="duckdb"), f"{name} {part}: {text}"
+            checked += 1
+    assert checked >= 10

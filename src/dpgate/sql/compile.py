@@ -51,7 +51,7 @@ from dpgate.sql.outputs import (
     plan_offset,
     plan_order_by,
 )
-from dpgate.sql.parsed_shape import parsed_shape
+from dpgate.sql.parsed_shape import ambiguous, parsed_shape
 from dpgate.sql.per_unit import rewrite_per_unit
 from dpgate.sql.plan import (
     FUNCTION_PRIMITIVES,
@@ -147,7 +147,7 @@ def plan_statement(stmt: exp.Select, policy: DatasetPolicy) -> QueryPlan:
 
     selected_keys = selection.selected_columns(table, group_by)  # issue 11 hook
     _refuse_float_selected_keys(selected_keys, table)
-    where_shaped = None if where_tree is None else parsed_shape(where_tree)  # the text's own shape
+    where_shaped = None if where_tree is None else shaped(where_tree)  # the text's own shape
     narrowed, tuples = _released_keys(where_shaped, table, keys, selected_keys)
 
     outputs.check_labels()
@@ -190,13 +190,22 @@ def _plan_trees(where: exp.Expression | None, having: exp.Expression | None, pla
     """The trees the plan's texts were generated from, in the shape DuckDB's parser gives those
     texts (:class:`~dpgate.sql.plan.PlanTrees`, :func:`~dpgate.sql.parsed_shape.parsed_shape`;
     ``where`` is shaped already)."""
-    shaped = lambda tree: None if tree is None else parsed_shape(tree)  # noqa: E731
-    values = {o.derived.expression: parsed_shape(o.derived_tree) for o in outputs.items
+    values = {o.derived.expression: shaped(o.derived_tree) for o in outputs.items
               if o.derived is not None and o.derived_tree is not None}
-    return PlanTrees(where=where, having=shaped(having), values=values,
-                     keys={name: parsed_shape(tree) for name, tree in keys.trees.items()},
-                     derived={o.name: parsed_shape(derived[o.name]) for o in plan_outputs
+    return PlanTrees(where=where, having=None if having is None else shaped(having), values=values,
+                     keys={name: shaped(tree) for name, tree in keys.trees.items()},
+                     derived={o.name: shaped(derived[o.name]) for o in plan_outputs
                               if isinstance(o, DerivedOutput)})
+
+
+def shaped(tree: exp.Expression) -> exp.Expression:
+    """``tree`` in the shape DuckDB's parser gives its canonical text
+    (:func:`~dpgate.sql.parsed_shape.parsed_shape`); an :func:`~dpgate.sql.parsed_shape.ambiguous`
+    tree (its text reads back otherwise: none in the corpus) is its text parsed, since the text is
+    what the plan hash covers and what ran before the plan carried trees."""
+    if ambiguous(tree):
+        return sqlglot.parse_one(tree.sql(dialect=DIALECT, comments=False), read=DIALECT)
+    return parsed_shape(tree)
 
 
 def _raw_rows(stmt: exp.Select, table: TablePolicy, group_by: list[str]) -> bool:

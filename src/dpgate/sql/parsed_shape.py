@@ -12,11 +12,15 @@ read="duckdb")`` would give, so that what runs is exactly what ran when the text
   ``And(Or(a, b), c)`` (a simplifier's output) is written ``a OR b AND c``, which reads back as
   ``a OR (b AND c)`` — the text (what the plan hash covers) is what holds;
 * an ``IF`` is the ``CASE`` it is written as; a typed division (read from an integer-division
-  dialect) is DuckDB's ``/``; ``VARCHAR`` is ``TEXT``; ``TRY_CAST`` carries ``safe``; an
+  dialect) is DuckDB's ``/``; ``VARCHAR`` is ``TEXT``; ``TRY_CAST`` and ``||`` carry ``safe``; an
   ``EXTRACT`` part is the name the generator writes (``DOW`` → ``DAYOFWEEK``).
 
+Any other operator the generator would write without the parentheses its tree needs (``Mul(Add(a,
+b), c)`` is written ``a + b * c``; ``Sub(a, Sub(b, c))`` ``a - b - c``) is :func:`ambiguous`: the
+compiler then parses the canonical text instead (none of the 400 corpus queries does).
+
 tests/test_plan_trees.py checks ``parsed_shape(t) == parse_one(t.sql("duckdb"))`` over the
-golden and planner queries' trees.
+golden, corpus-like and random trees that are not :func:`ambiguous`.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from __future__ import annotations
 from sqlglot import exp
 from sqlglot.dialects.dialect import map_date_part
 
-__all__ = ["parsed_shape"]
+__all__ = ["ambiguous", "parsed_shape"]
 
 _CONNECTIVES = (exp.And, exp.Or, exp.Not)
 
@@ -32,6 +36,50 @@ _CONNECTIVES = (exp.And, exp.Or, exp.Not)
 def parsed_shape(tree: exp.Expression) -> exp.Expression:
     """A copy of ``tree`` in the shape DuckDB's parser gives its DuckDB text (module docstring)."""
     return _shape(tree.copy())
+
+
+#: sqlglot's parser levels (parser.py: disjunction … unary); higher binds tighter.
+_LEVELS: dict[type, int] = {
+    exp.Or: 1, exp.And: 2, exp.Not: 3,
+    exp.EQ: 4, exp.NEQ: 4, exp.NullSafeEQ: 4,
+    exp.GT: 5, exp.GTE: 5, exp.LT: 5, exp.LTE: 5,
+    exp.Is: 6, exp.In: 6, exp.Between: 6, exp.Like: 6, exp.ILike: 6,
+    exp.DPipe: 7, exp.BitwiseAnd: 7, exp.BitwiseOr: 7, exp.BitwiseXor: 7,
+    exp.Add: 8, exp.Sub: 8,
+    exp.Mul: 9, exp.Div: 9, exp.IntDiv: 9, exp.Mod: 9,
+    exp.Neg: 10,
+}
+_ATOM = 99
+
+
+def _level(node: exp.Expression | None) -> int:
+    return _ATOM if node is None else _LEVELS.get(type(node), _ATOM)
+
+
+def ambiguous(tree: exp.Expression) -> bool:
+    """True when the DuckDB text of ``tree`` reads back with another operator structure than the
+    tree's outside AND/OR/NOT regions (which :func:`parsed_shape` rebuilds exactly): an operand
+    of an infix operator that binds less tightly than it (or, on the right, as tightly), with no
+    parentheses; an operand of a unary minus that is an infix operator."""
+    for node in tree.walk():
+        level = _level(node)
+        if level == _ATOM:
+            continue
+        if isinstance(node, exp.Neg):
+            if _level(node.this) < _ATOM:
+                return True
+            continue
+        if isinstance(node, _CONNECTIVES):
+            children = [node.this] if isinstance(node, exp.Not) else [node.this, node.expression]
+            if any(not isinstance(c, _CONNECTIVES) and _level(c) <= 3 for c in children):
+                return True  # not a connective yet as loose (none today)
+            continue
+        left, right = node.this, node.args.get("expression")
+        if isinstance(node, (exp.In, exp.Between, exp.Is, exp.Like, exp.ILike)):
+            right = None  # their other operands are delimited (lists, AND-bounds, keywords)
+        if _level(left) < level or (right is not None and _level(right) <= level):
+            return True
+    return False
 
 
 def _shape(node: exp.Expression) -> exp.Expression:
@@ -58,7 +106,7 @@ def _node(node: exp.Expression) -> exp.Expression:
         return case
     if isinstance(node, exp.Div) and node.args.get("typed"):
         node.set("typed", False)
-    elif isinstance(node, exp.TryCast):
+    elif isinstance(node, (exp.TryCast, exp.DPipe)):
         node.set("safe", True)
     elif isinstance(node, exp.DataType) and node.this == exp.DataType.Type.VARCHAR and not node.expressions:
         node.set("this", exp.DataType.Type.TEXT)
