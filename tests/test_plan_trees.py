@@ -54,6 +54,13 @@ QUERIES: dict[str, str] = {
     "key_extract": "SELECT EXTRACT(DOW FROM checkout_date) AS d, COUNT(*) FROM checkouts GROUP BY d",
     "aggregated_expression": "SELECT SUM(CASE WHEN age > 40 THEN 1 ELSE 0 END) AS s FROM members",
     "median_where": "SELECT gender, MEDIAN(age) FROM members WHERE age > 20 GROUP BY gender",
+    "median_having": "SELECT gender, MEDIAN(age) AS m FROM members GROUP BY gender HAVING MEDIAN(age) > 30",
+    "quantile_derived": "SELECT gender, QUANTILE_CONT(age, 0.25) * 2 AS q2, MAX(age) - MIN(age) AS spread "
+                        "FROM members GROUP BY gender",
+    "union": "SELECT gender, COUNT(*) FROM members WHERE age > 30 GROUP BY gender UNION ALL "
+             "SELECT gender, COUNT(*) FROM members WHERE age <= 30 GROUP BY gender",
+    "grouping_sets": "SELECT gender, education_level, COUNT(*) FROM members WHERE age > 30 "
+                     "GROUP BY GROUPING SETS ((gender), (education_level))",
     "join_where": "SELECT m.gender, COUNT(*) FROM checkouts c JOIN members m ON c.member_id = m.id "
                   "WHERE m.age > 30 GROUP BY m.gender",
     "keys_only": "SELECT gender FROM members WHERE gender <> 'male' GROUP BY gender",
@@ -170,6 +177,8 @@ def test_trees_of_the_library_queries_are_the_parsed_texts(project):
     policy = load_policy(project / "policies" / "library_catalog.toml")
     kinds = set()
     for kind, sql in QUERIES.items():
+        if kind in ("union", "grouping_sets"):
+            continue  # several plans (the pipeline splits them)
         plan = parse_query(sql, policy)
         for part, tree, text in _checks(plan):
             kinds.add(part)

@@ -480,6 +480,21 @@ def _aggregate_tree(function: str, column: str | None, scope: QueryScope) -> exp
     return None if node is None else node(this=col)
 
 
+def _quantile_tree(function: str, alpha: float, column: str | None, text: str) -> exp.Expression | None:
+    """The tree of :func:`~dpgate.sql.quantile.quantile_sql` (what DuckDB's parser reads from
+    ``text``), or None when it would not print as ``text`` (then the text is parsed)."""
+    if column is None:
+        return None
+    col = exp.column(column, quoted=True)
+    if function in ("min", "max"):
+        tree: exp.Expression = (exp.Min if function == "min" else exp.Max)(this=col)
+    elif alpha == 0.5:
+        tree = exp.Median(this=col)
+    else:
+        tree = exp.PercentileCont(this=col, expression=exp.Literal.number(repr(alpha)))
+    return tree if tree.sql(dialect=DIALECT) == text else None
+
+
 def with_canonical_sql(plan: QueryPlan, scope: QueryScope, fragments: _Fragments | None = None) -> QueryPlan:
     """``plan`` with its canonical SQL: a SELECT of the outputs over the table, WHERE, GROUP BY,
     HAVING (over the outputs' SQL), ORDER BY and LIMIT; assembled from ``fragments``' trees (no
@@ -499,6 +514,8 @@ def with_canonical_sql(plan: QueryPlan, scope: QueryScope, fragments: _Fragments
             tree = fragments.trees.get(out.name) if alpha is None else None
             if tree is None and alpha is None:
                 tree = _aggregate_tree(out.function, out.column, scope)
+            elif alpha is not None:
+                tree = _quantile_tree(out.function, alpha, out.column, exprs[out.name])
         else:
             continue
         if tree is not None:
