@@ -74,7 +74,7 @@ def main() -> int:
         refused: list[float] = []
         cold: list[float] = []
         slowest: list[tuple[float, str]] = []
-        key_domains._enumerate.cache_clear()
+        key_domains._enumerate_with.cache_clear()
         for q in queries:
             policy = policies[q.dataset]
             times = []
