@@ -128,6 +128,7 @@ def worker(engine: str, data: Path, runs: int, pg_schema: str | None) -> dict:
     """Load one engine and time the queries; returns the result record."""
     from dpgate.engines import EngineOptions, EngineSet
     from dpgate.sql.bound import bounded_sql
+    import dpgate.pipeline.planning  # noqa: F401 - installs the planner's table-less evaluator
     from dpgate.sql.parse import parse_query
 
     lines, source = {
@@ -202,6 +203,7 @@ def fast_path(data: Path, runs: int) -> dict:
     from dpgate.engines import EngineSet
     from dpgate.policy import parse_policy
     from dpgate.sql.bound import bounded_sql
+    import dpgate.pipeline.planning  # noqa: F401 - installs the planner's table-less evaluator
     from dpgate.sql.parse import parse_query
 
     import tomllib

@@ -25,6 +25,7 @@ from dpgate.policy import parse_policy
 from dpgate.sql.bound import bounded_sql
 from dpgate.sql.sources import plan_policy
 from dpgate.sql.parse import parse_query
+import dpgate.pipeline.planning  # noqa: E402,F401 - installs the planner's table-less evaluator (dpgate.sql.evaluation)
 
 
 def _policy(k: int, m: int):

@@ -32,6 +32,7 @@ from dpgate.errors import DpgateError  # noqa: E402
 from dpgate.policy import PolicyError, load_policy  # noqa: E402
 from dpgate.sql import keys as key_domains  # noqa: E402
 from dpgate.sql.parse import parse_query  # noqa: E402
+import dpgate.pipeline.planning  # noqa: E402,F401 - installs the planner's table-less evaluator (dpgate.sql.evaluation)
 from tests.corpus.harness import POLICY_DIR, SHARED_DATASETS, load_corpus, shared_data_dir  # noqa: E402
 
 
@@ -73,7 +74,7 @@ def main() -> int:
         refused: list[float] = []
         cold: list[float] = []
         slowest: list[tuple[float, str]] = []
-        key_domains._enumerate.cache_clear()
+        key_domains._enumerate_with.cache_clear()
         for q in queries:
             policy = policies[q.dataset]
             times = []

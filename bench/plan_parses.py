@@ -25,6 +25,7 @@ from sqlglot.dialects.dialect import Dialect  # noqa: E402
 from bench.plan_bench import _policies  # noqa: E402
 from dpgate.errors import DpgateError  # noqa: E402
 from dpgate.sql.parse import DIALECTS, parse_query  # noqa: E402
+import dpgate.pipeline.planning  # noqa: E402,F401 - installs the planner's table-less evaluator (dpgate.sql.evaluation)
 from tests.corpus.harness import load_corpus, shared_data_dir  # noqa: E402
 
 

@@ -31,6 +31,7 @@ from dpgate.mechanisms import calibrate
 from dpgate.policy import parse_policy
 from dpgate.quantile_release import calibrate_plan, run
 from dpgate.sql.parse import parse_query
+import dpgate.pipeline.planning  # noqa: E402,F401 - installs the planner's table-less evaluator (dpgate.sql.evaluation)
 
 
 def _policy(keys: int, k: int, m: int):

@@ -33,6 +33,13 @@ from pathlib import Path
 
 import pytest
 
+from dpgate.engines.duckdb import evaluate_tableless
+from dpgate.sql import evaluation
+
+# The planner's evaluator of table-less queries (computed keys' domains, WHERE narrowing), which
+# the pipeline installs (dpgate.pipeline.planning); planner tests call dpgate.sql directly.
+evaluation.install(evaluate_tableless)
+
 #: Whole files in the slow tier, with the reason.
 SLOW_FILES: dict[str, str] = {
     "test_quickstart.py": "clones the repository, fresh venvs, pip install from the index, the README's commands",

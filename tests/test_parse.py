@@ -11,7 +11,8 @@ import pytest
 from dpgate.errors import InvalidSql, UnknownColumn, UnknownTable, UnsupportedQuery
 from dpgate.policy import load_policy, parse_policy
 from dpgate.sql.parse import parse_query
-from dpgate.sql.plan import AggregateOutput, KeyOutput, QueryPlan, evaluate_predicate
+from dpgate.postprocess import evaluate_predicate
+from dpgate.sql.plan import AggregateOutput, KeyOutput, QueryPlan
 
 FIXTURE = Path(__file__).parent / "fixtures" / "policies" / "planner.toml"
 

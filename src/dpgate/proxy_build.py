@@ -56,6 +56,7 @@ class FittedTable:
 
 def _marginal_of(release: Any, policy: DatasetPolicy) -> tuple[str, str, Marginal] | None:
     """(table, column, marginal) when ``release`` is a one-key COUNT(*) over the whole table."""
+    import dpgate.pipeline.planning  # noqa: F401 - installs the planner's table-less evaluator
     from dpgate.sql.parse import parse_query
     from dpgate.sql.plan import AggregateOutput, KeyOutput
 

@@ -17,11 +17,13 @@ from typing import Any, Callable, Mapping, MutableMapping, Sequence
 import numpy as np
 from sqlglot import exp
 
+from dpgate.engines.duckdb import evaluate_tableless
 from dpgate.errors import DpgateError, InvalidSql, UnsupportedQuery
 from dpgate.pipeline.documents import plain
 from dpgate.pipeline.strategy import Part, Strategy, choose, free, union_of
 from dpgate.policy import DatasetPolicy, KeyTuples
 from dpgate.postprocess import check_postprocess_expression
+from dpgate.sql import evaluation
 from dpgate.sql.constant import refuse_constant_plan
 from dpgate.sql.parse import nothing_charged, parse_query, parse_statement
 from dpgate.sql.plan import AggregateOutput, DerivedOutput, KeyOutput, QueryPlan
@@ -31,6 +33,11 @@ from dpgate.sql.semi_joins import resolve_semi_joins
 from dpgate.sql.sources import plan_policy
 from dpgate.sql.grouping_sets import GROUPING_SET_NAMES, grouping_set_branches, in_grouping_set
 from dpgate.sql.union import UNION_NAMES, check_union_columns, in_part, union_branches, union_hash
+
+# The planner evaluates computed keys' domains and WHERE narrowing of public keys on the policy's
+# values (never on data) with the engine's semantics; it imports no engine, the pipeline passes
+# DuckDB's table-less evaluator in (dpgate.sql.evaluation).
+evaluation.install(evaluate_tableless)
 
 __all__ = ["MAX_PUBLIC_TABLE_KEYS", "ValuesOf", "check_text", "compile_query", "public_values",
            "with_public_table_keys"]
@@ -224,7 +231,7 @@ def check_derived_outputs(plan: QueryPlan, policy: DatasetPolicy) -> None:
         for value_type in ("int", "float"):
             types = {**{o.name: value_type for o in plan.outputs if isinstance(o, AggregateOutput)}, **keys}
             for o in derived:
-                check_postprocess_expression(o.expression, types)
+                check_postprocess_expression(plan.derived_tree(o), types)
     except UnsupportedQuery as e:
         raise in_analyst_terms(e, labels) from None
 

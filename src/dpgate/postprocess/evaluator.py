@@ -15,6 +15,7 @@ import numpy as np
 import sqlglot
 from sqlglot import exp
 
+from dpgate.sql.nondeterministic import NONDETERMINISTIC_FUNCTIONS
 from dpgate.postprocess.casts import _cast, _cast_target, _comparable
 from dpgate.postprocess.vectors import (
     _I64_MIN,
@@ -33,13 +34,9 @@ from dpgate.postprocess.vectors import (
 
 # --- the evaluator ---------------------------------------------------------------------------------
 
-#: Functions refused in post-processing because their value is not a function of the release.
-NONDETERMINISTIC_FUNCTIONS = frozenset(
-    "RANDOM RAND RANDN RANDOMBYTES SETSEED UUID GEN_RANDOM_UUID NEWID NOW GETDATE SYSDATE "
-    "SYSDATETIME TODAY CURRENT_DATE CURRENT_TIME CURRENT_TIMESTAMP LOCALTIME LOCALTIMESTAMP "
-    "CLOCK_TIMESTAMP STATEMENT_TIMESTAMP TRANSACTION_TIMESTAMP GET_CURRENT_TIME UNIX_TIMESTAMP "
-    "CURRENT_DATETIME UTC_TIMESTAMP UTC_DATE NEXTVAL CURRVAL TXID_CURRENT".split()
-)
+#: (:data:`NONDETERMINISTIC_FUNCTIONS`, functions refused in post-processing because their value is
+#: not a function of the release, is defined below the planner, which refuses them too:
+#: :mod:`dpgate.sql.nondeterministic`.)
 _NONDET_NODES: tuple[type, ...] = tuple(
     getattr(exp, name)
     for name in ("Rand", "Randn", "Uuid", "CurrentDate", "CurrentTime", "CurrentTimestamp",

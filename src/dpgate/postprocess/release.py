@@ -403,7 +403,7 @@ def _finalize(plan, policy, keys, noisy, scales, halfwidths, mechanism, resoluti
     for o in plan.outputs:
         if isinstance(o, DerivedOutput):
             try:
-                cells[o.name] = derived_cell(o.expression, cells, prims, rows=n)
+                cells[o.name] = derived_cell(plan.derived_tree(o), cells, prims, rows=n)
             except ExpressionError as e:
                 raise Internal(f"a select-list expression could not be evaluated: {e}") from None
 
@@ -421,7 +421,7 @@ def _finalize(plan, policy, keys, noisy, scales, halfwidths, mechanism, resoluti
     order = np.arange(n, dtype=np.int64)
     if plan.having:
         try:
-            keep = evaluate_predicate(plan.having, vectors, rows=n)
+            keep = evaluate_predicate(plan.having_tree(), vectors, rows=n)
         except ExpressionError as e:
             raise Internal(f"HAVING could not be evaluated: {e}") from None
         order = order[keep]

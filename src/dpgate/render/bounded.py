@@ -29,16 +29,15 @@ def _src(c: str) -> exp.Column:
     return n.col(c, _SRC)
 
 
-def row_tree(canonical: str, qualifier: str | None = _SRC) -> exp.Expression:
-    """:func:`dpgate.sql.bound.row_sql` as a tree (the canonical text is parsed: issue 20 step 3
-    replaces it by the plan's typed expression)."""
-    tree = sqlglot.parse_one(canonical, read="duckdb")
+def row_tree(canonical: exp.Expression | str, qualifier: str | None = _SRC) -> exp.Expression:
+    """:func:`dpgate.sql.bound.row_sql` as a tree, from the plan's tree (``plan.where_tree()``,
+    ``plan.key_tree(key)``: :class:`~dpgate.sql.plan.PlanTrees`; text is parsed)."""
+    tree = sqlglot.parse_one(canonical, read="duckdb") if isinstance(canonical, str) else canonical
     ref = lambda name: exp.column(name, table=qualifier, quoted=True)  # noqa: E731
     return total_sql(tree, ref)
 
 
-def _derived_value(expression: str, table: TablePolicy) -> exp.Expression:
-    tree = sqlglot.parse_one(expression, read="duckdb")
+def _derived_value(tree: exp.Expression, table: TablePolicy) -> exp.Expression:
     e = bind_value(tree, table)
     return exp.Paren(this=value_sql(e, _src))
 
@@ -237,7 +236,7 @@ def _rows_cte(plan: QueryPlan, table: TablePolicy, keys: list, key_ref: list, g:
         if name in declared:
             ref = lambda name=name: _src(name)  # noqa: E731
         else:
-            dv = _derived_value(name, table)
+            dv = _derived_value(plan.value_tree(name), table)
             ref = lambda dv=dv: dv.copy()  # noqa: E731
         rows_items.append(n.alias(_fixed_point(cp, ref) if name in summed else _present(cp, ref), v))
         value_of[name] = v
@@ -252,7 +251,7 @@ def _rows_cte(plan: QueryPlan, table: TablePolicy, keys: list, key_ref: list, g:
     if not table.record_level:
         conditions.append(n.not_null(_src(table.privacy_unit)))
     if plan.where is not None:
-        conditions.append(exp.Paren(this=row_tree(plan.where)))
+        conditions.append(exp.Paren(this=row_tree(plan.where_tree())))
     conditions += [_key_filter(c, key_ref[i]) for i, c in enumerate(keys) if c.name not in plan.selected_keys]
     for key in plan.computed_keys:
         if key.rule == "enumerated":
@@ -316,7 +315,7 @@ def bounded_tree(plan: QueryPlan, table: TablePolicy, salt: exp.Expression, *, p
         per_unit: whether step 2 runs (:func:`dpgate.sql.bound.aggregates_per_unit`).
     """
     keys = [plan.key_column(table, c) for c in plan.group_by]
-    key_trees = {c.name: row_tree(plan.computed_key(c.name).expression)
+    key_trees = {c.name: row_tree(plan.key_tree(plan.computed_key(c.name)))
                  for c in keys if plan.computed_key(c.name) is not None}
     key_ref = [(lambda c=c: key_trees[c.name].copy()) if c.name in key_trees else (lambda c=c: _src(c.name))
                for c in keys]

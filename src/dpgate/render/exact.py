@@ -2,13 +2,12 @@
 
 The statement of :func:`dpgate.sql.public.exact_sql` built node by node:
 ``sqlglot.parse_one(exact_sql(...), read="duckdb")`` equals :func:`exact_tree`
-(tests/test_render_trees.py). Derived outputs and HAVING are still canonical text, parsed here
-(issue 20 step 3 gives the plan their typed expressions).
+(tests/test_render_trees.py). WHERE, HAVING, computed keys and derived outputs are the plan's own
+trees (:class:`~dpgate.sql.plan.PlanTrees`): nothing is parsed here.
 """
 
 from __future__ import annotations
 
-import sqlglot
 from sqlglot import exp
 
 from dpgate.policy import DatasetPolicy
@@ -22,16 +21,12 @@ _FUNCTIONS = {"count_column": "COUNT", "sum": "SUM", "avg": "AVG", "var_pop": "V
               "stddev_pop": "STDDEV_POP", "min": "MIN", "max": "MAX"}
 
 
-def _text(sql: str) -> exp.Expression:
-    return sqlglot.parse_one(sql, read="duckdb")
-
-
 def exact_tree(plan: QueryPlan, policy: DatasetPolicy, limit: int | None) -> exp.Select:
     """The exact answer's SELECT (``limit``: the LIMIT :func:`exact_sql` computed, or None)."""
 
     def src(c: str) -> exp.Expression:  # a computed key is its expression over the row (a trial: was g0)
         computed = plan.computed_key(c)
-        return n.col(c, _SRC) if computed is None else exp.Paren(this=_text(computed.expression))
+        return n.col(c, _SRC) if computed is None else exp.Paren(this=plan.key_tree(computed))
     items: list[exp.Expression] = []
     for o in plan.outputs:
         if isinstance(o, KeyOutput):
@@ -50,16 +45,16 @@ def exact_tree(plan: QueryPlan, policy: DatasetPolicy, limit: int | None) -> exp
         else:
             node = exp.func(_FUNCTIONS[o.function], src(o.column), dialect="duckdb")
         items.append(n.alias(node, o.name))
-    where = row_tree(plan.where) if plan.where is not None else None
+    where = row_tree(plan.where_tree()) if plan.where is not None else None
     inner = n.select(items, plan_source(plan, policy).relation(_SRC), where=where, group=[src(c) for c in plan.group_by])
-    visible = [n.alias(exp.Paren(this=_text(o.expression)), o.name) if isinstance(o, DerivedOutput) else n.col(o.name)
+    visible = [n.alias(exp.Paren(this=plan.derived_tree(o)), o.name) if isinstance(o, DerivedOutput) else n.col(o.name)
                for o in plan.visible_outputs]
     outer = n.select(visible, exp.Subquery(this=inner, alias=exp.TableAlias(this=n.ident("__dpg_exact", quoted=False))),
-                     where=_text(plan.having) if plan.having else None)
+                     where=plan.having_tree() if plan.having else None)
 
     def sort_key(name: str) -> exp.Expression:
         o = plan.output(name)
-        return exp.Paren(this=_text(o.expression)) if isinstance(o, DerivedOutput) and o.hidden else n.col(name)
+        return exp.Paren(this=plan.derived_tree(o)) if isinstance(o, DerivedOutput) and o.hidden else n.col(name)
 
     order = [exp.Ordered(this=sort_key(i.output), desc=True if i.descending else None, nulls_first=bool(i.nulls_first))
              for i in plan.order_by]

@@ -51,7 +51,7 @@ def histogram_tree(plan: QueryPlan, policy: DatasetPolicy, column: str, salt: ex
     if not table.record_level:
         conditions.append(n.not_null(_src(table.privacy_unit)))
     if plan.where is not None:
-        conditions.append(exp.Paren(this=row_tree(plan.where)))
+        conditions.append(exp.Paren(this=row_tree(plan.where_tree())))
     conditions += [_key_filter(c, lambda c=c: _src(c.name)) for c in keys if c.name not in plan.selected_keys]
     ctes: list[tuple[str, exp.Expression]] = [
         (_PREFIX + "rows", n.select(items, _relation(table, join_tree), where=n.conjunction(conditions)))]

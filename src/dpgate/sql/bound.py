@@ -53,7 +53,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import sqlglot
 from sqlglot import exp
 
 from dpgate.policy import ColumnPolicy, DatasetPolicy, TablePolicy, quote_identifier as q
@@ -257,7 +256,7 @@ def _key_expression(plan: QueryPlan, name: str) -> str | None:
     key = plan.computed_key(name)
     if key is None:
         return None
-    return row_sql(key.expression)
+    return row_sql(plan.key_tree(key))
 
 
 def _key_relation(col: ColumnPolicy, i: int) -> str:
@@ -326,10 +325,10 @@ def _where(plan: QueryPlan) -> str | None:
     # whose predicate would raise at run time (an overflow in ROUND, say) is filtered out
     # instead of failing the query, so whether a query succeeds never depends on the data
     # (an error would be a release without noise).
-    return row_sql(plan.where)
+    return row_sql(plan.where_tree())
 
 
-def _derived_value(expression: str, table: TablePolicy) -> str:
+def _derived_value(tree: exp.Expression, table: TablePolicy) -> str:
     """The executable per-row value of an aggregated expression (DuckDB SQL over ``__dpg_src``).
 
     The canonical expression is bound again against the table policy
@@ -338,7 +337,6 @@ def _derived_value(expression: str, table: TablePolicy) -> str:
     (NaN/±inf → NULL), conditions over raw columns under ``TRY``, division in doubles. The
     result is then clamped again to the plan's derived range by :func:`_fixed_point`.
     """
-    tree = sqlglot.parse_one(expression, read="duckdb")
     e = bind_value(tree, table)
     ref = lambda name: exp.column(name, table=_SRC, quoted=True)  # noqa: E731
     return f"({value_sql(e, ref).sql(dialect='duckdb')})"
@@ -397,80 +395,14 @@ def _join_distinct(prims, g: list[str]) -> str:
 
 def _render(plan: QueryPlan, policy: DatasetPolicy, salt: str, *, unit_unique: bool = False) -> str:
     table: TablePolicy = policy.table(plan.table)
-    src = lambda c: f"{q(_SRC)}.{q(c)}"  # noqa: E731
     keys = [plan.key_column(table, c) for c in plan.group_by]
-    key_refs = [_key_expression(plan, c.name) or src(c.name) for c in keys]
     g = [q(f"{_PREFIX}g{i}") for i in range(len(keys))]
     m = table.max_rows_per_unit
     k = table.max_groups_per_unit
     record_level = table.record_level
     per_unit = aggregates_per_unit(table, unit_unique=unit_unique)
-
-    # Value columns: one per aggregated column (fixed-point value or presence flag).
-    value_of: dict[str, str] = {}
-    select_rows: list[str] = []
-    if not record_level:
-        select_rows.append(f"{src(table.privacy_unit)} AS {q(_PREFIX + 'u')}")
-    select_rows += [f"{key_refs[i]} AS {g[i]}" for i in range(len(keys))]
-    summed = {p.column for p in plan.primitives if primitive_kind(p.kind).row_value == "fixed_point"}
-    counted = {p.column for p in plan.primitives if primitive_kind(p.kind).row_value == "present"}
-    declared = list(table.columns)
-    derived = [v.expression for v in plan.values]
-    order = lambda n: (0, declared.index(n)) if n in declared else (1, derived.index(n))  # noqa: E731
-    for j, name in enumerate(sorted(summed | counted, key=order)):
-        col = plan.column_policy(table, name)
-        v = q(f"{_PREFIX}v{j}")
-        ref = src(name) if name in declared else _derived_value(name, table)
-        expr = _fixed_point(col, ref) if name in summed else _present(col, ref)
-        select_rows.append(f"{expr} AS {v}")
-        value_of[name] = v
-    # COUNT(DISTINCT col) (issue 11): the raw value, bounded per (unit, group) further down
-    distinct_of: dict[str, str] = {}
-    for j, name in enumerate(dict.fromkeys(p.column for p in plan.primitives
-                                                 if primitive_kind(p.kind).row_value == "raw")):
-        distinct_of[name] = q(f"{_PREFIX}d{j}")
-        select_rows.append(f"{src(name)} AS {distinct_of[name]}")
-    if not select_rows:
-        # A record-level COUNT(*) with no group key reads no column: keep one generated
-        # column so that the projection is valid SQL.
-        select_rows.append(f"1 AS {q(_PREFIX + 'one')}")
-    conditions = []
-    if not record_level:
-        conditions.append(f"{src(table.privacy_unit)} IS NOT NULL")
-    where = _where(plan)
-    if where is not None:
-        conditions.append(f"({where})")
-    # selected keys (issue 11) have no public keys to filter on: every value is a candidate
-    conditions += [_key_filter(c, key_refs[i]) for i, c in enumerate(keys) if c.name not in plan.selected_keys]
-    for key in plan.computed_keys:
-        if key.rule == "enumerated":
-            conditions += [_input_filter(table.column(n), src(n)) for n in key.inputs]
-    rows_sql = (
-        f"SELECT {', '.join(select_rows)}\n  FROM {table.relation} AS {q(_SRC)}"
-        + (f"\n  WHERE {' AND '.join(conditions)}" if conditions else "")
-    )
-
-    # Per-primitive expressions at the partial and at the group level.
-    part_cols: list[str] = []
-    group_cols: list[str] = []
-    for p in plan.primitives:
-        pid = q(f"{_PREFIX}{p.id}")
-        kind = primitive_kind(p.kind)  # the fragments: dpgate.sql.primitives, as text here
-        lo, hi = plan.column_policy(table, p.column).fixed_point_bounds if kind.bounded else (0, 0)
-        v = value_of.get(p.column)
-        fragment = kind.per_unit(v[1:-1] if v else None, m, lo, hi)
-        if fragment is None:  # COUNT(DISTINCT col): its own CTEs (_distinct_ctes), joined below
-            continue
-        row = fragment.row.sql(dialect="duckdb")
-        if fragment.clip is None:  # COUNT(DISTINCT unit): the group aggregate, per unit or not
-            group_cols.append(f"{row} AS {pid}")
-            continue
-        clip = fragment.clip.sql(dialect="duckdb")
-        if not per_unit:
-            group_cols.append(f"{row} AS {pid}")
-        else:
-            part_cols.append(f"{clip} AS {pid}")
-            group_cols.append(f"SUM({pid}) AS {pid}")
+    rows_sql, value_of, distinct_of = _rows_text(plan, table, keys, g)
+    part_cols, group_cols = _primitive_texts(plan, table, value_of, per_unit=per_unit)
 
     group_list = ", ".join(g)
     rows_name = _PREFIX + "rows" if per_unit or record_level else UNIQUE_ROWS_CTE
@@ -507,23 +439,105 @@ def _render(plan: QueryPlan, policy: DatasetPolicy, salt: str, *, unit_unique: b
         ctes.append(selection.units_cte(plan, source, record_level))
         return "WITH " + ",\n".join(ctes) + "\n" + selection.final_sql(
             plan, keys, _key_relations(plan, table, keys, plan.public_group_by))
+    return "WITH " + ",\n".join(ctes) + "\n" + _final_text(plan, table, keys, g)
 
+
+def _rows_text(plan: QueryPlan, table: TablePolicy, keys: list[ColumnPolicy], g: list[str]
+               ) -> tuple[str, dict[str, str], dict[str, str]]:
+    """Step 1 of :func:`_render`: the rows' SELECT (unit, keys, one value column per aggregated
+    column, raw values of COUNT(DISTINCT col)) with its WHERE; the value and distinct columns' names."""
+    src = lambda c: f"{q(_SRC)}.{q(c)}"  # noqa: E731
+    key_refs = [_key_expression(plan, c.name) or src(c.name) for c in keys]
+    record_level = table.record_level
+    # Value columns: one per aggregated column (fixed-point value or presence flag).
+    value_of: dict[str, str] = {}
+    select_rows: list[str] = []
+    if not record_level:
+        select_rows.append(f"{src(table.privacy_unit)} AS {q(_PREFIX + 'u')}")
+    select_rows += [f"{key_refs[i]} AS {g[i]}" for i in range(len(keys))]
+    summed = {p.column for p in plan.primitives if primitive_kind(p.kind).row_value == "fixed_point"}
+    counted = {p.column for p in plan.primitives if primitive_kind(p.kind).row_value == "present"}
+    declared = list(table.columns)
+    derived = [v.expression for v in plan.values]
+    order = lambda n: (0, declared.index(n)) if n in declared else (1, derived.index(n))  # noqa: E731
+    for j, name in enumerate(sorted(summed | counted, key=order)):
+        col = plan.column_policy(table, name)
+        v = q(f"{_PREFIX}v{j}")
+        ref = src(name) if name in declared else _derived_value(plan.value_tree(name), table)
+        expr = _fixed_point(col, ref) if name in summed else _present(col, ref)
+        select_rows.append(f"{expr} AS {v}")
+        value_of[name] = v
+    # COUNT(DISTINCT col) (issue 11): the raw value, bounded per (unit, group) further down
+    distinct_of: dict[str, str] = {}
+    for j, name in enumerate(dict.fromkeys(p.column for p in plan.primitives
+                                                 if primitive_kind(p.kind).row_value == "raw")):
+        distinct_of[name] = q(f"{_PREFIX}d{j}")
+        select_rows.append(f"{src(name)} AS {distinct_of[name]}")
+    if not select_rows:
+        # A record-level COUNT(*) with no group key reads no column: keep one generated
+        # column so that the projection is valid SQL.
+        select_rows.append(f"1 AS {q(_PREFIX + 'one')}")
+    conditions = []
+    if not record_level:
+        conditions.append(f"{src(table.privacy_unit)} IS NOT NULL")
+    where = _where(plan)
+    if where is not None:
+        conditions.append(f"({where})")
+    # selected keys (issue 11) have no public keys to filter on: every value is a candidate
+    conditions += [_key_filter(c, key_refs[i]) for i, c in enumerate(keys) if c.name not in plan.selected_keys]
+    for key in plan.computed_keys:
+        if key.rule == "enumerated":
+            conditions += [_input_filter(table.column(n), src(n)) for n in key.inputs]
+    rows_sql = (
+        f"SELECT {', '.join(select_rows)}\n  FROM {table.relation} AS {q(_SRC)}"
+        + (f"\n  WHERE {' AND '.join(conditions)}" if conditions else "")
+    )
+    return rows_sql, value_of, distinct_of
+
+
+def _primitive_texts(plan: QueryPlan, table: TablePolicy, value_of: dict[str, str], *, per_unit: bool
+                     ) -> tuple[list[str], list[str]]:
+    """Per-primitive expressions at the partial (per unit and group) and at the group level."""
+    m = table.max_rows_per_unit
+    part_cols: list[str] = []
+    group_cols: list[str] = []
+    for p in plan.primitives:
+        pid = q(f"{_PREFIX}{p.id}")
+        kind = primitive_kind(p.kind)  # the fragments: dpgate.sql.primitives, as text here
+        lo, hi = plan.column_policy(table, p.column).fixed_point_bounds if kind.bounded else (0, 0)
+        v = value_of.get(p.column)
+        fragment = kind.per_unit(v[1:-1] if v else None, m, lo, hi)
+        if fragment is None:  # COUNT(DISTINCT col): its own CTEs (_distinct_ctes), joined below
+            continue
+        row = fragment.row.sql(dialect="duckdb")
+        if fragment.clip is None:  # COUNT(DISTINCT unit): the group aggregate, per unit or not
+            group_cols.append(f"{row} AS {pid}")
+            continue
+        clip = fragment.clip.sql(dialect="duckdb")
+        if not per_unit:
+            group_cols.append(f"{row} AS {pid}")
+        else:
+            part_cols.append(f"{clip} AS {pid}")
+            group_cols.append(f"SUM({pid}) AS {pid}")
+    return part_cols, group_cols
+
+
+def _final_text(plan: QueryPlan, table: TablePolicy, keys: list[ColumnPolicy], g: list[str]) -> str:
+    """The final SELECT: every primitive per released key combination (0 for an empty group)."""
     grp = q(_PREFIX + "groups")
     outs = [
         f"COALESCE({grp}.{q(_PREFIX + p.id)}, 0) AS {q(p.id)}" for p in plan.primitives
     ]
     if not keys:
-        final = f"SELECT {', '.join(outs)}\nFROM {grp}"
-    else:
-        relations, refs, orders = _key_relations(plan, table, keys)
-        key_outs = [f"CAST({refs[i]} AS {c.duckdb_type}) AS {q(c.name)}" for i, c in enumerate(keys)]
-        joins = " CROSS JOIN ".join(relations)
-        on = " AND ".join(
-            f"{refs[i]} {'IS NOT DISTINCT FROM' if _has_null(c) else '='} {grp}.{g[i]}"
-            for i, c in enumerate(keys))
-        order = ", ".join(orders)
-        final = (
-            f"SELECT {', '.join(key_outs + outs)}\nFROM {joins}\n"
-            f"LEFT JOIN {grp} ON {on}\nORDER BY {order}"
-        )
-    return "WITH " + ",\n".join(ctes) + "\n" + final
+        return f"SELECT {', '.join(outs)}\nFROM {grp}"
+    relations, refs, orders = _key_relations(plan, table, keys)
+    key_outs = [f"CAST({refs[i]} AS {c.duckdb_type}) AS {q(c.name)}" for i, c in enumerate(keys)]
+    joins = " CROSS JOIN ".join(relations)
+    on = " AND ".join(
+        f"{refs[i]} {'IS NOT DISTINCT FROM' if _has_null(c) else '='} {grp}.{g[i]}"
+        for i, c in enumerate(keys))
+    order = ", ".join(orders)
+    return (
+        f"SELECT {', '.join(key_outs + outs)}\nFROM {joins}\n"
+        f"LEFT JOIN {grp} ON {on}\nORDER BY {order}"
+    )

@@ -51,6 +51,7 @@ from dpgate.sql.outputs import (
     plan_offset,
     plan_order_by,
 )
+from dpgate.sql.parsed_shape import ambiguous, parsed_shape
 from dpgate.sql.per_unit import rewrite_per_unit
 from dpgate.sql.plan import (
     FUNCTION_PRIMITIVES,
@@ -61,6 +62,7 @@ from dpgate.sql.plan import (
     NarrowedKey,
     OrderItem,
     Output,
+    PlanTrees,
     Primitive,
     QueryPlan,
 )
@@ -151,7 +153,8 @@ def plan_statement(stmt: exp.Select, policy: DatasetPolicy, source: Source | Non
 
     selected_keys = selection.selected_columns(table, group_by)  # issue 11 hook
     _refuse_float_selected_keys(selected_keys, table)
-    narrowed, tuples = _released_keys(where, table, keys, selected_keys)
+    where_shaped = None if where_tree is None else shaped(where_tree)  # the text's own shape
+    narrowed, tuples = _released_keys(where_shaped, table, keys, selected_keys)
 
     outputs.check_labels()
     outputs.assign_names()
@@ -175,6 +178,7 @@ def plan_statement(stmt: exp.Select, policy: DatasetPolicy, source: Source | Non
         narrowed_keys=narrowed,
         offset=offset,
         source=source,
+        trees=_plan_trees(where_shaped, having, plan_outputs, derived_trees, keys, outputs),
     )
     if offset and (table.public or selection_shaped(plan)):
         what = "a public table's rows" if table.public else "a top-k selection (keys ordered by an aggregate)"
@@ -186,6 +190,29 @@ def plan_statement(stmt: exp.Select, policy: DatasetPolicy, source: Source | Non
             {"construct": plan.computed_keys[0].expression},
         )
     return with_canonical_sql(plan, scope, _Fragments.of(keys, derived_trees, having))
+
+
+def _plan_trees(where: exp.Expression | None, having: exp.Expression | None, plan_outputs: tuple[Output, ...],
+                derived: dict[str, exp.Expression], keys: Keys, outputs: Outputs) -> PlanTrees:
+    """The trees the plan's texts were generated from, in the shape DuckDB's parser gives those
+    texts (:class:`~dpgate.sql.plan.PlanTrees`, :func:`~dpgate.sql.parsed_shape.parsed_shape`;
+    ``where`` is shaped already)."""
+    values = {o.derived.expression: shaped(o.derived_tree) for o in outputs.items
+              if o.derived is not None and o.derived_tree is not None}
+    return PlanTrees(where=where, having=None if having is None else shaped(having), values=values,
+                     keys={name: shaped(tree) for name, tree in keys.trees.items()},
+                     derived={o.name: shaped(derived[o.name]) for o in plan_outputs
+                              if isinstance(o, DerivedOutput)})
+
+
+def shaped(tree: exp.Expression) -> exp.Expression:
+    """``tree`` in the shape DuckDB's parser gives its canonical text
+    (:func:`~dpgate.sql.parsed_shape.parsed_shape`); an :func:`~dpgate.sql.parsed_shape.ambiguous`
+    tree (its text reads back otherwise: none in the corpus) is its text parsed, since the text is
+    what the plan hash covers and what ran before the plan carried trees."""
+    if ambiguous(tree):
+        return sqlglot.parse_one(tree.sql(dialect=DIALECT, comments=False), read=DIALECT)
+    return parsed_shape(tree)
 
 
 def _raw_rows(stmt: exp.Select, table: TablePolicy, group_by: list[str]) -> bool:
@@ -284,7 +311,7 @@ def _refuse_float_selected_keys(selected_keys: tuple[str, ...], table: TablePoli
                 "or group by a condition or a CASE with literal results over it")
 
 
-def _released_keys(where: str | None, table: TablePolicy, keys: Keys, selected_keys: tuple[str, ...]
+def _released_keys(where: exp.Expression | None, table: TablePolicy, keys: Keys, selected_keys: tuple[str, ...]
                    ) -> tuple[tuple[NarrowedKey, ...], dict[str, tuple]]:
     """The keys narrowed by WHERE and the key tuples of several columns of one public table;
     refuses more than :data:`MAX_GROUPS` key combinations and an empty tuple set."""
@@ -460,6 +487,21 @@ def _aggregate_tree(function: str, column: str | None, scope: QueryScope) -> exp
     return None if node is None else node(this=col)
 
 
+def _quantile_tree(function: str, alpha: float, column: str | None, text: str) -> exp.Expression | None:
+    """The tree of :func:`~dpgate.sql.quantile.quantile_sql` (what DuckDB's parser reads from
+    ``text``), or None when it would not print as ``text`` (then the text is parsed)."""
+    if column is None:
+        return None
+    col = exp.column(column, quoted=True)
+    if function in ("min", "max"):
+        tree: exp.Expression = (exp.Min if function == "min" else exp.Max)(this=col)
+    elif alpha == 0.5:
+        tree = exp.Median(this=col)
+    else:
+        tree = exp.PercentileCont(this=col, expression=exp.Literal.number(repr(alpha)))
+    return tree if tree.sql(dialect=DIALECT) == text else None
+
+
 def with_canonical_sql(plan: QueryPlan, scope: QueryScope, fragments: _Fragments | None = None) -> QueryPlan:
     """``plan`` with its canonical SQL: a SELECT of the outputs over the table, WHERE, GROUP BY,
     HAVING (over the outputs' SQL), ORDER BY and LIMIT; assembled from ``fragments``' trees (no
@@ -479,6 +521,8 @@ def with_canonical_sql(plan: QueryPlan, scope: QueryScope, fragments: _Fragments
             tree = fragments.trees.get(out.name) if alpha is None else None
             if tree is None and alpha is None:
                 tree = _aggregate_tree(out.function, out.column, scope)
+            elif alpha is not None:
+                tree = _quantile_tree(out.function, alpha, out.column, exprs[out.name])
         else:
             continue
         if tree is not None:

@@ -4,11 +4,9 @@ any charge: every aggregate is 0, so there is nothing to release."""
 
 from __future__ import annotations
 
-import sqlglot
 from sqlglot import exp
 
 from dpgate.errors import UnsupportedQuery
-from dpgate.sql.bind import DIALECT
 from dpgate.sql.plan import QueryPlan
 
 __all__ = ["refuse_constant_plan"]
@@ -30,7 +28,7 @@ def refuse_constant_plan(plan: QueryPlan) -> None:
             "the query releases no row on any data (a HAVING that is always false): there is "
             "nothing to release (nothing was charged)", {"construct": "HAVING"})
     if plan.where is not None and (plan.where.upper() in ("FALSE", "NULL")
-                                   or _never_true(sqlglot.parse_one(plan.where, read=DIALECT)) is not None):
+                                   or _never_true(plan.where_tree()) is not None):
         raise UnsupportedQuery(
             "the WHERE clause is always false, so every aggregate is 0 on any data: there is "
             "nothing to release (nothing was charged)",

@@ -353,15 +353,16 @@ def total_sql(tree: exp.Expression, ref: Callable[[str], exp.Expression]) -> exp
 
     return exp.Try(this=guard_arithmetic(tree.transform(swap)))
 
-def row_sql(canonical: str, qualifier: str | None = "__dpg_src") -> str:
-    """A canonical row predicate or expression (DuckDB text over declared column names),
-    rendered total by :func:`total_sql`: its columns read as ``"<qualifier>"."<column>"``
-    (unqualified when ``qualifier`` is None), the whole in ``TRY(…)``.
+def row_sql(canonical: exp.Expression | str, qualifier: str | None = "__dpg_src") -> str:
+    """A canonical row predicate or expression (its tree, ``plan.where_tree()`` /
+    ``plan.key_tree(key)``, or DuckDB text over declared column names, parsed), rendered total by
+    :func:`total_sql`: its columns read as ``"<qualifier>"."<column>"`` (unqualified when
+    ``qualifier`` is None), the whole in ``TRY(…)``.
     (The bounded query's row source is named ``__dpg_src``: :mod:`dpgate.sql.bound`.)
     """
     import sqlglot
 
-    tree = sqlglot.parse_one(canonical, read="duckdb")
+    tree = sqlglot.parse_one(canonical, read="duckdb") if isinstance(canonical, str) else canonical
     ref = lambda name: exp.column(name, table=qualifier, quoted=True)  # noqa: E731
     return total_sql(tree, ref).sql(dialect="duckdb")
 

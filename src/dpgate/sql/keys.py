@@ -18,7 +18,7 @@ The domain follows from the policy by one of three rules (:func:`derive_key_doma
 * ``enumerated`` — any other allowed expression over columns whose own domain is finite in
   the policy: bounded ``int`` columns (every integer in ``[lower, upper]``) and columns with
   public keys. The expression is evaluated by DuckDB (in memory, no data, external access
-  off) on every combination of input values plus NULL — at most
+  off; the evaluator the pipeline installs, :mod:`dpgate.sql.evaluation`) on every combination of input values plus NULL — at most
   :data:`MAX_ENUMERATION` — and its distinct non-NULL values, ascending, are the domain.
   Evaluating it on every admitted input also proves that it cannot fail on any row that
   passes the input filter (an error would be a failure after the charge). Rows whose input
@@ -46,6 +46,7 @@ from sqlglot import exp
 
 from dpgate.errors import UnsupportedQuery
 from dpgate.policy import ColumnPolicy, quote_identifier as q
+from dpgate.sql import evaluation
 
 #: Most keys a computed key's domain may have (the groups it releases).
 MAX_DOMAIN = 100_000
@@ -287,9 +288,9 @@ def canonical_date_key(tree: exp.Expression) -> exp.Expression:
     if isinstance(top, (exp.TimestampTrunc, exp.DateTrunc)):
         unit = top.args.get("unit")
         name = unit.name.lower() if unit is not None else ""
-        inner = (exp.Cast(this=top, to=exp.DataType.build("DATE"))
+        inner = (exp.Cast(this=top, to=exp.DataType(this=exp.DataType.Type.DATE, nested=False))
                  if name in ("year", "quarter", "month", "week", "day") else top)
-        return exp.Cast(this=inner, to=exp.DataType.build("VARCHAR"))
+        return exp.Cast(this=inner, to=exp.DataType(this=exp.DataType.Type.VARCHAR, nested=False))
     return tree
 
 
@@ -332,12 +333,20 @@ def _sql_literal(value: object, ctype: str) -> str:
     return repr(float(value))
 
 
-@functools.lru_cache(maxsize=512)
 def _enumerate(expression_sql: str, relations: tuple[str, ...]) -> tuple[tuple, str]:
     """Distinct non-NULL values (ascending) and DuckDB type name of ``expression_sql`` over the
-    cross product of ``relations`` (each plus a NULL row). Cached: pure in its arguments."""
-    from dpgate.engines.duckdb import evaluate_tableless
+    cross product of ``relations`` (each plus a NULL row), by the installed evaluator
+    (:mod:`dpgate.sql.evaluation`)."""
+    evaluator = evaluation.installed()
+    if evaluator is None:
+        evaluation.evaluate_tableless("")  # raises NoEvaluator
+    return _enumerate_with(expression_sql, relations, evaluator)
 
+
+@functools.lru_cache(maxsize=512)
+def _enumerate_with(expression_sql: str, relations: tuple[str, ...], evaluate_tableless
+                    ) -> tuple[tuple, str]:
+    """:func:`_enumerate` by ``evaluate_tableless``. Cached: pure in its arguments."""
     parts = [f"(({r}) UNION ALL SELECT NULL) AS __dpg_i{i}" for i, r in enumerate(relations)]
     source = " CROSS JOIN ".join(parts) if parts else "(SELECT 1) AS __dpg_i"
     sql = (f"SELECT DISTINCT {expression_sql} AS v FROM {source} "

@@ -8,7 +8,8 @@ released key set must never depend on the data, so the predicate is evaluated on
 * the plan's WHERE is split into its top-level conjuncts (``a AND b AND …``);
 * a conjunct that references only group-by columns with public keys (declared columns:
   not computed keys, not keys chosen by partition selection) is evaluated by DuckDB —
-  in memory, no table, external access off (:func:`dpgate.engines.duckdb.evaluate_tableless`)
+  in memory, no table, external access off (:func:`dpgate.engines.duckdb.evaluate_tableless`,
+  installed by the pipeline: :mod:`dpgate.sql.evaluation`)
   — on every combination of those columns' keys, typed as the loaded columns are; a key
   stays if some combination makes the conjunct TRUE (FALSE and NULL drop it, as WHERE
   drops rows). A conjunct over several key columns narrows each of them to the keys
@@ -42,6 +43,7 @@ from sqlglot import exp
 
 from dpgate.errors import UnsupportedQuery
 from dpgate.policy import ColumnPolicy, TablePolicy, quote_identifier as q
+from dpgate.sql import evaluation
 from dpgate.sql.plan import NarrowedKey
 
 __all__ = ["MAX_COMBINATIONS", "narrow_keys"]
@@ -81,12 +83,20 @@ def _relation(col: ColumnPolicy, i: int) -> str:
     return f"(VALUES {lits}) AS __dpg_k{i}({n}, {v})"
 
 
-@functools.lru_cache(maxsize=512)
 def _satisfying(conjunct_sql: str, relations: tuple[str, ...]) -> tuple[frozenset[int], ...]:
     """Per relation, the ordinals of the keys taking part in a combination where the
-    conjunct is TRUE. Cached: pure in its arguments. Raises ValueError (DuckDB failed)."""
-    from dpgate.engines.duckdb import evaluate_tableless
+    conjunct is TRUE, by the installed evaluator (:mod:`dpgate.sql.evaluation`). Raises
+    ValueError (DuckDB failed)."""
+    evaluator = evaluation.installed()
+    if evaluator is None:
+        evaluation.evaluate_tableless("")  # raises NoEvaluator
+    return _satisfying_with(conjunct_sql, relations, evaluator)
 
+
+@functools.lru_cache(maxsize=512)
+def _satisfying_with(conjunct_sql: str, relations: tuple[str, ...], evaluate_tableless
+                     ) -> tuple[frozenset[int], ...]:
+    """:func:`_satisfying` by ``evaluate_tableless``. Cached: pure in its arguments."""
     ords = ", ".join(q(f"{_ORD}{i}") for i in range(len(relations)))
     sql = (f"SELECT DISTINCT {ords} FROM {' CROSS JOIN '.join(relations)} WHERE {conjunct_sql} "
            f"ORDER BY {ords}")
@@ -104,12 +114,14 @@ def _as_domain(col: ColumnPolicy, kept: Sequence[int]) -> tuple[tuple, range | N
     return tuple(keys[j] for j in kept), None
 
 
-def narrow_keys(where: str | None, table: TablePolicy, keys: Sequence[str]) -> tuple[NarrowedKey, ...]:
+def narrow_keys(where: exp.Expression | str | None, table: TablePolicy, keys: Sequence[str]) -> tuple[NarrowedKey, ...]:
     """The group keys ``keys`` (declared columns with public keys) that the canonical WHERE
     ``where`` narrows, each with the public keys it keeps (module docstring).
 
     Args:
-        where: the plan's canonical WHERE (DuckDB SQL over declared, double-quoted names), or None.
+        where: the plan's canonical WHERE as its tree (``PlanTrees.where``: the shape DuckDB's
+            parser gives the canonical text, over declared, double-quoted names), or None; a
+            canonical text is parsed (callers outside the planner).
         table: the table policy (or joined/per-unit table) the query reads.
         keys: the plan's declared group-by columns that have public keys.
 
@@ -122,6 +134,8 @@ def narrow_keys(where: str | None, table: TablePolicy, keys: Sequence[str]) -> t
     """
     if where is None or not keys:
         return ()
+    if isinstance(where, str):
+        where = sqlglot.parse_one(where, read="duckdb")
     columns: dict[str, ColumnPolicy] = {}
     for name in keys:
         col = table.find_column(name)
@@ -130,7 +144,7 @@ def narrow_keys(where: str | None, table: TablePolicy, keys: Sequence[str]) -> t
     if not columns:
         return ()
     kept: dict[str, frozenset[int]] = {}
-    for conjunct in _conjuncts(sqlglot.parse_one(where, read="duckdb")):
+    for conjunct in _conjuncts(where):
         refs = {c.name for c in conjunct.find_all(exp.Column)}
         if not refs or not refs <= set(columns):
             continue  # reads a non-key column (or no column): it does not narrow

@@ -27,6 +27,7 @@ from dpgate.sql.bind import (
     unsupported,
 )
 from dpgate.sql.group_keys import Keys
+from dpgate.sql.nondeterministic import NONDETERMINISTIC_FUNCTIONS
 from dpgate.sql.plan import DerivedValue
 from dpgate.sql.quantile import QUANTILE_FUNCTIONS, quantile_name
 from dpgate.sql.resolve import QueryScope
@@ -267,9 +268,7 @@ def as_condition(node: exp.Expression, binder: Binder) -> exp.Expression:
 
 def nondeterministic(node: exp.Expression) -> bool:
     """True when ``node`` calls a function whose value is not a function of the release
-    (random numbers, the clock: :data:`dpgate.postprocess.expressions.NONDETERMINISTIC_FUNCTIONS`)."""
-    from dpgate.postprocess.expressions import NONDETERMINISTIC_FUNCTIONS
-
+    (random numbers, the clock: :data:`dpgate.sql.nondeterministic.NONDETERMINISTIC_FUNCTIONS`)."""
     return any(isinstance(n, exp.Func) and (n.sql_name().upper() in NONDETERMINISTIC_FUNCTIONS
                                             or str(n.name).upper() in NONDETERMINISTIC_FUNCTIONS)
                for n in node.walk())

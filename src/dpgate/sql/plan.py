@@ -31,7 +31,8 @@ import json
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, Mapping
 
-import numpy as np
+import sqlglot
+from sqlglot import exp
 
 if TYPE_CHECKING:  # pragma: no cover
     from dpgate.policy import ColumnPolicy, TablePolicy
@@ -202,6 +203,53 @@ class DerivedOutput:
 Output = KeyOutput | AggregateOutput | DerivedOutput
 
 
+class PlanTrees:
+    """The compiler's own trees of a plan's canonical texts (issue 20 step 3, "typed expressions
+    stay typed"): built once while planning, read by everything downstream (the renderers, the
+    constant-plan rule, post-processing), so that no canonical text is parsed again.
+
+    Each tree equals ``sqlglot.parse_one(<its text>, read="duckdb")`` (the text is generated from
+    it; tests/test_plan_trees.py checks the equality over the golden and corpus plans). Not part of
+    the plan's canonical form, equality or JSON form: the texts are (plan hashes are persisted).
+    Read through :meth:`QueryPlan.where_tree` and its siblings, which hand out copies (the trees
+    here are never mutated) and parse the text only for a plan without trees (one rebuilt from a
+    stored document, :meth:`QueryPlan.from_dict`).
+
+    Attributes:
+        where: the row predicate over declared columns (``QueryPlan.where``), or None.
+        having: the HAVING predicate over output names (``QueryPlan.having``), or None.
+        derived: derived output name → its expression over output names
+            (``DerivedOutput.expression``).
+        keys: computed key name → its expression over declared columns (``ComputedKey.expression``).
+        values: an aggregated expression's text → its tree (``DerivedValue.expression``).
+    """
+
+    __slots__ = ("where", "having", "derived", "keys", "values")
+
+    def __init__(self, where: exp.Expression | None = None, having: exp.Expression | None = None,
+                 derived: Mapping[str, exp.Expression] | None = None,
+                 keys: Mapping[str, exp.Expression] | None = None,
+                 values: Mapping[str, exp.Expression] | None = None) -> None:
+        self.where = where
+        self.having = having
+        self.derived = dict(derived or {})
+        self.keys = dict(keys or {})
+        self.values = dict(values or {})
+
+    def __deepcopy__(self, memo: dict) -> "PlanTrees":  # dataclasses.asdict deep-copies field values
+        return self
+
+    def __repr__(self) -> str:
+        return "PlanTrees(...)"
+
+
+def _tree(tree: exp.Expression | None, text: str | None) -> exp.Expression | None:
+    """A copy of ``tree``, or ``text`` parsed when the plan has no tree (a stored plan)."""
+    if tree is not None:
+        return tree.copy()
+    return None if text is None else sqlglot.parse_one(text, read="duckdb")
+
+
 #: How a computed key's domain follows from the policy (:mod:`dpgate.sql.keys`).
 KeyRule = Literal["case_literals", "predicate", "enumerated"]
 
@@ -369,6 +417,33 @@ class QueryPlan:
     narrowed_keys: tuple[NarrowedKey, ...] = ()
     offset: int = 0
     source: "Source | None" = field(default=None, compare=False, repr=False)
+    trees: PlanTrees | None = field(default=None, compare=False, repr=False)
+
+    def where_tree(self) -> exp.Expression | None:
+        """The WHERE as a tree (a copy; :class:`PlanTrees`), or None."""
+        return _tree(self.trees.where if self.trees else None, self.where)
+
+    def having_tree(self) -> exp.Expression | None:
+        """The HAVING as a tree over output names (a copy), or None."""
+        return _tree(self.trees.having if self.trees else None, self.having)
+
+    def derived_tree(self, out: DerivedOutput) -> exp.Expression:
+        """A derived output's expression as a tree over output names (a copy)."""
+        tree = _tree(self.trees.derived.get(out.name) if self.trees else None, out.expression)
+        assert tree is not None
+        return tree
+
+    def key_tree(self, key: ComputedKey) -> exp.Expression:
+        """A computed key's expression as a tree over declared columns (a copy)."""
+        tree = _tree(self.trees.keys.get(key.name) if self.trees else None, key.expression)
+        assert tree is not None
+        return tree
+
+    def value_tree(self, expression: str) -> exp.Expression:
+        """An aggregated expression (:class:`DerivedValue`'s ``expression``) as a tree (a copy)."""
+        tree = _tree(self.trees.values.get(expression) if self.trees else None, expression)
+        assert tree is not None
+        return tree
 
     def narrowed_key(self, name: str) -> NarrowedKey | None:
         """The narrowing of declared group key ``name`` by the WHERE, or None."""
@@ -533,9 +608,11 @@ class QueryPlan:
 
 
 def _fields(plan: "QueryPlan") -> dict:
-    """:func:`dataclasses.asdict` of the plan without its :attr:`~QueryPlan.source` (never serialised)."""
-    d = asdict(plan if plan.source is None else replace(plan, source=None))
+    """:func:`dataclasses.asdict` of the plan without its :attr:`~QueryPlan.source` and
+    :attr:`~QueryPlan.trees` (never serialised)."""
+    d = asdict(plan if plan.source is None and plan.trees is None else replace(plan, source=None, trees=None))
     d.pop("source")
+    d.pop("trees")
     return d
 
 
@@ -554,16 +631,3 @@ def _drop_empty_alpha(d: dict) -> None:
         if p.get("alpha") is None:
             p.pop("alpha", None)
 
-
-# --- HAVING on noisy values (post-processing) ---------------------------------------------
-
-
-def evaluate_predicate(predicate: str, values: Mapping[str, Any]) -> np.ndarray:
-    """Compatibility alias of :func:`dpgate.postprocess.evaluate_predicate` (moved there).
-
-    Imported lazily: ``dpgate.postprocess`` imports this module. Raises ``ValueError``
-    (:class:`~dpgate.postprocess.ExpressionError`) as before.
-    """
-    from dpgate.postprocess.expressions import evaluate_predicate as _evaluate_predicate
-
-    return _evaluate_predicate(predicate, values)

@@ -133,17 +133,13 @@ def output_types(plan: QueryPlan, policy: DatasetPolicy) -> list[str]:
             t = computed.type if computed is not None else table.column(o.column).type
             out.append("number" if t in ("int", "float") else t)
         elif isinstance(o, DerivedOutput):
-            out.append(_literal_type(o.expression))
+            out.append(_literal_type(plan.derived_tree(o)))
         else:  # pragma: no cover - every output is one of the three
             out.append("any")
     return out
 
 
-def _literal_type(expression: str) -> str:
-    try:
-        node = exp.maybe_parse(expression, dialect="duckdb")
-    except Exception:  # noqa: BLE001 - an expression we cannot read is of any type
-        return "any"
+def _literal_type(node: exp.Expression) -> str:
     while isinstance(node, (exp.Paren, exp.Neg)):
         node = node.this
     if isinstance(node, exp.Literal):
