@@ -1,0 +1,209 @@
+"""The DP estimate of a tight clamp for a ``bounds = "private"`` column (issue 22 item 3).
+
+Anchor: Tumult Analytics' ``get_bounds`` (a noisy search over a geometric grid of candidate
+magnitudes; the upper bound a high quantile of the magnitudes). Here the search is one DP
+quantile, OpenDP's exponential mechanism over a public geometric grid:
+
+* **Per-unit contributions.** Write ``o`` for the point of the outer range ``[lo, hi]`` nearest
+  0 (0 when lo < 0 < hi, else lo or hi) and ``d(v) = |clamp(v, lo, hi) − o|`` in fixed-point steps
+  of the column's resolution. Each privacy unit contributes **one** element: the largest ``d`` of
+  its rows (NULL, NaN and ±inf dropped as in every bounded query; a unit without a value
+  contributes nothing; a record-level table's rows are its units). Adding or removing one unit
+  adds or removes at most one element (symmetric distance 1), whatever its number of rows.
+* **Candidates** (public, from the policy only): distances ``1, ⌈r⌉, ⌈r²⌉, …`` steps with
+  ratio r = √2 (:data:`RATIO`), then ``D = max(hi − o, o − lo)``; each element is snapped up to
+  the smallest candidate ≥ it (a row-wise map: the symmetric distance is unchanged).
+* **Score.** OpenDP's ``make_quantile_score_candidates`` score of the snapped elements,
+  ``|(den − num)·#{x < c} − num·#{x > c}|`` for α = num/den (:func:`dpgate.quantiles.scores`;
+  tests pin it to OpenDP's own scorer). One element moves every score by at most
+  Δ∞ = max(num, den − num).
+* **Selection.** OpenDP's ``make_noisy_max`` with Gumbel noise of scale ``s`` on the negated
+  scores — the exponential mechanism (McSherry & Talwar 2007), ε = 2Δ∞/s-DP, which is
+  ε-bounded-range and hence ρ = ε²/8-zCDP (Cesar & Rogers 2021, "Bounding, Concentrating, and
+  Truncating", ALT, Lemma 3.2) — the charged cost is read back from OpenDP's privacy map
+  (:func:`dpgate.mechanisms.selection.noisy_max_cost`). Under pure DP the same sampler is charged
+  ε = 2Δ∞/s.
+* **Clamp.** For the chosen distance u: ``[max(lo, o − u), min(hi, o + u)]`` — ``[lo, lo + u]`` for
+  a non-negative outer range (the lower bound stays ``lo``), symmetric ``[−u, u]`` (cut to the
+  outer range) around 0 otherwise, as ``get_bounds`` does.
+
+**When it is informative.** Every candidate above all the data scores (1 − α)·n ranks worse than the
+best one (n units), and many such candidates share the exponential mechanism's mass, so the
+estimate is useful only while its rank error ``r95`` (below) is well under (1 − α)·n, the number of
+units above the target quantile. ``[budget] private_bounds_max_rank_error`` (the refusal
+threshold) is best set near (1 − α)·n/4 for the population size the data owner expects; small
+populations want a lower ``quantile`` (the default 0.95, Tumult's ``get_bounds`` default threshold).
+
+The estimate is a DP release of its own; clamping later queries to it is post-processing, and
+its charge composes sequentially with theirs (Bun & Steinke 2016, Lemma 2.3; under adaptivity
+through the ledger's filter). **Rank error**: by the union bound of Dwork & Roth 2014 Thm. 3.11,
+with probability ≥ 95 % the chosen candidate's rank score exceeds the best one's by at most
+``r = s/den · ln(C/0.05)`` units (:func:`dpgate.quantiles.rank_error`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any, Literal
+
+import numpy as np
+
+from dpgate.errors import InvalidBudget
+from dpgate.mechanisms import selection as selection_mechanisms
+from dpgate.policy import ColumnPolicy
+from dpgate.quantiles import alpha_fraction, decimal_values, rank_error, score_sensitivity, scores
+
+__all__ = ["RATIO", "BoundsGrid", "BoundsNoise", "grid_of", "calibrate", "min_share", "choose"]
+
+#: Ratio of neighbouring candidate distances (2 candidates per doubling; Tumult's get_bounds uses powers of 2).
+RATIO = 2.0 ** 0.5
+Measure = Literal["zcdp", "pure"]
+
+
+@dataclass(frozen=True)
+class BoundsGrid:
+    """The public candidates of one column's estimate, in fixed-point steps of ``resolution``.
+
+    Attributes:
+        lo, hi: the outer range in steps. origin: ``o`` in steps (module docstring).
+        distances: the candidate distances from ``o`` in steps, strictly increasing, the last D.
+        resolution: the column's resolution (column units per step).
+    """
+
+    lo: int
+    hi: int
+    origin: int
+    distances: tuple[int, ...]
+    resolution: float
+
+    @property
+    def size(self) -> int:
+        """Number of candidates C."""
+        return len(self.distances)
+
+    def bounds(self, index: int) -> tuple[float, float]:
+        """The clamp ``[max(lo, o − u), min(hi, o + u)]`` (column units) of candidate ``index``."""
+        u = self.distances[int(index)]
+        fp = np.array([max(self.lo, self.origin - u), min(self.hi, self.origin + u)], dtype=np.int64)
+        a, b = decimal_values(fp, self.resolution).tolist()
+        return float(a), float(b)
+
+    def describe(self) -> dict[str, Any]:
+        """``{candidates, ratio, smallest, largest}`` (column units) for explain and the release."""
+        near = decimal_values(np.array([self.distances[0], self.distances[-1]], dtype=np.int64), self.resolution)
+        return {"candidates": self.size, "ratio": RATIO, "smallest_reach": float(near[0]),
+                "largest_reach": float(near[1]),
+                "origin": float(decimal_values(np.array([self.origin], dtype=np.int64), self.resolution)[0])}
+
+
+def grid_of(col: ColumnPolicy) -> BoundsGrid:
+    """The candidate grid of a ``bounds = "private"`` column over its outer range.
+
+    Raises:
+        ValueError: the column declares no private bounds.
+    """
+    if col.private_bounds is None or col.resolution is None:
+        raise ValueError(f"column {col.name!r} has no private bounds")
+    res = Fraction(repr(float(col.resolution)))
+    lo, hi = (int(Fraction(repr(float(v))) / res) for v in col.private_bounds.outer)
+    origin = min(max(0, lo), hi)
+    reach = max(hi - origin, origin - lo)
+    out: list[int] = []
+    c = 1.0
+    while c < reach:
+        step = int(math.ceil(c))
+        if not out or step > out[-1]:
+            out.append(step)
+        c *= RATIO
+    out.append(reach)
+    return BoundsGrid(lo, hi, origin, tuple(out), float(col.resolution))
+
+
+@dataclass(frozen=True)
+class BoundsNoise:
+    """The calibrated estimate of one column's clamp.
+
+    Attributes:
+        column: the column. grid: the candidates. num, den: the quantile α = num/den.
+        measure: ``"zcdp"`` (charged ρ) or ``"pure"`` (charged ε). score_sensitivity: Δ∞.
+        scale: Gumbel scale on the integer scores. cost: OpenDP's privacy map at Δ∞ (ρ or ε).
+        rank_error95: r = scale/den · ln(C/0.05), in privacy units.
+    """
+
+    column: str
+    grid: BoundsGrid
+    num: int
+    den: int
+    measure: Measure
+    score_sensitivity: int
+    scale: float
+    cost: float
+    rank_error95: float
+
+    def describe(self) -> dict[str, Any]:
+        """JSON form (explain and the estimate's release)."""
+        return {"column": self.column, "quantile": self.num / self.den, "measure": self.measure,
+                "mechanism": "exponential mechanism (OpenDP make_noisy_max, Gumbel noise) on "
+                             "make_quantile_score_candidates scores",
+                "score_sensitivity": self.score_sensitivity, "score_scale": self.scale,
+                "rho" if self.measure == "zcdp" else "epsilon": self.cost,
+                "rank_error95": self.rank_error95, "grid": self.grid.describe()}
+
+
+def _scale_for(measure: Measure, share: float, delta_inf: int) -> float:
+    eps = math.sqrt(8.0 * share) if measure == "zcdp" else share  # ρ = ε²/8 (Cesar & Rogers 2021)
+    return 2.0 * delta_inf / eps if eps > 0 else math.inf
+
+
+def calibrate(col: ColumnPolicy, measure: Measure, share: float) -> BoundsNoise:
+    """Scale and cost of the estimate at ``share`` (ρ for ``"zcdp"``, ε for ``"pure"``).
+
+    The scale is 2Δ∞/ε with ε = √(8ρ) (or ε = share), widened by ulps until OpenDP's privacy map
+    is ≤ ``share``; the cost is that map's value (what the ledger is charged).
+
+    Raises:
+        InvalidBudget: a share so small that the scale is not finite.
+    """
+    grid = grid_of(col)
+    assert col.private_bounds is not None
+    num, den = alpha_fraction(repr(col.private_bounds.quantile))
+    delta_inf = score_sensitivity(num, den, 1)  # one element per unit
+    scale = _scale_for(measure, share, delta_inf)
+    if not math.isfinite(scale) or scale <= 0:
+        raise InvalidBudget(f"the budget is too small for the private bounds of {col.name!r}",
+                            {"column": col.name, "reason": "private_bounds_budget"})
+    mapped = selection_mechanisms.noisy_max_cost(measure, scale, delta_inf)
+    for _ in range(64):
+        if mapped <= share:
+            break
+        scale = math.nextafter(scale, math.inf)
+        mapped = selection_mechanisms.noisy_max_cost(measure, scale, delta_inf)
+    return BoundsNoise(col.name, grid, num, den, measure, delta_inf, scale, mapped,
+                       rank_error(scale / den, grid.size))
+
+
+def min_share(col: ColumnPolicy, measure: Measure, max_rank_error: float) -> float:
+    """The smallest share (ρ or ε) whose estimate has a 95 % rank error ≤ ``max_rank_error`` units.
+
+    From r = (2Δ∞/ε)/den · ln(C/0.05): ε = 2Δ∞·ln(C/0.05)/(den·r), ρ = ε²/8.
+    """
+    grid = grid_of(col)
+    assert col.private_bounds is not None
+    num, den = alpha_fraction(repr(col.private_bounds.quantile))
+    eps = 2.0 * score_sensitivity(num, den, 1) * math.log(grid.size / 0.05) / (den * float(max_rank_error))
+    return eps * eps / 8.0 if measure == "zcdp" else eps
+
+
+def choose(noise: BoundsNoise, hist: np.ndarray) -> tuple[int, tuple[float, float]]:
+    """The candidate index chosen by OpenDP's noisy max on the histogram's scores, and its clamp.
+
+    Args:
+        noise: the calibration. hist: int64 counts of the snapped per-unit elements, one per candidate.
+    """
+    h = np.asarray(hist, dtype=np.int64)
+    if h.shape != (noise.grid.size,):
+        raise ValueError(f"the histogram has {h.shape} cells, the grid {noise.grid.size} candidates")
+    index = selection_mechanisms.noisy_argmin(noise.measure, noise.scale, scores(h, noise.num, noise.den))
+    return index, noise.grid.bounds(index)
