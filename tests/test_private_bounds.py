@@ -440,3 +440,33 @@ def test_nan_inf_null_and_huge_values(tmp_path):
         assert doc["private_bounds"]["orders.amount"]["upper"] <= 1e6
     finally:
         g.close()
+
+
+# ---------------------------------------------------------------- HTTP
+
+
+def test_through_the_api(tmp_path):
+    from _api_server import LiveServer
+
+    from dpgate.api import create_app
+    from dpgate.auth import KeyStore
+
+    folder = write(tmp_path / "api")
+    settings = Settings(policies=folder, home=tmp_path / "api" / "state")
+    key = KeyStore(settings.resolved_keys_file()).add("alice", role="analyst", consumer="default")[0]
+    with LiveServer(create_app(settings)) as live, live.client(key) as client:
+        ex = client.post("/v1/queries/explain", json={"dataset": "shop", "sql": "SELECT SUM(amount) FROM orders",
+                                                       "budget": {"rho": 2.0}})
+        assert ex.status_code == 200, ex.text
+        assert ex.json()["private_bounds"]["orders.amount"]["rho"] == pytest.approx(0.2)
+        r = client.post("/v1/queries", json={"dataset": "shop", "sql": "SELECT SUM(amount) FROM orders",
+                                             "budget": {"rho": 2.0}})
+        assert r.status_code == 200, r.text
+        rid = r.json()["private_bounds"]["orders.amount"]["release_id"]
+        stored = client.get(f"/v1/releases/{rid}")
+        assert stored.status_code == 200 and stored.json()["kind"] == "private_bounds", stored.text
+        ds = client.get("/v1/datasets/shop")
+        assert ds.status_code == 200, ds.text
+        bad = client.post("/v1/queries", json={"dataset": "shop", "sql": "SELECT amount, COUNT(*) FROM orders "
+                                               "GROUP BY amount", "budget": {"rho": 1.0}})
+        assert bad.status_code == 400 and bad.json()["error"]["code"] == "unsupported_query"
