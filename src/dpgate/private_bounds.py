@@ -31,7 +31,7 @@ quantile, OpenDP's exponential mechanism over a public geometric grid:
 best one (n units), and many such candidates share the exponential mechanism's mass, so the
 estimate is useful only while its rank error ``r95`` (below) is well under (1 − α)·n, the number of
 units above the target quantile. ``[budget] private_bounds_max_rank_error`` (the refusal
-threshold) is best set near (1 − α)·n/4 for the population size the data owner expects; small
+threshold) is best set near (1 − α)·n/3 for the population size the data owner expects; small
 populations want a lower ``quantile`` (the default 0.95, Tumult's ``get_bounds`` default threshold).
 
 The estimate is a DP release of its own; clamping later queries to it is post-processing, and
