@@ -470,3 +470,18 @@ def test_through_the_api(tmp_path):
         bad = client.post("/v1/queries", json={"dataset": "shop", "sql": "SELECT amount, COUNT(*) FROM orders "
                                                "GROUP BY amount", "budget": {"rho": 1.0}})
         assert bad.status_code == 400 and bad.json()["error"]["code"] == "unsupported_query"
+
+
+def test_record_level_tables_count_each_row_as_a_unit(tmp_path):
+    folder = write(tmp_path / "rec")
+    toml = folder / "shop.toml"
+    toml.write_text(toml.read_text().replace('privacy_unit = "user_id"\nmax_groups_per_unit = 1\nmax_rows_per_unit = 3\n', ""))
+    g = Gateway.open(Settings(policies=folder, home=tmp_path / "rec" / "home"))
+    try:
+        assert g.policy("shop").table("orders").record_level
+        assert _histogram(g).sum() == len(_rows()) - 1  # one element per row
+        doc = g.query("shop", "SELECT SUM(amount) FROM orders", consumer="default", budget=QueryBudget(rho=2.0))
+        assert sum(c["rho"] for c in _charges(g)) == pytest.approx(2.0, rel=1e-12)
+        assert doc["bounds"]["columns"]["amount"]["private"]["chosen_in"] == doc["private_bounds"]["orders.amount"]["release_id"]
+    finally:
+        g.close()

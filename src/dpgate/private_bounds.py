@@ -10,7 +10,7 @@ quantile, OpenDP's exponential mechanism over a public geometric grid:
   its rows (NULL, NaN and ±inf dropped as in every bounded query; a unit without a value
   contributes nothing; a record-level table's rows are its units). Adding or removing one unit
   adds or removes at most one element (symmetric distance 1), whatever its number of rows.
-* **Candidates** (public, from the policy only): distances ``1, ⌈r⌉, ⌈r²⌉, …`` steps with
+* **Candidates** (public, from the policy only): distances ``⌈r^k⌉`` = 1, 2, 3, 4, 6, 8, 12, 16, … steps with
   ratio r = √2 (:data:`RATIO`), then ``D = max(hi − o, o − lo)``; each element is snapped up to
   the smallest candidate ≥ it (a row-wise map: the symmetric distance is unchanged).
 * **Score.** OpenDP's ``make_quantile_score_candidates`` score of the snapped elements,
@@ -111,12 +111,14 @@ def grid_of(col: ColumnPolicy) -> BoundsGrid:
     origin = min(max(0, lo), hi)
     reach = max(hi - origin, origin - lo)
     out: list[int] = []
-    c = 1.0
-    while c < reach:
-        step = int(math.ceil(c))
+    k = 0
+    while True:  # ⌈√2^k⌉ in exact integers: 1, 2, 2, 3, 4, 6, 8, 12, 16, …, 2^j, ⌈2^j·√2⌉, …
+        step = 1 if k == 0 else math.isqrt(2**k - 1) + 1
+        if step >= reach:
+            break
         if not out or step > out[-1]:
             out.append(step)
-        c *= RATIO
+        k += 1
     out.append(reach)
     return BoundsGrid(lo, hi, origin, tuple(out), float(col.resolution))
 
