@@ -392,8 +392,12 @@ def test_one_unit_moves_the_estimates_input_by_one_element(worlds):
     h = _histogram(d)
     assert h.sum() == 400  # one element per unit, whatever its rows
     for g in ns.values():
-        diff = h - _histogram(g)
+        hn = _histogram(g)
+        diff = h - hn
         assert np.abs(diff).sum() == 1 and diff.min() == 0
+        # so every quantile score moves by at most Δ∞ = max(num, den − num), the sensitivity the cost assumes
+        for num, den in ((19, 20), (99, 100), (1, 2)):
+            assert np.abs(scores(h, num, den) - scores(hn, num, den)).max() <= max(num, den - num)
 
 
 def _bounded_sum(g: Gateway, upper: float) -> float:
