@@ -224,14 +224,19 @@ def test_the_grid_is_geometric_inside_outer_and_the_clamp_stays_inside():
 
 
 def test_the_exponential_mechanism_picks_by_exp_minus_score_over_scale():
-    """The selection probabilities are the ones the charge assumes: P[i] ∝ exp(−score_i/s)."""
-    noise = estimate.calibrate(_column(0.5, outer=(0.0, 4.0)), "zcdp", 2.0)  # distances 1, 2, 3, 4
+    """The selection probabilities are the ones the charge assumes: P[i] ∝ 2^(−i)·exp(−score_i/s)
+    (the exponential mechanism with base measure 2^(−i), a public prior)."""
+    noise = estimate.calibrate(_column(0.5, outer=(0.0, 4.0)), "zcdp", 0.005)  # distances 1, 2, 3, 4; s = 10
     hist = np.array([30, 0, 0, 10])
     sc = scores(hist, 1, 2).astype(float)
-    want = np.exp(-(sc - sc.min()) / noise.scale)
+    assert np.abs(estimate.penalties(noise) - math.log(2) * noise.scale * np.arange(4)).max() <= 0.5
+    want = 2.0 ** -np.arange(4) * np.exp(-(sc - sc.min()) / noise.scale)
     want /= want.sum()
     picks = np.bincount([estimate.choose(noise, hist)[0] for _ in range(4000)], minlength=noise.grid.size) / 4000
     assert np.abs(picks - want).max() < 0.03
+    # and the prior is data-independent: the shifted scores on neighbours move by at most Δ∞ as the scores do
+    assert np.array_equal(estimate.penalties(noise), estimate.penalties(estimate.calibrate(
+        _column(0.5, outer=(0.0, 4.0)), "zcdp", 0.005)))
 
 
 # ---------------------------------------------------------------- charges, reuse, refusals

@@ -17,8 +17,15 @@ quantile, OpenDP's exponential mechanism over a public geometric grid:
   ``|(den − num)·#{x < c} − num·#{x > c}|`` for α = num/den (:func:`dpgate.quantiles.scores`;
   tests pin it to OpenDP's own scorer). One element moves every score by at most
   Δ∞ = max(num, den − num).
+* **Prior.** Before the selection each candidate's score gets a public penalty
+  ``pen_i = round(ln 2 · s · i)`` (i its index): the exponential mechanism with base measure
+  μ_i ∝ 2^(−i) (McSherry & Talwar 2007 define it with a base measure). The penalty does not depend
+  on the data, so the shifted scores have the same sensitivity Δ∞ and the same privacy map; it
+  stops the many empty candidates above the data (every one of them scores the same) from
+  outweighing the right one together — on PUMS it removes the draws that landed near the outer top
+  (docs/DESIGN_NOTES.md "Private bounds").
 * **Selection.** OpenDP's ``make_noisy_max`` with Gumbel noise of scale ``s`` on the negated
-  scores — the exponential mechanism (McSherry & Talwar 2007), ε = 2Δ∞/s-DP, which is
+  shifted scores — the exponential mechanism, ε = 2Δ∞/s-DP, which is
   ε-bounded-range and hence ρ = ε²/8-zCDP (Cesar & Rogers 2021, "Bounding, Concentrating, and
   Truncating", ALT, Lemma 3.2) — the charged cost is read back from OpenDP's privacy map
   (:func:`dpgate.mechanisms.selection.noisy_max_cost`). Under pure DP the same sampler is charged
@@ -36,9 +43,12 @@ populations want a lower ``quantile`` (the default 0.95, Tumult's ``get_bounds``
 
 The estimate is a DP release of its own; clamping later queries to it is post-processing, and
 its charge composes sequentially with theirs (Bun & Steinke 2016, Lemma 2.3; under adaptivity
-through the ledger's filter). **Rank error**: by the union bound of Dwork & Roth 2014 Thm. 3.11,
-with probability ≥ 95 % the chosen candidate's rank score exceeds the best one's by at most
-``r = s/den · ln(C/0.05)`` units (:func:`dpgate.quantiles.rank_error`).
+through the ledger's filter). **Rank error**: as in Dwork & Roth 2014 Thm. 3.11 with the base
+measure, P[score > OPT + t] ≤ e^(−t/s)·Σ_j μ_j/μ_best ≤ e^(−t/s)·2·2^(C−1), so with probability
+≥ 95 % the chosen candidate's rank score exceeds the best one's by at most
+``r95 = s/den · (ln(2/0.05) + (C − 1)·ln 2)`` units, whatever the data (:func:`rank_error95`):
+a worst case (the best candidate the largest); near a best candidate of index i* the factor is
+i*·ln 2, and candidates above the best are only made less likely.
 """
 
 from __future__ import annotations
@@ -53,9 +63,10 @@ import numpy as np
 from dpgate.errors import InvalidBudget
 from dpgate.mechanisms import selection as selection_mechanisms
 from dpgate.policy import ColumnPolicy
-from dpgate.quantiles import alpha_fraction, decimal_values, rank_error, score_sensitivity, scores
+from dpgate.quantiles import alpha_fraction, decimal_values, score_sensitivity, scores
 
-__all__ = ["RATIO", "BoundsGrid", "BoundsNoise", "grid_of", "calibrate", "min_share", "choose"]
+__all__ = ["RATIO", "BoundsGrid", "BoundsNoise", "grid_of", "calibrate", "min_share", "choose", "penalties",
+           "rank_error95"]
 
 #: Ratio of neighbouring candidate distances (2 candidates per doubling; Tumult's get_bounds uses powers of 2).
 RATIO = 2.0 ** 0.5
@@ -131,7 +142,7 @@ class BoundsNoise:
         column: the column. grid: the candidates. num, den: the quantile α = num/den.
         measure: ``"zcdp"`` (charged ρ) or ``"pure"`` (charged ε). score_sensitivity: Δ∞.
         scale: Gumbel scale on the integer scores. cost: OpenDP's privacy map at Δ∞ (ρ or ε).
-        rank_error95: r = scale/den · ln(C/0.05), in privacy units.
+        rank_error95: r95 = scale/den · (ln(2/0.05) + (C − 1)·ln 2), in privacy units (:func:`rank_error95`).
     """
 
     column: str
@@ -148,7 +159,7 @@ class BoundsNoise:
         """JSON form (explain and the estimate's release)."""
         return {"column": self.column, "quantile": self.num / self.den, "measure": self.measure,
                 "mechanism": "exponential mechanism (OpenDP make_noisy_max, Gumbel noise) on "
-                             "make_quantile_score_candidates scores",
+                             "make_quantile_score_candidates scores, base measure 2^-i over the candidates",
                 "score_sensitivity": self.score_sensitivity, "score_scale": self.scale,
                 "rho" if self.measure == "zcdp" else "epsilon": self.cost,
                 "rank_error95": self.rank_error95, "grid": self.grid.describe()}
@@ -183,23 +194,37 @@ def calibrate(col: ColumnPolicy, measure: Measure, share: float) -> BoundsNoise:
         scale = math.nextafter(scale, math.inf)
         mapped = selection_mechanisms.noisy_max_cost(measure, scale, delta_inf)
     return BoundsNoise(col.name, grid, num, den, measure, delta_inf, scale, mapped,
-                       rank_error(scale / den, grid.size))
+                       rank_error95(scale / den, grid.size))
+
+
+def _rank_factor(candidates: int, beta: float = 0.05) -> float:
+    return math.log(2.0 / beta) + (int(candidates) - 1) * math.log(2.0)
+
+
+def rank_error95(rank_scale: float, candidates: int) -> float:
+    """r95 = s_r·(ln(2/0.05) + (C − 1)·ln 2) for rank scale s_r = s/den (module docstring)."""
+    return float(rank_scale) * _rank_factor(candidates)
+
+
+def penalties(noise: "BoundsNoise") -> np.ndarray:
+    """The public score penalties ``round(ln 2 · s · i)`` of the prior μ_i ∝ 2^(−i) (int64, one per candidate)."""
+    return np.rint(math.log(2.0) * noise.scale * np.arange(noise.grid.size)).astype(np.int64)
 
 
 def min_share(col: ColumnPolicy, measure: Measure, max_rank_error: float) -> float:
     """The smallest share (ρ or ε) whose estimate has a 95 % rank error ≤ ``max_rank_error`` units.
 
-    From r = (2Δ∞/ε)/den · ln(C/0.05): ε = 2Δ∞·ln(C/0.05)/(den·r), ρ = ε²/8.
+    From r95 = (2Δ∞/ε)/den · F with F = ln(2/0.05) + (C − 1)·ln 2: ε = 2Δ∞·F/(den·r), ρ = ε²/8.
     """
     grid = grid_of(col)
     assert col.private_bounds is not None
     num, den = alpha_fraction(repr(col.private_bounds.quantile))
-    eps = 2.0 * score_sensitivity(num, den, 1) * math.log(grid.size / 0.05) / (den * float(max_rank_error))
+    eps = 2.0 * score_sensitivity(num, den, 1) * _rank_factor(grid.size) / (den * float(max_rank_error))
     return eps * eps / 8.0 if measure == "zcdp" else eps
 
 
 def choose(noise: BoundsNoise, hist: np.ndarray) -> tuple[int, tuple[float, float]]:
-    """The candidate index chosen by OpenDP's noisy max on the histogram's scores, and its clamp.
+    """The candidate index chosen by OpenDP's noisy max on the histogram's scores plus :func:`penalties`, and its clamp.
 
     Args:
         noise: the calibration. hist: int64 counts of the snapped per-unit elements, one per candidate.
@@ -207,5 +232,6 @@ def choose(noise: BoundsNoise, hist: np.ndarray) -> tuple[int, tuple[float, floa
     h = np.asarray(hist, dtype=np.int64)
     if h.shape != (noise.grid.size,):
         raise ValueError(f"the histogram has {h.shape} cells, the grid {noise.grid.size} candidates")
-    index = selection_mechanisms.noisy_argmin(noise.measure, noise.scale, scores(h, noise.num, noise.den))
+    shifted = scores(h, noise.num, noise.den) + penalties(noise)  # a public shift: Δ∞ unchanged
+    index = selection_mechanisms.noisy_argmin(noise.measure, noise.scale, shifted)
     return index, noise.grid.bounds(index)
