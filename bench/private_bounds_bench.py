@@ -93,7 +93,7 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=100)
     ap.add_argument("--rho", type=float, default=1.0, help="total ρ per query (the estimate's share included)")
     ap.add_argument("--rows", type=int, default=0, help="bootstrap PUMS to this many people (0: PUMS.csv as is)")
-    ap.add_argument("--quantile", type=float, default=0.95)
+    ap.add_argument("--quantile", type=float, default=0.99)
     ap.add_argument("--max-rank-error", type=float, default=1000.0)
     args = ap.parse_args()
     if not PUMS.is_file():

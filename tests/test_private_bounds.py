@@ -141,7 +141,7 @@ def test_policy_refuses_bad_private_bounds_settings(tmp_path, extra, fragment):
 def test_the_loaded_column_is_clamped_to_outer_and_says_so(tmp_path):
     col = load_policies(write(tmp_path))["shop"].table("orders").column("amount")
     assert (col.lower, col.upper, col.resolution) == (0.0, 1e6, 1.0)
-    assert col.private_bounds.outer == (0.0, 1e6) and col.private_bounds.quantile == 0.95
+    assert col.private_bounds.outer == (0.0, 1e6) and col.private_bounds.quantile == 0.99
     assert col.to_dict()["bounds"] == "private" and col.to_dict()["outer"] == [0.0, 1e6]
     other = load_policies(write(tmp_path / "plain", amount='amount = { type = "int", lower = 0, upper = 100 }'))
     assert "bounds" not in other["shop"].table("orders").column("amount").to_dict()  # digests of others unchanged

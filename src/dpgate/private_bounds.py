@@ -34,12 +34,12 @@ quantile, OpenDP's exponential mechanism over a public geometric grid:
   a non-negative outer range (the lower bound stays ``lo``), symmetric ``[−u, u]`` (cut to the
   outer range) around 0 otherwise, as ``get_bounds`` does.
 
-**When it is informative.** Every candidate above all the data scores (1 − α)·n ranks worse than the
-best one (n units), and many such candidates share the exponential mechanism's mass, so the
-estimate is useful only while its rank error ``r95`` (below) is well under (1 − α)·n, the number of
-units above the target quantile. ``[budget] private_bounds_max_rank_error`` (the refusal
-threshold) is best set near (1 − α)·n/3 for the population size the data owner expects; small
-populations want a lower ``quantile`` (the default 0.95, Tumult's ``get_bounds`` default threshold).
+**When it is informative.** Without the prior, every candidate above all the data scores
+(1 − α)·n ranks worse than the best (n units) and ~2·log2(outer/resolution) of them share the
+mechanism's mass; with it their total weight is at most that of the first one above the data. The
+estimate is still only as good as (1 − α)·n is large against the rank scale s/den: small
+populations want a lower ``quantile`` (default 0.99; Tumult's ``get_bounds`` threshold is 0.95).
+``[budget] private_bounds_max_rank_error`` refuses a share whose worst-case ``r95`` (below) exceeds it.
 
 The estimate is a DP release of its own; clamping later queries to it is post-processing, and
 its charge composes sequentially with theirs (Bun & Steinke 2016, Lemma 2.3; under adaptivity

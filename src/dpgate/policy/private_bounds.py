@@ -2,7 +2,7 @@
 
 A column declared ::
 
-    income = { type = "float", bounds = "private", outer = [0, 1e9] }      # quantile = 0.95 by default
+    income = { type = "float", bounds = "private", outer = [0, 1e9] }      # quantile = 0.99 by default
 
 has no clamp of its own: the first query that needs its clamp estimates one with DP over the
 column's per-unit contributions, inside the *outer* range the data owner states
@@ -33,7 +33,7 @@ from dpgate.policy.fields import _is_number
 __all__ = ["PrivateBounds", "DEFAULT_QUANTILE", "DEFAULT_SHARE", "DEFAULT_MAX_RANK_ERROR", "split_private_bounds"]
 
 #: Default quantile of the per-unit contributions taken as the clamp's far end.
-DEFAULT_QUANTILE = 0.95
+DEFAULT_QUANTILE = 0.99
 #: Default share of a query's budget spent on estimating a missing clamp (``[budget] private_bounds_share``).
 DEFAULT_SHARE = 0.1
 #: Default largest 95 % rank error (units) of an estimate (``[budget] private_bounds_max_rank_error``).
