@@ -194,10 +194,25 @@ def bounds_document(table_policy: Any) -> dict[str, Any]:
         "max_groups_per_unit": table_policy.max_groups_per_unit,
         "max_rows_per_unit": table_policy.max_rows_per_unit,
         "columns": {
-            c: {"lower": col.lower, "upper": col.upper, "resolution": col.resolution}
+            c: {"lower": col.lower, "upper": col.upper, "resolution": col.resolution,
+                **({"private": private_bounds_document(col)} if col.private_bounds is not None else {})}
             for c, col in table_policy.columns.items() if col.bounded
         },
     }
+
+
+def private_bounds_document(col: Any) -> dict[str, Any]:
+    """A ``bounds = "private"`` column's entry in a release's bounds (issue 22 item 3): the outer range and,
+    when the clamp is a stored DP estimate, ``"bounds [a, b], chosen privately at ρ = … in release R"``."""
+    pb = col.private_bounds
+    out = {"outer": list(pb.outer), "quantile": pb.quantile, "chosen_in": pb.chosen_in}
+    if pb.chosen_in is None:
+        out["note"] = f"clamped to the outer range [{pb.outer[0]:g}, {pb.outer[1]:g}] (no estimate applies)"
+    else:
+        what = ", ".join(f"{'ρ' if k == 'rho' else 'ε'} = {v:.6g}" for k, v in (pb.cost or {}).items())
+        out.update(cost=dict(pb.cost or {}), note=f"bounds [{col.lower:g}, {col.upper:g}], chosen privately at "
+                                                  f"{what} in release {pb.chosen_in}")
+    return out
 
 
 def enforced_cap(policy: DatasetPolicy, receipt: Any) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from typing import Any, Literal, Mapping, get_args
 from dpgate import limits
 from dpgate.errors import policy_error as _policy_error
 from dpgate.policy.fields import _bound, _check_keys, _finite_number, _is_number
+from dpgate.policy.private_bounds import KEYS as _PRIVATE_KEYS, PrivateBounds, split_private_bounds
 from dpgate.policy.fixed_point import (
     MAX_FIXED_POINT_STEPS,
     _default_float_resolution,
@@ -67,6 +68,8 @@ class ColumnPolicy:
             (:class:`UnitPath`); verified on the data when an engine loads it (DuckDB and Spark
             count values against distinct values; PostgreSQL requires a UNIQUE or PRIMARY KEY
             index), the dataset refused otherwise.
+        private_bounds: ``bounds = "private"`` (:class:`~dpgate.policy.private_bounds.PrivateBounds`):
+            ``lower``/``upper`` are the outer range until a DP estimate replaces them; None otherwise.
     """
 
     name: str
@@ -78,6 +81,7 @@ class ColumnPolicy:
     time_lower: _dt.date | None = None
     time_upper: _dt.date | None = None
     unique: bool = False
+    private_bounds: PrivateBounds | None = None
 
     @property
     def time_bounded(self) -> bool:
@@ -129,6 +133,8 @@ class ColumnPolicy:
         }
         if self.unique:
             out["unique"] = True
+        if self.private_bounds is not None:  # only then: other columns' digests stay as they were
+            out.update(self.private_bounds.to_dict())
         return out
 
 
@@ -184,7 +190,7 @@ def _parse_public_keys(v: Any, ctype: str, path: Path, table: str, column: str) 
     return tuple(keys)
 
 
-_COLUMN_KEYS = {"type", "lower", "upper", "resolution", "public_keys", "unique"}
+_COLUMN_KEYS = {"type", "lower", "upper", "resolution", "public_keys", "unique"} | _PRIVATE_KEYS
 
 
 def _parse_column(name: str, raw: Any, path: Path, table: str) -> ColumnPolicy:
@@ -198,7 +204,10 @@ def _parse_column(name: str, raw: Any, path: Path, table: str) -> ColumnPolicy:
     unique = raw.get("unique", False)
     if not isinstance(unique, bool):
         raise _policy_error(path, f"unique must be true or false (got {unique!r})", table, name)
+    raw, private = split_private_bounds(raw, raw.get("type"), path, table, name)  # issue 22 item 3
     col = _parse_column_fields(name, raw, path, table)
+    if private is not None:
+        col = dataclasses.replace(col, private_bounds=dataclasses.replace(private, outer=(col.lower, col.upper)))
     return dataclasses.replace(col, unique=True) if unique else col
 
 

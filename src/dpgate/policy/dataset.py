@@ -18,6 +18,7 @@ from dpgate.errors import PolicyError, UnknownTable
 from dpgate.errors import policy_error as _policy_error
 from dpgate.policy.cohorts import _parse_cohorts
 from dpgate.policy.fields import _NAME_RE, _check_keys, _finite_number, _name, _section
+from dpgate.policy.private_bounds import DEFAULT_MAX_RANK_ERROR, DEFAULT_SHARE
 from dpgate.policy.tables import _check_unit_paths, _parse_table
 from dpgate.selection_reserve import default_selection_deltas, selection_key_columns
 
@@ -69,6 +70,12 @@ class BudgetPolicy:
             :mod:`dpgate.ledger.filter`; fixed in the ledger before the population's first
             charge). A ``"gdp"`` population admits no partition selection (its δ has no GDP
             claim), so its ``selection_delta`` defaults to 0 and a stated positive one is refused.
+        private_bounds_share: the share of a query's budget (ρ, or ε under pure DP) spent on
+            estimating the clamp of each ``bounds = "private"`` column it needs that has no
+            estimate yet (issue 22 item 3; several columns split it equally), in (0, 1); default 0.1.
+        private_bounds_max_rank_error: the largest 95 % rank error (privacy units) an estimate
+            may have: a query whose share buys a worse one is refused before any charge; > 0,
+            default 1000.
     """
 
     epsilon: float
@@ -81,6 +88,8 @@ class BudgetPolicy:
     default_selection_delta: float | None = None
     selection_delta_stated: bool = field(default=True, compare=False)
     composition: str = "renyi"
+    private_bounds_share: float = DEFAULT_SHARE
+    private_bounds_max_rank_error: float = DEFAULT_MAX_RANK_ERROR
 
     def __post_init__(self) -> None:
         # defaults that depend on δ (issue 11): selection_delta = δ/2, default δ_q = selection_delta/100
@@ -230,7 +239,8 @@ def _parse_policy(raw: Mapping[str, Any], path: Path) -> DatasetPolicy:
     _check_keys(
         b,
         {"epsilon", "delta", "default_query_rho", "mechanism", "suppress_ci95_above", "clamp_counts",
-         "selection_delta", "default_selection_delta", "composition"},
+         "selection_delta", "default_selection_delta", "composition", "private_bounds_share",
+         "private_bounds_max_rank_error"},
         path,
         "[budget]",
     )
@@ -288,8 +298,9 @@ def _parse_policy(raw: Mapping[str, Any], path: Path) -> DatasetPolicy:
     if not stated:  # issue 22: no idle δ reserve when no query of this file can select keys
         selects = composition != "gdp" and bool(selection_key_columns(tables.values()))
         selection, per_query = default_selection_deltas(delta, selects)
+    share, max_rank = _private_bounds_settings(b, path)
     budget = BudgetPolicy(epsilon, delta, rho, mechanism, suppress, clamp, selection, per_query, stated,
-                          composition)
+                          composition, share, max_rank)
     cohorts = _parse_cohorts(_section(raw, "population", path, required=False), tables, path)
     proxy, provenance, proxy_default_for = _parse_proxy(ds, tables, name, path)
     return DatasetPolicy(
@@ -309,6 +320,18 @@ def _parse_policy(raw: Mapping[str, Any], path: Path) -> DatasetPolicy:
         provenance=provenance,
         proxy_default_for=proxy_default_for,
     )
+
+
+def _private_bounds_settings(b: Mapping[str, Any], path: Path) -> tuple[float, float]:
+    """``[budget] private_bounds_share`` in (0, 1) and ``private_bounds_max_rank_error`` > 0 (issue 22 item 3)."""
+    share = _finite_number(b.get("private_bounds_share", DEFAULT_SHARE), "[budget] private_bounds_share", path)
+    if not 0 < share < 1:
+        raise _policy_error(path, f"[budget] private_bounds_share must be in (0, 1) (got {share:g})")
+    rank = _finite_number(b.get("private_bounds_max_rank_error", DEFAULT_MAX_RANK_ERROR),
+                          "[budget] private_bounds_max_rank_error", path)
+    if not rank > 0:
+        raise _policy_error(path, f"[budget] private_bounds_max_rank_error must be > 0 (got {rank:g})")
+    return share, rank
 
 
 def _composition(b: Mapping[str, Any], selection: float, stated: bool, path: Path) -> str:

@@ -91,7 +91,8 @@ class CacheKeys:
 #: (``selection_delta_stated`` says how the file set the reserve, not what a release shows: left out
 #: of release keys, so stored releases stay served — tests/test_plan_replay.py.)
 _NOT_POST_PROCESSING = frozenset({"epsilon", "delta", "default_query_rho", "mechanism", "selection_delta",
-                                  "default_selection_delta", "selection_delta_stated", "composition"})
+                                  "default_selection_delta", "selection_delta_stated", "composition",
+                                  "private_bounds_share", "private_bounds_max_rank_error"})
 
 
 def post_processing_settings(policy: Any) -> dict[str, Any]:
