@@ -186,16 +186,15 @@ def test_trees_of_the_library_queries_are_the_parsed_texts(project):
     assert kinds == {"where", "having", "derived", "key", "value"}
 
 
-def test_an_or_under_an_and_is_read_as_its_text(project):
-    """The compiler's HAVING tree for ``(age < 30 OR age > 60) AND n > 1`` is an ``OR`` under an
-    ``AND`` without parentheses; its canonical text, which the plan hash covers, reads back as
-    ``age < 30 OR (age > 60 AND n > 1)``. The plan's tree is the text's (what ran before: see the
-    report of issue 20 step 3 — the canonical text loses the parentheses)."""
+def test_an_or_under_an_and_keeps_its_parentheses(project):
+    """``(age < 30 OR age > 60) AND n > 1``: the canonical text (which the plan hash covers and the
+    release evaluates) keeps the analyst's grouping; it was ``age < 30 OR age > 60 AND n > 1``,
+    another predicate (the finding of issue 20 step 3, fixed in sql.outputs._grouped)."""
     plan = parse_query(QUERIES["having_or_and"], load_policy(project / "policies" / "library_catalog.toml"))
-    assert plan.having == '"age" < 30 OR "age" > 60 AND "count" > 1'
+    assert plan.having == '("age" < 30 OR "age" > 60) AND "count" > 1'
     tree = plan.having_tree()
-    assert isinstance(tree, sqlglot.exp.Or) and isinstance(tree.expression, sqlglot.exp.And)
-    assert not isinstance(plan.trees.having, sqlglot.exp.Paren)
+    assert isinstance(tree, sqlglot.exp.And) and isinstance(tree.this, sqlglot.exp.Paren)
+    assert sqlglot.parse_one(plan.having, read="duckdb") == tree
 
 
 def test_a_stored_plan_parses_its_texts():

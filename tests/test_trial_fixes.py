@@ -277,3 +277,21 @@ def test_an_integer_division_of_the_dialect_in_the_select_list_is_refused(tmp_pa
             gw.compile("shop", sql, dialect=dialect)
     finally:
         gw.close()
+
+
+def test_having_keeps_the_analysts_parentheses(tmp_path):
+    # (n < 3 OR n > 60) AND s > 10 was canonicalised as n < 3 OR n > 60 AND s > 10 (another
+    # predicate, one plan hash for both groupings); the two must differ and keep their meaning
+    from _runner_spies import open_shop
+    gw = open_shop(tmp_path)
+    try:
+        grouped = gw.compile("shop", "SELECT region, COUNT(*) AS n FROM orders GROUP BY region "
+                                     "HAVING (COUNT(*) < 3 OR COUNT(*) > 60) AND SUM(amount) > 10")[1]
+        plain = gw.compile("shop", "SELECT region, COUNT(*) AS n FROM orders GROUP BY region "
+                                   "HAVING COUNT(*) < 3 OR COUNT(*) > 60 AND SUM(amount) > 10")[1]
+        assert grouped.having.startswith('("count" < 3 OR "count" > 60) AND')
+        assert grouped.plan_hash != plain.plan_hash
+        import sqlglot
+        assert sqlglot.parse_one(grouped.having, read="duckdb") == grouped.having_tree()
+    finally:
+        gw.close()

@@ -352,13 +352,27 @@ def finish_having_tree(tree: exp.Expression | None, refs: dict[str, Out]) -> exp
             return exp.column(refs[node.name].name, quoted=True)
         return node
 
-    tree = tree.transform(rename, copy=True)
+    tree = tree.transform(rename, copy=True).transform(_grouped, copy=False)
     tree = canonicalize_literals(tree)
     tree = simplify_tree(tree)
     tree = canonicalize_literals(tree)
     if isinstance(tree, exp.Boolean) and tree.this:
         return None
     return tree
+
+
+def _grouped(node: exp.Expression) -> exp.Expression:
+    """An OR under an AND, or an AND/OR under a NOT, in parentheses: the analyst's grouping. The
+    HAVING's resolution replaces parenthesised references by their outputs and can drop a
+    ``Paren``; the canonical text (and the release, which evaluates it) must keep the meaning
+    (a third session's finding: ``(n < 3 OR n > 60) AND s > 10`` read as ``n < 3 OR (…)``)."""
+    if isinstance(node, exp.And):
+        for key in ("this", "expression"):
+            if isinstance(node.args.get(key), exp.Or):
+                node.set(key, exp.Paren(this=node.args[key]))
+    if isinstance(node, exp.Not) and isinstance(node.this, exp.Connector):
+        node.set("this", exp.Paren(this=node.this))
+    return node
 
 
 def plan_order_by(stmt: exp.Select, outputs: Outputs) -> list[tuple[Out, bool, bool]]:
