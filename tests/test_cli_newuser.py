@@ -109,6 +109,21 @@ def test_cli_errors_are_sentences_and_json_on_request(settings, capsys):
     capsys.readouterr()
 
 
+def test_a_defect_is_one_line_and_exit_8_not_a_traceback(settings, capsys, monkeypatch):
+    """Trial finding (2026-12-03): an unexpected exception (a TypeError from the release store)
+    printed a raw traceback and exited 1; the README's table says `internal` exits 8."""
+    import dpgate.cli.budget as budget_cmd
+
+    def boom(*_a, **_k):
+        raise TypeError("something broke")
+    monkeypatch.delenv("DPGATE_DEBUG", raising=False)
+    monkeypatch.setattr(budget_cmd, "run", boom)
+    code, out, err = _cli(capsys, "budget", "usage", *_common(settings))
+    assert code == exits.FAILED == 8 and out == ""
+    assert err.startswith("dpgate: error: internal error (TypeError)") and "[internal]" in err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+
+
 def test_budget_exhausted_exits_5_with_a_sentence(settings, capsys):
     code, _, err = _cli(capsys, "query", "--dataset", "usage", QUERY, "--rho", "5", *_common(settings))
     assert code == exits.REFUSED == 5

@@ -147,6 +147,20 @@ def test_the_loaded_column_is_clamped_to_outer_and_says_so(tmp_path):
     assert "bounds" not in other["shop"].table("orders").column("amount").to_dict()  # digests of others unchanged
 
 
+@pytest.mark.parametrize("amount,resolution", [
+    # 10**(floor(log10(1e9)) − 12) = 1e-3: twelve digits against the outer range (six for declared
+    # bounds would be 1000: every value, and the estimated clamp, a multiple of 1000)
+    ('amount = { type = "float", bounds = "private", outer = [0, 1e9] }', 1e-3),
+    ('amount = { type = "float", bounds = "private", outer = [-50, 250] }', 1e-10),
+    ('amount = { type = "float", bounds = "private", outer = [0, 1e9], resolution = 0.5 }', 0.5),  # stated: kept
+    ('amount = { type = "int", bounds = "private", outer = [0, 1000000000] }', 1.0),  # int: 1
+])
+def test_a_private_float_columns_default_resolution_is_fine_against_its_outer_range(tmp_path, amount, resolution):
+    """Trial finding (2026-12-03): the default resolution came from the outer range at 6 digits."""
+    col = load_policies(write(tmp_path, amount=amount))["shop"].table("orders").column("amount")
+    assert col.resolution == resolution
+
+
 def test_a_group_key_on_a_private_column_is_refused_before_any_charge(gw):
     with pytest.raises(UnsupportedQuery) as info:
         gw.query("shop", "SELECT amount, SUM(amount) FROM orders GROUP BY amount", consumer="default",
@@ -301,6 +315,22 @@ def test_the_stored_estimate_is_reused_for_free(gw):
     # explain now: the stored bounds, the query's whole budget, no estimate to pay for
     doc = gw.explain("shop", "SELECT SUM(amount) FROM orders", budget=QueryBudget(rho=0.3))
     assert doc["cost"]["rho"] == pytest.approx(0.3) and doc["private_bounds"]["orders.amount"]["release_id"] == a["release_id"]
+
+
+def test_the_request_that_paid_for_the_estimate_is_served_free_when_repeated(gw):
+    """Trial finding (2026-12-03): the first request ran at (1 − share)·ρ after paying share·ρ for the
+    estimate; the identical request again ran at its whole ρ, a new key, and was charged again. Now
+    it finds the first release (README: repeating a request costs nothing)."""
+    sql = "SELECT region, SUM(amount) AS s FROM orders GROUP BY region"
+    first = gw.query("shop", sql, consumer="default", budget=QueryBudget(rho=2.0))
+    assert len(_charges(gw)) == 2  # the estimate, then the query
+    again = gw.query("shop", sql, consumer="default", budget=QueryBudget(rho=2.0))
+    assert again["cached"] and len(_charges(gw)) == 2
+    assert again["release_id"] == first["release_id"] and again["rows"] == first["rows"]
+    assert again["private_bounds"]["orders.amount"]["release_id"] == first["private_bounds"]["orders.amount"]["release_id"]
+    # another budget is another request: it runs (and is charged) at its whole ρ
+    other = gw.query("shop", sql, consumer="default", budget=QueryBudget(rho=1.0))
+    assert not other["cached"] and _charges(gw)[-1]["rho"] == pytest.approx(1.0, rel=1e-12)
 
 
 def test_a_new_data_version_estimates_again(tmp_path):

@@ -141,6 +141,43 @@ def test_laplace_cost_by_hand(tmp_path):
         gw.close()
 
 
+def test_laplace_query_is_released_and_stored_with_its_composition(tmp_path):
+    """Trial finding (2026-12-03): under Laplace the composition's total was ``Cost.epsilon`` (a
+    bound method), so the release store failed to write the document *after* the charge (HTTP
+    500, each retry charged again). The total ε is the query's ε (sequential composition, ε adds:
+    Dwork & Roth 2014 Thm 3.16): here 2·share (selection + count) + share (median) = eps."""
+    eps = 0.3
+    gw = open_gateway(tmp_path, _common(60), k=2, m=3, epsilon=8.0)
+    try:
+        out = gw.query("posts", MEDIAN_SQL, consumer="default", budget=QueryBudget(epsilon=eps),
+                       mechanism="laplace")
+        comp = out["partition_selection"]["composition"]
+        assert comp["epsilon"] == pytest.approx(eps, rel=1e-12)
+        assert math.fsum(step["epsilon"] for step in comp["steps"]) == pytest.approx(eps, rel=1e-12)
+        assert "epsilon_sel + epsilon_q" in comp["note"]
+        assert len(gw.ledger.entries("authors")) == 1
+        again = gw.query("posts", MEDIAN_SQL, consumer="default", budget=QueryBudget(epsilon=eps),
+                         mechanism="laplace")
+        assert again["cached"] is True and len(gw.ledger.entries("authors")) == 1
+    finally:
+        gw.close()
+
+
+def test_a_document_the_store_cannot_write_is_refused_before_the_charge(tmp_path, monkeypatch):
+    """The release document's data-independent part is built and checked as strict JSON before
+    ``ledger.charge`` (pipeline.documents.release_preamble): a non-JSON field costs nothing."""
+    from dpgate.errors import Internal
+    gw = open_gateway(tmp_path, _common(60), k=2, m=3, epsilon=8.0)
+    try:
+        monkeypatch.setattr(ps_module, "describe", lambda *a, **k: {"bad": object()})
+        with pytest.raises(Internal, match="not JSON"):
+            gw.query("posts", MEDIAN_SQL, consumer="default", budget=QueryBudget(epsilon=0.3),
+                     mechanism="laplace")
+        assert gw.ledger.entries("authors") == []
+    finally:
+        gw.close()
+
+
 def test_median_alone_spends_half_on_the_selection(tmp_path):
     """No count/sum: n = 1 + 1, the selection histogram and the median get ρ/2 each."""
     gw = open_gateway(tmp_path, _common(60), k=1, m=1)

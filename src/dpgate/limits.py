@@ -58,6 +58,8 @@ __all__ = [
     "MAX_ABS_AGGREGATE",
     "MAX_ABS_BOUND",
     "MAX_INT",
+    "MAX_CAP_EPSILON",
+    "MAX_POLICY_EPSILON",
     "MAX_QUERY_RHO",
     "MAX_RESOLUTION",
     "MAX_SCALE",
@@ -84,6 +86,12 @@ MAX_INT: int = 2**63 - 1
 #: Largest zCDP ρ one query may spend (a request's ``budget.rho`` and a policy's
 #: ``[budget] default_query_rho``); equals :attr:`dpgate.pipeline.budget.QueryBudget.MAX_RHO`.
 MAX_QUERY_RHO: float = 1e4
+#: Largest ε of an admin's cap change (``POST /v1/admin/populations/{p}/cap`` and its preview).
+MAX_CAP_EPSILON: float = 1e3
+#: Largest ε of a policy's ``[budget] epsilon``. Test and benchmark policies use caps up to 1e9
+#: (a cap that never binds); beyond 1e12 the accounting's conversions overflow (ε = 1e308 gave
+#: ρ_cap ≈ 1e308 and numpy overflow warnings in ``dpgate budget``).
+MAX_POLICY_EPSILON: float = 1e12
 
 
 def range_problem(ctype: str, lower, upper, steps: int) -> str | None:

@@ -187,9 +187,9 @@ class PlanCalibration:
                  "note": "one exponential mechanism per quantile and selected group; the histograms of "
                  "groups the selection did not release are never scored"},
             ],
-            unit: self.cost.rho if unit == "rho" else self.cost.epsilon,
+            unit: self.rho if unit == "rho" else self.epsilon,
             "delta": self.selection.delta,
-            "note": "charged once, before any noise is drawn, for both steps: (rho_sel + rho_q, delta) "
+            "note": f"charged once, before any noise is drawn, for both steps: ({unit}_sel + {unit}_q, delta) "
                     "by sequential composition (Bun & Steinke 2016 Lemma 2.3; the quantile step is "
                     "adaptive on the selected keys, which are a DP output)",
         }

@@ -16,7 +16,7 @@ from typing import Annotated, Any, Callable
 from fastapi import APIRouter, Depends, Path, Query, Request, Security
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
-from dpgate import __version__
+from dpgate import __version__, limits
 import dpgate.api.schemas as schemas
 from dpgate.api.errors import json_safe
 from dpgate.api.authn import authenticate
@@ -538,7 +538,7 @@ def cap_preview(
     population: Annotated[str, Path(min_length=1, max_length=128)],
     gateway: GatewayDep,
     principal: Annotated[Principal, Depends(require(Permission.SET_CAP))],
-    epsilon: Annotated[float, Query(gt=0, le=1e3, allow_inf_nan=False)],
+    epsilon: Annotated[float, Query(gt=0, le=limits.MAX_CAP_EPSILON, allow_inf_nan=False)],
     delta: Annotated[float, Query(gt=0, lt=1, allow_inf_nan=False)],
 ) -> dict[str, Any]:
     """TPR bound at FPR = 1 % and the curve over FPR, before and after the proposed (ε, δ) (issue 23)."""

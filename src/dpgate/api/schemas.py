@@ -23,6 +23,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, model_validator
 from pydantic_core import PydanticCustomError
 
+from dpgate import limits
 from dpgate.errors import DpgateError, did_you_mean
 from dpgate.service import QueryBudget
 
@@ -357,7 +358,7 @@ class RenewalRequest(RequestModel):
 class CapChangeRequest(RequestModel):
     """``POST /v1/admin/populations/{p}/cap``: a new (ε, δ) cap with the reason for the change."""
 
-    epsilon: Annotated[float, Field(gt=0, le=1e3, allow_inf_nan=False)]
+    epsilon: Annotated[float, Field(gt=0, le=limits.MAX_CAP_EPSILON, allow_inf_nan=False)]
     delta: Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False)]
     reason: Text
 

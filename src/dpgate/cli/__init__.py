@@ -22,7 +22,7 @@ import sys
 from typing import Sequence
 
 from dpgate.cli import exits
-from dpgate.errors import DpgateError, InvalidRequest
+from dpgate.errors import DpgateError, Internal, InvalidRequest
 from dpgate.jsonsafe import json_safe
 
 #: Sub-command modules, in help order. A module that is not present is skipped.
@@ -220,6 +220,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exits.BROKEN_PIPE
     except KeyboardInterrupt:
         return exits.INTERRUPTED
+    except Exception as exc:  # a defect: one line (as over HTTP: `internal`), not a traceback
+        err = Internal(f"internal error ({type(exc).__name__}); if a charge was made it stays "
+                       "(see `dpgate ledger show`); set DPGATE_DEBUG=1 for the traceback")
+        if os.environ.get("DPGATE_DEBUG") == "1":
+            raise
+        print_error(err, as_json=as_json)
+        return exits.FAILED
 
 
 if __name__ == "__main__":  # pragma: no cover

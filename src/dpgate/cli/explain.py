@@ -211,9 +211,15 @@ def print_cost(doc: dict) -> None:
     asked = ", ".join(f"{k} {_num(v)}" for k, v in budget.items() if isinstance(v, (int, float))) or "policy default"
     print(f"budget        {asked}")
     rho, eps = cost.get("rho"), cost.get("epsilon_at_delta")
-    line = f"cost          ρ {_num(rho)}" if isinstance(rho, (int, float)) else "cost          0"
-    if isinstance(cost.get("epsilon"), (int, float)):
-        line += f" (pure ε {_num(cost['epsilon'])})"
+    pure = cost.get("epsilon")
+    if isinstance(rho, (int, float)):
+        line = f"cost          ρ {_num(rho)}"
+        if isinstance(pure, (int, float)):
+            line += f" (pure ε {_num(pure)})"
+    elif isinstance(pure, (int, float)):  # Laplace: a pure-ε charge (its RDP curve, ρ ≤ ε²/2: BS16 Prop. 1.4)
+        line = f"cost          pure ε {_num(pure)}"
+    else:
+        line = "cost          0"
     if isinstance(eps, (int, float)) and isinstance(cost.get("delta"), (int, float)):
         line += f"; ε {_num(eps)} at δ {cost['delta']:g} for this release alone"
     print(line)

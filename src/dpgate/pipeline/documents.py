@@ -18,6 +18,7 @@ import numpy as np
 
 from dpgate import partition_selection
 from dpgate.cohorts import release_guarantee
+from dpgate.errors import Internal
 from dpgate.policy import DatasetPolicy
 from dpgate.postprocess import finalize, output_unit
 from dpgate.postprocess.calibration import CellTarget, ci95_rules
@@ -221,9 +222,59 @@ def enforced_cap(policy: DatasetPolicy, receipt: Any) -> dict[str, Any]:
         else {"epsilon": policy.budget.epsilon, "delta": policy.budget.delta}
 
 
+def release_preamble(policy: DatasetPolicy, plan: QueryPlan, cal: Any, budget: Mapping[str, Any], *,
+                     selecting: bool) -> dict[str, Any]:
+    """The data-independent part of a noisy release's document, built **before the charge**.
+
+    Everything here follows from the plan, the policy and the calibration (mechanism, noise
+    scales, budget, bounds, value ranges, post-processing settings, the partition-selection
+    composition), none of it from the data; it is built and checked as strict JSON before the
+    ledger is charged, so that a document the release store cannot write fails for free instead
+    of after the charge (the totality rule of issue 20: every check completes before
+    ``ledger.charge``).
+
+    Args:
+        cal: the mechanism-side calibration (``mechanism``, ``scales``; the threshold's with
+            ``selecting``). budget: the resolved budget's dict form.
+        selecting: the plan selects keys privately (adds ``partition_selection``).
+
+    Raises:
+        Internal: a field is not strict JSON (a NaN, an infinity, a non-JSON object): a
+            programming error, refused before anything is charged.
+    """
+    table_policy = policy.table(plan.table)
+    preamble = {
+        "mechanism": cal.mechanism,
+        "noise_scales": dict(cal.scales),
+        "noise_scale_units": noise_scale_units(policy, plan, cal.scales),
+        "budget": dict(budget, **({"accuracy_target": ci95_rules(
+            cell_targets(policy, plan), budget["ci95"], budget.get("expected_count"))}
+            if "ci95" in budget else {})),
+        "bounds": bounds_document(table_policy),
+        # the range each aggregate's true value lies in, and whether the value is clamped to it
+        # (issue 24: error bars clipped to the declared bounds, clamped values marked)
+        "value_ranges": value_ranges(plan, policy),
+        "post_processing": post_processing_settings(policy),
+        **({"partition_selection": partition_selection.describe(plan, cal, budget["selection_delta"])}
+           if selecting else {}),
+    }
+    check_json(preamble)
+    return preamble
+
+
+def check_json(document: Mapping[str, Any]) -> None:
+    """Raise :class:`~dpgate.errors.Internal` unless ``document`` is strict JSON (what the release
+    store writes: ``json.dumps(..., allow_nan=False)``)."""
+    try:
+        json.dumps(document, allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise Internal(f"the release document is not JSON ({type(e).__name__}); nothing was charged") from None
+
+
 def noisy_release(policy: DatasetPolicy, plan: QueryPlan, cal: Any, budget: Mapping[str, Any], receipt: Any,
                   key: str, version: str, keys: Mapping[str, Any], noisy: Mapping[str, Any],
-                  halfwidths: Mapping[str, float], *, selecting: bool) -> Release:
+                  halfwidths: Mapping[str, float], *, selecting: bool,
+                  preamble: Mapping[str, Any] | None = None) -> Release:
     """The release of a noisy plan: its document and its noisy primitives (stored, never served).
 
     Args:
@@ -232,8 +283,11 @@ def noisy_release(policy: DatasetPolicy, plan: QueryPlan, cal: Any, budget: Mapp
             an exact release, nothing charged). key: the noise cache key. version: the data version.
         keys, noisy, halfwidths: group keys, noisy integer values and 95 % half-widths per primitive.
         selecting: the plan selects keys privately (adds ``partition_selection``).
+        preamble: :func:`release_preamble`'s document, built before the charge (None: built here).
     """
     sig = {p.id: primitive_sig(p) for p in plan.primitives}
+    if preamble is None:
+        preamble = release_preamble(policy, plan, cal, budget, selecting=selecting)
     table = finalize(plan, policy, keys, noisy, cal.scales, halfwidths, mechanism=cal.mechanism)
     table_policy = policy.table(plan.table)
     release_id, created = new_release_id(), now()
@@ -250,19 +304,7 @@ def noisy_release(policy: DatasetPolicy, plan: QueryPlan, cal: Any, budget: Mapp
         "created_at": created,
         "plan_hash": plan.plan_hash,
         "canonical_sql": plan.canonical_sql,
-        "mechanism": cal.mechanism,
-        "noise_scales": dict(cal.scales),
-        "noise_scale_units": noise_scale_units(policy, plan, cal.scales),
-        "budget": dict(budget, **({"accuracy_target": ci95_rules(
-            cell_targets(policy, plan), budget["ci95"], budget.get("expected_count"))}
-            if "ci95" in budget else {})),
-        "bounds": bounds_document(table_policy),
-        # the range each aggregate's true value lies in, and whether the value is clamped to it
-        # (issue 24: error bars clipped to the declared bounds, clamped values marked)
-        "value_ranges": value_ranges(plan, policy),
-        "post_processing": post_processing_settings(policy),
-        **({"partition_selection": partition_selection.describe(plan, cal, budget["selection_delta"])}
-           if selecting else {}),
+        **preamble,
         # the published guarantee: the cap the ledger enforced when it charged this release
         "guarantee": {
             "population": policy.population,

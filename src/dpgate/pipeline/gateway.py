@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from dpgate.engines import EngineOptions, EngineSet
-from dpgate.errors import BudgetExhausted, QueryTimeout, UnknownDataset, UnsupportedQuery
+from dpgate.errors import BudgetExhausted, QueryTimeout, UnknownConsumer, UnknownDataset, UnsupportedQuery
 from dpgate.ledger import Ledger, open_ledger
 from dpgate.notices import first_notice
 from dpgate.pipeline.admin import (AdminOperations, DatasetViews, StoreOperations, check_population_moves, ensure_populations,
@@ -290,6 +290,8 @@ class Gateway(DatasetViews, AdminOperations, StoreOperations):
             as :meth:`_explain`; InvalidRequest: ``reference_rows`` not a number > 1.
         """
         check_reference_rows(reference_rows)
+        if consumer is not None:
+            self._check_consumer(self.policy(dataset), consumer)
         doc, planned = self._explain(dataset, sql, budget=budget, mechanism=mechanism, consumer=consumer,
                                      dialect=dialect, trial=trial)
         if doc.get("plan") and not doc.get("public") and not doc.get("public_keys_only"):
@@ -301,6 +303,16 @@ class Gateway(DatasetViews, AdminOperations, StoreOperations):
         doc["expected_accuracy"] = expected_accuracy(doc)
         doc["warnings"] = [w["message"] for w in doc["expected_accuracy"].get("warnings", [])]
         return doc
+
+    def _check_consumer(self, policy: DatasetPolicy, consumer: str) -> None:
+        """Raise :class:`~dpgate.errors.UnknownConsumer` when the population allocates its budget
+        and ``consumer`` has no allocation (the ledger's allocations in force; an open population
+        admits any consumer). Charges nothing."""
+        allocations = self.ledger.spend(policy.population).allocations
+        if allocations and consumer not in allocations:
+            raise UnknownConsumer(
+                f"population {policy.population!r} has no allocation for consumer {consumer!r}",
+                {"population": policy.population, "consumer": consumer, "consumers": sorted(allocations)})
 
     def _explain(self, dataset: str, sql: str, *, budget: QueryBudget | None = None,
                  mechanism: str | None = None, consumer: str | None = None,
@@ -404,6 +416,7 @@ class Gateway(DatasetViews, AdminOperations, StoreOperations):
             ExecutionError, MechanismError: after the charge, which stays.
         """
         policy, _, strategy = self.compile(dataset, sql, dialect)
+        self._check_consumer(policy, consumer)  # before the cache: a stored release is not served to a typo
         if search_id is not None and not isinstance(strategy, TopK):  # a search records selections only
             if isinstance(strategy, ExactPublic):
                 raise UnsupportedQuery("this query reads public tables only: it is answered exactly and free, "

@@ -341,10 +341,30 @@ def for_answer(gw: Any, dataset: str, sql: str, dialect: str | None, compiled: C
             budget = split.main
     chosen = {n: r for n, r in found.items() if r is not None}
     used = _describe_used(chosen, paid)
+    recompiled = _recompile(gw, dataset, sql, dialect, chosen)
+    if not missing:
+        budget = _repeat_budget(gw, dataset, base, recompiled, budget, mechanism, len(needs))
 
     def annotate(doc: dict[str, Any]) -> dict[str, Any]:
         return {**doc, "private_bounds": used}
-    return _recompile(gw, dataset, sql, dialect, chosen), budget, annotate
+    return recompiled, budget, annotate
+
+
+def _repeat_budget(gw: Any, dataset: str, base: DatasetPolicy, compiled: Compiled, budget: QueryBudget | None,
+                   mechanism: str | None, n: int) -> QueryBudget | None:
+    """The budget a repeated request is answered at: the request that paid for the estimates ran
+    at its reduced budget (``split_budget``), so the same request again — same SQL, budget and
+    data version — finds that release stored and is served it, free (README: repeating a request
+    costs nothing). Any other request runs at its whole budget. Reads the store only."""
+    if budget is not None and budget.ci95 is not None:
+        return budget  # a ci95 budget never paid for an estimate
+    policy, _, strategy = compiled
+    runner = gw._runner(dataset, policy, strategy)
+    stored = getattr(runner, "stored", None)
+    if stored is None:
+        return budget
+    reduced = split_budget(gw, base, budget, mechanism, n).main
+    return reduced if stored(reduced, mechanism) else budget
 
 
 def _check_before_charge(gw: Any, dataset: str, compiled: Compiled, split: Split, noises: list, trees: list,

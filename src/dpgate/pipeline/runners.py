@@ -435,6 +435,28 @@ class NoisyRunner(Runner):
     def _quantiles_description(self, measurement: Any) -> dict[str, Any]:
         return {}
 
+    def _cache_keys(self, resolved: ResolvedBudget, scope: Any, version: str) -> CacheKeys:
+        """Two keys: the noise key names the noisy primitives (what is charged and noised:
+        table, filter, grouping, primitives, bounds, budget, mechanism, data version); the
+        release key names this exact query, post-processing (outputs, HAVING, ORDER BY,
+        LIMIT) and display settings included. Queries that differ only in post-processing
+        share one charge."""
+        plan = self.plan
+        return CacheKeys.of(plan_hash=plan.plan_hash + scope_signature(scope),
+                            noise_signature=documents.noise_signature(plan, cell_targets=resolved.is_ci95)
+                            + scope_signature(scope),
+                            data_version=version, mechanism=self.mechanism, budget=resolved.to_dict(),
+                            post_processing=post_processing_settings(self.policy))
+
+    def stored(self, budget: QueryBudget | None, mechanism: str | None) -> bool:
+        """Whether a release of this plan at ``budget`` is stored (it would be served, free). Reads
+        the release store only: charges nothing, draws no noise."""
+        resolved = self.resolve(budget, mechanism)
+        scope = charge_scope(self.ctx.ledger, self.policy, self.plan)
+        keys = self._cache_keys(resolved, scope, self.ctx.data_version())
+        with self.ctx.release_cache.flight(keys) as flight:
+            return flight.lookup() is not None
+
     def answer(self, *, consumer: str, budget: QueryBudget | None, mechanism: str | None,
                **_: Any) -> dict[str, Any]:
         """The DP release of this plan, charged to ``consumer`` (see ``Gateway.query``)."""
@@ -442,17 +464,8 @@ class NoisyRunner(Runner):
         resolved = self.resolve(budget, mechanism)
         scope = charge_scope(ctx.ledger, policy, plan)  # cohorts hook (issue 23): the cohorts this charge draws on
         version = ctx.data_version()
-        # Two keys: the noise key names the noisy primitives (what is charged and noised:
-        # table, filter, grouping, primitives, bounds, budget, mechanism, data version); the
-        # release key names this exact query, post-processing (outputs, HAVING, ORDER BY,
-        # LIMIT) and display settings included. Queries that differ only in post-processing
-        # share one charge.
         budget_doc = resolved.to_dict()
-        keys = CacheKeys.of(plan_hash=plan.plan_hash + scope_signature(scope),
-                            noise_signature=documents.noise_signature(plan, cell_targets=resolved.is_ci95)
-                            + scope_signature(scope),
-                            data_version=version, mechanism=self.mechanism, budget=budget_doc,
-                            post_processing=post_processing_settings(policy))
+        keys = self._cache_keys(resolved, scope, version)
         display = documents.labels(plan)
         with ctx.release_cache.flight(keys) as flight:
             hit = flight.lookup()
@@ -468,11 +481,14 @@ class NoisyRunner(Runner):
             metadata = {"dataset": ctx.dataset, "plan_hash": plan.plan_hash, "data_version": version}
             # issue 11: the δ OpenDP's threshold map gives, against the cap's selection_delta
             extra = {"selection_delta": cal.selection_delta} if self.selecting else {}
+            # the document's data-independent part, built and checked before the charge
+            preamble = documents.release_preamble(policy, plan, cal.measurement, budget_doc,
+                                                  selecting=self.selecting)
 
             def compute(receipt: Any) -> Release:
                 out = self.run(ctx.engine, salt, cal, receipt)
                 return documents.noisy_release(policy, plan, cal.measurement, budget_doc, receipt, keys.noise,
-                                               version, *out, selecting=self.selecting)
+                                               version, *out, selecting=self.selecting, preamble=preamble)
 
             # ---- once charged, nothing refunds the charge (a failed attempt stays charged) ----
             release, fresh = flight.run(
@@ -712,11 +728,14 @@ class UnionAllRunner(Runner):
             metadata = {"dataset": ctx.dataset, "plan_hash": self.strategy.plan_hash, "data_version": version,
                         "union_parts": [p.plan.plan_hash for p in parts]}
 
+            preambles = [documents.release_preamble(p.policy, p.plan, c.measurement, r.to_dict(), selecting=False)
+                         for p, c, r in zip(parts, cal.measurement, self._resolved)]  # before the charge
+
             def compute(receipt: Any) -> Release:
                 outs = self.run(ctx.engine, salt, cal, receipt)
                 releases = [documents.noisy_release(p.policy, p.plan, c.measurement, r.to_dict(), receipt, keys.noise,
-                                                    version, *out, selecting=False)
-                            for p, c, r, out in zip(parts, cal.measurement, self._resolved, outs)]
+                                                    version, *out, selecting=False, preamble=pre)
+                            for p, c, r, out, pre in zip(parts, cal.measurement, self._resolved, outs, preambles)]
                 return union_release.union_document(releases, plan_hash=self.strategy.plan_hash, budget=budget_doc,
                                                     key=keys.noise)
 

@@ -30,6 +30,10 @@ from dpgate.policy.fixed_point import (
 ColumnType = Literal["int", "float", "text", "bool", "date", "timestamp"]
 #: The declared column types (one definition: the values of :data:`ColumnType`).
 COLUMN_TYPES: tuple[str, ...] = get_args(ColumnType)
+#: Significant digits of a ``bounds = "private"`` float column's default resolution against its
+#: outer range (:func:`dpgate.policy.fixed_point._default_float_resolution`).
+PRIVATE_DIGITS = 12
+
 #: The column types that may carry bounds and a resolution (SUM/AVG/VAR).
 NUMERIC_TYPES: tuple[str, ...] = ("int", "float")
 #: The column types whose bounds are ISO date / timestamp strings (no SUM/AVG; date parts,
@@ -205,6 +209,12 @@ def _parse_column(name: str, raw: Any, path: Path, table: str) -> ColumnPolicy:
     if not isinstance(unique, bool):
         raise _policy_error(path, f"unique must be true or false (got {unique!r})", table, name)
     raw, private = split_private_bounds(raw, raw.get("type"), path, table, name)  # issue 22 item 3
+    if private is not None and raw.get("type") == "float" and raw.get("resolution") is None \
+            and raw.get("lower") is not None:
+        # the default step of a private column is fine against its outer range (12 digits, not 6):
+        # with 6 an outer range of [0, 1e9] rounded every value to a multiple of 1000, and the
+        # estimated clamp could only be 1000, 2000, … (trial finding, 2026-12-03)
+        raw = {**raw, "resolution": _default_float_resolution(raw["lower"], raw["upper"], PRIVATE_DIGITS)}
     col = _parse_column_fields(name, raw, path, table)
     if private is not None:
         col = dataclasses.replace(col, private_bounds=dataclasses.replace(private, outer=(col.lower, col.upper)))

@@ -248,8 +248,9 @@ def _parse_policy(raw: Mapping[str, Any], path: Path) -> DatasetPolicy:
         if key not in b:
             raise _policy_error(path, f"[budget] {key} is required")
     epsilon = _finite_number(b["epsilon"], "[budget] epsilon", path)
-    if epsilon <= 0:
-        raise _policy_error(path, f"[budget] epsilon must be > 0 (got {epsilon:g})")
+    if epsilon <= 0 or epsilon > limits.MAX_POLICY_EPSILON:
+        raise _policy_error(path, f"[budget] epsilon must be > 0 and at most {limits.MAX_POLICY_EPSILON:g} "
+                                  f"(got {epsilon:g})")
     delta = _finite_number(b["delta"], "[budget] delta", path)
     if not 0 < delta < 1:  # as the ledger's cap (dpgate.ledger.caps.validate_cap): δ = 0 admits no release
         raise _policy_error(path, f"[budget] delta must be in (0, 1) (got {delta:g}); the cap's delta must "

@@ -51,12 +51,16 @@ def _power_of_ten(e: int) -> float:
     return float(f"1e{e}")
 
 
-def _default_float_resolution(lower: float, upper: float) -> float:
-    """The coarsest power of ten ≤ 10**(floor(log10(max |bound|)) − 6) dividing both bounds."""
+def _default_float_resolution(lower: float, upper: float, digits: int = 6) -> float:
+    """The coarsest power of ten ≤ 10**(floor(log10(max |bound|)) − digits) dividing both bounds.
+
+    ``digits`` = 6 for declared bounds; a ``bounds = "private"`` column's outer range asks for 12
+    (its estimated clamp is usually orders of magnitude inside the outer range, and the resolution
+    is the step both the estimate's candidates and the clamped values are rounded to)."""
     big = max(abs(lower), abs(upper))
     if big == 0:
-        return 1e-6
-    top = Decimal(repr(float(big))).adjusted() - 6  # floor(log10(big)) − 6, exactly
+        return 10.0 ** -digits
+    top = Decimal(repr(float(big))).adjusted() - digits  # floor(log10(big)) − digits, exactly
     return _power_of_ten(int(min(top, _decimal_exponent(lower), _decimal_exponent(upper))))
 
 

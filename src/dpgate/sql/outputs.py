@@ -320,6 +320,36 @@ def refuse_typed_division(tree: exp.Expression, refs: dict[str, Out]) -> None:
                 "(nothing was charged)", {"construct": "/", "reason": "typed_division"})
 
 
+def _literal_zero(node: exp.Expression) -> bool:
+    """``0``, ``0.0``, ``-0``, ``(0)``, ``CAST(0 AS …)``: a divisor that is zero whatever the data."""
+    while isinstance(node, (exp.Paren, exp.Neg, exp.Cast, exp.TryCast)):
+        node = node.this
+    if isinstance(node, exp.Literal) and not node.is_string:
+        try:
+            return float(node.this) == 0.0
+        except ValueError:
+            return False
+    return False
+
+
+def refuse_division_by_zero(tree: exp.Expression) -> None:
+    """Refuse ``x / 0`` (and ``//``, ``%``) in a select-list expression: its value is NULL on any
+    data, so paying for it buys nothing (as ``COUNT(NULL)`` and ``WHERE 1 = 0`` are refused).
+
+    Raises:
+        UnsupportedQuery: naming the division (nothing charged).
+    """
+    for node in tree.find_all(exp.Div, exp.IntDiv, exp.Mod):
+        if _literal_zero(node.expression):
+            raise UnsupportedQuery(
+                f"a division by zero ({_OPERATOR[type(node)]} 0) in SELECT is NULL on any data, so there is "
+                "nothing to release (nothing was charged)",
+                {"construct": _OPERATOR[type(node)], "reason": "division_by_zero"})
+
+
+_OPERATOR = {exp.Div: "/", exp.IntDiv: "//", exp.Mod: "%"}
+
+
 def finish_expression_tree(tree: exp.Expression, refs: dict[str, Out]) -> exp.Expression:
     """The canonical tree of a select-list post-processing item over output names.
 
@@ -327,6 +357,7 @@ def finish_expression_tree(tree: exp.Expression, refs: dict[str, Out]) -> exp.Ex
         UnsupportedQuery: an integer division of the analyst's dialect (:func:`refuse_typed_division`).
     """
     refuse_typed_division(tree, refs)
+    refuse_division_by_zero(tree)
 
     def rename(node: exp.Expression) -> exp.Expression:
         if isinstance(node, exp.Column) and node.name in refs:
