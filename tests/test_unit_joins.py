@@ -7,9 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 import pyarrow as pa
 import pyarrow.parquet as pq
 from hypothesis import HealthCheck, given, settings, strategies as st
+
+from _engines import PG_URL, pg_load, pg_schema, pg_unavailable
 
 from dpgate.engines.base import parse_bounded
 from dpgate.engines.duckdb import DuckDBEngine
@@ -136,3 +139,36 @@ def test_same_bounded_vector_as_the_text_equality(tmp_path_factory, events, user
                 _same(engine.execute(tree), engine.execute(_old_text(engine, tree)))
     finally:
         engine.close()
+
+
+@pytest.mark.postgres
+def test_postgres_compares_integer_units_as_integers_with_the_same_rows(tmp_path):
+    """PostgreSQL (int8 units, undeclared): the rewrite fires and the bounded vector equals DuckDB's."""
+    reason = pg_unavailable()
+    if reason:
+        pytest.skip(reason)
+    events = [(1, 5.0, 0), (1, 7.0, 1), (2, 9.0, 2), (None, 3.0, 0), (-3, 50.0, 1), (4, 250.0, 2), (4, 1.0, 0)]
+    users = [(1, 0), (2, 1), (-3, 2), (4, 1), (4, 2), (9, 0)]
+    duck = _engine(tmp_path / "duck", events, users)
+    from dpgate.engines.postgres import PostgresEngine
+
+    with pg_schema() as schema:
+        pg_load(schema, "events", pa.table({"user_id": pa.array([r[0] for r in events], pa.int64()),
+                                            "x": [r[1] for r in events], "day": [r[2] for r in events]}))
+        pg_load(schema, "users", pa.table({"user_id": pa.array([r[0] for r in users], pa.int64()),
+                                           "tier": [r[1] for r in users]}))
+        text = POLICY.format(k=2).replace('source = "events.parquet"', f'source = "{schema}.events"').replace(
+            'source = "users.parquet"', f'source = "{schema}.users"').replace(
+            '[budget]', f'engine = "postgres"\nconnection = "{PG_URL}"\n\n[budget]')
+        (tmp_path / "pg").mkdir()
+        (tmp_path / "pg" / "shop.toml").write_text(text)
+        pg = PostgresEngine(load_policy(tmp_path / "pg" / "shop.toml"))
+        pg.load()
+        try:
+            for sql in QUERIES:
+                for tree in _statements(duck, sql, 11):
+                    assert "AS TEXT) = CAST(" not in pg.render(tree) and "AS VARCHAR) = CAST(" not in pg.render(tree)
+                    _same(pg.execute(tree), duck.execute(tree))
+        finally:
+            pg.close()
+            duck.close()
