@@ -27,6 +27,8 @@ from pathlib import Path
 import duckdb
 import numpy as np
 
+from dpgate.engines.base import TableInfo
+from dpgate.engines.hashing import group_hash
 from dpgate.mechanisms import calibrate
 from dpgate.policy import parse_policy
 from dpgate.quantile_release import calibrate_plan, run
@@ -75,7 +77,10 @@ def main() -> None:
     exact_sql = ("SELECT key, MEDIAN(x) AS m FROM bench.events GROUP BY key ORDER BY key" if grouped
                  else "SELECT MEDIAN(x) AS m FROM bench.events")
 
-    def execute(text: str):
+    tables = {"events": TableInfo("events", "memory", unit_unique=False, unit_integer=True)}
+
+    def execute(tree):  # what DuckDBEngine.render does: the portable group-choosing hash, then text
+        text = group_hash(tree.copy(), policy, tables, "duckdb").sql(dialect="duckdb")
         return {k: np.asarray(v) for k, v in con.execute(text).fetchnumpy().items()}
 
     t_exact, t_dp = [], []

@@ -454,3 +454,27 @@ def test_noise_scale_units_relate_noise_scales_to_the_accuracy_entries(gw):
     assert r["accuracy"]["n"]["sigma"] == pytest.approx(by_kind["count"]["value_scale"], rel=1e-12)
     qpid = next(pid for pid, u in units.items() if u["kind"] == "quantile")
     assert r["accuracy"]["med"]["rank_scale"] == pytest.approx(r["noise_scales"][qpid], rel=1e-12)
+
+
+def test_quantiles_of_one_column_share_one_histogram_statement(project):
+    """Issue 25 item 3: MIN, the quartiles, MEDIAN and MAX of one column run one histogram statement
+    (the bounded SQL is the cost; each quantile is then one noisy max on the same counts)."""
+    from dpgate.mechanisms import calibrate
+    from dpgate.quantile_release import run
+    from dpgate.sql.quantile import histogram_query
+
+    policy = policy_of(project)
+    plan = parse_query("SELECT region, MIN(amount), QUANTILE_CONT(amount, 0.25) q1, MEDIAN(amount), "
+                       "QUANTILE_CONT(amount, 0.75), MAX(amount) FROM orders GROUP BY region", policy)
+    cal = calibrate_plan(plan, policy, "gaussian", {"rho": 1.0}, {}, calibrate)
+    con = duckdb.connect()
+    _load(con, sample_rows())
+    seen: list[str] = []
+
+    def execute(tree):
+        seen.append(tree.sql(dialect="duckdb"))
+        return {k: np.asarray(v) for k, v in con.execute(seen[-1]).fetchnumpy().items()}
+
+    keys, noisy = run(plan, policy, cal, execute, salt=5)
+    assert len(seen) == 1 and seen[0] == histogram_query(plan, policy, "amount", salt=5).sql(dialect="duckdb")
+    assert sorted(noisy) == sorted(p.id for p in plan.primitives) and len(keys["region"]) == 3

@@ -65,6 +65,7 @@ import numpy as np
 
 from dpgate.engines.watchdog import Watchdog
 from dpgate.engines.hashing import group_hash, has_group_hash
+from dpgate.engines.unit_joins import integer_unit_joins
 from dpgate.engines.base import (
     CANONICAL_INT_RE,
     EngineOptions,
@@ -550,6 +551,7 @@ class DuckDBEngine:
         else:
             tree = parse_bounded(query)
             check_unique_units(tree, self.policy.name, self.unit_is_unique)
+        tree = integer_unit_joins(tree, self.policy, self._tables)  # issue 25 item 5
         return group_hash(tree, self.policy, self._tables, "duckdb").sql(dialect="duckdb")
 
     def _cursor(self) -> "duckdb.DuckDBPyConnection":

@@ -51,6 +51,7 @@ from sqlglot import exp
 from sqlglot.errors import SqlglotError
 
 from dpgate.engines.hashing import group_hash
+from dpgate.engines.unit_joins import integer_unit_joins
 from dpgate.engines.base import (
     assumes_unique_units,
     check_unique_units,
@@ -590,6 +591,7 @@ class PostgresEngine:
         if foreign:
             raise ExecutionError("the query reads a table this engine does not hold")
         types = column_types(self.policy, tree)
+        tree = integer_unit_joins(tree, self.policy, self._tables)  # issue 25 item 5
         tree = group_hash(tree, self.policy, self._tables, "postgres")
         tree = _PgPredicates(types, "postgres").rewrite(tree)
         tree = replace_isfinite(tree)

@@ -48,6 +48,9 @@ are compared as they are; a unit declared ``text``, or whose type the policy doe
 VARCHAR)`` on both sides, which can neither fail nor merge two ids, whatever each source stores
 (an integer column, text, an enum). An int unit is never joined to a text (or undeclared)
 unit: '7', '07', '+7' and ' 7' are four units of a text table and would all meet unit 7.
+(DuckDB and PostgreSQL compare two such units as integers when their load found both stored as
+integers: the text of an integer is canonical, so the joined rows are the same and the join
+hashes no strings; :mod:`dpgate.engines.unit_joins`.)
 
 **Path tables** (issue 21 item 1). A table whose unit is a foreign-key path is joined as its
 :class:`~dpgate.sql.sources.UnitPathSource` (its rows with the unit attached, :mod:`dpgate.sql.unit_paths`),
