@@ -19,7 +19,10 @@ noise), so the output does not depend on the chunk size.
 ``pums`` — table ``pums(pid, age, sex, educ, race, income, married)``: a
     bootstrap (resampling with replacement) of the 1,000 rows of
     ``../shared/data/smartnoise/PUMS.csv`` to ``rows`` rows, each with its own
-    person id ``pid`` (1 .. rows): one row per privacy unit.
+    person id ``pid`` (1 .. rows): one row per privacy unit. With ``--persons P`` (issue 25
+    item 1: several rows per person) ``pid`` is drawn uniformly from 1 .. P instead (stream
+    ``_S_PID``; 1.2M rows over P = 400,000 give ~380k distinct persons, ~3.2 rows each, every
+    row its own bootstrap draw) and the policy bounds k = ``--max-groups``, m = ``--max-rows``.
 
 ``tpch`` — the 8 TPC-H tables of :mod:`dpgate.tpch` at scale factor ``--sf`` (10M lineitems
     at SF 1.667, about 45 s), both lineitem layouts, and the policies ``tpch`` (denormalised:
@@ -35,6 +38,8 @@ Examples (from the project root)::
 
     python -m bench.datagen --rows 1000000 --units 100000 --keys 10 --out bench/.data/rows_1m
     python -m bench.datagen --kind pums --rows 1200000 --out bench/.data/pums_1m2
+    python -m bench.datagen --kind pums --rows 1200000 --persons 400000 --max-groups 3 --max-rows 5 \
+        --out bench/.data/pums_1m2_multi
     python -m bench.datagen --preset all        # 1M, 10M, 30M (if RAM allows) and PUMS
     python -m bench.datagen --kind tpch --sf 1.667 --out bench/.data/tpch_10m
 """
@@ -65,7 +70,7 @@ SHARED_DATA = next((p / "shared" / "data" / "smartnoise" for p in Path(__file__)
                    Path(__file__).resolve().parents[2] / "shared" / "data" / "smartnoise")
 DEFAULT_CHUNK = 1_000_000
 
-_S_WEIGHT, _S_HOME, _S_STRAY, _S_KEY, _S_X, _S_PUMS = 101, 102, 103, 104, 105, 106
+_S_WEIGHT, _S_HOME, _S_STRAY, _S_KEY, _S_X, _S_PUMS, _S_PID = 101, 102, 103, 104, 105, 106, 107
 
 #: Standard data sets of ``--preset``: name → (rows, units, keys).
 PRESETS = {
@@ -159,8 +164,10 @@ def _pums_source() -> pa.Table:
     return pacsv.read_csv(path)
 
 
-def pums_chunks(rows: int, *, seed: int, chunk_rows: int = DEFAULT_CHUNK) -> Iterator[pa.Table]:
-    """Yield a bootstrap of PUMS.csv with ``rows`` rows and a unique ``pid`` (1 .. rows), in chunks.
+def pums_chunks(rows: int, *, seed: int, chunk_rows: int = DEFAULT_CHUNK,
+                persons: int | None = None) -> Iterator[pa.Table]:
+    """Yield a bootstrap of PUMS.csv with ``rows`` rows and a unique ``pid`` (1 .. rows), in chunks;
+    with ``persons``, ``pid`` is uniform on 1 .. persons (several rows per person).
 
     Raises:
         FileNotFoundError: if ``../shared/data/smartnoise/PUMS.csv`` is absent.
@@ -171,7 +178,9 @@ def pums_chunks(rows: int, *, seed: int, chunk_rows: int = DEFAULT_CHUNK) -> Ite
         pos = np.arange(start, min(rows, start + chunk_rows), dtype=np.int64)
         pick = np.minimum(np.floor(counter_uniform(seed, _S_PUMS, pos) * n_src).astype(np.int64), n_src - 1)
         part = src.take(pa.array(pick))
-        cols = {"pid": pa.array(pos + 1, pa.int64())}
+        pid = pos + 1 if persons is None else np.minimum(
+            np.floor(counter_uniform(seed, _S_PID, pos) * persons).astype(np.int64), persons - 1) + 1
+        cols = {"pid": pa.array(pid, pa.int64())}
         cols.update({name: part[name].combine_chunks() for name in src.column_names})
         yield pa.table(cols)
 
@@ -219,13 +228,13 @@ x   = {{ type = "float", lower = {lower!r}, upper = {upper!r}, resolution = 0.01
 """
 
 
-def pums_table_toml(source: str) -> str:
-    """The policy's ``[tables.pums]`` block for a PUMS bootstrap (one row per person, k = m = 1)."""
+def pums_table_toml(source: str, *, k: int = 1, m: int = 1) -> str:
+    """The policy's ``[tables.pums]`` block for a PUMS bootstrap (one row per person: k = m = 1)."""
     return f"""[tables.pums]
 source = "{source}"
 privacy_unit = "pid"
-max_groups_per_unit = 1
-max_rows_per_unit = 1
+max_groups_per_unit = {k}
+max_rows_per_unit = {m}
 
 [tables.pums.columns]
 age     = {{ type = "int", lower = 0, upper = 100 }}
@@ -286,7 +295,8 @@ analysts = 1.0
 
 def generate_pums(
     out: Path, *, rows: int = PUMS_ROWS, seed: int = 2026, chunk_rows: int = DEFAULT_CHUNK,
-    name: str | None = None, progress: Callable[[str], None] = _stderr,
+    name: str | None = None, progress: Callable[[str], None] = _stderr, persons: int | None = None,
+    max_groups_per_unit: int = 1, max_rows_per_unit: int = 1,
 ) -> dict | None:
     """Write a PUMS bootstrap (``out/pums.parquet``, policy, manifest); None if ../shared is absent."""
     if not (SHARED_DATA / "PUMS.csv").is_file():
@@ -296,7 +306,10 @@ def generate_pums(
     name = name or _toml_name(out)
     t0 = time.perf_counter()
     progress(f"pums {name}: bootstrap of PUMS.csv to {rows:,} rows, seed {seed} -> {out}")
-    _write(pums_chunks(rows, seed=seed, chunk_rows=chunk_rows), out / "pums.parquet", rows, progress)
+    _write(pums_chunks(rows, seed=seed, chunk_rows=chunk_rows, persons=persons), out / "pums.parquet", rows,
+           progress)
+    k, m = (1, 1) if persons is None else (max_groups_per_unit, max_rows_per_unit)
+    units = rows if persons is None else len(pq.read_table(out / "pums.parquet", columns=["pid"])["pid"].unique())
     policy = f"""# Benchmark data set written by bench/datagen.py (PUMS bootstrap, seed {seed}).
 [dataset]
 name = "{name}"
@@ -310,8 +323,9 @@ default_query_rho = 0.01
 [allocations]
 analysts = 1.0
 
-{pums_table_toml("pums.parquet")}"""
-    manifest = {"kind": "pums", "dataset": name, "table": "pums", "rows": rows, "units": rows, "seed": seed,
+{pums_table_toml("pums.parquet", k=k, m=m)}"""
+    manifest = {"kind": "pums", "dataset": name, "table": "pums", "rows": rows, "units": units, "seed": seed,
+                "persons": persons, "max_groups_per_unit": k, "max_rows_per_unit": m,
                 "source": str(SHARED_DATA / "PUMS.csv")}
     return _finish(out, name, policy, manifest, t0, progress)
 
@@ -358,6 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", type=int, default=1_000_000)
     p.add_argument("--units", type=int, default=100_000)
     p.add_argument("--keys", type=int, default=10)
+    p.add_argument("--persons", type=int, help="--kind pums: draw pid from 1 .. PERSONS (several rows per person)")
     p.add_argument("--lower", type=float, default=0.0)
     p.add_argument("--upper", type=float, default=100.0)
     p.add_argument("--max-groups", type=int, default=1, help="max_groups_per_unit in the written policy")
@@ -390,7 +405,9 @@ def main(argv: list[str] | None = None) -> int:
             generate_tpch_bench(args.out, sf=args.sf, seed=args.seed)
             return 0
         if args.kind == "pums":
-            generate_pums(args.out, rows=args.rows, seed=args.seed, chunk_rows=args.chunk_rows, name=args.name)
+            generate_pums(args.out, rows=args.rows, seed=args.seed, chunk_rows=args.chunk_rows, name=args.name,
+                          persons=args.persons, max_groups_per_unit=args.max_groups,
+                          max_rows_per_unit=args.max_rows)
             return 0
         generate_synthetic(args.out, rows=args.rows, units=args.units, keys=args.keys, seed=args.seed,
                            lower=args.lower, upper=args.upper, max_groups_per_unit=args.max_groups,

@@ -51,6 +51,8 @@ QUERIES = {
     "count": "SELECT COUNT(*) AS n FROM {table}",
     "count_avg": "SELECT {key}, COUNT(*) AS n, AVG({x}) AS avg_x FROM {table} GROUP BY {key}",
     "sum": "SELECT {key}, SUM({x}) AS sum_x FROM {table} GROUP BY {key}",
+    # PUMS only: SUM by a second key with fewer values than k allows (sex: 2 keys), issue 25's query
+    "sum_key2": "SELECT {key2}, SUM({x}) AS sum_x FROM {table} GROUP BY {key2}",
 }
 #: Per-query privacy parameters shared with the peers: ε = 1 at δ = 1e-6, i.e. the ρ of the tight
 #: zCDP conversion (Canonne–Kamath–Steinke 2020) for the gateway and Tumult.
@@ -66,14 +68,19 @@ def query_rho() -> float:
 def columns_of(kind: str) -> dict[str, str]:
     """Table, unit, key and value column names of a ``bench.datagen`` data set kind."""
     if kind == "pums":
-        return {"table": "pums", "unit": "pid", "key": "educ", "x": "income"}
+        return {"table": "pums", "unit": "pid", "key": "educ", "x": "income", "key2": "sex"}
     return {"table": "events", "unit": "unit_id", "key": "key", "x": "x"}
+
+
+def queries_of(kind: str, queries: tuple[str, ...] = tuple(QUERIES)) -> tuple[str, ...]:
+    """The queries of ``queries`` that a data set of ``kind`` has columns for (``sum_key2``: PUMS)."""
+    return tuple(q for q in queries if "{key2}" not in QUERIES[q] or "key2" in columns_of(kind))
 
 
 def analyst_sql(kind: str, query: str) -> str:
     """The analyst's SQL text of ``query`` on a data set of ``kind``."""
     c = columns_of(kind)
-    return QUERIES[query].format(table=c["table"], key=c["key"], x=c["x"])
+    return QUERIES[query].format(table=c["table"], key=c["key"], x=c["x"], key2=c.get("key2"))
 
 
 def raw_sql(kind: str, query: str, relation: str) -> tuple[str, str]:
@@ -91,6 +98,11 @@ def raw_sql(kind: str, query: str, relation: str) -> tuple[str, str]:
         return (f"SELECT {key}, SUM({x}) AS sum_x FROM {relation} GROUP BY {key} ORDER BY {key}",
                 f"SELECT {key}, SUM(s) AS sum_x FROM (SELECT {unit}, {key}, SUM({x}) AS s FROM {relation}"
                 f" GROUP BY {unit}, {key}) GROUP BY {key} ORDER BY {key}")
+    if query == "sum_key2" and "key2" in c:
+        return (
+            f"SELECT {c['key2']}, SUM({x}) AS sum_x FROM {relation} GROUP BY {c['key2']} ORDER BY {c['key2']}",
+            f"SELECT {c['key2']}, SUM(s) AS sum_x FROM (SELECT {unit}, {c['key2']}, SUM({x}) AS s FROM {relation}"
+            f" GROUP BY {unit}, {c['key2']}) GROUP BY {c['key2']} ORDER BY {c['key2']}")
     raise KeyError(query)
 
 
@@ -116,15 +128,16 @@ clamp_counts = {"true" if clamp_counts else "false"}
 [allocations]
 analysts = 1.0
 """
-    if kind == "pums":
+    if kind == "pums":  # k = m = 1 unless datagen --persons wrote several rows per person
+        pk, pm = int(manifest.get("max_groups_per_unit", 1)), int(manifest.get("max_rows_per_unit", 1))
         name = f"{base}"
         (folder / f"{name}.toml").write_text(f"""[dataset]
 name = "{name}"
 population = "{name}-persons"
 
 {head}
-{pums_table_toml(str((data / 'pums.parquet').resolve()))}""")
-        out.append({"dataset": name, "kind": kind, "k": 1, "m": 1, "rows": manifest["rows"],
+{pums_table_toml(str((data / 'pums.parquet').resolve()), k=pk, m=pm)}""")
+        out.append({"dataset": name, "kind": kind, "k": pk, "m": pm, "rows": manifest["rows"],
                     "units": manifest["units"], "table": "pums"})
         return out
     m = int(manifest.get("max_rows_per_unit", 5))
@@ -169,7 +182,7 @@ def measure(data: Path, *, runs: int = 5, ks: tuple[int, ...] = (1, 3), queries:
                 ds, kind = e["dataset"], e["kind"]
                 policy = gw.policy(ds)
                 relation = policy.table(e["table"]).relation
-                for q in queries:
+                for q in queries_of(kind, queries):
                     sql = analyst_sql(kind, q)
                     plan = parse_query(sql, policy)
                     raw, per_unit = raw_sql(kind, q, relation)

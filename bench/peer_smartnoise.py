@@ -28,6 +28,8 @@ from importlib import metadata
 
 def _meta(ds: dict) -> dict:
     cols = {ds["unit"]: {"type": "int", "private_id": True}, ds["key"]: {"type": "int"}}
+    if ds.get("key2"):
+        cols[ds["key2"]] = {"type": "int"}
     if ds.get("x"):
         cols[ds["x"]] = {"type": "float", "lower": ds["lower"], "upper": ds["upper"]}
     table = {"rows": ds["rows"], "max_ids": ds["k"] * ds["m"], "censor_dims": False, "clamp_counts": True,
@@ -39,13 +41,14 @@ def _sql(ds: dict, query: str) -> str:
     t, key, x = "bench.data", ds["key"], ds.get("x")
     return {"count": f"SELECT COUNT(*) AS n FROM {t}",
             "count_avg": f"SELECT {key}, COUNT(*) AS n, AVG({x}) AS avg_x FROM {t} GROUP BY {key}",
-            "sum": f"SELECT {key}, SUM({x}) AS sum_x FROM {t} GROUP BY {key}"}[query]
+            "sum": f"SELECT {key}, SUM({x}) AS sum_x FROM {t} GROUP BY {key}",
+            "sum_key2": f"SELECT {ds.get('key2')}, SUM({x}) AS sum_x FROM {t} GROUP BY {ds.get('key2')}"}[query]
 
 
 def _load(ds: dict, snsql, privacy):
     import pyarrow.parquet as pq
 
-    cols = [ds["unit"], ds["key"]] + ([ds["x"]] if ds.get("x") else [])
+    cols = [ds["unit"], ds["key"]] + ([ds["key2"]] if ds.get("key2") else []) + ([ds["x"]] if ds.get("x") else [])
     df = pq.read_table(ds["path"], columns=cols).to_pandas()
     return snsql.from_df(df, privacy=privacy, metadata=_meta(ds))
 

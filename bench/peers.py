@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.latency import QUERIES, QUERY_DELTA, QUERY_EPSILON, columns_of, query_rho
+from bench.latency import QUERIES, QUERY_DELTA, QUERY_EPSILON, columns_of, queries_of, query_rho
 
 ROOT = Path(__file__).resolve().parents[1]
 VENVS = ROOT / "bench" / ".venvs"
@@ -90,14 +90,16 @@ def dataset_spec(data: Path, *, ks: tuple[int, ...] = (1,), queries: tuple[str, 
     cols = columns_of(kind)
     if kind == "pums":
         return [{"name": manifest["dataset"], "kind": kind, "path": str((data / "pums.parquet").resolve()),
-                 "rows": manifest["rows"], "units": manifest["units"], "k": 1, "m": 1, "lower": 0.0,
+                 "rows": manifest["rows"], "units": manifest["units"],
+                 "k": int(manifest.get("max_groups_per_unit", 1)), "m": int(manifest.get("max_rows_per_unit", 1)),
+                 "lower": 0.0,
                  "upper": 500000.0, "keys": list(range(1, 17)), "unit": cols["unit"], "key": cols["key"],
-                 "x": cols["x"], "queries": list(queries)}]
+                 "x": cols["x"], "key2": cols["key2"], "queries": list(queries_of(kind, queries))}]
     return [{"name": f"{manifest['dataset']}_k{k}", "kind": kind, "path": str((data / "events.parquet").resolve()),
              "rows": manifest["rows"], "units": manifest["units"], "k": k,
              "m": int(manifest.get("max_rows_per_unit", 5)), "lower": manifest["lower"], "upper": manifest["upper"],
              "keys": list(range(manifest["keys"])), "unit": cols["unit"], "key": cols["key"], "x": cols["x"],
-             "queries": list(queries)} for k in ks]
+             "queries": list(queries_of(kind, queries))} for k in ks]
 
 
 def utility_spec(pums: Path, *, weeks: int = 52, run_weeks: int = 52, epsilon: float = 4.0,

@@ -52,6 +52,7 @@ def run(data: Path, peer: str, *, rounds: int, runs: int, peer_runs: int) -> dic
             rnd["queries"][key] = {
                 "gateway_ms": round(med["gateway"], 1), "bounded_ms": round(med["bounded"], 1),
                 "bounded_general_ms": round(med["bounded_general"], 1) if "bounded_general" in med else None,
+                "per_unit_ms": round(med["per_unit"], 1), "raw_ms": round(med["raw"], 1),
                 "unit_unique": g.get("unit_unique"), "peer_ms": round(p["median_s"] * 1e3, 1),
                 "peer_over_gateway": round(p["median_s"] * 1e3 / med["gateway"], 1),
             }

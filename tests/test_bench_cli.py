@@ -80,3 +80,23 @@ def test_the_utility_step_runs_twice_and_spends_exactly_the_ledgers_cap(tmp_path
         # CKS20 conversion at the full δ (0.3111) that the step used to ask for (and was refused)
         assert r["rho_cap"] == pytest.approx(0.294741, abs=1e-6)
         assert r["releases_run"] == 52 and r["release_53_refused"] is True
+
+
+def test_pums_with_several_rows_per_person_carries_k_and_m_to_the_gateway_and_the_peers(tmp_path):
+    # issue 25 item 1: --persons draws pid from 1..P; the policy, latency and the peer spec read k, m
+    if shared_data() is None or not (shared_data() / "PUMS.csv").is_file():
+        pytest.skip("../shared/data/smartnoise/PUMS.csv is absent")
+    from bench import datagen, latency, peers
+
+    manifest = datagen.generate_pums(tmp_path / "multi", rows=3000, persons=1000, max_groups_per_unit=3,
+                                     max_rows_per_unit=5, progress=lambda _: None)
+    assert manifest["rows"] == 3000 and 900 < manifest["units"] < 1000  # ~1000·(1 − e⁻³) persons
+    assert (manifest["max_groups_per_unit"], manifest["max_rows_per_unit"]) == (3, 5)
+    entries = latency.write_policies(tmp_path / "multi", tmp_path / "policies")
+    assert [(e["k"], e["m"]) for e in entries] == [(3, 5)]
+    assert "max_groups_per_unit = 3" in (tmp_path / "policies" / f"{entries[0]['dataset']}.toml").read_text()
+    spec = peers.dataset_spec(tmp_path / "multi")
+    assert (spec[0]["k"], spec[0]["m"], spec[0]["key2"]) == (3, 5, "sex")
+    assert "sum_key2" in spec[0]["queries"] and "sum_key2" not in latency.queries_of("synthetic")
+    single = datagen.generate_pums(tmp_path / "one", rows=500, progress=lambda _: None)
+    assert single["units"] == 500 and single["max_groups_per_unit"] == 1
