@@ -293,6 +293,11 @@ def test_first_query_charges_the_choice_first_then_the_query_and_they_add_up(gw,
     m = pt["max_rows_per_unit"]
     assert pt["charged_now"] and pt["rho"] == first.rho and m in choice.candidates(1024)
     assert doc["bounds"]["max_rows_per_unit"] == m  # the query was bounded with the chosen m
+    shown = doc["bounds"]["private_truncation"]  # part of the stored release: shown on every re-serve too
+    assert shown["chosen_in"] == pt["release_id"] and shown["outer"] == 1024
+    assert f"in release {pt['release_id']}" in shown["note"]
+    again = gw.query("shop", SQL, consumer="default", budget=QueryBudget(rho=0.9))  # the query's own part
+    assert again["cached"] and again["bounds"]["private_truncation"]["chosen_in"] == pt["release_id"]
     stored = gw.release_store.get(pt["release_id"]).document
     assert stored["kind"] == "private_truncation" and stored["rows"] == [[m]]
     # the query's own charge is its calibration at 90 % of ρ with the chosen m: σ from Δ2 = m · 100
@@ -370,3 +375,4 @@ def test_a_join_that_multiplies_a_units_rows_counts_the_joined_rows(gw):
     doc = gw.query("shop", sql, consumer="default", budget=QueryBudget(rho=1.0))
     m = doc["private_truncation"]["max_rows_per_unit"]
     assert doc["bounds"]["max_rows_per_unit"] == m and doc["private_truncation"]["tables"] == ["lines", "orders"]
+    assert doc["bounds"]["private_truncation"]["chosen_in"] == doc["private_truncation"]["release_id"]
