@@ -162,8 +162,9 @@ def test_the_choice_costs_eps_squared_over_8_of_the_exponential_mechanism(quanti
     eps = 2.0 * delta_inf / noise.scale  # exponential mechanism: ε = 2Δ∞/s (McSherry & Talwar 2007)
     assert noise.cost == pytest.approx(eps * eps / 8.0, rel=1e-12)  # bounded range → ρ = ε²/8 (Cesar & Rogers)
     assert noise.cost <= rho and noise.cost == pytest.approx(rho, rel=1e-9)
-    # the 95 % rank error, by hand: s/den · (ln 40 + (C − 1) ln 2), C = 11 candidates
-    assert noise.rank_error95 == pytest.approx(noise.scale / den * (math.log(40) + 10 * math.log(2)), rel=1e-12)
+    # the 95 % rank error, by hand: s/den · (ln((8/7)/0.05) + (C − 1) ln 8), C = 11 candidates
+    assert noise.rank_error95 == pytest.approx(noise.scale / den * (math.log(8 / 7 / 0.05) + 10 * math.log(8)),
+                                               rel=1e-12)
     least = choice.min_share(1024, quantile, "zcdp", noise.rank_error95)
     assert least == pytest.approx(rho, rel=1e-6)
 
@@ -178,7 +179,7 @@ def _probabilities(hist: np.ndarray, num: int, den: int, scale: float) -> np.nda
     elements = np.repeat(np.arange(len(hist)), hist)
     score = np.array([abs((den - num) * np.sum(elements < i) - num * np.sum(elements > i)) for i in range(len(hist))],
                      dtype=float)
-    pen = np.rint(math.log(2) * scale * np.arange(len(hist)))
+    pen = np.rint(3 * math.log(2) * scale * np.arange(len(hist)))  # the prior 8^-i = m^-3
     logits = -(score + pen) / scale
     p = np.exp(logits - logits.max())
     return p / p.sum()

@@ -171,7 +171,9 @@ def _calibrated(base: DatasetPolicy, need: Need, split: Split) -> Any:
 
 def _describe(noise: Any, need: Need) -> dict[str, Any]:
     """The choice's calibration for explain and its release (the grid: powers of 2 up to outer)."""
-    return {**noise.describe(), "grid": {"candidates": list(choice.candidates(need.outer)), "ratio": 2}}
+    return {**noise.describe(), "grid": {"candidates": list(choice.candidates(need.outer)), "ratio": 2},
+            "mechanism": "exponential mechanism (OpenDP make_noisy_max, Gumbel noise) on "
+                         "make_quantile_score_candidates scores, base measure 8^-i (m^-3) over the candidates"}
 
 
 def _release(base: DatasetPolicy, need: Need, noise: Any, version: str, receipt: Any, m: int) -> Release:
