@@ -377,3 +377,28 @@ def test_a_join_that_multiplies_a_units_rows_counts_the_joined_rows(gw):
     m = doc["private_truncation"]["max_rows_per_unit"]
     assert doc["bounds"]["max_rows_per_unit"] == m and doc["private_truncation"]["tables"] == ["lines", "orders"]
     assert doc["bounds"]["private_truncation"]["chosen_in"] == doc["private_truncation"]["release_id"]
+
+
+def test_through_the_api(tmp_path):
+    from _api_server import LiveServer
+
+    from dpgate.api import create_app
+    from dpgate.auth import KeyStore
+
+    folder = write(tmp_path / "api")
+    settings = Settings(policies=folder, home=tmp_path / "api" / "state")
+    key = KeyStore(settings.resolved_keys_file()).add("alice", role="analyst", consumer="default")[0]
+    with LiveServer(create_app(settings)) as live, live.client(key) as client:
+        ex = client.post("/v1/queries/explain", json={"dataset": "shop", "sql": SQL, "budget": {"rho": 1.0}})
+        assert ex.status_code == 200, ex.text
+        assert ex.json()["private_truncation"]["rho"] == pytest.approx(0.1)
+        r = client.post("/v1/queries", json={"dataset": "shop", "sql": SQL, "budget": {"rho": 1.0}})
+        assert r.status_code == 200, r.text
+        rid = r.json()["private_truncation"]["release_id"]
+        stored = client.get(f"/v1/releases/{rid}")
+        assert stored.status_code == 200 and stored.json()["kind"] == "private_truncation", stored.text
+        ds = client.get("/v1/datasets/shop")
+        assert ds.status_code == 200, ds.text
+        other = "SELECT kind, SUM(amount) AS s FROM lines GROUP BY kind"  # other rows: no stored choice yet
+        bad = client.post("/v1/queries", json={"dataset": "shop", "sql": other, "budget": {"ci95": 10.0}})
+        assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_budget", bad.text
