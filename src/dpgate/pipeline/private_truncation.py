@@ -235,6 +235,10 @@ def _used(need: Need, release: Release, receipt: Any) -> dict[str, Any]:
             "note": note_text(m, cost, rid)}
 
 
+def _declares(base: DatasetPolicy) -> bool:
+    return any(t.private_truncation is not None for t in base.tables.values())
+
+
 def _identity(doc: dict[str, Any]) -> dict[str, Any]:
     return doc
 
@@ -249,6 +253,8 @@ def for_answer(gw: Any, dataset: str, sql: str, dialect: str | None, compiled: C
         budget; after the choice's charge: what the query itself raises (the choice stays stored).
     """
     base = gw.policy(dataset)
+    if not _declares(base):  # the common case: nothing to look at, the data version is not read
+        return compiled, budget, _identity
     version = gw._data_version(dataset)
     need = needed(base, compiled, version)
     if need is None:
@@ -298,7 +304,7 @@ def for_explain(gw: Any, dataset: str, sql: str, dialect: str | None, compiled: 
     will be chosen, at what cost) and puts the total in ``cost`` (``cost.query`` the query's part).
     """
     base = gw.policy(dataset)
-    need = needed(base, compiled, gw._data_version(dataset))
+    need = needed(base, compiled, gw._data_version(dataset)) if _declares(base) else None
     if need is None:
         return compiled, budget, _identity
     release = gw.release_cache.store.find(need.keys.noise)
