@@ -199,7 +199,20 @@ def bounds_document(table_policy: Any) -> dict[str, Any]:
                 **({"private": private_bounds_document(col)} if col.private_bounds is not None else {})}
             for c, col in table_policy.columns.items() if col.bounded
         },
+        **({"private_truncation": private_truncation_document(table_policy.private_truncation)}
+           if getattr(table_policy, "private_truncation", None) is not None else {}),
     }
+
+
+def private_truncation_document(pt: Any) -> dict[str, Any]:
+    """A ``max_rows_per_unit = { private = true, … }`` table's entry in a release's bounds (issue 22 item 4):
+    the outer limit and, when the release's m is a DP choice, its release, cost and a note."""
+    out = pt.to_dict()
+    if pt.chosen_in is not None:
+        cost = dict(pt.cost or {})
+        what = f"ρ = {cost['rho']:.6g}" if "rho" in cost else f"ε = {cost.get('epsilon', 0.0):.6g}"
+        out["note"] = f"max_rows_per_unit chosen privately at {what} in release {pt.chosen_in}"
+    return out
 
 
 def private_bounds_document(col: Any) -> dict[str, Any]:

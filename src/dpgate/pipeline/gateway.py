@@ -33,7 +33,7 @@ from dpgate.notices import first_notice
 from dpgate.pipeline.admin import (AdminOperations, DatasetViews, StoreOperations, check_population_moves, ensure_populations,
                                    fingerprint_key, published_version)
 from dpgate.pipeline.budget import QueryBudget
-from dpgate.pipeline import private_bounds
+from dpgate.pipeline import private_bounds, private_truncation
 from dpgate.pipeline.planning import check_text, compile_query, public_values, with_public_table_keys
 from dpgate.pipeline.runners import QueryContext, Runner, runner_for
 from dpgate.pipeline.strategy import ExactPublic, Strategy, TopK
@@ -335,9 +335,11 @@ class Gateway(DatasetViews, AdminOperations, StoreOperations):
         Raises:
             as :meth:`query` before its charge; InvalidRequest: ``trial`` without a proxy.
         """
-        (policy, plan, strategy), budget, note = private_bounds.for_explain(  # issue 22 item 3
+        compiled, budget, note = private_bounds.for_explain(  # issue 22 item 3
             self, dataset, sql, dialect, self.compile(dataset, sql, dialect), budget=budget, mechanism=mechanism,
             consumer=consumer)
+        (policy, plan, strategy), budget, note_m = private_truncation.for_explain(  # issue 22 item 4
+            self, dataset, sql, dialect, compiled, budget=budget, mechanism=mechanism, consumer=consumer)
         # what dpgate explain prints as well: the released columns and the contribution bounds
         parts = getattr(strategy, "parts", None)  # a union's plan is its first part's, over that part's tables
         shown = {"columns": released_columns(plan),
@@ -349,8 +351,8 @@ class Gateway(DatasetViews, AdminOperations, StoreOperations):
             def on_proxy(plan: QueryPlan, cal: Any) -> Any:
                 return proxy_trial(self, policy, plan, cal)
 
-        return note(self._runner(dataset, policy, strategy).explain(
-            shown, budget=budget, mechanism=mechanism, consumer=consumer, trial=on_proxy)), policy
+        return note(note_m(self._runner(dataset, policy, strategy).explain(
+            shown, budget=budget, mechanism=mechanism, consumer=consumer, trial=on_proxy))), policy
 
     # ----------------------------------------------------------------- query
 
@@ -427,10 +429,12 @@ class Gateway(DatasetViews, AdminOperations, StoreOperations):
                                    {"reason": "search_needs_selection"})
         if search_id is not None:  # the consumer's own search only (another's: NotFound)
             self.searches.check_open(search_id, population=policy.population, consumer=consumer)
-        (policy, _, strategy), budget, note = private_bounds.for_answer(  # issue 22 item 3: estimates charged first
+        compiled, budget, note = private_bounds.for_answer(  # issue 22 item 3: estimates charged first
             self, dataset, sql, dialect, (policy, _, strategy), budget=budget, mechanism=mechanism, consumer=consumer)
-        release = note(self._runner(dataset, policy, strategy).answer(
-            consumer=consumer, budget=budget, mechanism=mechanism, search_id=search_id))
+        (policy, _, strategy), budget, note_m = private_truncation.for_answer(  # issue 22 item 4: the choice of m first
+            self, dataset, sql, dialect, compiled, budget=budget, mechanism=mechanism, consumer=consumer)
+        release = note(note_m(self._runner(dataset, policy, strategy).answer(
+            consumer=consumer, budget=budget, mechanism=mechanism, search_id=search_id)))
         if search_id is not None:  # selection hook (issue 15): the selection is recorded in its search
             self.searches.record_selection(search_id, release, consumer=consumer)
         return release

@@ -18,6 +18,7 @@ from dpgate.errors import UnknownColumn
 from dpgate.errors import policy_error as _policy_error
 from dpgate.policy.columns import _parse_column
 from dpgate.policy.fields import _NAME_RE, _check_keys, _name
+from dpgate.policy.private_truncation import PrivateTruncation, parse_private_truncation
 from dpgate.policy.public_keys import key_domain
 
 if TYPE_CHECKING:
@@ -119,6 +120,9 @@ class TablePolicy:
             Such a table is protected like any other (k, m, bounds) but has no unit column of
             its own (``privacy_unit`` is None and ``record_level`` False); the planner refuses
             queries reading it, before any charge, until it joins along the path.
+        private_truncation: ``max_rows_per_unit = { private = true, outer = N }`` (issue 22 item 4,
+            :mod:`dpgate.policy.private_truncation`): m is then ``outer`` until a DP choice applies
+            (``chosen_in`` names its release); None for a fixed m.
     """
 
     name: str
@@ -132,6 +136,7 @@ class TablePolicy:
     public: bool = False
     key_tuples: tuple[KeyTuples, ...] = field(default=(), compare=False, repr=False)
     unit_path: UnitPath | None = None
+    private_truncation: PrivateTruncation | None = None
 
     @property
     def record_level(self) -> bool:
@@ -220,6 +225,8 @@ class TablePolicy:
         }
         if self.unit_path is not None:  # only then: existing descriptions stay as they were
             out["unit_path"] = self.unit_path.to_list()
+        if self.private_truncation is not None:  # only then (issue 22 item 4)
+            out["private_truncation"] = self.private_truncation.to_dict()
         return out
 
 
@@ -283,6 +290,12 @@ def _parse_table(name: str, raw: Any, path: Path, dataset: str, engine: str = "d
     unit = raw.get("privacy_unit")
     unit_path: UnitPath | None = None
     k = _bound_int(raw, "max_groups_per_unit", path, name)
+    truncation = parse_private_truncation(raw.get("max_rows_per_unit"), path, name, MAX_CONTRIBUTION)
+    if truncation is not None:  # issue 22 item 4: m is the outer limit until a DP choice applies
+        if raw.get("public", False) is True or raw.get("privacy_unit") is None:
+            raise _policy_error(path, "max_rows_per_unit = { private = true, … } needs a privacy_unit (a record-level "
+                                      "or public table has no unit whose rows could be counted)", name)
+        raw = {**raw, "max_rows_per_unit": truncation.outer}
     m = _bound_int(raw, "max_rows_per_unit", path, name)
     public = raw.get("public", False)
     if not isinstance(public, bool):
@@ -362,6 +375,7 @@ def _parse_table(name: str, raw: Any, path: Path, dataset: str, engine: str = "d
         path=path,
         public=public,
         unit_path=unit_path,
+        private_truncation=truncation,
     )
 
 

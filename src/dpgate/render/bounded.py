@@ -301,6 +301,24 @@ def _released_final(plan: QueryPlan, table: TablePolicy, keys: list, g: list[str
     return n.select(key_outs + outs, relations[0], joins=joins, order=[o() for o in orders])
 
 
+def _keys(plan: QueryPlan, table: TablePolicy) -> tuple[list[ColumnPolicy], list, list[str]]:
+    """The plan's group keys: their columns, a reference to each (a computed key's tree), their names."""
+    keys = [plan.key_column(table, c) for c in plan.group_by]
+    key_trees = {c.name: row_tree(plan.key_tree(plan.computed_key(c.name)))
+                 for c in keys if plan.computed_key(c.name) is not None}
+    key_ref = [(lambda c=c: key_trees[c.name].copy()) if c.name in key_trees else (lambda c=c: _src(c.name))
+               for c in keys]
+    return keys, key_ref, [f"{_PREFIX}g{i}" for i in range(len(keys))]
+
+
+def rows_tree(plan: QueryPlan, table: TablePolicy, join_tree: exp.Expression | None = None
+              ) -> tuple[exp.Select, list[str]]:
+    """Step 1 of the bounded query alone (:func:`_rows_cte`: one row per input row with its unit
+    ``__dpg_u`` and group keys, filtered by WHERE and the key filters) and the key columns' names."""
+    keys, key_ref, g = _keys(plan, table)
+    return _rows_cte(plan, table, keys, key_ref, g, join_tree)[0], g
+
+
 def bounded_tree(plan: QueryPlan, table: TablePolicy, salt: exp.Expression, *, per_unit: bool,
                  join_tree: exp.Expression | None = None) -> exp.Select:
     """The bounded query (see :func:`dpgate.sql.bound.bounded_sql`) of a count/sum plan.
@@ -314,12 +332,7 @@ def bounded_tree(plan: QueryPlan, table: TablePolicy, salt: exp.Expression, *, p
             table's relation given as ``join_tree``). salt: the salt literal (or placeholder).
         per_unit: whether step 2 runs (:func:`dpgate.sql.bound.aggregates_per_unit`).
     """
-    keys = [plan.key_column(table, c) for c in plan.group_by]
-    key_trees = {c.name: row_tree(plan.key_tree(plan.computed_key(c.name)))
-                 for c in keys if plan.computed_key(c.name) is not None}
-    key_ref = [(lambda c=c: key_trees[c.name].copy()) if c.name in key_trees else (lambda c=c: _src(c.name))
-               for c in keys]
-    g = [f"{_PREFIX}g{i}" for i in range(len(keys))]
+    keys, key_ref, g = _keys(plan, table)
     gc = lambda: [n.col(x) for x in g]  # noqa: E731
     m, k = table.max_rows_per_unit, table.max_groups_per_unit
     record_level = table.record_level

@@ -442,6 +442,8 @@ def _joined_table(scope: _JoinScope, policy: DatasetPolicy, conditions: list[tup
         max_groups_per_unit=k, max_rows_per_unit=m, columns=MappingProxyType(columns),
         path=pairs[0][0].table.path, public=not protected, join_sql=f"SELECT {', '.join(select)} FROM {from_sql}",
         join_tree=join_tree,
+        private_truncation=next((s.table.private_truncation for s in protected  # issue 22 item 4: shown in releases
+                                 if s.table.private_truncation is not None), None),
         # several columns of one public table joined: the combinations that occur in it (issue 19)
         key_tuples=tuple(kt.renamed({c: names[(s.alias, c)] for c in kt.columns})
                          for s in sources if s.table.public for kt in s.table.key_tuples))

@@ -101,7 +101,7 @@ def build_source(table: TablePolicy, policy: DatasetPolicy) -> UnitPathSource:
         name=UNIT_PATH_MARK + table.name, dataset=policy.name, source="", privacy_unit=unit,
         max_groups_per_unit=table.max_groups_per_unit, max_rows_per_unit=table.max_rows_per_unit,
         columns=table.columns, path=table.path, public=False, join_sql=tree.sql(dialect="duckdb"),
-        join_tree=tree)
+        join_tree=tree, private_truncation=table.private_truncation)
     return UnitPathSource(path_table=TableSource(table), steps=tuple(steps), view=view)
 
 

@@ -1,0 +1,46 @@
+"""The per-unit row-count histogram of a private-truncation choice as a sqlglot tree (issue 22 item 4).
+
+One statement over the query's own rows (step 1 of its bounded query: the source after its joins
+and unit path, its WHERE and key filters; :func:`dpgate.render.bounded.rows_tree`), built from
+generated names and the plan only::
+
+    WITH "__dpg_rows"  AS (<the query's rows: __dpg_u, __dpg_g0, …>),
+         "__dpg_cells" AS (SELECT __dpg_u, COUNT(*) AS c FROM "__dpg_rows" GROUP BY __dpg_u, __dpg_g0, …),
+         "__dpg_units" AS (SELECT MAX(c) AS c FROM "__dpg_cells" GROUP BY __dpg_u)
+    SELECT CASE WHEN c <= m_0 THEN 0 … ELSE C − 1 END AS "__dpg_b", COUNT(*) AS "__dpg_n"
+    FROM "__dpg_units" GROUP BY 1
+
+Each unit's element is its largest row count over its groups (:mod:`dpgate.private_truncation`).
+"""
+
+from __future__ import annotations
+
+from sqlglot import exp
+
+from dpgate.policy import TablePolicy
+from dpgate.private_bounds import BoundsGrid
+from dpgate.render import nodes as n
+from dpgate.render.bounded import rows_tree
+from dpgate.render.private_bounds import BIN, COUNT
+from dpgate.sql.plan import QueryPlan
+
+__all__ = ["counts_tree", "BIN", "COUNT"]
+
+_PREFIX = "__dpg_"
+
+
+def counts_tree(plan: QueryPlan, table: TablePolicy, join_tree: exp.Expression | None, grid: BoundsGrid
+                ) -> exp.Select:
+    """The histogram statement of the plan's per-unit largest row count per group over ``grid``'s candidates."""
+    rows, g = rows_tree(plan, table, join_tree)
+    u, c = n.col(_PREFIX + "u"), n.col("c")
+    cells = n.select([u.copy(), n.alias(exp.Count(this=exp.Star()), "c")], n.table(_PREFIX + "rows"),
+                     group=[u.copy()] + [n.col(x) for x in g])
+    units = n.select([n.alias(exp.Max(this=c.copy()), "c")], n.table(_PREFIX + "cells"), group=[u.copy()])
+    ifs = [exp.If(this=exp.LTE(this=c.copy(), expression=n.num(m)), true=n.num(i))
+           for i, m in enumerate(grid.distances[:-1])]
+    case = exp.Case(ifs=ifs, default=n.num(grid.size - 1)) if ifs else n.num(0)
+    inner = n.select([n.alias(case, BIN)], n.table(_PREFIX + "units"))
+    final = n.select([n.col(BIN), n.alias(exp.Count(this=exp.Star()), COUNT)],
+                     n.subquery(inner, _PREFIX + "bins"), group=[n.col(BIN)])
+    return n.with_ctes([(_PREFIX + "rows", rows), (_PREFIX + "cells", cells), (_PREFIX + "units", units)], final)
