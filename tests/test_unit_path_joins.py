@@ -40,6 +40,13 @@ JOINS = [
     "SELECT COUNT(*), SUM(l_qty) FROM lineitem l JOIN orders o ON l.l_orderkey = o.o_orderkey WHERE o.o_price > 3",
     "SELECT COUNT(*), COUNT(o_price) FROM lineitem l LEFT JOIN orders o ON l.l_orderkey = o.o_orderkey",
     "SELECT s_mode, COUNT(*), SUM(l_qty) FROM shipments s JOIN lineitem l ON s.s_linekey = l.l_linekey GROUP BY s_mode",
+    # branch tpch: a comma join listed out of order (orders meets shipments only through the later
+    # lineitem: reordered to a spanning order), and the hop repeated in every branch of an OR
+    # (factored out, TPC-H Q19's form)
+    "SELECT s_mode, COUNT(*), SUM(o_price) FROM shipments, orders, lineitem "
+    "WHERE s_linekey = l_linekey AND l_orderkey = o_orderkey GROUP BY s_mode",
+    "SELECT COUNT(*), SUM(l_qty) FROM lineitem, orders "
+    "WHERE (l_orderkey = o_orderkey AND l_flag = 'A') OR (o_orderkey = l_orderkey AND o_price > 3)",
 ]
 
 
@@ -89,6 +96,26 @@ def test_removing_one_customer_with_their_orders_and_lines_moves_a_joined_aggreg
         assert sum(diff) <= sens[pid].l1, (sql, pid, diff, sens[pid])
         assert max(diff, default=0) <= sens[pid].linf, (sql, pid, diff, sens[pid])
         assert math.sqrt(sum(d * d for d in diff)) <= sens[pid].l2 + 1e-9, (sql, pid, diff, sens[pid])
+
+
+def test_a_comma_join_out_of_order_is_planned_as_its_spanning_order():
+    written = parse_query(JOINS[-2], _policy())
+    spanning = parse_query("SELECT s_mode, COUNT(*), SUM(o_price) FROM shipments, lineitem, orders "
+                           "WHERE s_linekey = l_linekey AND l_orderkey = o_orderkey GROUP BY s_mode", _policy())
+    assert written.table == spanning.table and written.plan_hash == spanning.plan_hash
+    assert [o.alias for o in written.source.tables] == ["shipments", "lineitem", "orders"]
+
+
+@pytest.mark.parametrize("sql", [
+    # one OR branch lacks the hop: the comma join stays a cross join
+    "SELECT COUNT(*) FROM lineitem, orders WHERE (l_orderkey = o_orderkey AND l_flag = 'A') OR o_price > 3",
+    # the graph in two parts: orders meets nothing
+    "SELECT COUNT(*) FROM shipments, orders, lineitem WHERE s_linekey = l_linekey",
+])
+def test_comma_joins_without_an_equality_for_every_table_are_refused(sql):
+    with pytest.raises(UnsupportedQuery) as e:
+        parse_query(sql, _policy())
+    assert "cross join" in e.value.message
 
 
 @pytest.mark.parametrize("sql", [

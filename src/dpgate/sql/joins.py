@@ -509,6 +509,9 @@ def rewrite_joins(stmt: exp.Select, policy: DatasetPolicy) -> tuple[exp.Select, 
         return stmt, policy, None
     stmt = stmt.copy()
     scope = _JoinScope.of(stmt, policy)
+    reordered = _spanning_order(stmt, scope)
+    if reordered is not None:  # inner joins listed with a table before its equalities: one join graph
+        stmt, scope = reordered, _JoinScope.of(reordered, policy)
     conditions, typed = _conditions(scope)
     joined = _joined_table(scope, policy, conditions, typed)
     if scope.filters:  # an INNER JOIN's row filters mean the same in WHERE (see _equalities)
@@ -517,6 +520,73 @@ def rewrite_joins(stmt: exp.Select, policy: DatasetPolicy) -> tuple[exp.Select, 
         stmt.set("where", exp.Where(this=exp.and_(*parts, copy=False)))
     stmt = _over_joined_table(stmt, scope, joined.name)
     return stmt, with_table(policy, joined.table), joined
+
+
+def _edges(stmt: exp.Select, scope: _JoinScope) -> set[frozenset[int]]:
+    """The FROM positions each ON equality of two columns of two different tables connects."""
+    position = {id(s): i for i, s in enumerate(scope.sources)}
+    edges: set[frozenset[int]] = set()
+    for _s, join in scope.pairs[1:]:
+        for cond in _conjuncts(join.args["on"]):
+            if isinstance(cond, exp.EQ) and isinstance(cond.this, exp.Column) \
+                    and isinstance(cond.expression, exp.Column):
+                a, b = (position[id(scope.resolve(c)[0])] for c in (cond.this, cond.expression))
+                if a != b:
+                    edges.add(frozenset((a, b)))
+    return edges
+
+
+def _spanning_order(stmt: exp.Select, scope: _JoinScope) -> exp.Select | None:
+    """``stmt`` with its inner-joined tables reordered so that each has an equality with one before
+    it, or None when the written order already has that (or the FROM has a LEFT JOIN or USING).
+
+    Inner joins (comma joins, whose equalities the rule :mod:`dpgate.sql.rules.comma_joins` moved
+    to the ONs, and JOIN … ON) are one join graph: the same rows in any order. The order is a
+    spanning order of the graph of the column equalities, deterministic: the first table as
+    written, then repeatedly the first table in written order with an equality to one already
+    placed, so a query whose order is already valid is left as it is (its plan and plan hash
+    unchanged). Each ON conjunct moves to the ON of the latest table it names (one naming only
+    the first table to the second's: for inner joins ON and WHERE mean the same). The join
+    rewrite then checks the reordered join as any other (types, the unit graph).
+
+    Raises:
+        UnsupportedQuery: the graph is disconnected (a cross join between its parts), naming the parts.
+    """
+    pairs = scope.pairs
+    if any(s.side for s, _ in pairs) or any(j.args.get("using") for _, j in pairs[1:]):
+        return None
+    edges = _edges(stmt, scope)
+    n = len(pairs)
+    if all(any(frozenset((i, j)) in edges for j in range(i)) for i in range(1, n)):
+        return None
+    order, placed = [0], {0}
+    while len(order) < n:
+        nxt = next((i for i in range(n) if i not in placed and any(frozenset((i, j)) in edges for j in placed)),
+                   None)
+        if nxt is None:
+            parts = ", ".join(pairs[i][0].label for i in range(n) if i not in placed)
+            raise _refuse(f"the joined tables form groups with no equality between them: "
+                          f"{', '.join(pairs[i][0].label for i in order)} and {parts}: that would be a cross "
+                          "join (a cross join of protected tables would pair different units' rows; one of "
+                          "public tables is refused too); add the equality that joins them", stmt)
+        order.append(nxt)
+        placed.add(nxt)
+    where_at = {i: k for k, i in enumerate(order)}
+    position = {id(s): i for i, s in enumerate(scope.sources)}
+    ons: dict[int, list[exp.Expression]] = {}
+    for _s, join in pairs[1:]:
+        for cond in _conjuncts(join.args["on"]):
+            named = [where_at[position[id(scope.resolve(c)[0])]] for c in cond.find_all(exp.Column)
+                     if not isinstance(c.this, exp.Star) and c.find_ancestor(exp.Select) is stmt]
+            if not named:
+                continue  # ON TRUE (the comma rule's placeholder)
+            ons.setdefault(max(max(named), 1), []).append(cond.copy())
+    frm = stmt.args.get("from_") or stmt.args.get("from")
+    items = [(frm.this if i == 0 else pairs[i][1].this).copy() for i in order]
+    out = stmt.copy()
+    out.set("from_" if "from_" in out.args else "from", exp.From(this=items[0]))
+    out.set("joins", [exp.Join(this=item, on=exp.and_(*ons[k], copy=False)) for k, item in enumerate(items[1:], 1)])
+    return out
 
 
 def _join_tree(pairs, conditions, typed, sources, names, protected, unit_name, is_unit) -> exp.Select:

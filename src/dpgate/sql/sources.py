@@ -419,8 +419,8 @@ class JoinSource(Source):
             if not any(c.right.alias == o.alias for c in self.conditions):
                 raise UnsupportedQuery(
                     f"the ON of JOIN {o.label} compares no column of {o.written or o.alias} with a table before it: "
-                    "it would be a cross join (every join needs an equality with the tables before it; in a comma "
-                    "join, list the tables so that each has an equality with one listed before it)", {})
+                    "it would be a cross join (every join needs an equality with the tables before it; inner "
+                    "joins are reordered so, a LEFT JOIN keeps its place)", {})
         by_alias = {o.alias: o for o in self.tables}
         for c in self.conditions:
             if c.hop:
