@@ -109,6 +109,20 @@ ACCEPTED = [
     "SELECT COUNT(*), SUM(a.v) FROM a, b WHERE (a.uid = b.uid AND a.g = 'x') OR (b.uid = a.uid AND b.h = 'p')",
     "SELECT p.cat, COUNT(*), SUM(a.v) FROM a, p WHERE (a.pk = p.pk AND a.v > 10) OR (p.pk = a.pk AND p.grp = 'u') "
     "GROUP BY p.cat",
+    # per-unit subqueries over a join (issue 21 item 4, TPC-H Q13's shape): one row per unit of the joined rows
+    # (ungrouped: a key of a per-unit column is chosen by partition selection, whose released keys this test
+    # does not compare; the whole q13 shape runs in tests/test_per_unit_joins.py and the corpus)
+    "SELECT COUNT(*), SUM(n) FROM (SELECT a.uid, COUNT(b.w) AS n FROM a LEFT JOIN b ON b.uid = a.uid "
+    "GROUP BY a.uid) AS t WHERE n < 3",
+    "SELECT COUNT(*), SUM(s), SUM(n) FROM (SELECT a.uid, SUM(b.w) AS s, COUNT(*) AS n FROM a JOIN b ON a.uid = b.uid "
+    "GROUP BY a.uid) AS t WHERE n > 1",
+    "SELECT SUM(n), SUM(v) FROM (SELECT uid, COUNT(*) AS n, MAX(v) AS v FROM a, p WHERE a.pk = p.pk AND p.cat = 'c0' "
+    "GROUP BY uid) AS t",
+    # a LEFT JOIN whose ON also filters the LEFT-joined table's own rows (TPC-H Q13's o_comment NOT LIKE …)
+    "SELECT COUNT(*), SUM(n) FROM (SELECT a.uid, COUNT(b.w) AS n FROM a LEFT JOIN b ON b.uid = a.uid AND b.w > 0 "
+    "GROUP BY a.uid) AS t",
+    "SELECT a.g, COUNT(*), COUNT(b.w), SUM(b.w) FROM a LEFT JOIN b ON b.uid = a.uid AND b.h = 'p' AND b.w < 30 "
+    "GROUP BY a.g",
 ]
 
 #: Shapes the unit graph refuses: protected occurrences that meet only through a public table,
@@ -126,6 +140,10 @@ REFUSED = [
     "SELECT COUNT(*), SUM(a2.v) FROM a a1 JOIN p ON a1.pk = p.pk LEFT JOIN a a2 ON a2.pk = p.pk WHERE a2.g = 'w'",
     # a comma join reordered through a public table only: still two units' rows meet
     "SELECT COUNT(*), SUM(b.w) FROM b, a, p WHERE a.pk = p.pk AND b.pk = p.pk",
+    # per-unit subqueries whose inner join pairs two units (through a public table, on a non-unit key)
+    "SELECT SUM(n) FROM (SELECT a.uid, COUNT(*) AS n FROM a JOIN p ON a.pk = p.pk JOIN b ON b.pk = p.pk "
+    "GROUP BY a.uid) AS t",
+    "SELECT n, COUNT(*) FROM (SELECT a.uid, COUNT(b.w) AS n FROM a JOIN b ON a.pk = b.pk GROUP BY a.uid) AS t GROUP BY n",
 ]
 
 #: Comma joins refused as cross joins (branch tpch): the equality graph in two parts, and an OR

@@ -96,7 +96,7 @@ def test_spellings_of_one_unit_join_share_a_plan(tmp_path):
     ("SELECT COUNT(*) FROM checkouts c, members m", "cross joins"),
     # an INNER JOIN's non-equality only filters rows (it moves to WHERE): alone it leaves a cross join
     ("SELECT COUNT(*) FROM checkouts c JOIN members m ON c.member_id < m.id", "cross join"),
-    ("SELECT COUNT(*) FROM checkouts c LEFT JOIN members m ON c.member_id = m.id AND m.age > 3", "non-equi"),
+    ("SELECT COUNT(*) FROM checkouts c LEFT JOIN members m ON c.member_id = m.id AND c.pages > 3", "non-equi"),
     ("SELECT COUNT(*) FROM checkouts c RIGHT JOIN members m ON c.member_id = m.id", "RIGHT JOIN"),
     ("SELECT COUNT(*) FROM checkouts c FULL JOIN members m ON c.member_id = m.id", "FULL JOIN"),
     ("SELECT COUNT(*) FROM checkouts c JOIN genres g ON c.genre = g.genre JOIN members m ON m.edu = g.category",

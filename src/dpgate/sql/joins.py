@@ -210,6 +210,9 @@ class _JoinScope:
     unit_name: str | None
     #: the INNER JOINs' ON conjuncts that only restrict rows (:func:`_equalities`), moved to WHERE
     filters: list[exp.Expression] = field(default_factory=list)
+    #: a LEFT JOIN's ON conjuncts naming only the LEFT-joined table (canonical alias → conjuncts):
+    #: they choose which of its rows may match (:func:`_left_filters`)
+    left_filters: dict[str, list[exp.Expression]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, stmt: exp.Select, policy: DatasetPolicy) -> "_JoinScope":
@@ -302,6 +305,9 @@ def _equalities(scope: _JoinScope, s: _Source, join: exp.Join) -> tuple[list[_Eq
             continue
         if pair is None:
             involved = {r[0].alias for c in cond.find_all(exp.Column) for r in [scope.resolve(c)]}
+            if involved == {s.alias}:  # a filter on the LEFT-joined table's own rows (TPC-H Q13)
+                scope.left_filters.setdefault(s.alias, []).append(cond)
+                continue
             if any(not by_alias(sources, a).table.public for a in involved):
                 raise _refuse(f"non-equi join conditions on protected tables are not supported in the ON of "
                               f"LEFT JOIN {s.label} ({cond.sql()}): a LEFT JOIN's ON decides which rows match, "
@@ -386,6 +392,42 @@ def _conditions(scope: _JoinScope) -> tuple[list[tuple[_Source, str, _Source, st
     return conditions, typed  # a table compared with none before it: refused by JoinSource
 
 
+def _left_filters(scope: _JoinScope, policy: DatasetPolicy) -> dict[str, exp.Expression]:
+    """Each LEFT-joined table's own ON filter, bound over its declared columns (canonical alias →
+    the canonical predicate tree, unqualified; :func:`dpgate.sql.bind.plan_where_tree`).
+
+    ``a LEFT JOIN b ON a.u = b.u AND b.x NOT LIKE '%y%'`` keeps every row of ``a`` and matches only
+    the rows of ``b`` the filter keeps: it is ``a LEFT JOIN (SELECT * FROM b WHERE …) ON a.u = b.u``.
+    The filter reads one row of ``b`` and nothing else, so it decides nothing about another unit's
+    rows, and the unit graph (built from the equalities) is unchanged. It is typed and bound like a
+    WHERE (the privacy unit refused in it, as there) and rendered total (``TRY``), so it cannot fail
+    on some data after the charge.
+
+    Raises:
+        UnsupportedQuery, UnknownColumn: as a WHERE over that table would.
+    """
+    from dpgate.sql.bind import plan_where_tree
+    from dpgate.sql.resolve import QueryScope
+
+    out: dict[str, exp.Expression] = {}
+    for alias, conds in scope.left_filters.items():
+        s = by_alias(scope.sources, alias)
+        tree = plan_where_tree(exp.and_(*[c.copy() for c in conds], copy=False),
+                               QueryScope(policy, s.table, set(s.names)))
+        if tree is not None:
+            out[alias] = tree
+    return out
+
+
+def _qualified(tree: exp.Expression, alias: str, *, quoted: bool) -> exp.Expression:
+    """A canonical predicate whose columns read ``alias``'s columns (quoted, or in canonical form)."""
+    if quoted:
+        from dpgate.sql.expr import total_sql
+
+        return total_sql(tree, lambda name: exp.column(name, table=alias, quoted=True))
+    return tree.transform(lambda n: exp.column(_ident(n.name), table=_ident(alias)) if isinstance(n, exp.Column) else n)
+
+
 def _is_hop(path: _Source, column: str, target: _Source, key: str) -> bool:
     """``path.column = target.key`` is the first hop of ``path``'s unit path (issue 21 item 1):
     ``path``'s rows get their unit through the one ``target`` row they reach, so the two rows of a
@@ -418,19 +460,24 @@ def _joined_table(scope: _JoinScope, policy: DatasetPolicy, conditions: list[tup
     if protected:
         first = protected[0]
         select.insert(0, f"{q(first.alias)}.{q(first.table.privacy_unit)} AS {q(scope.unit_name)}")
+    own = _left_filters(scope, policy)
     from_sql = f"{pairs[0][0].table.relation} AS {q(pairs[0][0].alias)}"
     for s, _join in pairs[1:]:
         on = [c.sql() for (a, ca, b, cb), c in zip(conditions, typed) if b is s]
+        if s.alias in own:
+            on.append(_qualified(own[s.alias], s.alias, quoted=True).sql(dialect="duckdb"))
         from_sql += (f" {'LEFT ' if s.side == 'LEFT' else ''}JOIN {s.table.relation} AS {q(s.alias)} "
                      f"ON {' AND '.join(on)}")
-    join_tree = _join_tree(pairs, conditions, typed, sources, names, protected, scope.unit_name, _is_unit)
+    join_tree = _join_tree(pairs, conditions, typed, sources, names, protected, scope.unit_name, _is_unit, own)
     canonical = JOIN_MARK + " ".join(
         [_ident(pairs[0][0].table.name)
          + (f" AS {_ident(pairs[0][0].alias)}" if pairs[0][0].alias != pairs[0][0].table.name else "")]
         + [f"{'LEFT ' if s.side == 'LEFT' else ''}JOIN {_ident(s.table.name)}"
            + (f" AS {_ident(s.alias)}" if s.alias != s.table.name else "")
-           + " ON " + " AND ".join(f"{_ident(a.alias)}.{_ident(ca)} = {_ident(b.alias)}.{_ident(cb)}"
-                                   for a, ca, b, cb in conditions if b is s)
+           + " ON " + " AND ".join([f"{_ident(a.alias)}.{_ident(ca)} = {_ident(b.alias)}.{_ident(cb)}"
+                                    for a, ca, b, cb in conditions if b is s]
+                                   + ([_qualified(own[s.alias], s.alias, quoted=False).sql(dialect="duckdb")]
+                                      if s.alias in own else []))
            for s, _ in pairs[1:]])
     k = max((s.table.max_groups_per_unit for s in protected), default=1)
     m = max((s.table.max_rows_per_unit for s in protected), default=1)
@@ -444,7 +491,7 @@ def _joined_table(scope: _JoinScope, policy: DatasetPolicy, conditions: list[tup
                          for s in sources if s.table.public for kt in s.table.key_tuples))
     return JoinSource(  # refuses a cross join and a protected table not connected by unit equalities
         tables=tuple(Occurrence(s.alias, s.label, s.node, s.side, s.written) for s in sources),
-        conditions=tuple(typed), view=view)
+        conditions=tuple(typed), view=view, left_filters=tuple(sorted(own)))
 
 
 def _over_joined_table(stmt: exp.Select, scope: _JoinScope, canonical: str) -> exp.Select:
@@ -589,9 +636,9 @@ def _spanning_order(stmt: exp.Select, scope: _JoinScope) -> exp.Select | None:
     return out
 
 
-def _join_tree(pairs, conditions, typed, sources, names, protected, unit_name, is_unit) -> exp.Select:
+def _join_tree(pairs, conditions, typed, sources, names, protected, unit_name, is_unit, own) -> exp.Select:
     """The joined rows as a tree: the first protected table's unit, every other declared column
-    (renamed), over the FROM with each later table's ON."""
+    (renamed), over the FROM with each later table's ON (a LEFT-joined table's own filter last)."""
     items = [sqln.alias(sqln.col(c, s.alias), names[(s.alias, c)])
              for s in sources for c in s.table.columns if not is_unit(s, c)]
     if protected:
@@ -600,6 +647,8 @@ def _join_tree(pairs, conditions, typed, sources, names, protected, unit_name, i
     joins = []
     for s, _join in pairs[1:]:
         on = [c.tree() for (a, ca, b, cb), c in zip(conditions, typed) if b is s]
+        if s.alias in own:
+            on.append(_qualified(own[s.alias], s.alias, quoted=True))
         # no equality with an earlier table: a cross join, refused when the JoinSource is built
         joins.append(exp.Join(this=s.node.relation(s.alias), on=sqln.conjunction(on) if on else None,
                               side="LEFT" if s.side == "LEFT" else None))
