@@ -90,3 +90,91 @@ def test_unsafe_joins_in_per_unit_subqueries_and_left_filters_are_refused(sql, w
     with pytest.raises(UnsupportedQuery) as e:
         parse_query(sql, _with_public_rows(_policy(), P_ROWS))
     assert words in e.value.message, e.value.message
+
+
+# --- every engine: the same plan, the answer within noise; Spark refuses per-unit rows before the charge --
+
+#: tests/test_unit_path_queries.py's engine rows: customer 1's order 1 (price 10, lines A 1, N 2, A 3),
+#: customer 2's order 2 (price 20, line R 4), order 3 without customer, orphan lines.
+#: Q13's shape: customer 1's only order fails o_price > 15 (count 0), customer 2's passes (1): n = 2, s = 1.
+ENGINE_Q13 = ("SELECT COUNT(*) AS n, SUM(c) AS s FROM (SELECT c_custkey, COUNT(o_orderkey) AS c FROM customer "
+              "LEFT JOIN orders ON c_custkey = o_custkey AND o_price > 15 GROUP BY c_custkey) AS t")
+#: A comma join listed out of order with its equalities in every OR branch: lines 1, 3 (A) and 4 (qty > 3)
+#: of customers' orders: n = 3, p = 10 + 10 + 20 = 40. The unqualified ``o_custkey`` is orders' column (the
+#: table that stores it), not lineitem's unit attached through its path, listed before orders here.
+ENGINE_COMMA = ("SELECT COUNT(*) AS n, SUM(o_price) AS p FROM lineitem, customer, orders "
+                "WHERE (l_orderkey = o_orderkey AND o_custkey = c_custkey AND l_flag = 'A') "
+                "OR (c_custkey = o_custkey AND l_orderkey = o_orderkey AND l_qty > 3)")
+
+
+def _answer(pol, tmp_path, sql: str, timeout: float = 60):
+    from dpgate.engine import Engine
+    from dpgate.ledger import open_ledger
+    from dpgate.policy import load_policies
+    from dpgate.service import Gateway, QueryBudget, open_release_store
+
+    policies = load_policies(pol)
+    engine = Engine(timeout_s=timeout)
+    versions = engine.load(policies)
+    ledger = open_ledger(f"sqlite:///{tmp_path / 'ledger.sqlite'}")
+    gw = Gateway(policies, engine, versions, ledger, open_release_store(ledger))
+    try:
+        return gw.query("shop", sql, consumer="analysts", budget=QueryBudget(rho=10000))["rows"], \
+            gw.ledger.spend("shoppers").charges
+    finally:
+        gw.close()
+
+
+def _check(pol, tmp_path, *, q13: bool = True, timeout: float = 60):
+    # ρ = 10000: σ = Δ2/√(2ρ) (Bun & Steinke 2016, Prop. 1.6): a per-unit COUNT Δ2 = 1 → σ ≈ 0.007, the
+    # SUM of c ∈ [0, 9] Δ2 = 9 → σ ≈ 0.06; the join's COUNT Δ2 = 3√3 → σ ≈ 0.04, SUM(o_price) Δ2 ≈ 5196 → σ ≈ 37
+    if q13:
+        ((n, s),), _ = _answer(pol, tmp_path / "q13", ENGINE_Q13, timeout)
+        assert abs(n - 2) < 1 and abs(s - 1) < 1, (n, s)
+    ((n, p),), _ = _answer(pol, tmp_path / "comma", ENGINE_COMMA, timeout)
+    assert abs(n - 3) < 1 and abs(p - 40) < 200, (n, p)
+
+
+def _dirs(tmp_path):
+    for d in ("q13", "comma"):
+        (tmp_path / d).mkdir(exist_ok=True)
+
+
+def test_duckdb_answers_both_shapes(tmp_path):
+    from test_unit_path_queries import _engine_policy, _parquet
+
+    _dirs(tmp_path)
+    data = _parquet(tmp_path / "data")
+    _check(_engine_policy(tmp_path, "", lambda t: f"{data}/{t}.parquet"), tmp_path)
+
+
+@pytest.mark.postgres
+def test_postgres_answers_both_shapes(tmp_path):
+    from _engines import PG_URL, pg_load, pg_schema, pg_unavailable
+    from test_unit_path_queries import _engine_policy, _engine_rows
+
+    if pg_unavailable():
+        pytest.skip(pg_unavailable())
+    _dirs(tmp_path)
+    keys = {"customer": "c_custkey", "orders": "o_orderkey", "lineitem": "l_linekey"}
+    with pg_schema() as schema:
+        for name, table in _engine_rows().items():
+            pg_load(schema, name, table, primary_key=keys.get(name))
+        pol = _engine_policy(tmp_path, f'engine = "postgres"\nconnection = "{PG_URL}"', lambda t: f"{schema}.{t}")
+        _check(pol, tmp_path)
+
+
+@pytest.mark.spark
+def test_spark_answers_the_comma_join_and_refuses_the_per_unit_join_before_the_charge(tmp_path):
+    from _engines import spark_unavailable
+    from test_unit_path_queries import _engine_policy, _parquet
+
+    if spark_unavailable():
+        pytest.skip(spark_unavailable())
+    _dirs(tmp_path)
+    data = _parquet(tmp_path / "data")
+    pol = _engine_policy(tmp_path, 'engine = "spark"', lambda t: f"{data}/{t}.parquet")
+    _check(pol, tmp_path, q13=False, timeout=180)
+    with pytest.raises(UnsupportedQuery) as e:
+        _answer(pol, tmp_path / "q13", ENGINE_Q13, timeout=180)
+    assert "Spark engine" in e.value.message and "nothing was charged" in e.value.message

@@ -259,7 +259,10 @@ class _JoinScope:
             raise UnknownColumn(f"no joined table declares a column {col.name!r}", {"column": col.name})
         if len(hits) > 1 and not all(_is_unit(s, f) for s, f in hits):
             raise _refuse(f"column {col.name!r} is ambiguous in this join: qualify it with its table or alias", col)
-        return hits[0]
+        # the unit's name in several tables: the first table that stores it, before a path table that
+        # has it attached (``o_custkey`` is orders' column; lineitem's through its unit path)
+        stored = [h for h in hits if getattr(h[0].node, "steps", None) is None]
+        return (stored or hits)[0]
 
     def side(self, s: _Source, column: str) -> JoinColumn:
         """One side of a join equality, typed from the policy."""
