@@ -61,12 +61,16 @@ tables may be joined on equalities of other columns (*extra keys*: typed like ev
 never edges of the unit graph, so they only restrict which rows of one unit meet). An INNER
 JOIN's other conjuncts (``a.v < b.w``, ``o.d < DATE '…'``) only filter rows and are moved to
 WHERE; comma joins arrive here as JOIN … ON (rule :mod:`dpgate.sql.rules.comma_joins`).
+Inner joins are one join graph: the tables are listed in a spanning order of their equalities
+before anything is checked (:func:`_spanning_order`; a valid written order is kept). A LEFT
+JOIN's ON may filter the LEFT-joined table's own rows (:func:`_left_filters`).
 
 Refused, with the reason: protected tables connected only by extra keys (one row would then
 mix two units), a unit compared with a non-unit column, cross joins or joins without ON/USING
 (or, in a comma join, an equality in WHERE), a join whose ON compares nothing of the table it
 joins with a table before it, non-equality conditions in a LEFT JOIN's ON, a filter in an ON
-naming a later table, equalities of columns of different types, RIGHT/FULL joins, a
+naming a later table, a LEFT JOIN ON condition naming an earlier table other than by an
+equality, equalities of columns of different types, RIGHT/FULL joins, a
 protected table not connected to the first one by unit equalities (only through a public
 table, or only through a LEFT JOIN that may leave it out), a condition in a LEFT JOIN that
 compares two earlier tables (or one that would move into a LEFT JOIN's ON), a reference to

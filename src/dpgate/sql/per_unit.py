@@ -51,9 +51,18 @@ COUNT moves by at most 1, an outer SUM of a value with derived range ``[a, b]`` 
 Dwork & Roth 2014, Def. 3.1 for L1 sensitivity), and the planner's derivations
 (:mod:`dpgate.sensitivity`) apply unchanged to the derived ranges.
 
+**Joins in the inner query** (issue 21 item 4; TPC-H Q13). An inner FROM that joins is
+rewritten by the statement rules and the join rewrite (:func:`_inner_join`) into a
+:class:`~dpgate.sql.sources.JoinSource`, checked where it is built (protected tables joined on
+the unit, public tables on declared columns), and the per-unit table reads its joined rows: the
+bounding above runs on them (c = k·m with k, m the largest of the joined tables', the rows
+chosen by the hash of the unit's own joined rows), so the sensitivity argument is unchanged. A
+LEFT JOIN keeps a unit without matches as one row with NULLs (``COUNT(o_orderkey)`` = 0).
+
 Refused (nothing charged): an inner query grouped by anything but the privacy unit, an
 inner column neither grouped nor aggregated, an outer query naming the unit, inner
-HAVING/joins/DISTINCT/LIMIT, a per-unit subquery on a record-level or public table.
+HAVING/DISTINCT/LIMIT, an inner join that is not a valid join on the unit (it pairs two
+units' rows) or reads public tables only, a per-unit subquery on a record-level or public table.
 """
 
 from __future__ import annotations
