@@ -142,7 +142,7 @@ def gw(tmp_path):
     ("SELECT COUNT(*) FROM checkouts c, members m WHERE c.pages = m.age", "on the privacy unit"),
     ("SELECT COUNT(*) FROM checkouts c, members m WHERE c.pages > 3", "cross joins"),
     ("SELECT COUNT(*) FROM checkouts c LEFT JOIN members m ON c.member_id = m.id AND c.pages < m.age", "LEFT JOIN"),
-    ("SELECT COUNT(*) FROM checkouts c LEFT JOIN members m ON c.member_id = m.id AND m.age = 3", "LEFT JOIN"),
+    ("SELECT COUNT(*) FROM checkouts c LEFT JOIN members m ON c.member_id = m.id AND c.pages = 3", "LEFT JOIN"),
     ("SELECT COUNT(*) FROM checkouts c JOIN members m ON c.member_id = m.id AND g.category = 'x' "
      "JOIN genres g ON g.genre = c.genre", "joined after it"),
     ("SELECT COUNT(*) FROM genres g, genres h", "cross joins"),

@@ -102,6 +102,27 @@ ACCEPTED = [
     "JOIN b ON b.uid = a1.uid AND b.uid = a2.uid",
     "SELECT COUNT(*), COUNT(a2.v) FROM a a1 LEFT JOIN b ON b.uid = a1.uid LEFT JOIN a a2 ON a2.uid = b.uid",
     "SELECT p.cat, COUNT(*), SUM(b.w) FROM p JOIN a ON a.pk = p.pk LEFT JOIN b ON b.uid = a.uid GROUP BY p.cat",
+    # comma joins listed out of order (p meets b only through the later a: reordered to b, a, p)
+    "SELECT p.cat, COUNT(*), SUM(b.w) FROM b, p, a WHERE a.pk = p.pk AND a.uid = b.uid GROUP BY p.cat",
+    "SELECT COUNT(*), SUM(a.v) FROM p, a a1, b, a WHERE a.pk = p.pk AND a.uid = b.uid AND a1.uid = b.uid",
+    # the join equality in every branch of an OR (TPC-H Q19's form): factored out
+    "SELECT COUNT(*), SUM(a.v) FROM a, b WHERE (a.uid = b.uid AND a.g = 'x') OR (b.uid = a.uid AND b.h = 'p')",
+    "SELECT p.cat, COUNT(*), SUM(a.v) FROM a, p WHERE (a.pk = p.pk AND a.v > 10) OR (p.pk = a.pk AND p.grp = 'u') "
+    "GROUP BY p.cat",
+    # per-unit subqueries over a join (issue 21 item 4, TPC-H Q13's shape): one row per unit of the joined rows
+    # (ungrouped: a key of a per-unit column is chosen by partition selection, whose released keys this test
+    # does not compare; the whole q13 shape runs in tests/test_per_unit_joins.py and the corpus)
+    "SELECT COUNT(*), SUM(n) FROM (SELECT a.uid, COUNT(b.w) AS n FROM a LEFT JOIN b ON b.uid = a.uid "
+    "GROUP BY a.uid) AS t WHERE n < 3",
+    "SELECT COUNT(*), SUM(s), SUM(n) FROM (SELECT a.uid, SUM(b.w) AS s, COUNT(*) AS n FROM a JOIN b ON a.uid = b.uid "
+    "GROUP BY a.uid) AS t WHERE n > 1",
+    "SELECT SUM(n), SUM(v) FROM (SELECT uid, COUNT(*) AS n, MAX(v) AS v FROM a, p WHERE a.pk = p.pk AND p.cat = 'c0' "
+    "GROUP BY uid) AS t",
+    # a LEFT JOIN whose ON also filters the LEFT-joined table's own rows (TPC-H Q13's o_comment NOT LIKE …)
+    "SELECT COUNT(*), SUM(n) FROM (SELECT a.uid, COUNT(b.w) AS n FROM a LEFT JOIN b ON b.uid = a.uid AND b.w > 0 "
+    "GROUP BY a.uid) AS t",
+    "SELECT a.g, COUNT(*), COUNT(b.w), SUM(b.w) FROM a LEFT JOIN b ON b.uid = a.uid AND b.h = 'p' AND b.w < 30 "
+    "GROUP BY a.g",
 ]
 
 #: Shapes the unit graph refuses: protected occurrences that meet only through a public table,
@@ -117,7 +138,29 @@ REFUSED = [
     "SELECT COUNT(*), SUM(a2.v) FROM a a1 JOIN p ON a1.pk = p.pk JOIN a a2 ON a2.pk = p.pk "
     "LEFT JOIN b ON b.uid = a1.uid AND b.uid = a2.uid",
     "SELECT COUNT(*), SUM(a2.v) FROM a a1 JOIN p ON a1.pk = p.pk LEFT JOIN a a2 ON a2.pk = p.pk WHERE a2.g = 'w'",
+    # a comma join reordered through a public table only: still two units' rows meet
+    "SELECT COUNT(*), SUM(b.w) FROM b, a, p WHERE a.pk = p.pk AND b.pk = p.pk",
+    # per-unit subqueries whose inner join pairs two units (through a public table, on a non-unit key)
+    "SELECT SUM(n) FROM (SELECT a.uid, COUNT(*) AS n FROM a JOIN p ON a.pk = p.pk JOIN b ON b.pk = p.pk "
+    "GROUP BY a.uid) AS t",
+    "SELECT n, COUNT(*) FROM (SELECT a.uid, COUNT(b.w) AS n FROM a JOIN b ON a.pk = b.pk GROUP BY a.uid) AS t GROUP BY n",
 ]
+
+#: Comma joins refused as cross joins (branch tpch): the equality graph in two parts, and an OR
+#: with one branch that lacks the join's equality (nothing to factor out: a cross join).
+CROSS = [
+    "SELECT COUNT(*), SUM(b.w) FROM a, p, b WHERE a.pk = p.pk",
+    "SELECT COUNT(*), SUM(b.w) FROM a, b, p WHERE a.uid = b.uid AND a.g = 'x'",
+    "SELECT COUNT(*), SUM(a.v) FROM a, b WHERE (a.uid = b.uid AND a.g = 'x') OR b.h = 'p'",
+    "SELECT COUNT(*), SUM(a.v) FROM a, b WHERE (a.uid = b.uid AND a.g = 'x') OR (a.pk = b.pk AND b.h = 'p')",
+]
+
+
+def _refused_for_its_reason(sql: str, message: str) -> bool:
+    """The refusal is the one the lists above expect for ``sql``."""
+    if sql in CROSS:
+        return "cross join" in message
+    return sql in REFUSED and "must be joined to the other protected tables on the privacy unit" in message
 
 
 @lru_cache(maxsize=1)
@@ -166,14 +209,13 @@ _p_rows = st.lists(st.tuples(st.integers(0, 3), st.sampled_from(["c0", "c1", "c2
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(units=_units, p_rows=_p_rows, sql=st.sampled_from(ACCEPTED + REFUSED + REFUSED), data=st.data())
+@given(units=_units, p_rows=_p_rows, sql=st.sampled_from(ACCEPTED + REFUSED + REFUSED + CROSS), data=st.data())
 def test_removing_one_unit_moves_each_bounded_join_aggregate_by_at_most_the_sensitivity(units, p_rows, sql, data):
     policy = _with_public_rows(_policy(), p_rows)
     try:
         plan = parse_query(sql, policy)
     except UnsupportedQuery as e:
-        assert sql in REFUSED, (sql, e.message)
-        assert "must be joined to the other protected tables on the privacy unit" in e.message
+        assert _refused_for_its_reason(sql, e.message), (sql, e.message)
         return
     full = plan_policy(plan, policy)
     sens = sensitivities(plan, full)
@@ -188,7 +230,7 @@ def test_removing_one_unit_moves_each_bounded_join_aggregate_by_at_most_the_sens
         assert sum(diff) <= sens[pid].l1, (sql, pid, diff, sens[pid])
         assert max(diff, default=0) <= sens[pid].linf, (sql, pid, diff, sens[pid])
         assert math.sqrt(sum(d * d for d in diff)) <= sens[pid].l2 + 1e-9, (sql, pid, diff, sens[pid])
-    assert sql not in REFUSED, f"accepted a join the unit graph refuses: {sql}"
+    assert sql not in REFUSED + CROSS, f"accepted a join the unit graph refuses: {sql}"
 
 
 def test_every_accepted_shape_is_planned_and_every_refused_one_refused():
@@ -196,10 +238,10 @@ def test_every_accepted_shape_is_planned_and_every_refused_one_refused():
     policy = _with_public_rows(_policy(), [(0, "c0", "u"), (1, "c1", "v")])
     for sql in ACCEPTED:
         parse_query(sql, policy)
-    for sql in REFUSED:
+    for sql in REFUSED + CROSS:
         try:
             parse_query(sql, policy)
         except UnsupportedQuery as e:
-            assert "must be joined to the other protected tables on the privacy unit" in e.message
+            assert _refused_for_its_reason(sql, e.message), (sql, e.message)
         else:
             raise AssertionError(f"accepted: {sql}")

@@ -96,7 +96,7 @@ def test_spellings_of_one_unit_join_share_a_plan(tmp_path):
     ("SELECT COUNT(*) FROM checkouts c, members m", "cross joins"),
     # an INNER JOIN's non-equality only filters rows (it moves to WHERE): alone it leaves a cross join
     ("SELECT COUNT(*) FROM checkouts c JOIN members m ON c.member_id < m.id", "cross join"),
-    ("SELECT COUNT(*) FROM checkouts c LEFT JOIN members m ON c.member_id = m.id AND m.age > 3", "non-equi"),
+    ("SELECT COUNT(*) FROM checkouts c LEFT JOIN members m ON c.member_id = m.id AND c.pages > 3", "non-equi"),
     ("SELECT COUNT(*) FROM checkouts c RIGHT JOIN members m ON c.member_id = m.id", "RIGHT JOIN"),
     ("SELECT COUNT(*) FROM checkouts c FULL JOIN members m ON c.member_id = m.id", "FULL JOIN"),
     ("SELECT COUNT(*) FROM checkouts c JOIN genres g ON c.genre = g.genre JOIN members m ON m.edu = g.category",
@@ -341,7 +341,7 @@ def test_unconnected_protected_tables_are_refused(gw, sql, table, words):
     ("SELECT COUNT(*) FROM checkouts c LEFT JOIN genres g ON g.genre = c.genre JOIN genres h "
      "ON h.genre = c.genre AND g.genre = c.genre", "would move into the ON of LEFT JOIN genres (g)"),
     ("SELECT COUNT(*) FROM checkouts c JOIN members m ON m.id = c.member_id JOIN genres g ON m.id = c.member_id",
-     "compares no column of g"),
+     "groups with no equality between them: checkouts (c), members (m) and genres (g)"),
     ("SELECT COUNT(*) FROM (SELECT member_id, COUNT(*) AS n FROM checkouts GROUP BY member_id) u "
      "JOIN genres g ON u.n = g.genre", "a per-unit subquery cannot be joined"),
     # the LEFT-joined table's unit is not the joined rows' unit where it has no row: an anti-join

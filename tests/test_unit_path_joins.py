@@ -40,6 +40,16 @@ JOINS = [
     "SELECT COUNT(*), SUM(l_qty) FROM lineitem l JOIN orders o ON l.l_orderkey = o.o_orderkey WHERE o.o_price > 3",
     "SELECT COUNT(*), COUNT(o_price) FROM lineitem l LEFT JOIN orders o ON l.l_orderkey = o.o_orderkey",
     "SELECT s_mode, COUNT(*), SUM(l_qty) FROM shipments s JOIN lineitem l ON s.s_linekey = l.l_linekey GROUP BY s_mode",
+    # branch tpch: a comma join listed out of order (orders meets shipments only through the later
+    # lineitem: reordered to a spanning order), and the hop repeated in every branch of an OR
+    # (factored out, TPC-H Q19's form)
+    "SELECT s_mode, COUNT(*), SUM(o_price) FROM shipments, orders, lineitem "
+    "WHERE s_linekey = l_linekey AND l_orderkey = o_orderkey GROUP BY s_mode",
+    "SELECT COUNT(*), SUM(l_qty) FROM lineitem, orders "
+    "WHERE (l_orderkey = o_orderkey AND l_flag = 'A') OR (o_orderkey = l_orderkey AND o_price > 3)",
+    # a FROM subquery that only filters and projects the join (TPC-H Q7–Q9's shape): merged first
+    "SELECT flag, COUNT(*), SUM(amount) FROM (SELECT l_flag AS flag, l_qty * o_price AS amount FROM orders, lineitem "
+    "WHERE o_orderkey = l_orderkey AND o_price > 2) AS shipping GROUP BY flag",
 ]
 
 
@@ -91,6 +101,29 @@ def test_removing_one_customer_with_their_orders_and_lines_moves_a_joined_aggreg
         assert math.sqrt(sum(d * d for d in diff)) <= sens[pid].l2 + 1e-9, (sql, pid, diff, sens[pid])
 
 
+def test_a_comma_join_out_of_order_is_planned_as_its_spanning_order():
+    written = parse_query("SELECT s_mode, COUNT(*), SUM(o_price) FROM shipments, orders, lineitem "
+                          "WHERE s_linekey = l_linekey AND l_orderkey = o_orderkey GROUP BY s_mode", _policy())
+    spanning = parse_query("SELECT s_mode, COUNT(*), SUM(o_price) FROM shipments, lineitem, orders "
+                           "WHERE s_linekey = l_linekey AND l_orderkey = o_orderkey GROUP BY s_mode", _policy())
+    assert written.table == spanning.table and written.plan_hash == spanning.plan_hash
+    assert [o.alias for o in written.source.tables] == ["shipments", "lineitem", "orders"]
+
+
+@pytest.mark.parametrize("sql", [
+    # one OR branch lacks the hop: the comma join stays a cross join
+    "SELECT COUNT(*) FROM lineitem, orders WHERE (l_orderkey = o_orderkey AND l_flag = 'A') OR o_price > 3",
+    # the graph in two parts: orders meets nothing
+    "SELECT COUNT(*) FROM shipments, orders, lineitem WHERE s_linekey = l_linekey",
+    # the same inside a FROM subquery that is merged
+    "SELECT COUNT(*) FROM (SELECT l_qty FROM lineitem, orders WHERE l_qty > 1) AS t",
+])
+def test_comma_joins_without_an_equality_for_every_table_are_refused(sql):
+    with pytest.raises(UnsupportedQuery) as e:
+        parse_query(sql, _policy())
+    assert "cross join" in e.value.message
+
+
 @pytest.mark.parametrize("sql", [
     "SELECT COUNT(*) FROM lineitem JOIN orders ON l_qty = o_price",  # an extra key only: two units could meet
     "SELECT COUNT(*) FROM lineitem JOIN orders ON l_linekey = o_orderkey",  # a key, not the path's
@@ -99,6 +132,14 @@ def test_removing_one_customer_with_their_orders_and_lines_moves_a_joined_aggreg
     "SELECT COUNT(*) FROM orders o LEFT JOIN lineitem l ON o.o_orderkey = l.l_linekey",
 ])
 def test_joins_not_on_the_path_are_refused_with_the_reason(sql):
+    _refused_off_the_path(sql)
+
+
+def test_a_merged_from_subquery_joined_off_the_path_is_refused_with_the_reason():
+    _refused_off_the_path("SELECT COUNT(*) FROM (SELECT l_qty FROM lineitem JOIN orders ON l_qty = o_price) AS t")
+
+
+def _refused_off_the_path(sql):
     with pytest.raises(UnsupportedQuery) as e:
         parse_query(sql, _policy())
     assert e.value.details["reason"] == "unit_path_join", e.value.details

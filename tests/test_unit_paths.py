@@ -320,7 +320,8 @@ def test_a_join_on_the_paths_first_hop_is_answered_and_one_off_the_path_refused_
 @pytest.mark.parametrize("sql, reason", [
     ("SELECT COUNT(*) FROM orders WHERE o_orderkey IN (SELECT l_orderkey FROM lineitem)", "unit_path"),
     ("SELECT AVG(n) FROM (SELECT l_orderkey, COUNT(*) AS n FROM lineitem GROUP BY l_orderkey) AS t", "unit_path"),
-    ("WITH big AS (SELECT * FROM lineitem WHERE l_quantity > 40) SELECT COUNT(*) FROM big", "unit_path"),
+    ("WITH big AS (SELECT l_orderkey FROM lineitem WHERE l_quantity > 40 LIMIT 10) SELECT COUNT(*) FROM big",
+     "unit_path"),
 ])
 def test_path_tables_in_subqueries_are_refused_before_the_charge(gateway, sql, reason):
     before = gateway.ledger.spend("tpch-customers").charges
@@ -370,3 +371,14 @@ def test_the_dataset_description_shows_the_path(gateway):
         "o_orderkey"]["unique"] is True
     # the admin pages name what protects the rows (not "record", which a path table is not)
     assert _unit_label(table) == "o_custkey via l_orderkey -> orders.o_orderkey"
+
+
+def test_a_cte_that_only_filters_a_path_table_is_the_flat_query(gateway):
+    """Branch tpch: a derived table (or CTE) that only filters and projects is merged before the
+    unit-path hook, so it is planned as the flat query (one plan, one plan hash)."""
+    from dpgate.sql.parse import parse_query
+
+    policy = gateway.policies["tpch_fk"]
+    cte = parse_query("WITH big AS (SELECT * FROM lineitem WHERE l_quantity > 40) SELECT COUNT(*) FROM big", policy)
+    flat = parse_query("SELECT COUNT(*) FROM lineitem WHERE l_quantity > 40", policy)
+    assert cte.plan_hash == flat.plan_hash and cte.table == flat.table

@@ -64,12 +64,16 @@ tables may be joined on equalities of other columns (*extra keys*: typed like ev
 never edges of the unit graph, so they only restrict which rows of one unit meet). An INNER
 JOIN's other conjuncts (``a.v < b.w``, ``o.d < DATE '…'``) only filter rows and are moved to
 WHERE; comma joins arrive here as JOIN … ON (rule :mod:`dpgate.sql.rules.comma_joins`).
+Inner joins are one join graph: the tables are listed in a spanning order of their equalities
+before anything is checked (:func:`_spanning_order`; a valid written order is kept). A LEFT
+JOIN's ON may filter the LEFT-joined table's own rows (:func:`_left_filters`).
 
 Refused, with the reason: protected tables connected only by extra keys (one row would then
 mix two units), a unit compared with a non-unit column, cross joins or joins without ON/USING
 (or, in a comma join, an equality in WHERE), a join whose ON compares nothing of the table it
 joins with a table before it, non-equality conditions in a LEFT JOIN's ON, a filter in an ON
-naming a later table, equalities of columns of different types, RIGHT/FULL joins, a
+naming a later table, a LEFT JOIN ON condition naming an earlier table other than by an
+equality, equalities of columns of different types, RIGHT/FULL joins, a
 protected table not connected to the first one by unit equalities (only through a public
 table, or only through a LEFT JOIN that may leave it out), a condition in a LEFT JOIN that
 compares two earlier tables (or one that would move into a LEFT JOIN's ON), a reference to
@@ -213,6 +217,9 @@ class _JoinScope:
     unit_name: str | None
     #: the INNER JOINs' ON conjuncts that only restrict rows (:func:`_equalities`), moved to WHERE
     filters: list[exp.Expression] = field(default_factory=list)
+    #: a LEFT JOIN's ON conjuncts naming only the LEFT-joined table (canonical alias → conjuncts):
+    #: they choose which of its rows may match (:func:`_left_filters`)
+    left_filters: dict[str, list[exp.Expression]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, stmt: exp.Select, policy: DatasetPolicy) -> "_JoinScope":
@@ -259,7 +266,10 @@ class _JoinScope:
             raise UnknownColumn(f"no joined table declares a column {col.name!r}", {"column": col.name})
         if len(hits) > 1 and not all(_is_unit(s, f) for s, f in hits):
             raise _refuse(f"column {col.name!r} is ambiguous in this join: qualify it with its table or alias", col)
-        return hits[0]
+        # the unit's name in several tables: the first table that stores it, before a path table that
+        # has it attached (``o_custkey`` is orders' column; lineitem's through its unit path)
+        stored = [h for h in hits if getattr(h[0].node, "steps", None) is None]
+        return (stored or hits)[0]
 
     def side(self, s: _Source, column: str) -> JoinColumn:
         """One side of a join equality, typed from the policy."""
@@ -305,6 +315,9 @@ def _equalities(scope: _JoinScope, s: _Source, join: exp.Join) -> tuple[list[_Eq
             continue
         if pair is None:
             involved = {r[0].alias for c in cond.find_all(exp.Column) for r in [scope.resolve(c)]}
+            if involved == {s.alias}:  # a filter on the LEFT-joined table's own rows (TPC-H Q13)
+                scope.left_filters.setdefault(s.alias, []).append(cond)
+                continue
             if any(not by_alias(sources, a).table.public for a in involved):
                 raise _refuse(f"non-equi join conditions on protected tables are not supported in the ON of "
                               f"LEFT JOIN {s.label} ({cond.sql()}): a LEFT JOIN's ON decides which rows match, "
@@ -389,6 +402,42 @@ def _conditions(scope: _JoinScope) -> tuple[list[tuple[_Source, str, _Source, st
     return conditions, typed  # a table compared with none before it: refused by JoinSource
 
 
+def _left_filters(scope: _JoinScope, policy: DatasetPolicy) -> dict[str, exp.Expression]:
+    """Each LEFT-joined table's own ON filter, bound over its declared columns (canonical alias →
+    the canonical predicate tree, unqualified; :func:`dpgate.sql.bind.plan_where_tree`).
+
+    ``a LEFT JOIN b ON a.u = b.u AND b.x NOT LIKE '%y%'`` keeps every row of ``a`` and matches only
+    the rows of ``b`` the filter keeps: it is ``a LEFT JOIN (SELECT * FROM b WHERE …) ON a.u = b.u``.
+    The filter reads one row of ``b`` and nothing else, so it decides nothing about another unit's
+    rows, and the unit graph (built from the equalities) is unchanged. It is typed and bound like a
+    WHERE (the privacy unit refused in it, as there) and rendered total (``TRY``), so it cannot fail
+    on some data after the charge.
+
+    Raises:
+        UnsupportedQuery, UnknownColumn: as a WHERE over that table would.
+    """
+    from dpgate.sql.bind import plan_where_tree
+    from dpgate.sql.resolve import QueryScope
+
+    out: dict[str, exp.Expression] = {}
+    for alias, conds in scope.left_filters.items():
+        s = by_alias(scope.sources, alias)
+        tree = plan_where_tree(exp.and_(*[c.copy() for c in conds], copy=False),
+                               QueryScope(policy, s.table, set(s.names)))
+        if tree is not None:
+            out[alias] = tree
+    return out
+
+
+def _qualified(tree: exp.Expression, alias: str, *, quoted: bool) -> exp.Expression:
+    """A canonical predicate whose columns read ``alias``'s columns (quoted, or in canonical form)."""
+    if quoted:
+        from dpgate.sql.expr import total_sql
+
+        return total_sql(tree, lambda name: exp.column(name, table=alias, quoted=True))
+    return tree.transform(lambda n: exp.column(_ident(n.name), table=_ident(alias)) if isinstance(n, exp.Column) else n)
+
+
 def _is_hop(path: _Source, column: str, target: _Source, key: str) -> bool:
     """``path.column = target.key`` is the first hop of ``path``'s unit path (issue 21 item 1):
     ``path``'s rows get their unit through the one ``target`` row they reach, so the two rows of a
@@ -421,19 +470,24 @@ def _joined_table(scope: _JoinScope, policy: DatasetPolicy, conditions: list[tup
     if protected:
         first = protected[0]
         select.insert(0, f"{q(first.alias)}.{q(first.table.privacy_unit)} AS {q(scope.unit_name)}")
+    own = _left_filters(scope, policy)
     from_sql = f"{pairs[0][0].table.relation} AS {q(pairs[0][0].alias)}"
     for s, _join in pairs[1:]:
         on = [c.sql() for (a, ca, b, cb), c in zip(conditions, typed) if b is s]
+        if s.alias in own:
+            on.append(_qualified(own[s.alias], s.alias, quoted=True).sql(dialect="duckdb"))
         from_sql += (f" {'LEFT ' if s.side == 'LEFT' else ''}JOIN {s.table.relation} AS {q(s.alias)} "
                      f"ON {' AND '.join(on)}")
-    join_tree = _join_tree(pairs, conditions, typed, sources, names, protected, scope.unit_name, _is_unit)
+    join_tree = _join_tree(pairs, conditions, typed, sources, names, protected, scope.unit_name, _is_unit, own)
     canonical = JOIN_MARK + " ".join(
         [_ident(pairs[0][0].table.name)
          + (f" AS {_ident(pairs[0][0].alias)}" if pairs[0][0].alias != pairs[0][0].table.name else "")]
         + [f"{'LEFT ' if s.side == 'LEFT' else ''}JOIN {_ident(s.table.name)}"
            + (f" AS {_ident(s.alias)}" if s.alias != s.table.name else "")
-           + " ON " + " AND ".join(f"{_ident(a.alias)}.{_ident(ca)} = {_ident(b.alias)}.{_ident(cb)}"
-                                   for a, ca, b, cb in conditions if b is s)
+           + " ON " + " AND ".join([f"{_ident(a.alias)}.{_ident(ca)} = {_ident(b.alias)}.{_ident(cb)}"
+                                    for a, ca, b, cb in conditions if b is s]
+                                   + ([_qualified(own[s.alias], s.alias, quoted=False).sql(dialect="duckdb")]
+                                      if s.alias in own else []))
            for s, _ in pairs[1:]])
     k = max((s.table.max_groups_per_unit for s in protected), default=1)
     m = max((s.table.max_rows_per_unit for s in protected), default=1)
@@ -449,7 +503,7 @@ def _joined_table(scope: _JoinScope, policy: DatasetPolicy, conditions: list[tup
                          for s in sources if s.table.public for kt in s.table.key_tuples))
     return JoinSource(  # refuses a cross join and a protected table not connected by unit equalities
         tables=tuple(Occurrence(s.alias, s.label, s.node, s.side, s.written) for s in sources),
-        conditions=tuple(typed), view=view)
+        conditions=tuple(typed), view=view, left_filters=tuple(sorted(own)))
 
 
 def _over_joined_table(stmt: exp.Select, scope: _JoinScope, canonical: str) -> exp.Select:
@@ -514,6 +568,9 @@ def rewrite_joins(stmt: exp.Select, policy: DatasetPolicy) -> tuple[exp.Select, 
         return stmt, policy, None
     stmt = stmt.copy()
     scope = _JoinScope.of(stmt, policy)
+    reordered = _spanning_order(stmt, scope)
+    if reordered is not None:  # inner joins listed with a table before its equalities: one join graph
+        stmt, scope = reordered, _JoinScope.of(reordered, policy)
     conditions, typed = _conditions(scope)
     joined = _joined_table(scope, policy, conditions, typed)
     if scope.filters:  # an INNER JOIN's row filters mean the same in WHERE (see _equalities)
@@ -524,9 +581,76 @@ def rewrite_joins(stmt: exp.Select, policy: DatasetPolicy) -> tuple[exp.Select, 
     return stmt, with_table(policy, joined.table), joined
 
 
-def _join_tree(pairs, conditions, typed, sources, names, protected, unit_name, is_unit) -> exp.Select:
+def _edges(stmt: exp.Select, scope: _JoinScope) -> set[frozenset[int]]:
+    """The FROM positions each ON equality of two columns of two different tables connects."""
+    position = {id(s): i for i, s in enumerate(scope.sources)}
+    edges: set[frozenset[int]] = set()
+    for _s, join in scope.pairs[1:]:
+        for cond in _conjuncts(join.args["on"]):
+            if isinstance(cond, exp.EQ) and isinstance(cond.this, exp.Column) \
+                    and isinstance(cond.expression, exp.Column):
+                a, b = (position[id(scope.resolve(c)[0])] for c in (cond.this, cond.expression))
+                if a != b:
+                    edges.add(frozenset((a, b)))
+    return edges
+
+
+def _spanning_order(stmt: exp.Select, scope: _JoinScope) -> exp.Select | None:
+    """``stmt`` with its inner-joined tables reordered so that each has an equality with one before
+    it, or None when the written order already has that (or the FROM has a LEFT JOIN or USING).
+
+    Inner joins (comma joins, whose equalities the rule :mod:`dpgate.sql.rules.comma_joins` moved
+    to the ONs, and JOIN … ON) are one join graph: the same rows in any order. The order is a
+    spanning order of the graph of the column equalities, deterministic: the first table as
+    written, then repeatedly the first table in written order with an equality to one already
+    placed, so a query whose order is already valid is left as it is (its plan and plan hash
+    unchanged). Each ON conjunct moves to the ON of the latest table it names (one naming only
+    the first table to the second's: for inner joins ON and WHERE mean the same). The join
+    rewrite then checks the reordered join as any other (types, the unit graph).
+
+    Raises:
+        UnsupportedQuery: the graph is disconnected (a cross join between its parts), naming the parts.
+    """
+    pairs = scope.pairs
+    if any(s.side for s, _ in pairs) or any(j.args.get("using") for _, j in pairs[1:]):
+        return None
+    edges = _edges(stmt, scope)
+    n = len(pairs)
+    if all(any(frozenset((i, j)) in edges for j in range(i)) for i in range(1, n)):
+        return None
+    order, placed = [0], {0}
+    while len(order) < n:
+        nxt = next((i for i in range(n) if i not in placed and any(frozenset((i, j)) in edges for j in placed)),
+                   None)
+        if nxt is None:
+            parts = ", ".join(pairs[i][0].label for i in range(n) if i not in placed)
+            raise _refuse(f"the joined tables form groups with no equality between them: "
+                          f"{', '.join(pairs[i][0].label for i in order)} and {parts}: that would be a cross "
+                          "join (a cross join of protected tables would pair different units' rows; one of "
+                          "public tables is refused too); add the equality that joins them", stmt)
+        order.append(nxt)
+        placed.add(nxt)
+    where_at = {i: k for k, i in enumerate(order)}
+    position = {id(s): i for i, s in enumerate(scope.sources)}
+    ons: dict[int, list[exp.Expression]] = {}
+    for _s, join in pairs[1:]:
+        for cond in _conjuncts(join.args["on"]):
+            named = [where_at[position[id(scope.resolve(c)[0])]] for c in cond.find_all(exp.Column)
+                     if not isinstance(c.this, exp.Star) and c.find_ancestor(exp.Select) is stmt]
+            if not named:
+                continue  # ON TRUE (the comma rule's placeholder)
+            ons.setdefault(max(max(named), 1), []).append(cond.copy())
+    frm = stmt.args.get("from_") or stmt.args.get("from")
+    items = [(frm.this if i == 0 else pairs[i][1].this).copy() for i in order]
+    out = stmt.copy()
+    out.set("from_" if "from_" in out.args else "from", exp.From(this=items[0]))
+    out.set("joins", [exp.Join(this=item, on=exp.and_(*ons[k], copy=False)) for k, item in enumerate(items[1:], 1)])
+    return out
+
+
+def _join_tree(pairs, conditions, typed, sources, names, protected, unit_name, is_unit, own) -> exp.Select:
     """The joined rows as a tree: the first protected table's unit, every other declared column
-    (renamed), over the FROM with each later table's ON."""
+    (renamed), over the FROM with each later table's ON (a LEFT-joined table's own filter last)."""
     items = [sqln.alias(sqln.col(c, s.alias), names[(s.alias, c)])
              for s in sources for c in s.table.columns if not is_unit(s, c)]
     if protected:
@@ -535,6 +659,8 @@ def _join_tree(pairs, conditions, typed, sources, names, protected, unit_name, i
     joins = []
     for s, _join in pairs[1:]:
         on = [c.tree() for (a, ca, b, cb), c in zip(conditions, typed) if b is s]
+        if s.alias in own:
+            on.append(_qualified(own[s.alias], s.alias, quoted=True))
         # no equality with an earlier table: a cross join, refused when the JoinSource is built
         joins.append(exp.Join(this=s.node.relation(s.alias), on=sqln.conjunction(on) if on else None,
                               side="LEFT" if s.side == "LEFT" else None))

@@ -51,9 +51,18 @@ COUNT moves by at most 1, an outer SUM of a value with derived range ``[a, b]`` 
 Dwork & Roth 2014, Def. 3.1 for L1 sensitivity), and the planner's derivations
 (:mod:`dpgate.sensitivity`) apply unchanged to the derived ranges.
 
+**Joins in the inner query** (issue 21 item 4; TPC-H Q13). An inner FROM that joins is
+rewritten by the statement rules and the join rewrite (:func:`_inner_join`) into a
+:class:`~dpgate.sql.sources.JoinSource`, checked where it is built (protected tables joined on
+the unit, public tables on declared columns), and the per-unit table reads its joined rows: the
+bounding above runs on them (c = k·m with k, m the largest of the joined tables', the rows
+chosen by the hash of the unit's own joined rows), so the sensitivity argument is unchanged. A
+LEFT JOIN keeps a unit without matches as one row with NULLs (``COUNT(o_orderkey)`` = 0).
+
 Refused (nothing charged): an inner query grouped by anything but the privacy unit, an
 inner column neither grouped nor aggregated, an outer query naming the unit, inner
-HAVING/joins/DISTINCT/LIMIT, a per-unit subquery on a record-level or public table.
+HAVING/DISTINCT/LIMIT, an inner join that is not a valid join on the unit (it pairs two
+units' rows) or reads public tables only, a per-unit subquery on a record-level or public table.
 """
 
 from __future__ import annotations
@@ -68,8 +77,8 @@ from dpgate import limits
 from dpgate.errors import UnsupportedQuery
 from dpgate.policy import ColumnPolicy, DatasetPolicy, TablePolicy, quote_identifier as q
 from dpgate.render import nodes as sqln
-from dpgate.sql.sources import PER_UNIT_MARK, PerUnitSource, TableSource, VirtualTable, with_table
-_INNER_ARGS = {"expressions", "from_", "from", "where", "group"}
+from dpgate.sql.sources import PER_UNIT_MARK, JoinSource, PerUnitSource, Source, TableSource, VirtualTable, with_table
+_INNER_ARGS = {"expressions", "from_", "from", "where", "group", "joins"}
 _AGGS = {exp.Count: "count", exp.Sum: "sum", exp.Avg: "avg", exp.Min: "min", exp.Max: "max"}
 
 
@@ -102,6 +111,25 @@ def _range_text(col: ColumnPolicy) -> str:
     if not col.bounded:
         return "unbounded"
     return f"[{_num(col.lower, col.type)}, {_num(col.upper, col.type)}]"
+
+
+def _inner_join(inner: exp.Select, policy: DatasetPolicy
+                ) -> tuple[exp.Select, DatasetPolicy, JoinSource | None]:
+    """An inner query with a join (issue 21 item 4), rewritten to read its joined rows: the
+    statement rules (comma joins, …) then the join rewrite (:func:`dpgate.sql.joins.rewrite_joins`),
+    whose :class:`~dpgate.sql.sources.JoinSource` checks the join once, where it is built: its
+    protected tables connected by unit equalities (a join that pairs two units is refused there),
+    public tables on declared columns. ``(inner, policy, None)`` when the inner query has no join."""
+    from dpgate.sql.joins import rewrite_joins
+    from dpgate.sql.rules import apply_statement_rules
+
+    if not inner.args.get("joins"):
+        return inner, policy, None
+    inner, policy, joined = rewrite_joins(apply_statement_rules(inner), policy)
+    if joined is not None and joined.table.public:
+        raise _refuse("a per-unit subquery must read a protected table: this join reads public tables only "
+                      "(it has no privacy unit to group by)", inner)
+    return inner, policy, joined
 
 
 def _inner_table(inner: exp.Select, policy: DatasetPolicy) -> tuple[TablePolicy, Any]:
@@ -232,7 +260,10 @@ def build_source(inner: exp.Select, policy: DatasetPolicy) -> PerUnitSource:
     from dpgate.sql.rules import check_nesting
 
     check_nesting(inner)  # the outer statement's check no longer sees the inner query
+    written = inner
+    inner, policy, joined = _inner_join(inner, policy)
     table, scope = _inner_table(inner, policy)
+    reads: Source = joined if joined is not None else TableSource(table)
     unit = table.privacy_unit
     c = table.max_groups_per_unit * table.max_rows_per_unit
     columns: dict[str, ColumnPolicy] = {}
@@ -257,24 +288,30 @@ def build_source(inner: exp.Select, policy: DatasetPolicy) -> PerUnitSource:
     row_hash = ", ".join([q(unit)] + [q(n) for n in table.columns])
     bounded_rows = (
         f"SELECT *, row_number() OVER (PARTITION BY {q(unit)} ORDER BY hash({row_hash})) AS {q('__dpg_rn')} "
-        f"FROM {table.relation} WHERE {' AND '.join(conditions)}")
+        f"FROM {table.relation}{' AS ' + q(_JOINED) if joined is not None else ''} WHERE {' AND '.join(conditions)}")
     join_sql = (f"SELECT {', '.join(select)} FROM ({bounded_rows}) AS {q('__dpg_src')} "
                 f"WHERE {q('__dpg_rn')} <= {c} GROUP BY {q('__dpg_src')}.{q(unit)}")
-    join_tree = _join_tree(table, items, where, c)
+    join_tree = _join_tree(table, reads, items, where, c)
     view = VirtualTable(
-        name=PER_UNIT_MARK + inner.sql(dialect="duckdb"), dataset=policy.name, source="",
+        name=PER_UNIT_MARK + written.sql(dialect="duckdb"), dataset=policy.name, source="",
         privacy_unit=unit, max_groups_per_unit=1, max_rows_per_unit=1,
         columns=MappingProxyType(columns), path=table.path, public=False, join_sql=join_sql, join_tree=join_tree,
         per_unit=True)
-    return PerUnitSource(inner=TableSource(table), ranges=tuple(ranges), view=view)
+    return PerUnitSource(inner=reads, ranges=tuple(ranges), view=view)
 
 
 #: The inner aggregates' nodes (COUNT is built apart).
 _AGG_NODES = {"sum": exp.Sum, "avg": exp.Avg, "min": exp.Min, "max": exp.Max}
 
 
-def _join_tree(table: TablePolicy, items: list[exp.Expression], where: str | None, c: int) -> exp.Select:
-    """The per-unit table's ``join_sql`` as a tree (equal to its parse)."""
+#: The alias of the joined rows a per-unit subquery over a join reads.
+_JOINED = "__dpg_joined"
+
+
+def _join_tree(table: TablePolicy, reads: Source, items: list[exp.Expression], where: str | None, c: int
+               ) -> exp.Select:
+    """The per-unit table's ``join_sql`` as a tree (equal to its parse); ``reads`` is the declared
+    table or the join it reads."""
     from dpgate.render.bounded import row_tree
 
     unit = table.privacy_unit
@@ -284,7 +321,8 @@ def _join_tree(table: TablePolicy, items: list[exp.Expression], where: str | Non
     window = exp.Window(this=exp.RowNumber(), partition_by=[sqln.col(unit)], order=exp.Order(expressions=[
         exp.Ordered(this=sqln.anonymous("hash", *[sqln.col(x) for x in [unit, *table.columns]]), nulls_first=False)]),
         over="OVER")
-    rows = sqln.select([exp.Star(), sqln.alias(window, "__dpg_rn")], sqln.table(table.name, table.dataset),
+    relation = reads.relation(_JOINED) if isinstance(reads, JoinSource) else sqln.table(table.name, table.dataset)
+    rows = sqln.select([exp.Star(), sqln.alias(window, "__dpg_rn")], relation,
                     where=sqln.conjunction(conditions))
     return sqln.select(items, sqln.subquery(rows, "__dpg_src"),
                     where=exp.LTE(this=sqln.col("__dpg_rn"), expression=sqln.num(c)),

@@ -5,7 +5,8 @@ the plan (:attr:`dpgate.sql.plan.QueryPlan.source`, left out of the canonical fo
 
     Source = TableSource(table)                          a declared table
            | JoinSource(tables, conditions) → unit_edges  a join (dpgate.sql.joins)
-           | PerUnitSource(inner, ranges)                 a per-unit subquery (dpgate.sql.per_unit)
+           | PerUnitSource(inner, ranges)                 a per-unit subquery over a TableSource or a
+                                                          JoinSource (dpgate.sql.per_unit)
            | UnitPathSource(table, steps)                 a unit through foreign keys (dpgate.sql.unit_paths)
 
 Each node checks its own invariants in its constructor, so a node that could not be valid
@@ -406,10 +407,15 @@ class JoinSource(Source):
     tables: tuple[Occurrence, ...]
     conditions: tuple[JoinCondition, ...]
     view: VirtualTable
+    #: the LEFT-joined occurrences whose ON also filters their own rows (TPC-H Q13's ``o_comment NOT
+    #: LIKE …``): a filter of one table's rows, never an edge of the unit graph
+    left_filters: tuple[str, ...] = ()
     unit_graph: UnitGraph = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         position = {o.alias: i for i, o in enumerate(self.tables)}
+        if any(a not in position or self.tables[position[a]].side != "LEFT" for a in self.left_filters):
+            raise Internal("a join's own-row filter belongs to a LEFT-joined occurrence")
         for c in self.conditions:
             c.check_types()
             if c.left.alias not in position or c.right.alias not in position \
@@ -419,8 +425,8 @@ class JoinSource(Source):
             if not any(c.right.alias == o.alias for c in self.conditions):
                 raise UnsupportedQuery(
                     f"the ON of JOIN {o.label} compares no column of {o.written or o.alias} with a table before it: "
-                    "it would be a cross join (every join needs an equality with the tables before it; in a comma "
-                    "join, list the tables so that each has an equality with one listed before it)", {})
+                    "it would be a cross join (every join needs an equality with the tables before it; inner "
+                    "joins are reordered so, a LEFT JOIN keeps its place)", {})
         by_alias = {o.alias: o for o in self.tables}
         for c in self.conditions:
             if c.hop:
@@ -496,7 +502,9 @@ class PerUnitSource(Source):
     """A per-unit subquery's rows: one per unit of its inner table (:mod:`dpgate.sql.per_unit`).
 
     Attributes:
-        inner: the protected table the inner query reads.
+        inner: what the inner query reads: a protected table, or a join (issue 21 item 4) whose
+            :class:`JoinSource` was checked when built (its protected tables joined on the unit, so
+            each joined row is one unit's; public tables on declared columns).
         ranges: ``(column, "SUM(x): [lo, hi]")`` per outer column: its derived range, for humans.
         view: the :class:`VirtualTable` of the per-unit rows (k = m = 1; columns the inner
             aggregates with their derived ranges).
@@ -506,12 +514,14 @@ class PerUnitSource(Source):
             row per unit of that unit, or the ranges do not name the view's columns.
     """
 
-    inner: TableSource
+    inner: "TableSource | JoinSource"
     ranges: tuple[tuple[str, str], ...]
     view: VirtualTable
 
     def __post_init__(self) -> None:
         t, v = self.inner.table, self.view
+        if not isinstance(self.inner, (TableSource, JoinSource)):
+            raise Internal("a per-unit source reads a declared table or a join (a JoinSource, checked when built)")
         if t.public or t.record_level:
             raise Internal(f"a per-unit source reads a table with a privacy unit, not {t.name!r}")
         if (v.max_groups_per_unit, v.max_rows_per_unit) != (1, 1) or v.privacy_unit != t.privacy_unit \

@@ -113,6 +113,14 @@ def _path_table(node: exp.Table, policy: DatasetPolicy) -> TablePolicy | None:
     return table if table is not None and table.unit_path is not None else None
 
 
+def _mergeable(sub: exp.Subquery) -> bool:
+    """A derived table the rule merge_derived_tables merges: a SELECT without GROUP BY, aggregates,
+    DISTINCT, LIMIT, HAVING, windows or subqueries of its own (a per-unit subquery stays one)."""
+    inner = sub.this
+    return (isinstance(inner, exp.Select) and not inner.find(exp.AggFunc, exp.Window, exp.Subquery)
+            and not any(inner.args.get(k) for k in ("group", "having", "distinct", "limit", "offset", "qualify")))
+
+
 def rewrite_unit_paths(stmt: exp.Select, policy: DatasetPolicy
                        ) -> tuple[exp.Select, DatasetPolicy, UnitPathSource | None]:
     """Rewrite a SELECT whose FROM is a path table into one over its
@@ -131,6 +139,13 @@ def rewrite_unit_paths(stmt: exp.Select, policy: DatasetPolicy
     found = [(n, t) for n in stmt.find_all(exp.Table) if (t := _path_table(n, policy)) is not None]
     if not found:
         return stmt, policy, None
+    if frm is not None and isinstance(frm.this, exp.Subquery) and _mergeable(frm.this):
+        # a derived table that only filters and projects a join (TPC-H Q7–Q9 on the spec's layout):
+        # merged first (rule merge_derived_tables, which the statement rules apply anyway), so its
+        # path tables are the query's own FROM and JOIN items
+        from dpgate.sql.rules import merge_derived_tables
+
+        return rewrite_unit_paths(merge_derived_tables(stmt), policy)
     node, table = found[0]
     if stmt.args.get("joins"):
         # a join (issue 21 item 1): each path table of the FROM is a UnitPathSource of the join

@@ -28,6 +28,9 @@ optimizer fixture format: an input statement, then the expected output; run by
   with no other clause → the query;
 * :func:`~dpgate.sql.rules.merge_derived_tables.merge_derived_tables` — a derived table that
   filters and projects one table merged into the query;
+* :func:`~dpgate.sql.rules.factor_or_equalities.factor_or_equalities` — ``(a.k = b.k AND x) OR
+  (a.k = b.k AND y)`` → ``a.k = b.k AND (x OR y)`` (an equality in every branch of an OR in WHERE,
+  factored out so that the next rule sees a comma join's condition; TPC-H Q19);
 * :func:`~dpgate.sql.rules.comma_joins.comma_joins` — ``FROM a, b WHERE a.k = b.k`` →
   ``FROM a JOIN b ON a.k = b.k`` (issue 21 item 3; the join rewrite then checks the ON);
 * :func:`check_merged_nesting` — the nesting check again, parentheses the merge added not
@@ -47,6 +50,7 @@ from sqlglot import exp
 from dpgate.sql.rules.base import MAX_DEPTH
 from dpgate.sql.rules.column_lists import column_lists
 from dpgate.sql.rules.comma_joins import comma_joins
+from dpgate.sql.rules.factor_or_equalities import factor_or_equalities
 from dpgate.sql.rules.group_by_all import group_by_all
 from dpgate.sql.rules.inline_ctes import inline_ctes
 from dpgate.sql.rules.left_to_substring import left_to_substring
@@ -66,7 +70,7 @@ from dpgate.sql.rules.unwrap_select_star import unwrap_select_star
 __all__ = [
     "MAX_DEPTH", "MAX_NESTING", "MAX_TREE_DEPTH", "RULES", "SYNTAX_RULES", "apply_statement_rules",
     "apply_syntax_rules", "check_merged_nesting", "check_nesting", "column_lists", "comma_joins", "expression_depth",
-    "group_by_all", "inline_ctes", "left_to_substring", "merge_derived_tables", "nesting_refusal",
+    "factor_or_equalities", "group_by_all", "inline_ctes", "left_to_substring", "merge_derived_tables", "nesting_refusal",
     "or_equalities_to_in", "parser_nesting_refusal", "tree_depth", "unwrap_select_star",
 ]
 
@@ -88,7 +92,8 @@ def check_merged_nesting(stmt: exp.Select) -> exp.Select:
 
 #: The statement rules, in the order :func:`apply_statement_rules` applies them.
 RULES: tuple[Rule, ...] = (column_lists, group_by_all, left_to_substring, or_equalities_to_in, nesting,
-                          inline_ctes, unwrap_select_star, merge_derived_tables, comma_joins, check_merged_nesting)
+                          inline_ctes, unwrap_select_star, merge_derived_tables, factor_or_equalities, comma_joins,
+                          check_merged_nesting)
 
 #: The syntactic rules the compiler applies before the per-unit and join hooks (a subsequence
 #: of :data:`RULES`, in its order).

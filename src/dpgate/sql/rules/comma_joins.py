@@ -78,11 +78,14 @@ def comma_joins(stmt: exp.Select) -> exp.Select:
     top-level equalities of two columns (``Column = Column``) into the ON of the comma-joined
     table they connect, so that the join rewrite (:mod:`dpgate.sql.joins`) checks them like any
     written ON: types, the unit graph, LEFT-join placement. Equalities with an unqualified side
-    go to the last comma-joined table (the rule has no schema), and every comma join before it
-    that received none gets ``ON TRUE``; the join rewrite resolves the columns, moves each
-    equality to the ON of the later table it compares and drops ``ON TRUE``, so the plan (and its
-    hash) is that of the query written with JOIN … ON. A comma-joined table left without any
-    equality stays a comma join: a cross join, refused by the join rewrite. Only the statement's
+    go to the last comma-joined table (the rule has no schema), and every comma join before the
+    last one that received an equality gets ``ON TRUE`` if it received none; the join rewrite
+    resolves the columns, lists the tables so that each has an equality with one before it (a
+    spanning order of the equality graph: the order the analyst lists them in does not matter),
+    moves each equality to the ON of the later table it compares and drops ``ON TRUE``, so the
+    plan (and its hash) is that of the query written with JOIN … ON. A comma-joined table after
+    every equality stays a comma join: a cross join, refused by the join rewrite (as is a graph in
+    several parts). Only the statement's
     own FROM is rewritten (not subqueries); other conjuncts and the order of the rest are kept.
     """
     frm = from_clause(stmt)
@@ -93,14 +96,12 @@ def comma_joins(stmt: exp.Select) -> exp.Select:
     comma = [False] + [_is_comma(j) for j in joins]
     names = [_names(i) for i in items]
     kept, moved = [], {}
-    floating = False
     for cond in _conjuncts(stmt.args["where"].this):
         target = _target(cond, names, comma)
         if target is None:
             kept.append(cond)
             continue
         moved.setdefault(target, []).append(cond)
-        floating = floating or any(side.args.get("table") is None for side in (cond.this, cond.expression))
     if not moved:
         return stmt
     stmt = stmt.copy()
@@ -110,7 +111,7 @@ def comma_joins(stmt: exp.Select) -> exp.Select:
         join = join.copy()
         if i in moved:
             join.set("on", exp.and_(*[c.copy() for c in moved[i]]))
-        elif comma[i] and floating and i < last_moved:
+        elif comma[i] and i < last_moved:
             join.set("on", exp.true())
         new_joins.append(join)
     stmt.set("joins", new_joins)
