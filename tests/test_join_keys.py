@@ -31,7 +31,7 @@ from dpgate.errors import UnsupportedQuery
 from dpgate.sensitivity import sensitivities
 from dpgate.service import Gateway
 from dpgate.settings import Settings
-from dpgate.sql.bound import bounded_sql
+from dpgate.sql.bound import bounded_query, bounded_sql
 from dpgate.sql.sources import JoinSource, plan_policy
 from dpgate.sql.parse import parse_query
 from _engines import as_query
@@ -196,7 +196,7 @@ def test_extra_key_joins_render_on_every_engine():
     plan = parse_query("SELECT a.g, COUNT(*), SUM(b.w) FROM a, b WHERE a.uid = b.uid AND a.pk = b.pk "
                        "AND a.v < b.w GROUP BY a.g", policy)
     full = plan_policy(plan, policy)
-    sql = bounded_sql(plan, full, salt=0)
+    sql = bounded_query(plan, full, salt=0)  # the planner's tree (typed: PostgreSQL/Spark rewrite its TRY)
     engines = {"duckdb": duckdb_engine(full), "postgres": postgres_engine(full), "spark": spark_engine(full)}
     dialects = {"duckdb": "duckdb", "postgres": "postgres", "spark": "spark"}
     rendered = 0
