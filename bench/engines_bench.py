@@ -127,7 +127,7 @@ def _digest(columns: dict) -> str:
 def worker(engine: str, data: Path, runs: int, pg_schema: str | None) -> dict:
     """Load one engine and time the queries; returns the result record."""
     from dpgate.engines import EngineOptions, EngineSet
-    from dpgate.sql.bound import bounded_sql
+    from dpgate.sql.bound import bounded_query
     import dpgate.pipeline.planning  # noqa: F401 - installs the planner's table-less evaluator
     from dpgate.sql.parse import parse_query
 
@@ -153,7 +153,7 @@ def worker(engine: str, data: Path, runs: int, pg_schema: str | None) -> dict:
     with PeakMemory() as mem:
         for name, sql in QUERIES.items():
             plan = parse_query(sql, policy)
-            bounded = bounded_sql(plan, policy, salt=20261130)
+            bounded = bounded_query(plan, policy, salt=20261130)
             engines.execute(bounded)  # warm-up (caches, JIT, file system)
             seconds, out = _median(lambda: engines.execute(bounded), runs)
             record["queries"][name] = {"bounded_s": round(seconds, 3), "digest": _digest(out)}
@@ -202,7 +202,7 @@ def fast_path(data: Path, runs: int) -> dict:
     """Bounded SQL, general form vs unit-unique fast path of the same plan, on DuckDB in memory."""
     from dpgate.engines import EngineSet
     from dpgate.policy import parse_policy
-    from dpgate.sql.bound import bounded_sql
+    from dpgate.sql.bound import bounded_query
     import dpgate.pipeline.planning  # noqa: F401 - installs the planner's table-less evaluator
     from dpgate.sql.parse import parse_query
 
@@ -218,8 +218,8 @@ def fast_path(data: Path, runs: int) -> dict:
                     "unit_is_unique": engines.unit_is_unique(policy.name, "pums"), "queries": {}}
     for name, sql in PUMS_QUERIES.items():
         plan = parse_query(sql, policy)
-        slow_sql = bounded_sql(plan, policy, salt=7)
-        fast_sql = bounded_sql(plan, policy, salt=7, unit_unique=True)  # what the gateway runs here
+        slow_sql = bounded_query(plan, policy, salt=7)
+        fast_sql = bounded_query(plan, policy, salt=7, unit_unique=True)  # what the gateway runs here
         slow_t, fast_t = [], []
         a = engines.execute(slow_sql)
         b = engines.execute(fast_sql)

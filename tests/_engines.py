@@ -114,3 +114,19 @@ def write_policy(folder: Path, name: str, dataset_lines: str, tables: str) -> Pa
         """) + textwrap.dedent(tables)
     )
     return pol
+
+
+def as_query(query):
+    """What the engines run, for tests: a query tree as it is; DuckDB text (hand-written, or one of
+    the planner's text builders: ``bounded_sql``, ``histogram_sql``) parsed by
+    :func:`dpgate.rendered.parse_generated`, with the renderer's flags read from the text builders'
+    generated names (``__dpg_unique_rows``: the per-unit step skipped; ``__dpg_rn``: a per-unit
+    subquery). Text carries no planner types: engines that rewrite ``TRY`` (PostgreSQL, Spark)
+    need the planner's trees (``bounded_query``, ``histogram_query``) for those."""
+    from sqlglot import exp
+
+    from dpgate.rendered import parse_generated
+
+    if isinstance(query, exp.Expression):
+        return query
+    return parse_generated(query, unit_unique='"__dpg_unique_rows"' in query, per_unit='"__dpg_rn"' in query)

@@ -48,12 +48,12 @@ from _golden_render import duckdb_engine, postgres_engine, spark_engine
 
 from dpgate.errors import DpgateError
 from dpgate.policy import DatasetPolicy, load_policy
-from dpgate.sql.bound import bounded_sql
+from dpgate.sql.bound import bounded_query
 from dpgate.sql.explain import explain_query
 from dpgate.sql.sources import TableSource, plan_policy
 from dpgate.sql.parse import parse_query
-from dpgate.sql.public import exact_sql, reads_public_only, releases_public_keys_only
-from dpgate.sql.quantile import histogram_sql
+from dpgate.sql.public import exact_query, reads_public_only, releases_public_keys_only
+from dpgate.sql.quantile import histogram_query
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -189,22 +189,22 @@ def strategy(plan, policy: DatasetPolicy) -> dict[str, Any]:
     }
 
 
-def statements(plan, policy: DatasetPolicy, *, unit_unique: bool) -> list[str]:
-    """The SQL the gateway hands the engine for ``plan`` with salt 0 (the runners' prepare, dpgate.pipeline.runners;
-    the exact SQL of a public-only query; none for a keys-only query)."""
+def statements(plan, policy: DatasetPolicy, *, unit_unique: bool) -> list:
+    """The trees the gateway hands the engine for ``plan`` with salt 0 (the runners' prepare,
+    dpgate.pipeline.runners; the exact query of a public-only query; none for a keys-only query)."""
     if reads_public_only(plan, policy):
-        return [exact_sql(plan, policy)]
+        return [exact_query(plan, policy)]
     if releases_public_keys_only(plan, policy):
         return []
     quantile_columns = list(dict.fromkeys(p.column for p in plan.primitives if p.kind == "quantile"))
     base = replace(plan, primitives=tuple(p for p in plan.primitives if p.kind != "quantile"))
-    out = [bounded_sql(base, policy, salt=0, unit_unique=unit_unique)] if base.primitives else []
-    return out + [histogram_sql(plan, policy, c, salt=0) for c in quantile_columns]
+    out = [bounded_query(base, policy, salt=0, unit_unique=unit_unique)] if base.primitives else []
+    return out + [histogram_query(plan, policy, c, salt=0) for c in quantile_columns]
 
 
-def _render(engine, sql: str) -> str | dict[str, str]:
+def _render(engine, tree) -> str | dict[str, str]:
     try:
-        return engine.render(sql)
+        return engine.render(tree)
     except DpgateError as e:
         return {"refused": type(e).__name__, "message": e.message}
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from _engines import PG_URL, pg_schema, pg_unavailable
+from _engines import as_query, PG_URL, pg_schema, pg_unavailable
 from dpgate.engines import EngineSet
 from dpgate.policy import load_policies, load_policy
 
@@ -71,7 +71,7 @@ def test_compose_sample_dataset_runs_on_the_postgres_engine(tmp_path):
     reason = pg_unavailable()
     if reason:
         pytest.skip(reason)
-    from dpgate.sql.bound import bounded_sql
+    from dpgate.sql.bound import bounded_query
     from dpgate.sql.parse import parse_query
 
     sql = (REPO / "docker" / "postgres" / "sample_orders.sql.in").read_text()
@@ -89,6 +89,6 @@ def test_compose_sample_dataset_runs_on_the_postgres_engine(tmp_path):
             e.load({"warehouse": policy})
             assert e.describe("warehouse")["versioned_by"] == "version_sql"
             plan = parse_query("SELECT region, COUNT(*), AVG(amount) FROM orders GROUP BY region", policy)
-            out = e.execute(bounded_sql(plan, policy, salt=1))
+            out = e.execute(as_query(bounded_query(plan, policy, salt=1)))
             assert out["region"].tolist() == ["eu", "us", "apac", "latam", "africa"]
             assert 100_000 < sum(out["p0"].tolist()) <= 200_000

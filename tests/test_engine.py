@@ -21,6 +21,7 @@ from dpgate.engines import EngineOptions, EngineSet as Engine, source_fingerprin
 from dpgate.errors import Conflict, ExecutionError, PolicyError, QueryTimeout
 from dpgate.policy import load_policies, load_policy
 from tests.shared_data import smartnoise_dir
+from _engines import as_query
 
 SHARED = smartnoise_dir()
 
@@ -95,7 +96,7 @@ def test_csv_hostile_values_load_with_try_cast(hostile, engine):
     lines = []
     versions = engine.load(hostile, progress=lines.append)
     assert lines == [f"loading ds.h ({len(HOSTILE_CSV.encode())} B, in memory)…"]
-    out = engine.execute('SELECT * FROM "ds"."h"')
+    out = engine.execute(as_query('SELECT * FROM "ds"."h"'))
     # Only the declared columns (policy spelling) and the unit column; "extra" is not loaded.
     assert list(out) == ["x", "N", "flag", "name", "UID"]
     x = out["x"]
@@ -141,7 +142,7 @@ def test_parquet_source_with_native_types(tmp_path, engine):
         week = { type = "int", public_keys = "range(0, 5)" }
         """)
     engine.load(load_policies(folder))
-    out = engine.execute('SELECT * FROM "ds"."p" ORDER BY user_id')
+    out = engine.execute(as_query('SELECT * FROM "ds"."p" ORDER BY user_id'))
     assert list(out) == ["tokens", "week", "user_id"]
     assert out["user_id"].dtype == np.int64 and out["user_id"].tolist() == [10, 11, 12]
     assert out["week"].tolist() == [1, None, 3]
@@ -162,11 +163,11 @@ def test_duckdb_source_attached_read_only(tmp_path, engine):
         """)
     versions = engine.load(load_policies(folder))
     assert versions["ds"] == source_fingerprint([db])
-    out = engine.execute('SELECT sum(v) AS s, count(*) AS c FROM "ds"."e"')
+    out = engine.execute(as_query('SELECT sum(v) AS s, count(*) AS c FROM "ds"."e"'))
     assert out["s"].tolist() == [20] and out["c"].tolist() == [5]
     # The source file was detached: it is not reachable from queries.
     with pytest.raises(ExecutionError):
-        engine.execute("SELECT * FROM __dpgate_source.events")
+        engine.execute(as_query("SELECT * FROM __dpgate_source.events"))
 
 
 def test_shared_smartnoise_csv(engine, tmp_path):
@@ -181,7 +182,7 @@ def test_shared_smartnoise_csv(engine, tmp_path):
         Segment = {{ type = "text", public_keys = ["A", "B", "C"] }}
         """)
     engine.load(load_policies(folder))
-    out = engine.execute('SELECT count(*) AS n, count(DISTINCT "UserId") AS u FROM "ds"."d1"')
+    out = engine.execute(as_query('SELECT count(*) AS n, count(DISTINCT "UserId") AS u FROM "ds"."d1"'))
     assert out["n"].tolist() == [1000] and out["u"].tolist() == [1000]
 
 
@@ -215,7 +216,7 @@ def test_missing_file_and_unknown_kind(tmp_path, engine):
     with pytest.raises(PolicyError, match="not found"):
         engine.load(load_policies(folder))
     with pytest.raises(ExecutionError, match="closed"):  # a failed load closes the engine
-        engine.execute("SELECT 1")
+        engine.execute(as_query("SELECT 1"))
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "h.json").write_text("{}")
     folder = write_policy(tmp_path, """
@@ -261,7 +262,7 @@ def test_malformed_csv_error_carries_no_data(tmp_path, engine):
 def test_no_file_access_after_load(hostile, engine, sql):
     engine.load(hostile)
     with pytest.raises(ExecutionError) as info:
-        engine.execute(sql)
+        engine.execute(as_query(sql))
     assert "passwd" not in info.value.message
 
 
@@ -284,7 +285,7 @@ def test_locked_configuration(hostile, engine, statement):
     engine.load(hostile)
     # execute() runs only SELECTs …
     with pytest.raises(ExecutionError):
-        engine.execute(statement)
+        engine.execute(as_query(statement))
     # … and DuckDB itself refuses each of these on the locked connection.
     cursor = engine.engine("ds")._con.cursor()
     with pytest.raises(duckdb.Error):
@@ -301,14 +302,14 @@ def test_locked_configuration(hostile, engine, statement):
 def test_load_once_and_execute_only_after_load(hostile):
     e = Engine()
     with pytest.raises(ExecutionError, match="load"):
-        e.execute("SELECT 1")
+        e.execute(as_query("SELECT 1"))
     e.load(hostile)
     with pytest.raises(ExecutionError, match="already loaded"):
         e.load(hostile)
     e.close()
     e.close()  # idempotent
     with pytest.raises(ExecutionError, match="closed"):
-        e.execute("SELECT 1")
+        e.execute(as_query("SELECT 1"))
 
 
 @pytest.mark.parametrize("sql", ["SELECT 1; SELECT 2", "DROP TABLE \"ds\".\"h\"",
@@ -316,8 +317,8 @@ def test_load_once_and_execute_only_after_load(hostile):
 def test_only_one_select(hostile, engine, sql):
     engine.load(hostile)
     with pytest.raises(ExecutionError):
-        engine.execute(sql)
-    assert len(engine.execute('SELECT * FROM "ds"."h"')["x"]) == 7  # untouched
+        engine.execute(as_query(sql))
+    assert len(engine.execute(as_query('SELECT * FROM "ds"."h"'))["x"]) == 7  # untouched
 
 
 # --- execution ----------------------------------------------------------------------------------
@@ -328,19 +329,19 @@ def test_timeout_interrupts_a_slow_query(hostile):
     e.load(hostile)
     slow = "SELECT count(*) AS c FROM range(100000000000) t(i) WHERE i % 7 = 3"
     with pytest.raises(QueryTimeout) as info:
-        e.execute(slow)
+        e.execute(as_query(slow))
     assert info.value.details == {"timeout_s": 0.2}
-    assert e.execute("SELECT 42 AS v")["v"].tolist() == [42]  # the engine is still usable
+    assert e.execute(as_query("SELECT 42 AS v"))["v"].tolist() == [42]  # the engine is still usable
     e.close()
 
 
 def test_result_types_are_lossless(hostile, engine):
     engine.load(hostile)
-    out = engine.execute(
+    out = engine.execute(as_query(
         "SELECT 5::HUGEINT AS h, (2::HUGEINT ** 100)::HUGEINT AS big, 3::BIGINT AS b, "
         "2.5::DOUBLE AS d, 1.25::DECIMAL(5, 2) AS dec, true AS t, 'eu' AS s, NULL::BIGINT AS n, "
         "18446744073709551615::UBIGINT AS u"
-    )
+    ))
     assert out["h"].dtype == np.int64 and out["h"].tolist() == [5]
     assert out["big"].dtype == object and out["big"].tolist() == [2**100]  # exact
     assert out["b"].dtype == np.int64
@@ -352,14 +353,14 @@ def test_result_types_are_lossless(hostile, engine):
 
 def test_sum_of_bigint_is_hugeint_and_returned_as_int64(hostile, engine):
     engine.load(hostile)
-    out = engine.execute("SELECT sum(i) AS s FROM range(1000) t(i)")
+    out = engine.execute(as_query("SELECT sum(i) AS s FROM range(1000) t(i)"))
     assert out["s"].dtype == np.int64 and out["s"].tolist() == [499500]
 
 
 def test_duckdb_errors_carry_no_data(hostile, engine):
     engine.load(hostile)
     with pytest.raises(ExecutionError) as info:
-        engine.execute("SELECT CAST(name AS INTEGER) AS v FROM \"ds\".\"h\"")  # 'a' → error
+        engine.execute(as_query("SELECT CAST(name AS INTEGER) AS v FROM \"ds\".\"h\""))  # 'a' → error
     assert "'a'" not in info.value.message and "Conversion" in info.value.message
 
 
@@ -370,7 +371,7 @@ def test_concurrent_queries_from_threads(hostile, engine):
     def work():
         try:
             for _ in range(20):
-                results.append(engine.execute("SELECT sum(i) AS s FROM range(10000) t(i)")["s"][0])
+                results.append(engine.execute(as_query("SELECT sum(i) AS s FROM range(10000) t(i)"))["s"][0])
         except Exception as e:  # noqa: BLE001
             errors.append(e)
 
@@ -417,7 +418,7 @@ def test_loaded_like_the_planner_fixture(tmp_path):
     policy = load_policy(write_policy(tmp_path, HOSTILE_TABLE) / "ds.toml")
     with Engine() as e:
         e.load({"ds": policy})
-        assert len(e.execute(f"SELECT * FROM {policy.table('h').relation}")["x"]) == 7
+        assert len(e.execute(as_query(f"SELECT * FROM {policy.table('h').relation}"))["x"]) == 7
 
 
 # --- the privacy unit is kept as stored (issue 9, item 2) --------------------------------------
@@ -451,9 +452,9 @@ def test_int_unit_over_non_canonical_text_is_refused_not_merged(tmp_path):
 def test_text_unit_keeps_every_id_as_stored(tmp_path):
     with Engine() as e:
         e.load(_unit_policy(tmp_path, '{ type = "text" }'))
-        out = e.execute('SELECT uid FROM "ds"."u"')
+        out = e.execute(as_query('SELECT uid FROM "ds"."u"'))
         assert out["uid"].tolist() == ["7", "07", "7.4", "6.6", " 7", "+7"]
-        n = e.execute('SELECT count(DISTINCT uid) AS n FROM "ds"."u"')["n"].tolist()
+        n = e.execute(as_query('SELECT count(DISTINCT uid) AS n FROM "ds"."u"'))["n"].tolist()
         assert n == [6]
 
 
@@ -461,7 +462,7 @@ def test_canonical_int_unit_is_cast_losslessly(tmp_path):
     csv = "uid,k\n7,1\n-12,0\n0,1\n9223372036854775807,1\n,1\nNULL,0\n"
     with Engine() as e:
         e.load(_unit_policy(tmp_path, '{ type = "int" }', csv))
-        out = e.execute('SELECT uid FROM "ds"."u"')
+        out = e.execute(as_query('SELECT uid FROM "ds"."u"'))
         assert out["uid"].tolist() == [7, -12, 0, 2**63 - 1, None, None]
 
 
@@ -470,7 +471,7 @@ def test_null_like_units_are_dropped_never_merged(tmp_path, token):
     csv = f'uid,k\na,1\n"{token}",1\n"{token}",1\nb,1\n'
     with Engine() as e:
         e.load(_unit_policy(tmp_path, "", csv))
-        out = e.execute('SELECT uid FROM "ds"."u"')
+        out = e.execute(as_query('SELECT uid FROM "ds"."u"'))
         assert out["uid"].tolist() == ["a", None, None, "b"]
 
 
@@ -552,7 +553,7 @@ def test_memory_and_in_place_give_the_same_table(tmp_path, load):
         lines = []
         e.load(_parquet_policy(tmp_path, load), progress=lines.append)
         assert ("in place" in lines[0]) == (load == "in_place")
-        out = e.execute('SELECT count(*) AS n, sum(x) AS s, count(DISTINCT uid) AS u FROM "ds"."p"')
+        out = e.execute(as_query('SELECT count(*) AS n, sum(x) AS s, count(DISTINCT uid) AS u FROM "ds"."p"'))
         assert out["n"].tolist() == [1000] and out["s"].tolist() == [sum(i % 7 for i in range(1000))]
         assert e.describe("ds")["tables"] == {"p": {"load": load}}
         assert e.unit_is_unique("ds", "p") is True
@@ -581,10 +582,10 @@ def test_in_place_database_reads_only_its_own_files(tmp_path):
     with Engine() as e:
         e.load(policies)
         with pytest.raises(ExecutionError):
-            e.execute(f"SELECT * FROM read_parquet('{other}')")
+            e.execute(as_query(f"SELECT * FROM read_parquet('{other}')"))
         with pytest.raises(ExecutionError):
-            e.execute("SELECT * FROM read_csv('/etc/passwd')")
-        assert e.execute('SELECT count(*) AS n FROM "ds"."p"')["n"].tolist() == [1000]
+            e.execute(as_query("SELECT * FROM read_csv('/etc/passwd')"))
+        assert e.execute(as_query('SELECT count(*) AS n FROM "ds"."p"'))["n"].tolist() == [1000]
 
 
 def test_in_place_file_changed_is_refused_until_reload(tmp_path):
@@ -594,12 +595,12 @@ def test_in_place_file_changed_is_refused_until_reload(tmp_path):
         pq.write_table(pa.table({"uid": np.arange(5), "x": np.ones(5, dtype=np.int64)}),
                        tmp_path / "data" / "p.parquet")
         with pytest.raises(Conflict, match="reload"):
-            e.execute('SELECT count(*) AS n FROM "ds"."p"')
+            e.execute(as_query('SELECT count(*) AS n FROM "ds"."p"'))
         with pytest.raises(Conflict):
-            e.check('SELECT count(*) AS n FROM "ds"."p"')
+            e.check(as_query('SELECT count(*) AS n FROM "ds"."p"'))
         report = e.reload("ds")
         assert report.data_version != v1
-        assert e.execute('SELECT count(*) AS n FROM "ds"."p"')["n"].tolist() == [5]
+        assert e.execute(as_query('SELECT count(*) AS n FROM "ds"."p"'))["n"].tolist() == [5]
 
 
 def test_reload_swaps_memory_data_and_keeps_old_engine_for_running_queries(tmp_path):
@@ -610,14 +611,14 @@ def test_reload_swaps_memory_data_and_keeps_old_engine_for_running_queries(tmp_p
         pq.write_table(pa.table({"uid": np.arange(3), "x": np.ones(3, dtype=np.int64)}),
                        tmp_path / "data" / "p.parquet")
         # memory mode copied the data: still the old rows until the reload
-        assert e.execute('SELECT count(*) AS n FROM "ds"."p"')["n"].tolist() == [1000]
+        assert e.execute(as_query('SELECT count(*) AS n FROM "ds"."p"'))["n"].tolist() == [1000]
         started, release = threading.Event(), threading.Event()
         result = {}
 
         def slow(engine):
             started.set()
             release.wait(10)
-            return engine.execute('SELECT count(*) AS n FROM "ds"."p"')
+            return engine.execute(as_query('SELECT count(*) AS n FROM "ds"."p"'))
 
         t = threading.Thread(target=lambda: result.update(n=e._run("ds", slow)))
         t.start()
@@ -627,9 +628,9 @@ def test_reload_swaps_memory_data_and_keeps_old_engine_for_running_queries(tmp_p
         release.set()
         t.join(10)
         assert result["n"]["n"].tolist() == [1000]  # finished on the old data
-        assert e.execute('SELECT count(*) AS n FROM "ds"."p"')["n"].tolist() == [3]
+        assert e.execute(as_query('SELECT count(*) AS n FROM "ds"."p"'))["n"].tolist() == [3]
         with pytest.raises(ExecutionError, match="closed"):  # the old engine was closed afterwards
-            old.execute("SELECT 1")
+            old.execute(as_query("SELECT 1"))
 
 
 def test_failed_reload_keeps_serving_old_data(tmp_path):
@@ -639,7 +640,7 @@ def test_failed_reload_keeps_serving_old_data(tmp_path):
         (tmp_path / "data" / "p.parquet").write_text("not parquet")
         with pytest.raises(PolicyError):
             e.reload("ds")
-        assert e.execute('SELECT count(*) AS n FROM "ds"."p"')["n"].tolist() == [1000]
+        assert e.execute(as_query('SELECT count(*) AS n FROM "ds"."p"'))["n"].tolist() == [1000]
 
 
 def test_routing_by_dataset(tmp_path):
@@ -652,9 +653,9 @@ def test_routing_by_dataset(tmp_path):
     b = load_policies(folder)
     with Engine() as e:
         e.load({**a, **b})
-        assert e.execute('SELECT count(*) AS n FROM "ds"."p"')["n"].tolist() == [1000]
-        assert e.execute('SELECT count(*) AS n FROM "other"."h"')["n"].tolist() == [7]
+        assert e.execute(as_query('SELECT count(*) AS n FROM "ds"."p"'))["n"].tolist() == [1000]
+        assert e.execute(as_query('SELECT count(*) AS n FROM "other"."h"'))["n"].tolist() == [7]
         with pytest.raises(ExecutionError, match="exactly one dataset"):
-            e.execute('SELECT count(*) AS n FROM "ds"."p", "other"."h"')
+            e.execute(as_query('SELECT count(*) AS n FROM "ds"."p", "other"."h"'))
         with pytest.raises(ExecutionError):
-            e.execute("SELECT 1 AS x")  # no dataset named, several loaded
+            e.execute(as_query("SELECT 1 AS x"))  # no dataset named, several loaded

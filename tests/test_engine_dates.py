@@ -28,11 +28,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from _engines import PG_URL, pg_schema, pg_unavailable, spark_unavailable, write_policy
+from _engines import as_query, PG_URL, pg_schema, pg_unavailable, spark_unavailable, write_policy
 from dpgate.engines import EngineOptions, EngineSet
 from dpgate.errors import PolicyError
 from dpgate.policy import load_policies
-from dpgate.sql.bound import bounded_sql
+from dpgate.sql.bound import bounded_query
 from dpgate.sql.parse import parse_query
 
 TABLES = """
@@ -208,8 +208,8 @@ def reference(data_dir):
     e.close()
 
 
-def _bounded(policy, sql: str, salt: int) -> str:
-    return bounded_sql(parse_query(sql, policy), policy, salt=salt)
+def _bounded(policy, sql: str, salt: int):
+    return bounded_query(parse_query(sql, policy), policy, salt=salt)
 
 
 def _same_answers(engines: EngineSet, kind: str, reference: EngineSet, policy, salts=SALTS,
@@ -219,8 +219,8 @@ def _same_answers(engines: EngineSet, kind: str, reference: EngineSet, policy, s
         for salt in salts:
             bounded = _bounded(policy, sql, salt)
             try:
-                engines.check(bounded)
-                want, got = reference.execute(bounded), engines.execute(bounded)
+                engines.check(as_query(bounded))
+                want, got = reference.execute(as_query(bounded)), engines.execute(as_query(bounded))
             except Exception as e:  # noqa: BLE001 - collected, reported together
                 problems.append(f"{sql!r}: {type(e).__name__}: {str(e)[:200]}")
                 break
@@ -236,13 +236,13 @@ def test_the_date_data_exercises_what_it_should(reference, policy):
     """The hostile rows are there and the queries reach them (so the parity tests compare
     something): extreme years are counted, in-range keys are not all empty."""
     rel = '"lib"."checkouts"'
-    n = reference.execute(f"SELECT count(*) AS n FROM {rel} WHERE year(day) < 1 OR year(day) > 9999")["n"]
+    n = reference.execute(as_query(f"SELECT count(*) AS n FROM {rel} WHERE year(day) < 1 OR year(day) > 9999"))["n"]
     assert n.tolist() == [8 * 4]  # 44 BC, year 0, 200000 and 5000000, 8 rows each
-    out = reference.execute(_bounded(policy, DATE_QUERIES[17], 3))  # BC / year-100000 predicates
+    out = reference.execute(as_query(_bounded(policy, DATE_QUERIES[17], 3)))  # BC / year-100000 predicates
     assert out["p0"][0] > 20
-    keys = reference.execute(_bounded(policy, DATE_QUERIES[0], 3))
+    keys = reference.execute(as_query(_bounded(policy, DATE_QUERIES[0], 3)))
     assert keys["g0"].tolist() == ["2022-01-01", "2023-01-01", "2024-01-01"] and min(keys["p0"]) > 20
-    frac = reference.execute(_bounded(policy, DATE_QUERIES[9], 3))
+    frac = reference.execute(as_query(_bounded(policy, DATE_QUERIES[9], 3)))
     assert frac["p2"][0] > 0  # SUM(EXTRACT(second FROM at)) reads whole seconds of fractional stamps
 
 

@@ -34,11 +34,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from _engines import PG_URL, pg_load, pg_schema, pg_unavailable, shared_data, spark_unavailable, write_policy
+from _engines import as_query, PG_URL, pg_load, pg_schema, pg_unavailable, shared_data, spark_unavailable, write_policy
 from dpgate.engines import EngineOptions, EngineSet
 from dpgate.errors import UnsupportedQuery
 from dpgate.policy import load_policies
-from dpgate.sql.bound import bounded_sql
+from dpgate.sql.bound import bounded_query
 from dpgate.sql.parse import parse_query
 
 TABLES = """
@@ -214,8 +214,8 @@ def _same(a: dict, b: dict) -> None:
         assert a[name].tolist() == b[name].tolist(), name
 
 
-def _bounded(policy, sql: str, salt: int) -> str:
-    return bounded_sql(parse_query(sql, policy), policy, salt=salt)
+def _bounded(policy, sql: str, salt: int):
+    return bounded_query(parse_query(sql, policy), policy, salt=salt)
 
 
 def _check_engine(engines: EngineSet, kind: str, reference: EngineSet, policy, salts) -> None:
@@ -224,11 +224,11 @@ def _check_engine(engines: EngineSet, kind: str, reference: EngineSet, policy, s
             bounded = _bounded(policy, sql, salt)
             if kind in refused:
                 with pytest.raises(UnsupportedQuery):
-                    engines.check(bounded)
+                    engines.check(as_query(bounded))
                 break
-            engines.check(bounded)
+            engines.check(as_query(bounded))
             try:
-                _same(reference.execute(bounded), engines.execute(bounded))
+                _same(reference.execute(as_query(bounded)), engines.execute(as_query(bounded)))
             except AssertionError as e:
                 raise AssertionError(f"{kind} differs from DuckDB on {sql!r} (salt {salt}): {e}") from None
 
@@ -237,15 +237,15 @@ def test_the_corpus_exercises_what_it_should(reference, policy):
     # the hostile rows are there, the k < key-combination case uses the group hash, and
     # the overflow predicates hit rows (so the tests below compare something)
     bounded = _bounded(policy, "SELECT region, week, COUNT(*) FROM prompts GROUP BY region, week", 1)
-    assert "hash(" in bounded
+    assert "HASH(" in bounded.sql(dialect="duckdb").upper()
     # a text key: md5 of the key text; integer unit and keys: the arithmetic hash (BIGINT)
-    assert "MD5(" in reference.render(bounded).upper()
+    assert "MD5(" in reference.render(as_query(bounded)).upper()
     by_week = _bounded(policy, "SELECT week, COUNT(*) FROM prompts GROUP BY week", 1)
-    rendered = reference.render(by_week)
+    rendered = reference.render(as_query(by_week))
     assert "MD5(" not in rendered.upper() and "2147483647" in rendered
-    n = reference.execute('SELECT count(*) AS n FROM "par"."prompts" WHERE age = 4611686018427387904')["n"]
+    n = reference.execute(as_query('SELECT count(*) AS n FROM "par"."prompts" WHERE age = 4611686018427387904'))["n"]
     assert n.tolist() == [5]
-    out = reference.execute(_bounded(policy, "SELECT COUNT(*) FROM prompts WHERE age * 4611686018427387904 > 0", 0))
+    out = reference.execute(as_query(_bounded(policy, "SELECT COUNT(*) FROM prompts WHERE age * 4611686018427387904 > 0", 0)))
     assert 0 < out["p0"][0] < 3000
 
 
@@ -307,10 +307,10 @@ def _float_key_check(tmp: Path, lines: str, source: str, options: EngineOptions 
     try:
         for salt in SALTS:
             bounded = _bounded(policy, "SELECT f, COUNT(DISTINCT uid), COUNT(*), SUM(v) FROM f GROUP BY f", salt)
-            assert "hash(" in bounded
-            want = ref.execute(bounded)
+            assert "HASH(" in bounded.sql(dialect="duckdb").upper()
+            want = ref.execute(as_query(bounded))
             assert sum(want["p0"].tolist()) == 300  # k = 1: each unit counted in one group
-            _same(want, other.execute(bounded))
+            _same(want, other.execute(as_query(bounded)))
     finally:
         ref.close()
         other.close()
@@ -366,7 +366,7 @@ def _check_neighbours(engines_d, engines_d1, policy) -> None:
     sql = "SELECT region, week, COUNT(*), SUM(tokens) FROM prompts GROUP BY region, week"
     for salt in SALTS[:2]:
         b = _bounded(policy, sql, salt)
-        d, d1 = engines_d.execute(b), engines_d1.execute(b)
+        d, d1 = engines_d.execute(as_query(b)), engines_d1.execute(as_query(b))
         counts = _neighbour_diff(d, d1, "p0")
         sums = _neighbour_diff(d, d1, "p1")
         assert (counts >= 0).all() and (counts <= m).all()
@@ -514,7 +514,7 @@ def test_spark_schema_checks_catalog_tables_and_timeout(spark, data_dir):
     try:
         assert e.describe("par") == {"engine": "spark", "versioned_by": None, "tables": {"prompts": {"load": "live"}}}
         assert e.unit_is_unique("par", "prompts") is False
-        assert e.execute('SELECT count(*) AS n FROM "par"."prompts"')["n"].tolist() == [3000]
+        assert e.execute(as_query('SELECT count(*) AS n FROM "par"."prompts"'))["n"].tolist() == [3000]
     finally:
         e.close()
     # the Parquet dataset is fingerprinted like DuckDB's files; a slow query is interrupted
@@ -623,13 +623,13 @@ def corpus_policies(corpus_data):
     return load_policies(corpus_data.policy_dir("plan", corpus_data.parquet_sources()))
 
 
-def _corpus_bounded(policies, engines_ref: EngineSet, q) -> list[tuple[str, str]]:
-    """(label, bounded SQL) of one corpus query: the general form, and the fast path where
+def _corpus_bounded(policies, engines_ref: EngineSet, q) -> list[tuple[str, object]]:
+    """(label, bounded query tree) of one corpus query: the general form, and the fast path where
     the reference load found the unit unique."""
     from dpgate.quantile_release import has_quantiles, without_quantiles
     from dpgate.sql.sources import TableSource, plan_policy
     from dpgate.sql.public import reads_public_only, releases_public_keys_only
-    from dpgate.sql.quantile import histogram_sql
+    from dpgate.sql.quantile import histogram_query
 
     from sqlglot import exp
 
@@ -656,14 +656,14 @@ def _corpus_bounded(policies, engines_ref: EngineSet, q) -> list[tuple[str, str]
         return []  # answered without a bounded query (exact public data, or the policy's key list)
     if has_quantiles(plan):  # what the service runs: counts/sums, then one histogram per column
         base = without_quantiles(plan)
-        out = [("general", bounded_sql(base, policy, salt=CORPUS_SALT))] \
+        out = [("general", bounded_query(base, policy, salt=CORPUS_SALT))] \
             if base.primitives or plan.selected_keys else []  # selected keys: the selection's statement too
         columns = dict.fromkeys(p.column for p in plan.primitives if p.kind == "quantile")
-        return out + [(f"quantile histogram of {c}", histogram_sql(plan, policy, c, salt=CORPUS_SALT))
+        return out + [(f"quantile histogram of {c}", histogram_query(plan, policy, c, salt=CORPUS_SALT))
                       for c in columns]
-    out = [("general", bounded_sql(plan, policy, salt=CORPUS_SALT))]
+    out = [("general", bounded_query(plan, policy, salt=CORPUS_SALT))]
     if isinstance(plan.source, TableSource) and engines_ref.unit_is_unique(q.dataset, plan.table):
-        out.append(("fast path", bounded_sql(plan, policy, salt=CORPUS_SALT, unit_unique=True)))
+        out.append(("fast path", bounded_query(plan, policy, salt=CORPUS_SALT, unit_unique=True)))
     return out
 
 
@@ -704,7 +704,7 @@ def _corpus_parity(engines: EngineSet, kind: str, reference: EngineSet, policies
     for q in queries:
         for label, bounded in _corpus_bounded(policies, reference, q):
             try:
-                engines.check(bounded)
+                engines.check(as_query(bounded))
             except UnsupportedQuery as e:
                 refused[f"{q.id} ({label})"] = e.message
                 continue
@@ -712,7 +712,7 @@ def _corpus_parity(engines: EngineSet, kind: str, reference: EngineSet, policies
                 problems.append(f"{q.id} ({label}) check: {type(e).__name__}: {str(e)[:300]}")
                 continue
             try:
-                _same(reference.execute(bounded), engines.execute(bounded))
+                _same(reference.execute(as_query(bounded)), engines.execute(as_query(bounded)))
                 n += 1
             except Exception as e:  # noqa: BLE001 - collected, reported together
                 problems.append(f"{q.id} ({label}): {type(e).__name__}: {str(e)[:300]}")

@@ -22,11 +22,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from _engines import PG_URL, pg_load, pg_schema, pg_unavailable, shared_data, spark_unavailable, write_policy
+from _engines import as_query, PG_URL, pg_load, pg_schema, pg_unavailable, shared_data, spark_unavailable, write_policy
 from dpgate.engines import EngineOptions, EngineSet
 from dpgate.errors import Conflict, UnsupportedQuery
 from dpgate.policy import load_policies
-from dpgate.sql.bound import UNIQUE_ROWS_CTE, bounded_sql, bounded_sql_template
+from dpgate.sql.bound import UNIQUE_ROWS_CTE, bounded_query, bounded_sql, bounded_sql_template
 from dpgate.sql.parse import parse_query
 from test_engine_parity import CORPUS, PUMS_QUERIES, PUMS_TABLES, TABLES, synthetic
 
@@ -78,6 +78,8 @@ def _both_forms(engines: EngineSet, policy, queries, salts, kind: str, dataset: 
             general = bounded_sql(plan, policy, salt=salt)
             fast = bounded_sql(plan, policy, salt=salt, unit_unique=True)
             assert UNIQUE_ROWS_CTE in fast and "__dpg_partials" not in fast
+            general = bounded_query(plan, policy, salt=salt)  # the trees the gateway hands the engines
+            fast = bounded_query(plan, policy, salt=salt, unit_unique=True)
             if kind in refused:
                 with pytest.raises(UnsupportedQuery):
                     engines.check(fast)
@@ -158,7 +160,7 @@ def test_postgres_fast_path_equals_duckdb(gen, tables):
                 conn.execute(f'ALTER TABLE "{schema}"."prompts" DROP CONSTRAINT u')
             fast = bounded_sql(parse_query("SELECT COUNT(*) FROM prompts", policy), policy, salt=1, unit_unique=True)
             with pytest.raises(Conflict, match="reload"):
-                pg.execute(fast)
+                pg.execute(as_query(fast))
         finally:
             pg.close()
             ref.close()
@@ -167,7 +169,7 @@ def test_postgres_fast_path_equals_duckdb(gen, tables):
         try:
             assert pg2.unit_is_unique("par", "prompts") is False
             with pytest.raises(Conflict):
-                pg2.execute(fast)
+                pg2.execute(as_query(fast))
         finally:
             pg2.close()
 
@@ -204,9 +206,9 @@ def test_one_duplicate_unit_turns_the_fast_path_off(gen, load):
         policy = _policy(gen)
         fast = bounded_sql(parse_query("SELECT COUNT(*) FROM prompts", policy), policy, salt=1, unit_unique=True)
         with pytest.raises(Conflict):  # a query rendered for unique data is refused here
-            e.check(fast)
+            e.check(as_query(fast))
         with pytest.raises(Conflict):
-            e.execute(fast)
+            e.execute(as_query(fast))
     finally:
         e.close()
 
@@ -487,7 +489,7 @@ x = {{ type = "int", lower = 0, upper = 10 }}
         gw.query("jn", "SELECT p.region, COUNT(*) FROM people p JOIN events e ON p.uid = e.uid GROUP BY p.region",
                  consumer="analysts", budget=QueryBudget(rho=0.01))
         assert seen and UNIQUE_ROWS_CTE not in seen[-1] and "__dpg_partials" in seen[-1]
-        out = gw.engine.execute(seen[-1])
+        out = gw.engine.execute(as_query(seen[-1]))
         assert sorted(out["p0"].tolist()) == [500, 500]  # 5 joined rows per unit, m = 5
         gw.query("jn", "SELECT region, COUNT(*) FROM people GROUP BY region",
                  consumer="analysts", budget=QueryBudget(rho=0.01))

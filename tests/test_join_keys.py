@@ -31,9 +31,10 @@ from dpgate.errors import UnsupportedQuery
 from dpgate.sensitivity import sensitivities
 from dpgate.service import Gateway
 from dpgate.settings import Settings
-from dpgate.sql.bound import bounded_sql
+from dpgate.sql.bound import bounded_query, bounded_sql
 from dpgate.sql.sources import JoinSource, plan_policy
 from dpgate.sql.parse import parse_query
+from _engines import as_query
 
 ACCEPTED = [
     "SELECT a.g, COUNT(*), SUM(b.w) FROM a JOIN b ON a.uid = b.uid AND a.pk = b.pk GROUP BY a.g",
@@ -195,14 +196,14 @@ def test_extra_key_joins_render_on_every_engine():
     plan = parse_query("SELECT a.g, COUNT(*), SUM(b.w) FROM a, b WHERE a.uid = b.uid AND a.pk = b.pk "
                        "AND a.v < b.w GROUP BY a.g", policy)
     full = plan_policy(plan, policy)
-    sql = bounded_sql(plan, full, salt=0)
+    sql = bounded_query(plan, full, salt=0)  # the planner's tree (typed: PostgreSQL/Spark rewrite its TRY)
     engines = {"duckdb": duckdb_engine(full), "postgres": postgres_engine(full), "spark": spark_engine(full)}
     dialects = {"duckdb": "duckdb", "postgres": "postgres", "spark": "spark"}
     rendered = 0
     for name, engine in engines.items():
         if engine is None:  # pyspark not installed
             continue
-        text = engine.render(sql)
+        text = engine.render(as_query(sql))
         tree = sqlglot.parse_one(text, read=dialects[name])  # valid in the engine's dialect
         ons = [j.args.get("on") for j in tree.find_all(sqlglot.exp.Join) if j.args.get("on") is not None]
         assert any(len([c for c in on.find_all(sqlglot.exp.EQ)]) == 2 for on in ons), (name, text)

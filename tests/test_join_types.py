@@ -21,11 +21,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from _engines import PG_URL, pg_load, pg_schema, pg_unavailable, spark_unavailable, write_policy
+from _engines import as_query, PG_URL, pg_load, pg_schema, pg_unavailable, spark_unavailable, write_policy
 from dpgate.errors import UnsupportedQuery
 from dpgate.service import Gateway, QueryBudget
 from dpgate.settings import Settings
-from dpgate.sql.bound import bounded_sql
+from dpgate.sql.bound import bounded_query, bounded_sql
 from dpgate.sql.sources import plan_policy
 from dpgate.sql.parse import parse_query
 
@@ -207,7 +207,7 @@ def _exact(gw, sql: str, salt: int = 11) -> list:
     """The gateway's own bounded SQL of ``sql`` run on the gateway's engine (exact, pre-noise)."""
     policy = gw._with_public_table_keys(gw.policy("jt"))
     plan = parse_query(sql, policy)
-    values = gw.engine.execute(bounded_sql(plan, plan_policy(plan, policy), salt=salt))
+    values = gw.engine.execute(as_query(bounded_query(plan, plan_policy(plan, policy), salt=salt)))
     return [v.tolist() for v in values.values()]
 
 
@@ -243,13 +243,13 @@ def test_removing_one_text_unit_moves_the_count_by_at_most_m(duck, removed, move
     policy = duck._with_public_table_keys(duck.policy("jt"))
     plan = parse_query(sql, policy)
     bounded = bounded_sql(plan, plan_policy(plan, policy), salt=11)
-    full = duck.engine.execute(bounded)["p0"].tolist()[0]
+    full = duck.engine.execute(as_query(bounded))["p0"].tolist()[0]
     text = removed.replace("'", "''")
     without = bounded
     for t in ("texts", "numtext"):
         without = without.replace(f'"jt"."{t}"', f'(SELECT * FROM "jt"."{t}" WHERE CAST(uid AS VARCHAR) <> \'{text}\')')
     assert without != bounded
-    change = full - duck.engine.execute(without)["p0"].tolist()[0]
+    change = full - duck.engine.execute(as_query(without))["p0"].tolist()[0]
     assert change == moves and change <= 3
 
 

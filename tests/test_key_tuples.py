@@ -20,9 +20,10 @@ from dpgate.errors import UnsupportedQuery
 from dpgate.policy import ColumnPolicy, KeyTuples, load_policy
 from dpgate.service import Gateway, QueryBudget
 from dpgate.settings import Settings
-from dpgate.sql.bound import bounded_sql
+from dpgate.sql.bound import bounded_query, bounded_sql
 from dpgate.sql.sources import plan_policy
 from dpgate.sql.parse import parse_query
+from _engines import as_query
 
 SUPPLIERS = 100
 POLICY = """
@@ -103,8 +104,8 @@ def bounded(gw, sql: str, salt: int = 3) -> dict[str, list]:
     """The gateway's own bounded SQL of ``sql`` on its engine: the exact, pre-noise columns."""
     policy = gw._with_public_table_keys(gw.policy("tpch"))
     plan = parse_query(sql, policy)
-    return {k: v.tolist() for k, v in gw.engine.execute(bounded_sql(plan, plan_policy(plan, policy),
-                                                                   salt=salt)).items()}
+    return {k: v.tolist() for k, v in gw.engine.execute(as_query(bounded_query(plan, plan_policy(plan, policy),
+                                                                   salt=salt))).items()}
 
 
 JOIN = "FROM lineitem l JOIN supplier s ON l.l_suppkey = s.s_suppkey"
@@ -191,7 +192,7 @@ def test_selection_with_a_public_key_first_keeps_candidates_in_order(gw):
           "GROUP BY s.s_nation, l.l_tag"
     plan = parse_query(sql, policy)
     assert plan.group_by == ("s_nation", "l_tag") and plan.selected_keys == ("l_tag",)
-    values = gw.engine.execute(bounded_sql(plan, plan_policy(plan, policy), salt=5))
+    values = gw.engine.execute(as_query(bounded_query(plan, plan_policy(plan, policy), salt=5)))
     tags, units = values["l_tag"].tolist(), values["__dpg_units"].tolist()
     assert tags == sorted(tags) and len(tags) == 3 * 5  # 3 candidates × 5 nations, candidate-major
     for i in range(0, 15, 5):

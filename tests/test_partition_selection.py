@@ -31,10 +31,11 @@ from dpgate.mechanisms.selection import calibrate_selection, threshold_select
 from dpgate.policy import load_policies
 from dpgate.service import Gateway, QueryBudget
 from dpgate.settings import Settings
-from dpgate.sql.bound import bounded_sql
+from dpgate.sql.bound import bounded_query, bounded_sql
 from dpgate.sql.parse import parse_query
 from dpgate.sql.partition_selection import UNITS_COLUMN
 from tests.shared_data import smartnoise_dir
+from _engines import as_query
 
 DATA = smartnoise_dir()
 
@@ -186,7 +187,7 @@ def test_selection_delta_too_small_or_invalid_is_refused():
 def _histogram(gw: Gateway, sql: str, salt: int = 12345) -> dict:
     policy = gw.policy("posts")
     plan = parse_query(sql, policy)
-    values = gw.engine.execute(bounded_sql(plan, policy, salt=salt))
+    values = gw.engine.execute(as_query(bounded_query(plan, policy, salt=salt)))
     keys = list(values["ngram"])
     return dict(zip(keys, (int(v) for v in values[UNITS_COLUMN])))
 

@@ -24,10 +24,11 @@ from test_sensitivity import _CON, PROP_POLICY, check_neighbours, extra_unit_row
 
 from dpgate.errors import UnknownColumn, UnsupportedQuery
 from dpgate.sensitivity import sensitivities
-from dpgate.sql.bound import bounded_sql
+from dpgate.sql.bound import bounded_query
 from dpgate.sql.parse import parse_query
 from dpgate.sql.plan import PrimitiveKind
 from dpgate.sql.primitives import PRIMITIVE_KINDS, PrimitiveKindBase, primitive_kind
+from _engines import as_query
 
 # --- the classes ----------------------------------------------------------------------------
 
@@ -114,7 +115,7 @@ def test_count_if_renders_on_every_engine(engine):
     if e is None:
         pytest.skip("pyspark is not installed")
     plan = parse_query(COUNT_IF, PROP_POLICY)
-    sql = e.render(bounded_sql(plan, PROP_POLICY, salt=0))
+    sql = e.render(as_query(bounded_query(plan, PROP_POLICY, salt=0)))
     assert "CASE WHEN" in sql and "COUNT_IF" not in sql.upper()
 
 

@@ -39,6 +39,7 @@ from dpgate.quantiles import alpha_fraction, scores
 from dpgate.render.private_bounds import BIN, COUNT, histogram_tree
 from dpgate.service import Gateway
 from dpgate.settings import Settings
+from _engines import as_query
 
 dp.enable_features("contrib")
 
@@ -399,7 +400,7 @@ def _histogram(g: Gateway) -> np.ndarray:
     pol = g.policy("shop")
     col = pol.table("orders").column("amount")
     grid = estimate.grid_of(col)
-    out = g.engine.execute(histogram_tree(pol.table("orders"), col, grid))
+    out = g.engine.execute(as_query(histogram_tree(pol.table("orders"), col, grid)))
     h = np.zeros(grid.size, dtype=np.int64)
     np.add.at(h, np.asarray(out[BIN], dtype=np.int64), np.asarray(out[COUNT], dtype=np.int64))
     return h
@@ -445,7 +446,7 @@ def _bounded_sum(g: Gateway, upper: float) -> float:
     _, plan, strategy = compile_query(pol, "SELECT SUM(amount) AS s FROM orders", None)
     runner = g._runner("shop", pol, strategy)
     runner.prepare(g.engine, 12345)
-    values = g.engine.execute(runner._general)
+    values = g.engine.execute(as_query(runner._general))
     return float(values[plan.primitives[0].id][0]), runner.calibrate(runner.resolve(QueryBudget(rho=1.0), None))
 
 

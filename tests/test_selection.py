@@ -17,10 +17,11 @@ from dpgate.errors import InvalidBudget, UnsupportedQuery
 from dpgate.mechanisms.selection import select_top_k, top_k_rho
 from dpgate.selection import calibrate_selection
 from dpgate.service import QueryBudget
-from dpgate.sql.bound import bounded_sql
+from dpgate.sql.bound import bounded_query
 from dpgate.sql.parse import parse_query
 from dpgate.sql.selection_query import recognize
 from tests._eval_project import CANDIDATES, CORRECT, USERS, open_eval_gateway
+from _engines import as_query
 
 BEST = "SELECT candidate FROM eval GROUP BY candidate ORDER BY SUM(correct) DESC LIMIT 1"
 
@@ -125,7 +126,7 @@ def test_delta_u_is_the_per_candidate_bound_even_when_a_unit_is_in_every_candida
         sel = recognize(parse_query(BEST, policy), policy)
         cal = calibrate_selection(sel, policy, {"epsilon": 1.0})
         assert cal.delta_u == 1 and cal.candidates == 5
-        full = g.engine.execute(bounded_sql(sel.plan, policy, salt=7))
+        full = g.engine.execute(as_query(bounded_query(sel.plan, policy, salt=7)))
         base = np.asarray(full[sel.utility.id], dtype=np.int64)
         assert dict(zip(full["candidate"], base.tolist())) == CORRECT  # exact bounded scores
     finally:
@@ -133,7 +134,7 @@ def test_delta_u_is_the_per_candidate_bound_even_when_a_unit_is_in_every_candida
     for user in (0, 95, 105, 119, 199):
         h = open_eval_gateway(tmp_path / f"minus{user}", drop_user=user)
         try:
-            out = h.engine.execute(bounded_sql(sel.plan, h.policy("evals"), salt=7))
+            out = h.engine.execute(as_query(bounded_query(sel.plan, h.policy("evals"), salt=7)))
             diff = np.abs(np.asarray(out[sel.utility.id], dtype=np.int64) - base)
             assert diff.max() <= cal.delta_u
             assert diff.sum() >= 0  # several candidates may move at once; each by ≤ Δu

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from _engines import PG_URL, pg_load, pg_schema, pg_unavailable
 
-from dpgate.engines.base import parse_bounded
+from dpgate.engines.base import query_tree
 from dpgate.engines.duckdb import DuckDBEngine
 from dpgate.engines.hashing import group_hash
 from dpgate.policy import load_policy
@@ -81,9 +81,14 @@ def _engine(root: Path, events, users, k: int = 2) -> DuckDBEngine:
     return engine
 
 
-def _old_text(engine: DuckDBEngine, tree) -> str:
-    """The rendering before the rewrite: the group hash only (text without hash(…) runs as given)."""
-    return group_hash(parse_bounded(tree), engine.policy, engine._tables, "duckdb").sql(dialect="duckdb")
+def _old_text(engine: DuckDBEngine, tree):
+    """The rendering before the rewrite (the group hash only), handed back as a generated tree
+    with the original's flags (engines take trees only)."""
+    from dpgate.rendered import flags, parse_generated
+
+    text = group_hash(query_tree(tree), engine.policy, engine._tables, "duckdb").sql(dialect="duckdb")
+    unit_unique, per_unit = flags(tree)
+    return parse_generated(text, unit_unique=unit_unique, per_unit=per_unit)
 
 
 def _same(a: dict, b: dict) -> None:
@@ -104,7 +109,8 @@ def _statements(engine: DuckDBEngine, sql: str, salt: int):
 def test_integer_units_join_without_text_casts(tmp_path):
     engine = _engine(tmp_path, [(1, 5.0, 0), (1, 7.0, 1), (2, 9.0, 2)], [(1, 0), (2, 1)])
     tree = next(_statements(engine, QUERIES[0], 7))
-    assert 'CAST("events"."user_id" AS TEXT) = CAST("users"."user_id" AS TEXT)' in _old_text(engine, tree)  # what the planner writes (undeclared units)
+    assert 'CAST("events"."user_id" AS TEXT) = CAST("users"."user_id" AS TEXT)' in \
+        _old_text(engine, tree).sql(dialect="duckdb")  # what the planner writes (undeclared units)
     text = engine.render(tree)
     assert "AS TEXT) = CAST(" not in text and '"events"."user_id" = "users"."user_id"' in text
     _same(engine.execute(tree), engine.execute(_old_text(engine, tree)))

@@ -75,11 +75,11 @@ def _proxy_tree(gateway: Any, policy: DatasetPolicy, plan: Any) -> exp.Expressio
     Raises:
         UnsupportedQuery / ExecutionError: the plan cannot run on the proxy.
     """
-    from dpgate.engines.base import parse_bounded, relations, replace_relations
+    from dpgate.engines.base import relations, replace_relations
     from dpgate.sql.bound import bounded_query
 
     proxy = gateway.policy(policy.proxy)
-    tree = parse_bounded(bounded_query(plan, policy, salt=secrets.randbits(63)))
+    tree = bounded_query(plan, policy, salt=secrets.randbits(63))  # a fresh tree, marked
     mapping = {}
     for ds, table in relations(tree):
         if ds.casefold() != policy.name.casefold():

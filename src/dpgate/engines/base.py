@@ -55,16 +55,15 @@ import glob
 import hashlib
 import os
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Mapping, Protocol, Sequence, Union, runtime_checkable
+from typing import Callable, Iterable, Mapping, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import sqlglot
 from sqlglot import exp
-from sqlglot.errors import SqlglotError
 
 from dpgate.errors import ExecutionError, PolicyError
+from dpgate.rendered import flags
 from dpgate.policy import TablePolicy
 
 __all__ = [
@@ -77,7 +76,7 @@ __all__ = [
     "assumes_unique_units",
     "check_unique_counts",
     "check_unique_units",
-    "parse_bounded",
+    "query_tree",
     "resolve_columns",
     "source_files",
     "source_fingerprint",
@@ -96,10 +95,11 @@ ENGINE_KINDS: tuple[str, ...] = ("duckdb", "postgres", "spark")
 
 _CHUNK = 1 << 20
 
-#: What an engine runs: a sqlglot tree (the gateway sends only trees since issue 20 step 4:
-#: the bounded query, histograms, exact answers and key lists are built as trees, never parsed).
-#: DuckDB-dialect text is still accepted, and parsed, for tests and tools.
-Query = Union[str, exp.Expression]
+#: What an engine runs: a sqlglot tree, never SQL text (issue 20 step 4): the bounded query,
+#: histograms, exact answers and key lists are built as trees, marked with the renderer's flags
+#: (:func:`dpgate.rendered.mark`). Tests and tools with DuckDB text use
+#: :func:`dpgate.rendered.parse_generated`.
+Query = exp.Query
 
 
 # ---------------------------------------------------------------------------- interface
@@ -471,25 +471,17 @@ def null_like_unit(value: exp.Expression) -> exp.Expression:
 # ---------------------------------------------------------------------------- queries
 
 
-def parse_bounded(query: Query) -> exp.Expression:
-    """The bounded query as a sqlglot tree (DuckDB dialect for text); exactly one SELECT.
+def query_tree(query: Query) -> exp.Query:
+    """A copy of the query tree an engine was handed (engines transform their copy).
 
     Raises:
-        ExecutionError: it does not parse, or is not exactly one SELECT/WITH query.
+        ExecutionError: not a sqlglot query tree (SQL text is not accepted: build the tree, or
+            :func:`dpgate.rendered.parse_generated` in tests and tools).
     """
-    if isinstance(query, exp.Expression):
-        tree = query.copy()
-    else:
-        try:
-            statements = [s for s in sqlglot.parse(query, read="duckdb") if s is not None]
-        except (SqlglotError, RecursionError, ValueError) as e:
-            raise ExecutionError(f"the bounded SQL does not parse ({type(e).__name__})") from None
-        if len(statements) != 1:
-            raise ExecutionError("the engine executes exactly one SELECT statement")
-        tree = statements[0]
-    if not isinstance(tree, exp.Query):
-        raise ExecutionError("the engine executes exactly one SELECT statement")
-    return tree
+    if not isinstance(query, exp.Query):
+        raise ExecutionError("the engine executes exactly one SELECT statement, handed as a sqlglot "
+                             "query tree (not SQL text)")
+    return query.copy()
 
 
 def relations(tree: exp.Expression) -> set[tuple[str, str]]:
@@ -514,17 +506,15 @@ def replace_relations(tree: exp.Expression, mapping: Mapping[tuple[str, str], Ca
     return tree.transform(swap, copy=False)
 
 
-#: The step-1 CTE of a bounded query rendered without the per-unit aggregation
-#: (``dpgate.sql.bound.UNIQUE_ROWS_CTE``; the planner's name, repeated here so that
-#: imports flow from the planner to the engines only through the query).
-UNIQUE_ROWS_CTE = "__dpg_unique_rows"
-
-
 def assumes_unique_units(tree: exp.Expression) -> bool:
-    """True when the bounded query skips the per-unit aggregation (the planner's flag
-    ``meta["unit_unique"]``, or, as a second net, a CTE named ``__dpg_unique_rows``): it is
-    correct only where each unit has one row at most."""
-    return bool(tree.meta.get("unit_unique")) or any(cte.alias == UNIQUE_ROWS_CTE for cte in tree.find_all(exp.CTE))
+    """True when the bounded query skips the per-unit aggregation (the renderer's flag
+    ``unit_unique``, :func:`dpgate.rendered.flags`): it is correct only where each unit has one
+    row at most.
+
+    Raises:
+        Internal: the tree carries no renderer flags.
+    """
+    return flags(tree)[0]
 
 
 def check_unique_units(tree: exp.Expression, dataset: str, unit_is_unique: Callable[[str], bool]) -> None:

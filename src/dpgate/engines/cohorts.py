@@ -25,6 +25,7 @@ import numpy as np
 from dpgate.engines.base import NULL_LIKE_UNITS
 from dpgate.errors import PolicyError
 from dpgate.policy import CohortPolicy, DatasetPolicy, quote_identifier as q
+from dpgate.rendered import parse_generated
 
 __all__ = ["cohort_check_sql", "check_cohort_rule"]
 
@@ -91,7 +92,7 @@ def check_cohort_rule(engine: Any, policy: DatasetPolicy) -> None:
     sql = cohort_check_sql(policy)
     if sql is None:
         return
-    out = engine.execute(sql)
+    out = engine.execute(parse_generated(sql))  # the engine package's own load-time check
     offending, several, outside = (int(np.asarray(out[k]).tolist()[0]) for k in ("offending", "several", "outside"))
     if offending == 0:
         return

@@ -64,7 +64,7 @@ import duckdb
 import numpy as np
 
 from dpgate.engines.watchdog import Watchdog
-from dpgate.engines.hashing import group_hash, has_group_hash
+from dpgate.engines.hashing import group_hash
 from dpgate.engines.unit_joins import integer_unit_joins
 from dpgate.engines.base import (
     CANONICAL_INT_RE,
@@ -80,7 +80,7 @@ from dpgate.engines.base import (
     file_signature,
     lossy_unit_error,
     non_canonical_unit_error,
-    parse_bounded,
+    query_tree,
     resolve_columns,
     source_files,
     source_fingerprint,
@@ -539,18 +539,14 @@ class DuckDBEngine:
     def render(self, query: Query) -> str:
         """DuckDB SQL of the bounded query (a sqlglot tree), with the portable group-choosing hash.
 
-        A tree is rendered by sqlglot in the DuckDB dialect after the engine's transforms. Text
-        (tests, tools) must parse as one SELECT (else ExecutionError); without ``hash(…)`` it runs
-        as given.
+        The tree is rendered by sqlglot in the DuckDB dialect after the engine's transforms.
+
+        Raises:
+            ExecutionError: not a query tree (SQL text is not accepted). Conflict: the tree skips
+                the per-unit aggregation on a table whose load did not find one row per unit.
         """
-        if isinstance(query, str):
-            tree = parse_bounded(query)  # ExecutionError when it does not parse (no "as is" fallback)
-            check_unique_units(tree, self.policy.name, self.unit_is_unique)
-            if not has_group_hash(tree):
-                return query
-        else:
-            tree = parse_bounded(query)
-            check_unique_units(tree, self.policy.name, self.unit_is_unique)
+        tree = query_tree(query)
+        check_unique_units(tree, self.policy.name, self.unit_is_unique)
         tree = integer_unit_joins(tree, self.policy, self._tables)  # issue 25 item 5
         return group_hash(tree, self.policy, self._tables, "duckdb").sql(dialect="duckdb")
 

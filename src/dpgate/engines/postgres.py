@@ -64,7 +64,7 @@ from dpgate.engines.base import (
     lossy_unit_error,
     null_like_unit,
     object_array,
-    parse_bounded,
+    query_tree,
     relations,
     replace_relations,
     resolve_columns,
@@ -74,7 +74,6 @@ from dpgate.engines.base import (
 from dpgate.engines.types import (
     datatype,
     DBL_MAX,
-    column_types,
     dbl,
 )
 from dpgate.engines.predicates import (
@@ -585,15 +584,14 @@ class PostgresEngine:
             ExecutionError: not one SELECT, or a table of another dataset.
             UnsupportedQuery: a WHERE construct this engine cannot run with TRY semantics.
         """
-        tree = parse_bounded(query)
+        tree = query_tree(query)
         check_unique_units(tree, self.policy.name, self.unit_is_unique)
         foreign = {r for r in relations(tree) if r not in self._projections}
         if foreign:
             raise ExecutionError("the query reads a table this engine does not hold")
-        types = column_types(self.policy, tree)
         tree = integer_unit_joins(tree, self.policy, self._tables)  # issue 25 item 5
         tree = group_hash(tree, self.policy, self._tables, "postgres")
-        tree = _PgPredicates(types, "postgres").rewrite(tree)
+        tree = _PgPredicates("postgres").rewrite(tree)
         tree = replace_isfinite(tree)
         tree = replace_round(tree)
         tree = _hashable_null_safe_joins(tree)
@@ -640,9 +638,8 @@ class PostgresEngine:
                 error (class name only, no data).
         """
         text = self.render(query)
-        tree = parse_bounded(query)
-        unique_tables = sorted(name for ds, name in relations(tree) if ds == self.policy.name) \
-            if assumes_unique_units(tree) else []
+        unique_tables = sorted(name for ds, name in relations(query) if ds == self.policy.name) \
+            if assumes_unique_units(query) else []
         try:
             with self._conn() as conn:
                 with conn.transaction():

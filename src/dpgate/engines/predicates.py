@@ -4,8 +4,6 @@
 from __future__ import annotations
 
 import re
-from typing import Mapping
-
 from sqlglot import exp
 
 from dpgate.engines.types import (
@@ -17,9 +15,10 @@ from dpgate.engines.types import (
     finite,
     interval_days,
     round_half_away,
-    static_type,
     temporal_type,
 )
+from dpgate.errors import Internal
+from dpgate.rendered import type_of
 
 
 
@@ -59,8 +58,11 @@ class PredicateRewriter:
     Anything else raises :class:`~dpgate.errors.UnsupportedQuery` before the
     charge (the query is refused on that engine, never run with other semantics).
 
+    The type of each sub-expression is the planner's (:func:`dpgate.rendered.type_of`: the plan's
+    row expressions are typed once, by :func:`dpgate.sql.node_types.annotate`, and the renderer
+    keeps the types on the nodes it builds); a node without one is an internal error, never guessed.
+
     Args:
-        types: column name (case-folded) → declared type (:func:`column_types`).
         engine: engine name for messages.
     """
 
@@ -74,8 +76,7 @@ class PredicateRewriter:
     #: (first, last) astronomical year of the engine's temporal window (see the class docstring).
     WINDOW_YEARS: tuple[int, int] = (1, 9999)
 
-    def __init__(self, types: Mapping[str, str], engine: str) -> None:
-        self.types = types
+    def __init__(self, engine: str) -> None:
         self.engine = engine
 
     # -- entry point
@@ -272,8 +273,18 @@ class PredicateRewriter:
     # -- helpers
 
     def type(self, node: exp.Expression) -> str:
-        """Static type of a predicate sub-expression (:func:`static_type`)."""
-        return static_type(node, self.types)
+        """The planner's static type of a predicate sub-expression (int, float, text, bool, date,
+        timestamp, null or ``?``: :mod:`dpgate.sql.node_types`).
+
+        Raises:
+            Internal: the node carries no type (a tree built without the planner's types; a
+                renderer that dropped them): never guessed.
+        """
+        t = type_of(node)
+        if t is None:
+            raise Internal(f"the {self.engine} engine found no planner type on a {type(node).__name__} node of "
+                           "a row expression (a renderer lost the plan's types)")
+        return t
 
     def refuse(self, node: exp.Expression) -> Exception:
         """The error for a construct this engine cannot run with DuckDB's TRY semantics."""

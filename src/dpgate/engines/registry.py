@@ -8,7 +8,7 @@ engine is loaded beside the old one and swapped in; queries already running on
 the old engine finish there, then it is closed.
 
 ``EngineSet(timeout_s=…, memory_limit=…, threads=…)`` with ``load(policies)``,
-``check(sql)``, ``execute(sql)`` and ``close()`` keeps the interface of the former
+``check(tree)``, ``execute(tree)`` and ``close()`` keeps the interface of the former
 ``dpgate.engine.Engine`` (an alias of this class during the transition).
 """
 
@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 from sqlglot import exp
 
-from dpgate.engines.base import Engine, EngineOptions, LoadReport, Query, parse_bounded, relations
+from dpgate.engines.base import Engine, EngineOptions, LoadReport, Query, relations
 from dpgate.engines.cohorts import check_cohort_rule
 from dpgate.errors import ExecutionError, PolicyError, UnknownDataset
 from dpgate.policy import DatasetPolicy
@@ -208,16 +208,15 @@ class EngineSet:
     # ------------------------------------------------------------------ queries
 
     def _dataset_of(self, query: Query) -> str:
-        """The dataset whose tables the query reads (a tree's tables: no parse, no copy)."""
-        tree: exp.Expression | None
-        if isinstance(query, exp.Expression):
-            tree = query
-        else:
-            try:
-                tree = parse_bounded(query)
-            except ExecutionError:
-                tree = None
-        names = {ds for ds, _ in relations(tree)} & set(self._engines) if tree is not None else set()
+        """The dataset whose tables the query tree reads (no parse, no copy).
+
+        Raises:
+            ExecutionError: not a query tree, or it reads no (or several) loaded datasets' tables.
+        """
+        if not isinstance(query, exp.Query):
+            raise ExecutionError("the engine executes exactly one SELECT statement, handed as a sqlglot "
+                                 "query tree (not SQL text)")
+        names = {ds for ds, _ in relations(query)} & set(self._engines)
         if len(names) == 1:
             return names.pop()
         if not names and len(self._engines) == 1:

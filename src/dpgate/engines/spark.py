@@ -37,6 +37,7 @@ from typing import Callable
 import numpy as np
 from pyspark.errors import PySparkException
 from pyspark.sql import SparkSession
+import sqlglot
 from sqlglot import exp
 
 from dpgate.engines.hashing import group_hash
@@ -52,7 +53,7 @@ from dpgate.engines.base import (
     file_signature,
     lossy_unit_error,
     null_like_unit,
-    parse_bounded,
+    query_tree,
     relations,
     replace_relations,
     resolve_columns,
@@ -63,7 +64,6 @@ from dpgate.engines.base import (
 )
 from dpgate.engines.types import (
     datatype,
-    column_types,
     dbl,
 )
 from dpgate.engines.predicates import (
@@ -73,6 +73,7 @@ from dpgate.engines.predicates import (
 )
 from dpgate.errors import Conflict, ExecutionError, InvalidSql, PolicyError, QueryTimeout, UnsupportedQuery
 from dpgate.policy import DatasetPolicy, TablePolicy
+from dpgate.rendered import flags
 
 __all__ = ["SparkEngine", "spark_session", "COMPATIBLE"]
 
@@ -333,7 +334,8 @@ class SparkEngine:
     def _run_version_sql(self) -> str:
         text = self.policy.version_sql or ""
         try:
-            parse_bounded(exp.maybe_parse(text, dialect="spark"))
+            if not isinstance(sqlglot.parse_one(text, read="spark"), exp.Query):
+                raise ValueError("not a SELECT")
         except Exception:  # noqa: BLE001
             raise PolicyError(f"dataset {self.policy.name!r}: version_sql must be exactly one SELECT",
                               {"dataset": self.policy.name}) from None
@@ -374,10 +376,9 @@ class SparkEngine:
           constructs are refused before the charge;
         * ``"<dataset>"."<table>"`` → the table's typed temporary view.
         """
-        tree = parse_bounded(query)
+        tree = query_tree(query)
         check_unique_units(tree, self.policy.name, self.unit_is_unique)
-        # the planner's flag; the generated name stays a second net (a tree built elsewhere)
-        if tree.meta.get("per_unit") or any(c.name == "__dpg_rn" for c in tree.find_all(exp.Column)):
+        if flags(tree)[1]:  # the renderer's flag: the rows are a per-unit subquery's
             # a per-unit subquery (dpgate.sql.per_unit) keeps each unit's rows by DuckDB's row hash,
             # whose values Spark's hash would not reproduce: refused before the charge
             raise UnsupportedQuery("per-unit subqueries are not supported on the Spark engine yet "
@@ -385,9 +386,8 @@ class SparkEngine:
         foreign = {r for r in relations(tree) if r not in self._views}
         if foreign:
             raise ExecutionError("the query reads a table this engine does not hold")
-        types = column_types(self.policy, tree)
         tree = group_hash(tree, self.policy, self._tables, "spark")
-        tree = _SparkPredicates(types, "spark").rewrite(tree)
+        tree = _SparkPredicates("spark").rewrite(tree)
         tree = replace_isfinite(tree)
         tree = replace_round(tree)
         for s in list(tree.find_all(exp.Sum)):

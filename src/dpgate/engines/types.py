@@ -1,12 +1,11 @@
-"""Types in bounded queries: the static type of an expression over declared columns, date parts
-and intervals, and the literal/float helpers every engine's rewrite builds on (split from
-:mod:`dpgate.engines.base`)."""
+"""Types in bounded queries: the declared types of the columns a query reads (the group hash's
+integer inputs), date parts and intervals, and the literal/float helpers every engine's rewrite
+builds on (split from :mod:`dpgate.engines.base`). The static type of a row expression's nodes is
+the planner's (:mod:`dpgate.sql.node_types`, read through :func:`dpgate.rendered.type_of`)."""
 
 from __future__ import annotations
 
 import re
-from typing import Mapping
-
 from sqlglot import exp
 
 from dpgate.policy import DatasetPolicy
@@ -114,85 +113,6 @@ def column_types(policy: DatasetPolicy, tree: exp.Expression) -> dict[str, str]:
             key = cname.casefold()
             out[key] = col.type if out.get(key, col.type) == col.type else "?"
     return out
-
-
-def static_type(node: exp.Expression, types: Mapping[str, str]) -> str:
-    """Static type of a row-predicate expression: int, float, text, bool, date, timestamp,
-    null or ``?`` (DuckDB's typing: ``date_trunc`` and ``date ± INTERVAL`` are timestamps,
-    a date part is an integer)."""
-    if isinstance(node, (exp.Paren, exp.Try)):
-        return static_type(node.this, types)
-    if isinstance(node, (exp.TimestampTrunc, exp.DateTrunc)):
-        return "timestamp"
-    if date_part_call(node) is not None:
-        return "int"
-    if isinstance(node, (exp.Add, exp.Sub)) and isinstance(node.expression, exp.Interval):
-        return "timestamp"
-    if isinstance(node, exp.Case):
-        out = "null"
-        for t in [static_type(i.args["true"], types) for i in node.args.get("ifs") or []] + (
-                [static_type(node.args["default"], types)] if node.args.get("default") is not None else []):
-            out = t if out == "null" else (out if t in (out, "null") else _numeric_join(out, t))
-        return out
-    if isinstance(node, exp.Column):
-        return types.get(node.name.casefold(), "?")
-    if isinstance(node, exp.Literal):
-        if node.is_string:
-            return "text"
-        return "int" if re.fullmatch(r"-?\d+", node.this) else "float"
-    if isinstance(node, exp.Boolean):
-        return "bool"
-    if isinstance(node, exp.Null):
-        return "null"
-    if isinstance(node, exp.Cast):
-        to = node.args["to"]
-        kind = to.this if isinstance(to, exp.DataType) else None
-        if kind in (exp.DataType.Type.BIGINT, exp.DataType.Type.INT, exp.DataType.Type.SMALLINT):
-            return "int"
-        if kind in (exp.DataType.Type.DOUBLE, exp.DataType.Type.FLOAT):
-            return "float"
-        if kind in (exp.DataType.Type.VARCHAR, exp.DataType.Type.TEXT):
-            return "text"
-        if kind == exp.DataType.Type.BOOLEAN:
-            return "bool"
-        return temporal_type(to) or "?"
-    if isinstance(node, (exp.Add, exp.Sub, exp.Mul)):
-        a, b = static_type(node.this, types), static_type(node.expression, types)
-        return _numeric_join(a, b)
-    if isinstance(node, (exp.Neg, exp.Abs, exp.Sign, exp.Floor, exp.Ceil, exp.Round)):
-        return static_type(node.this, types)
-    if isinstance(node, (exp.Coalesce, exp.Greatest, exp.Least)):
-        ts = [static_type(a, types) for a in [node.this, *node.expressions]]
-        out = "null"
-        for t in ts:
-            out = t if out == "null" else (out if t in (out, "null") else _numeric_join(out, t))
-        return out
-    if isinstance(node, exp.Nullif):
-        return static_type(node.this, types)
-    if isinstance(node, exp.Div):
-        return "float"
-    if isinstance(node, (exp.IntDiv, exp.Mod)):
-        return "int" if static_type(node.this, types) == "int" else "?"
-    if isinstance(node, (exp.Lower, exp.Upper, exp.Trim, exp.Concat, exp.DPipe, exp.Substring)):
-        return "text"
-    if isinstance(node, exp.Length):
-        return "int"
-    if isinstance(node, (exp.Predicate, exp.Connector, exp.Not, exp.StartsWith, exp.EndsWith,
-                         exp.Contains)):
-        return "bool"
-    return "?"
-
-
-def _numeric_join(a: str, b: str) -> str:
-    if a == "null":
-        return b
-    if b == "null":
-        return a
-    if a == b and a in ("int", "date", "timestamp"):
-        return a
-    if a in ("int", "float") and b in ("int", "float"):
-        return "float"
-    return "?"
 
 
 #: The largest finite double.

@@ -20,6 +20,7 @@ import dataclasses
 
 from sqlglot import exp
 
+from dpgate.rendered import mark
 from dpgate.policy import ColumnPolicy, TablePolicy
 from dpgate.private_bounds import BoundsGrid
 from dpgate.render import nodes as n
@@ -53,5 +54,5 @@ def histogram_tree(table: TablePolicy, col: ColumnPolicy, grid: BoundsGrid) -> e
            for i, c in enumerate(grid.distances[:-1])]
     case = exp.Case(ifs=ifs, default=n.num(grid.size - 1)) if ifs else n.num(0)
     inner = n.select([n.alias(case, BIN)], n.subquery(units, _PREFIX + "units"), where=n.not_null(d.copy()))
-    return n.select([n.col(BIN), n.alias(exp.Count(this=exp.Star()), COUNT)],
-                    n.subquery(inner, _PREFIX + "bins"), group=[n.col(BIN)])
+    return mark(n.select([n.col(BIN), n.alias(exp.Count(this=exp.Star()), COUNT)],
+                         n.subquery(inner, _PREFIX + "bins"), group=[n.col(BIN)]), unit_unique=False, per_unit=False)

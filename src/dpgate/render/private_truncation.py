@@ -22,6 +22,7 @@ from dpgate.private_bounds import BoundsGrid
 from dpgate.render import nodes as n
 from dpgate.render.bounded import rows_tree
 from dpgate.render.private_bounds import BIN, COUNT
+from dpgate.rendered import mark
 from dpgate.sql.plan import QueryPlan
 
 __all__ = ["counts_tree", "BIN", "COUNT"]
@@ -43,4 +44,6 @@ def counts_tree(plan: QueryPlan, table: TablePolicy, join_tree: exp.Expression |
     inner = n.select([n.alias(case, BIN)], n.table(_PREFIX + "units"))
     final = n.select([n.col(BIN), n.alias(exp.Count(this=exp.Star()), COUNT)],
                      n.subquery(inner, _PREFIX + "bins"), group=[n.col(BIN)])
-    return n.with_ctes([(_PREFIX + "rows", rows), (_PREFIX + "cells", cells), (_PREFIX + "units", units)], final)
+    tree = n.with_ctes([(_PREFIX + "rows", rows), (_PREFIX + "cells", cells), (_PREFIX + "units", units)], final)
+    # the rows are step 1 of the bounded query (every row with its unit): never the unit-unique fast path
+    return mark(tree, unit_unique=False, per_unit=False)

@@ -55,6 +55,7 @@ from dataclasses import replace
 
 from sqlglot import exp
 
+from dpgate.rendered import mark
 from dpgate.policy import ColumnPolicy, DatasetPolicy, TablePolicy, quote_identifier as q
 from dpgate.sql.bind import bind_value
 from dpgate.sql.expr import row_sql, total_sql, value_sql  # noqa: F401 - row_sql re-exported
@@ -104,8 +105,9 @@ def bounded_query(plan: QueryPlan, policy: DatasetPolicy, *, salt: int, unit_uni
     """:func:`bounded_sql` as a sqlglot tree (what the gateway hands an engine; no parse).
 
     The tree equals ``sqlglot.parse_one(bounded_sql(...), read="duckdb")`` (tests/test_render_trees.py).
-    Its ``meta`` carries ``unit_unique`` (the per-unit step is skipped: engines refuse the tree
-    on a table whose load did not find one row per unit) and ``per_unit``. Engines render the
+    Its root carries the renderer's flags (:func:`dpgate.rendered.mark`): ``unit_unique`` (the
+    per-unit step is skipped: engines refuse the tree on a table whose load did not find one row per
+    unit) and ``per_unit``. Engines render the
     tree in their own dialect (DuckDB: ``tree.sql(dialect="duckdb")`` after its transforms).
 
     Raises:
@@ -121,9 +123,9 @@ def bounded_query(plan: QueryPlan, policy: DatasetPolicy, *, salt: int, unit_uni
     per_unit = aggregates_per_unit(table, unit_unique=unit_unique)
     tree = bounded_tree(plan, table, exp.Literal.number(str(salt)), per_unit=per_unit,
                         join_tree=source.rows())
-    tree.meta["unit_unique"] = not per_unit and not table.record_level
-    tree.meta["per_unit"] = bool(getattr(table, "per_unit", False))  # rows kept by DuckDB's row hash
-    return tree
+    # the renderer's flags (dpgate.rendered): the per-unit step skipped; rows kept by DuckDB's row hash
+    return mark(tree, unit_unique=not per_unit and not table.record_level,
+                per_unit=bool(getattr(table, "per_unit", False)))
 
 
 def _counted(plan: QueryPlan, policy: DatasetPolicy) -> tuple[QueryPlan, DatasetPolicy]:

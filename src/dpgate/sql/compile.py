@@ -51,7 +51,8 @@ from dpgate.sql.outputs import (
     plan_offset,
     plan_order_by,
 )
-from dpgate.sql.parsed_shape import ambiguous, parsed_shape
+from dpgate.sql.node_types import annotate, column_types_of
+from dpgate.sql.parsed_shape import shaped
 from dpgate.sql.per_unit import rewrite_per_unit
 from dpgate.sql.plan import (
     FUNCTION_PRIMITIVES,
@@ -178,7 +179,7 @@ def plan_statement(stmt: exp.Select, policy: DatasetPolicy, source: Source | Non
         narrowed_keys=narrowed,
         offset=offset,
         source=source,
-        trees=_plan_trees(where_shaped, having, plan_outputs, derived_trees, keys, outputs),
+        trees=_plan_trees(where_shaped, having, plan_outputs, derived_trees, keys, outputs, table),
     )
     if offset and (table.public or selection_shaped(plan)):
         what = "a public table's rows" if table.public else "a top-k selection (keys ordered by an aggregate)"
@@ -193,26 +194,21 @@ def plan_statement(stmt: exp.Select, policy: DatasetPolicy, source: Source | Non
 
 
 def _plan_trees(where: exp.Expression | None, having: exp.Expression | None, plan_outputs: tuple[Output, ...],
-                derived: dict[str, exp.Expression], keys: Keys, outputs: Outputs) -> PlanTrees:
+                derived: dict[str, exp.Expression], keys: Keys, outputs: Outputs, table: TablePolicy) -> PlanTrees:
     """The trees the plan's texts were generated from, in the shape DuckDB's parser gives those
     texts (:class:`~dpgate.sql.plan.PlanTrees`, :func:`~dpgate.sql.parsed_shape.parsed_shape`;
-    ``where`` is shaped already)."""
-    values = {o.derived.expression: shaped(o.derived_tree) for o in outputs.items
+    ``where`` is shaped already). The row expressions (WHERE, computed keys, aggregated values)
+    carry the static type of each node (:func:`~dpgate.sql.node_types.annotate`), which the
+    renderer hands on to the engines."""
+    column_type = column_types_of(table.columns)
+    values = {o.derived.expression: annotate(shaped(o.derived_tree), column_type) for o in outputs.items
               if o.derived is not None and o.derived_tree is not None}
+    if where is not None:
+        annotate(where, column_type)
     return PlanTrees(where=where, having=None if having is None else shaped(having), values=values,
-                     keys={name: shaped(tree) for name, tree in keys.trees.items()},
+                     keys={name: annotate(shaped(tree), column_type) for name, tree in keys.trees.items()},
                      derived={o.name: shaped(derived[o.name]) for o in plan_outputs
                               if isinstance(o, DerivedOutput)})
-
-
-def shaped(tree: exp.Expression) -> exp.Expression:
-    """``tree`` in the shape DuckDB's parser gives its canonical text
-    (:func:`~dpgate.sql.parsed_shape.parsed_shape`); an :func:`~dpgate.sql.parsed_shape.ambiguous`
-    tree (its text reads back otherwise: none in the corpus) is its text parsed, since the text is
-    what the plan hash covers and what ran before the plan carried trees."""
-    if ambiguous(tree):
-        return sqlglot.parse_one(tree.sql(dialect=DIALECT, comments=False), read=DIALECT)
-    return parsed_shape(tree)
 
 
 def _raw_rows(stmt: exp.Select, table: TablePolicy, group_by: list[str]) -> bool:

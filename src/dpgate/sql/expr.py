@@ -55,6 +55,7 @@ from typing import Callable, Iterator
 from sqlglot import exp
 
 from dpgate import limits
+from dpgate.rendered import same_type, set_type
 from dpgate.sql.temporal import date_part_of, temporal_sql
 
 DIALECT = "duckdb"
@@ -243,6 +244,16 @@ class Expr:
 
 
 def value_sql(e: Expr, ref: Callable[[str], exp.Expression]) -> exp.Expression:
+    """The executable per-row value of a bounded numeric expression (DuckDB), its root typed with
+    ``e``'s type (:func:`dpgate.rendered.set_type`; a condition's 0/1 value is an int): engines read
+    it where they spell a date part of the value.
+
+    See :func:`_value_sql`.
+    """
+    return set_type(_value_sql(e, ref), "int" if e.type == "bool" else e.type)
+
+
+def _value_sql(e: Expr, ref: Callable[[str], exp.Expression]) -> exp.Expression:
     """The executable per-row value of a bounded numeric expression (DuckDB).
 
     Every numeric column in a value position is replaced by its clamp
@@ -348,10 +359,11 @@ def total_sql(tree: exp.Expression, ref: Callable[[str], exp.Expression]) -> exp
     """
     def swap(node: exp.Expression) -> exp.Expression:
         if isinstance(node, exp.Column):
-            return ref(node.name)
+            return same_type(ref(node.name), node)  # the planner's type stays on the node
         return node
 
-    return exp.Try(this=guard_arithmetic(tree.transform(swap)))
+    inner = guard_arithmetic(tree.transform(swap))
+    return same_type(exp.Try(this=inner), inner)
 
 def row_sql(canonical: exp.Expression | str, qualifier: str | None = "__dpg_src") -> str:
     """A canonical row predicate or expression (its tree, ``plan.where_tree()`` /
@@ -397,9 +409,9 @@ def guard_arithmetic(tree: exp.Expression) -> exp.Expression:
                and not isinstance(n.parent, exp.Try)]
     for node in targets:
         if node is tree:
-            tree = exp.Try(this=node)
+            tree = same_type(exp.Try(this=node), node)
             continue
-        wrapper = exp.Try()
+        wrapper = same_type(exp.Try(), node)
         node.replace(wrapper)
         wrapper.set("this", node)
     return tree

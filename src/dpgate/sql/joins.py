@@ -417,6 +417,7 @@ def _left_filters(scope: _JoinScope, policy: DatasetPolicy) -> dict[str, exp.Exp
         UnsupportedQuery, UnknownColumn: as a WHERE over that table would.
     """
     from dpgate.sql.bind import plan_where_tree
+    from dpgate.sql.node_types import annotate, column_types_of
     from dpgate.sql.resolve import QueryScope
 
     out: dict[str, exp.Expression] = {}
@@ -424,8 +425,8 @@ def _left_filters(scope: _JoinScope, policy: DatasetPolicy) -> dict[str, exp.Exp
         s = by_alias(scope.sources, alias)
         tree = plan_where_tree(exp.and_(*[c.copy() for c in conds], copy=False),
                                QueryScope(policy, s.table, set(s.names)))
-        if tree is not None:
-            out[alias] = tree
+        if tree is not None:  # each node typed once, here (the engines read the types: sql.node_types)
+            out[alias] = annotate(tree, column_types_of(s.table.columns))
     return out
 
 

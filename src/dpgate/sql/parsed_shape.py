@@ -25,10 +25,11 @@ golden, corpus-like and random trees that are not :func:`ambiguous`.
 
 from __future__ import annotations
 
+import sqlglot
 from sqlglot import exp
 from sqlglot.dialects.dialect import map_date_part
 
-__all__ = ["ambiguous", "parsed_shape"]
+__all__ = ["ambiguous", "parsed_shape", "shaped"]
 
 _CONNECTIVES = (exp.And, exp.Or, exp.Not)
 
@@ -155,3 +156,13 @@ def _negation(tokens: list, i: int) -> tuple[exp.Expression, int]:
 
 def _is(token: exp.Expression | str, word: str) -> bool:
     return isinstance(token, str) and token == word
+
+
+def shaped(tree: exp.Expression) -> exp.Expression:
+    """``tree`` in the shape DuckDB's parser gives its canonical text
+    (:func:`parsed_shape`); an :func:`ambiguous`
+    tree (its text reads back otherwise: none in the corpus) is its text parsed, since the text is
+    what the plan hash covers and what ran before the plan carried trees."""
+    if ambiguous(tree):
+        return sqlglot.parse_one(tree.sql(dialect="duckdb", comments=False), read="duckdb")
+    return parsed_shape(tree)

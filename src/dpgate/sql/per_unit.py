@@ -255,7 +255,9 @@ def build_source(inner: exp.Select, policy: DatasetPolicy) -> PerUnitSource:
         UnsupportedQuery: the inner query is not a per-unit aggregation (module docstring).
         UnknownTable, UnknownColumn: undeclared names.
     """
-    from dpgate.sql.bind import plan_where
+    from dpgate.sql.bind import plan_where_tree
+    from dpgate.sql.node_types import annotate, column_types_of
+    from dpgate.sql.parsed_shape import shaped
     from dpgate.sql.expr import row_sql
     from dpgate.sql.rules import check_nesting
 
@@ -281,7 +283,10 @@ def build_source(inner: exp.Select, policy: DatasetPolicy) -> PerUnitSource:
     if not columns:
         raise _refuse("a per-unit subquery must compute at least one aggregate", inner)
     where_node = inner.args.get("where")
-    where = plan_where(where_node.this if where_node is not None else None, scope)
+    where_tree = plan_where_tree(where_node.this if where_node is not None else None, scope)
+    where = None if where_tree is None else where_tree.sql(dialect="duckdb", comments=False)
+    if where_tree is not None:  # the text's own shape, each node typed (sql.node_types)
+        where_tree = annotate(shaped(where_tree), column_types_of(table.columns))
     # the inner WHERE obeys the outer WHERE's totality rule (sql.bound.row_sql): a row on which
     # it would raise is filtered out, never an error after the charge
     conditions = [f"{q(unit)} IS NOT NULL"] + ([f"({row_sql(where, None)})"] if where else [])
@@ -291,7 +296,7 @@ def build_source(inner: exp.Select, policy: DatasetPolicy) -> PerUnitSource:
         f"FROM {table.relation}{' AS ' + q(_JOINED) if joined is not None else ''} WHERE {' AND '.join(conditions)}")
     join_sql = (f"SELECT {', '.join(select)} FROM ({bounded_rows}) AS {q('__dpg_src')} "
                 f"WHERE {q('__dpg_rn')} <= {c} GROUP BY {q('__dpg_src')}.{q(unit)}")
-    join_tree = _join_tree(table, reads, items, where, c)
+    join_tree = _join_tree(table, reads, items, where_tree, c)
     view = VirtualTable(
         name=PER_UNIT_MARK + written.sql(dialect="duckdb"), dataset=policy.name, source="",
         privacy_unit=unit, max_groups_per_unit=1, max_rows_per_unit=1,
@@ -308,15 +313,15 @@ _AGG_NODES = {"sum": exp.Sum, "avg": exp.Avg, "min": exp.Min, "max": exp.Max}
 _JOINED = "__dpg_joined"
 
 
-def _join_tree(table: TablePolicy, reads: Source, items: list[exp.Expression], where: str | None, c: int
-               ) -> exp.Select:
+def _join_tree(table: TablePolicy, reads: Source, items: list[exp.Expression], where: exp.Expression | None,
+               c: int) -> exp.Select:
     """The per-unit table's ``join_sql`` as a tree (equal to its parse); ``reads`` is the declared
-    table or the join it reads."""
+    table or the join it reads; ``where``: the inner WHERE's typed tree."""
     from dpgate.render.bounded import row_tree
 
     unit = table.privacy_unit
     conditions: list[exp.Expression] = [sqln.not_null(sqln.col(unit))]
-    if where:
+    if where is not None:
         conditions.append(exp.Paren(this=row_tree(where, None)))
     window = exp.Window(this=exp.RowNumber(), partition_by=[sqln.col(unit)], order=exp.Order(expressions=[
         exp.Ordered(this=sqln.anonymous("hash", *[sqln.col(x) for x in [unit, *table.columns]]), nulls_first=False)]),

@@ -16,6 +16,7 @@ import itertools
 
 import numpy as np
 
+from dpgate.rendered import mark
 from dpgate.policy import DatasetPolicy, quote_identifier as q
 from dpgate.sql.bound import _where
 from dpgate.sql.plan import AggregateOutput, DerivedOutput, KeyOutput, QueryPlan
@@ -150,7 +151,7 @@ def exact_query(plan: QueryPlan, policy: DatasetPolicy):
     limit = plan.limit
     if reads_rows(plan) and (limit is None or limit > MAX_PUBLIC_ROWS):
         limit = MAX_PUBLIC_ROWS + 1
-    return exact_tree(plan, policy, limit)
+    return mark(exact_tree(plan, policy, limit), unit_unique=False, per_unit=False)
 
 
 def key_values_query(table, column: str, limit: int):
@@ -164,7 +165,7 @@ def key_values_query(table, column: str, limit: int):
                     where=n.not_null(n.col(column)), order=[exp.column("v")])
     tree.set("distinct", exp.Distinct())
     tree.set("limit", exp.Limit(expression=n.num(limit)))
-    return tree
+    return mark(tree, unit_unique=False, per_unit=False)
 
 
 def key_tuples_query(table, columns: list[str], limit: int):
@@ -177,4 +178,4 @@ def key_tuples_query(table, columns: list[str], limit: int):
     tree = n.select([n.col(c) for c in columns], n.table(table.name, table.dataset))
     tree.set("distinct", exp.Distinct())
     tree.set("limit", exp.Limit(expression=n.num(limit)))
-    return tree
+    return mark(tree, unit_unique=False, per_unit=False)

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 from sqlglot import exp
 
+from dpgate.rendered import mark
 from dpgate.errors import UnsupportedQuery
 from dpgate.policy import DatasetPolicy, quote_identifier as q
 from dpgate.quantiles import Grid, alpha_fraction, grid_for
@@ -236,15 +237,15 @@ def histogram_sql(plan: QueryPlan, policy: DatasetPolicy, column: str, *, salt: 
 def histogram_query(plan: QueryPlan, policy: DatasetPolicy, column: str, *, salt: int) -> exp.Select:
     """:func:`histogram_sql` as a sqlglot tree (what the gateway hands an engine; no parse).
 
-    ``meta["per_unit"]``: the rows are a per-unit table's (engines that cannot run one refuse it).
+    Marked with the renderer's flags (:func:`dpgate.rendered.mark`): ``per_unit`` when the rows are a
+    per-unit table's (engines that cannot run one refuse it); never ``unit_unique``.
     """
     from dpgate.render.histogram import histogram_tree
     from dpgate.sql.sources import plan_source
 
     source = plan_source(plan, policy)
     tree = histogram_tree(plan, policy, column, exp.Literal.number(str(int(salt))), join_tree=source.rows())
-    tree.meta["per_unit"] = bool(getattr(source.table, "per_unit", False))
-    return tree
+    return mark(tree, unit_unique=False, per_unit=bool(getattr(source.table, "per_unit", False)))
 
 
 def histogram_sql_template(plan: QueryPlan, policy: DatasetPolicy, column: str) -> str:
