@@ -26,8 +26,13 @@ Refused (``UnsupportedQuery``, ``details.reason = "semi_join"``, before anything
 subquery selecting other than one column, an EXISTS correlated on
 zero or several equalities or on an unqualified outer column, and (in the pipeline) an answer of
 more than :data:`MAX_VALUES` values or of values that are not text, integers, finite floats or
-booleans. An IN subquery or EXISTS over a protected table is left in place for the planner's
-allow-list refusal (it decides one unit's rows by other rows: issue 21 item 5 keeps that refused).
+booleans. An IN subquery or EXISTS over a protected table is left in place: the planner answers it
+when its correlation keeps it inside the outer row's unit (:mod:`dpgate.sql.unit_semi_joins`) and
+refuses it otherwise.
+
+* A scalar subquery over public tables in WHERE or HAVING (``HAVING SUM(x) > (SELECT SUM(x) * 0.01
+  FROM partsupp …)``, TPC-H Q11; :func:`public_scalars`) is a public constant: its one value (NULL
+  for no row) replaces it (:func:`inline_scalar`); more rows, or a correlated one, are refused.
 """
 
 from __future__ import annotations

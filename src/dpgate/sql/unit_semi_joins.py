@@ -263,8 +263,8 @@ def _inner_table(select: exp.Select, policy: DatasetPolicy, text: str) -> tuple[
     extra = {k for k, v in select.args.items() if v} - {"expressions", "from", "from_", "where", "group", "having",
                                                          "distinct"}
     if extra:
-        raise refusal(f"a subquery over a protected table may filter (WHERE) only; {', '.join(sorted(extra))} is "
-                      "not supported there", text)
+        raise refusal(f"a subquery over a protected table reads one declared table and filters it (WHERE); "
+                      f"{', '.join(sorted(extra))} is not supported there", text)
     if any(s is not select for s in select.find_all(exp.Select)):
         raise refusal("a subquery over a protected table cannot contain another subquery", text)
     frm = select.args.get("from_") or select.args.get("from")
