@@ -39,7 +39,7 @@ from types import MappingProxyType
 
 from sqlglot import exp
 
-from dpgate.errors import UnknownColumn, UnknownTable
+from dpgate.errors import UnknownColumn, UnknownTable, UnsupportedQuery
 from dpgate.policy import ColumnPolicy, DatasetPolicy, TablePolicy
 from dpgate.render import nodes as sqln
 from dpgate.sql.bind import plan_where_tree
@@ -354,7 +354,7 @@ def _link(cond: exp.Expression, resolve, inner: TablePolicy, source: Source):
                        "the outer row's privacy unit (a public or LEFT-joined table)", _text(cond))
     try:
         return UnitLink(o.table, o.column, inner, i_col)
-    except Exception as e:  # the refusal saying what would prove it
+    except UnsupportedQuery as e:  # the refusal saying what would prove it
         return e
 
 
@@ -399,7 +399,13 @@ def _condition(select: exp.Select, alias: str, links, rest, resolve, tables, pol
     conds = []
     for link, cond in links:
         o_view = next(o.view_column for o in _outer_candidates(cond, resolve))
-        conds.append(exp.EQ(this=sqln.col(link.inner_column, alias), expression=sqln.col(o_view, _OUTER)))
+        a, b = sqln.col(link.inner_column, alias), sqln.col(o_view, _OUTER)
+        if link.proof == "unit" and (inner.find_column(link.inner_column) is None
+                                     or inner.find_column(link.inner_column).type == "text"):
+            # two tables' text (or undeclared) units compare by their text, as in a join
+            # (dpgate.sql.sources.JoinCondition.sql): total and one-to-one on every stored type
+            a, b = sqln.cast(a, "VARCHAR"), sqln.cast(b, "VARCHAR")
+        conds.append(exp.EQ(this=a, expression=b))
     if rest:
         scope, back = _scope_table(inner, outer, source, policy)
         bound = plan_where_tree(exp.and_(*[c.copy() for c in rest]).transform(renamed), scope)
