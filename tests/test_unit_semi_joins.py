@@ -299,3 +299,20 @@ def test_spark_answers_the_semi_joins(tmp_path):
     data = _parquet(tmp_path / "data")
     _check_answers(_answers(_engine_policy(tmp_path, 'engine = "spark"', lambda t: f"{data}/{t}.parquet"), tmp_path,
                             timeout=180))
+
+
+def test_text_units_compare_by_their_text_and_int_units_as_stored():
+    import dataclasses as dc
+    from types import MappingProxyType
+
+    policy = _policy()
+    sql = "SELECT COUNT(*) FROM customer WHERE EXISTS (SELECT * FROM orders WHERE o_custkey = c_custkey)"
+    assert "CAST" not in parse_query(sql, policy).source.view.join_sql  # int units: as stored
+    # the same tables with undeclared (text) units: '7' and '07' are two units, compared as text
+    tables = dict(policy.tables)
+    for name, unit in (("customer", "c_custkey"), ("orders", "o_custkey")):
+        t = tables[name]
+        tables[name] = dc.replace(t, columns=MappingProxyType({k: v for k, v in t.columns.items() if k != unit}))
+    texts = dc.replace(policy, tables=MappingProxyType(tables))
+    rows = parse_query(sql, texts).source.view.join_sql
+    assert 'CAST("__dpg_semi_1"."o_custkey" AS TEXT) = CAST("__dpg_outer"."c_custkey" AS TEXT)' in rows, rows
