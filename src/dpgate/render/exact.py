@@ -26,6 +26,8 @@ def exact_tree(plan: QueryPlan, policy: DatasetPolicy, limit: int | None) -> exp
 
     def src(c: str) -> exp.Expression:  # a computed key is its expression over the row (a trial: was g0)
         computed = plan.computed_key(c)
+        if computed is None and plan.derived(c) is not None:  # an aggregated expression (SUM(a * b))
+            return exp.Paren(this=plan.value_tree(c))
         return n.col(c, _SRC) if computed is None else exp.Paren(this=plan.key_tree(computed))
     items: list[exp.Expression] = []
     for o in plan.outputs:

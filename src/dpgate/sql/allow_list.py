@@ -40,12 +40,15 @@ SELECT_ARG_NAMES = {
 
 
 STRUCTURAL = {
-    exp.Subquery: "subqueries are not supported here (a WHERE IN/EXISTS subquery may read public tables only: over "
-                  "a protected table it would decide one unit's rows by other rows)",
-    exp.Select: "subqueries are not supported here (a WHERE IN/EXISTS subquery may read public tables only: over "
-                "a protected table it would decide one unit's rows by other rows)",
-    exp.Exists: "subqueries (EXISTS) are not supported here (an EXISTS may read public tables only, correlated on "
-                "one equality: over a protected table it would decide one unit's rows by other rows)",
+    exp.Subquery: "subqueries are not supported here (a WHERE IN/EXISTS subquery reads public tables, or one protected "
+                  "table correlated within the outer row's privacy unit: otherwise it would decide one unit's rows by "
+                  "other units' rows)",
+    exp.Select: "subqueries are not supported here (a WHERE IN/EXISTS subquery reads public tables, or one protected "
+                "table correlated within the outer row's privacy unit: otherwise it would decide one unit's rows by "
+                "other units' rows)",
+    exp.Exists: "subqueries (EXISTS) are not supported here (an EXISTS reads public tables correlated on one equality, "
+                "or one protected table correlated within the outer row's privacy unit, as an AND-ed condition of "
+                "WHERE)",
     exp.Join: "JOIN is not supported",
     exp.Lateral: "LATERAL is not supported",
     exp.Unnest: "UNNEST is not supported",

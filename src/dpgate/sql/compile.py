@@ -6,7 +6,8 @@ once"), in the order the steps run::
     compile_statement(stmt, policy)
       = size check (allow_list.MAX_NODES)
       → rewrite rules (sql.rules: CTEs inlined; the unit-path hook; per-unit subqueries;
-        derived tables merged, OR-chains → IN; joins → one joined table)
+        derived tables merged, OR-chains → IN; protected semi-joins taken out of WHERE; joins →
+        one joined table; the semi-joins back as its filter, sql.unit_semi_joins)
       → allow-list of the rewritten statement (sql.allow_list)
       → resolve: the scope from the policy (sql.resolve)
       → GROUP BY keys (sql.group_keys), SELECT items and aggregates (sql.outputs,
@@ -72,6 +73,7 @@ from dpgate.sql.selection_query import selection_shaped
 from dpgate.sql.resolve import QueryScope, resolve_from
 from dpgate.sql.sources import Source, TableSource
 from dpgate.sql.unit_paths import rewrite_unit_paths
+from dpgate.sql.unit_semi_joins import attach_semi_joins, extract_semi_joins
 from dpgate.sql.rules import MAX_NESTING, apply_statement_rules, apply_syntax_rules
 
 #: Most key combinations (public keys × computed-key domains) one query may release: the
@@ -121,8 +123,11 @@ def rewrite(stmt: exp.Select, policy: DatasetPolicy) -> tuple[exp.Select, Datase
     # per-unit hook (dpgate.sql.per_unit): FROM (SELECT unit, aggregates … GROUP BY unit)
     stmt, policy, per_unit = rewrite_per_unit(stmt, policy)
     stmt = apply_statement_rules(stmt)
+    # semi-join hook (dpgate.sql.unit_semi_joins, issue 21 item 5): protected EXISTS / IN out of WHERE …
+    stmt, semi = extract_semi_joins(stmt, policy)
     stmt, policy, join = rewrite_joins(stmt, policy)  # joins hook (dpgate.sql.joins): one joined table
-    return stmt, policy, join or per_unit or path
+    # … and back as the outer source's filter, once the unit of an outer row is proven to bound them
+    return attach_semi_joins(stmt, policy, join or per_unit or path, semi)
 
 
 def plan_statement(stmt: exp.Select, policy: DatasetPolicy, source: Source | None = None) -> QueryPlan:

@@ -94,8 +94,10 @@ def exact_sql(plan: QueryPlan, policy: DatasetPolicy) -> str:
     table = policy.table(plan.table)
     if not table.public:
         raise ValueError(f"table {table.name!r} is not public")
-    def col(c: str) -> str:  # a computed key is its expression over the row
+    def col(c: str) -> str:  # a computed key (an aggregated expression) is its expression over the row
         computed = plan.computed_key(c)
+        if computed is None and plan.derived(c) is not None:
+            return f"({c})"
         return f"{q(_SRC)}.{q(c)}" if computed is None else f"({computed.expression})"
     items = []
     for o in plan.outputs:

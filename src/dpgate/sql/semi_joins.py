@@ -26,8 +26,13 @@ Refused (``UnsupportedQuery``, ``details.reason = "semi_join"``, before anything
 subquery selecting other than one column, an EXISTS correlated on
 zero or several equalities or on an unqualified outer column, and (in the pipeline) an answer of
 more than :data:`MAX_VALUES` values or of values that are not text, integers, finite floats or
-booleans. An IN subquery or EXISTS over a protected table is left in place for the planner's
-allow-list refusal (it decides one unit's rows by other rows: issue 21 item 5 keeps that refused).
+booleans. An IN subquery or EXISTS over a protected table is left in place: the planner answers it
+when its correlation keeps it inside the outer row's unit (:mod:`dpgate.sql.unit_semi_joins`) and
+refuses it otherwise.
+
+* A scalar subquery over public tables in WHERE or HAVING (``HAVING SUM(x) > (SELECT SUM(x) * 0.01
+  FROM partsupp …)``, TPC-H Q11; :func:`public_scalars`) is a public constant: its one value (NULL
+  for no row) replaces it (:func:`inline_scalar`); more rows, or a correlated one, are refused.
 """
 
 from __future__ import annotations
@@ -40,7 +45,8 @@ from sqlglot import exp
 from dpgate.errors import UnsupportedQuery
 from dpgate.policy import DatasetPolicy
 
-__all__ = ["MAX_VALUES", "exists_as_in", "inline_values", "public_subqueries", "resolve_semi_joins"]
+__all__ = ["MAX_VALUES", "exists_as_in", "inline_scalar", "inline_values", "public_scalars", "public_subqueries",
+           "resolve_semi_joins"]
 
 #: Most values one public IN subquery may answer (the literal list enters the plan).
 MAX_VALUES = 10_000
@@ -150,6 +156,49 @@ def public_subqueries(select: exp.Select, policy: DatasetPolicy) -> list[exp.In]
     return out
 
 
+def public_scalars(select: exp.Select, policy: DatasetPolicy) -> list[exp.Subquery]:
+    """The scalar subqueries ``(SELECT agg FROM public_table …)`` of ``select``'s WHERE and HAVING
+    (not an IN's or EXISTS's) whose subquery reads public tables only: each is a public constant.
+
+    Raises:
+        UnsupportedQuery: such a subquery selects other than exactly one column.
+    """
+    out = []
+    for key in ("where", "having"):
+        clause = select.args.get(key)
+        if clause is None:
+            continue
+        for node in clause.find_all(exp.Subquery):
+            inner = node.this
+            if isinstance(node.parent, (exp.In, exp.Exists)) or not isinstance(inner, exp.Select) \
+                    or not _reads_public_only(inner, policy):
+                continue
+            if len(inner.expressions) != 1 or isinstance(inner.expressions[0], exp.Star):
+                raise _refusal("a scalar subquery must select exactly one column", node)
+            columns = {c.casefold() for t in inner.find_all(exp.Table) for c in policy.tables[t.name].columns}
+            outer = next((c for c in inner.find_all(exp.Column) if c.name.casefold() not in columns), None)
+            if outer is not None:
+                raise _refusal(f"a correlated scalar subquery (it reads {outer.sql()} of the outer query) is not "
+                               "supported: a scalar subquery over public tables is answered once, exactly, and must "
+                               "read its own tables only", node)
+            out.append(node)
+    return out
+
+
+def inline_scalar(node: exp.Subquery, values: Sequence[Any]) -> None:
+    """Replace the scalar subquery ``node`` (from :func:`public_scalars`) by its one value (NULL
+    when it answers no row), as :func:`inline_values` writes values.
+
+    Raises:
+        UnsupportedQuery: more than one row, or a value :func:`inline_values` refuses.
+    """
+    if len(values) > 1:
+        raise _refusal(f"the scalar subquery answers {len(values)} rows: it must answer at most one", node)
+    probe = exp.In(this=exp.Null(), query=node.copy())
+    inline_values(probe, list(values) or [None])
+    node.replace(probe.expressions[0])
+
+
 def inline_values(node: exp.In, values: Sequence[Any]) -> None:
     """Replace the subquery of ``node`` (from :func:`public_subqueries`) by its answer's values.
 
@@ -195,10 +244,12 @@ def resolve_semi_joins(select: exp.Select, policy: DatasetPolicy,
         values_of: the exact one-column answer of a public-only SELECT (the pipeline's); None
             leaves the subqueries for the planner's refusal.
     """
-    if values_of is None or select.args.get("where") is None:
+    if values_of is None or (select.args.get("where") is None and select.args.get("having") is None):
         return select
     exists_as_in(select, policy)
     for node in public_subqueries(select, policy):
         query = node.args["query"]
         inline_values(node, values_of(query.this if isinstance(query, exp.Subquery) else query))
+    for node in public_scalars(select, policy):  # HAVING SUM(x) > (SELECT SUM(x) * 0.01 FROM public …)
+        inline_scalar(node, values_of(node.this))
     return select

@@ -8,6 +8,7 @@ the plan (:attr:`dpgate.sql.plan.QueryPlan.source`, left out of the canonical fo
            | PerUnitSource(inner, ranges)                 a per-unit subquery over a TableSource or a
                                                           JoinSource (dpgate.sql.per_unit)
            | UnitPathSource(table, steps)                 a unit through foreign keys (dpgate.sql.unit_paths)
+           | SemiJoinSource(outer, semi_joins)            EXISTS / IN within the unit (dpgate.sql.semi_join_source)
 
 Each node checks its own invariants in its constructor, so a node that could not be valid
 cannot be built: a :class:`JoinSource`'s unit graph is connected and each later table is

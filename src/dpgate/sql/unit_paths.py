@@ -53,6 +53,7 @@ from dpgate.errors import UnsupportedQuery
 from dpgate.policy import DatasetPolicy, TablePolicy
 from dpgate.render import nodes as sqln
 from dpgate.sql.resolve import refuse_unit_path_tables, resolve_from
+from dpgate.sql.unit_semi_joins import in_semi_join
 from dpgate.sql.sources import (  # noqa: F401 - PathStep re-exported (the source nodes live there)
     UNIT_PATH_MARK,
     PathStep,
@@ -136,7 +137,9 @@ def rewrite_unit_paths(stmt: exp.Select, policy: DatasetPolicy
             :mod:`dpgate.sql.joins` (returned unchanged here).
     """
     frm = stmt.args.get("from_") or stmt.args.get("from")
-    found = [(n, t) for n in stmt.find_all(exp.Table) if (t := _path_table(n, policy)) is not None]
+    # a path table inside a protected EXISTS / IN is the semi-join hook's (dpgate.sql.unit_semi_joins)
+    found = [(n, t) for n in stmt.find_all(exp.Table)
+             if (t := _path_table(n, policy)) is not None and not in_semi_join(n)]
     if not found:
         return stmt, policy, None
     if frm is not None and isinstance(frm.this, exp.Subquery) and _mergeable(frm.this):
