@@ -4,7 +4,7 @@ The bounded SQL (:mod:`dpgate.sql.bound`, step 2: one partial per (unit, group),
 k-group choice by the smallest ``(hash(unit, keys, salt), keys)``) is compared, pre-noise, with an
 independent implementation of the documented choice in plain Python: per (unit, group) the row
 count, the non-NULL count and the fixed-point sum; ``min(count, m)``; a sum scaled to m rows'
-worth (``sum·m // count`` when count > m) and clipped to ``m·[min(lo, 0), max(hi, 0)]``; each unit
+worth (m × the mean, ``sum·m / count`` rounded half away from zero, when count > m) and clipped to ``m·[min(lo, 0), max(hi, 0)]``; each unit
 keeps the k groups with the smallest (hash, key). The hash is the engine's portable one
 (:func:`dpgate.engines.hashing.arithmetic_group_hash`), recomputed here from its documented
 formula, so the reference shares no SQL with the rendering. Any rewrite of the bounded query
@@ -13,6 +13,8 @@ every salt: the released distribution is then the same.
 """
 
 from __future__ import annotations
+
+from fractions import Fraction
 
 from collections import defaultdict
 from pathlib import Path
@@ -30,6 +32,12 @@ from dpgate.sql.parse import parse_query
 KEYS = list(range(1, 6))  # public keys of g: 1 .. 5
 LO, HI = 0, 20  # x in [0, 20] at resolution 1: fixed-point steps = values
 
+
+
+def _half_away(q: Fraction) -> int:
+    """The integer nearest ``q``, halves away from zero (exact)."""
+    r = int(abs(q) + Fraction(1, 2))
+    return r if q >= 0 else -r
 
 def _policy(k: int, m: int):
     raw = {"dataset": {"name": "ref", "population": "ref"},
@@ -77,7 +85,7 @@ def reference(rows, k: int, m: int, salt: int) -> dict[str, list[int]]:
     for (u, g), (n, c, s) in parts.items():
         if (u, g) not in kept:
             continue
-        worth = s * m // c if c > m else s
+        worth = _half_away(Fraction(s * m, c)) if c > m else s
         i = KEYS.index(g)
         out["n"][i] += min(n, m)
         out["s"][i] += min(max(worth, m * min(LO, 0)), m * max(HI, 0))

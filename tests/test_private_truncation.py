@@ -320,6 +320,17 @@ def test_the_stored_choice_is_reused_for_free_and_shown(gw):
     assert [c["metadata"].get("kind") for c in _charges(gw)].count("private_truncation") == 2
 
 
+def test_the_request_that_paid_for_the_choice_is_served_free_when_repeated(gw):
+    """Trial finding (2026-12-03): the paying request ran at (1 − share)·ρ, its identical repeat at
+    the whole ρ (another key), so it was charged again; now it is served the first release."""
+    first = gw.query("shop", SQL, consumer="default", budget=QueryBudget(rho=1.0))
+    assert len(_charges(gw)) == 2
+    again = gw.query("shop", SQL, consumer="default", budget=QueryBudget(rho=1.0))
+    assert again["cached"] and len(_charges(gw)) == 2 and again["rows"] == first["rows"]
+    other = gw.query("shop", SQL, consumer="default", budget=QueryBudget(rho=0.5))  # another request
+    assert not other["cached"] and _charges(gw)[-1]["rho"] == pytest.approx(0.5, rel=1e-12)
+
+
 def test_explain_states_the_choice_and_its_cost_and_charges_nothing(gw):
     e = gw.explain("shop", SQL, budget=QueryBudget(rho=1.0))
     assert e["private_truncation"]["outer"] == 1024 and e["private_truncation"]["grid"]["candidates"][-1] == 1024

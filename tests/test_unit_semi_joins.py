@@ -183,6 +183,11 @@ def test_an_uncorrelated_exists_over_protected_rows_would_move_every_other_units
      "limit"),
     ("SELECT COUNT(*) FROM customer WHERE c_custkey IN (SELECT o_custkey FROM orders WHERE o_price > (SELECT 1))",
      "another subquery"),
+    # a hostile literal in the subquery's HAVING (trial 3, 2026-12-03: it was answered and charged)
+    ("SELECT COUNT(*) FROM customer WHERE c_custkey IN (SELECT o_custkey FROM orders GROUP BY o_custkey "
+     "HAVING SUM(o_price) > 1e400)", "not a finite number"),
+    ("SELECT COUNT(*) FROM customer WHERE c_custkey IN (SELECT o_custkey FROM orders GROUP BY o_custkey "
+     "HAVING COUNT(*) > -1e309)", "not a finite number"),
 ])
 def test_unsafe_neighbours_are_refused_with_the_reason(sql, match):
     with pytest.raises(UnsupportedQuery) as e:

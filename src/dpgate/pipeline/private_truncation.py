@@ -269,10 +269,30 @@ def for_answer(gw: Any, dataset: str, sql: str, dialect: str | None, compiled: C
         if receipt is not None:
             budget = split.main
     used = _used(need, release, receipt)
+    recompiled = _recompile(gw, sql, dialect, compiled, need, release)
+    if receipt is None:
+        budget = _repeat_budget(gw, dataset, base, recompiled, budget, mechanism)
 
     def annotate(doc: dict[str, Any]) -> dict[str, Any]:
         return {**doc, "private_truncation": used}
-    return _recompile(gw, sql, dialect, compiled, need, release), budget, annotate
+    return recompiled, budget, annotate
+
+
+def _repeat_budget(gw: Any, dataset: str, base: Any, compiled: Compiled, budget: Any,
+                   mechanism: str | None) -> Any:
+    """The budget a repeated request is answered at: the request that paid for the choice ran at
+    its reduced budget (``split_budget``), so the same request again — same SQL, budget and data
+    version — finds that release stored and is served it, free (README: repeating a request costs
+    nothing; the same rule as private bounds', :func:`dpgate.pipeline.private_bounds._repeat_budget`).
+    Any other request runs at its whole budget. Reads the store only."""
+    if budget is not None and getattr(budget, "ci95", None) is not None:
+        return budget  # a ci95 budget never paid for a choice
+    policy, _, strategy = compiled
+    stored = getattr(gw._runner(dataset, policy, strategy), "stored", None)
+    if stored is None:
+        return budget
+    reduced = split_budget(gw, base, budget, mechanism, 1).main
+    return reduced if stored(reduced, mechanism) else budget
 
 
 def _check_before_charge(gw: Any, dataset: str, compiled: Compiled, split: Split, noise: Any, need: Need,

@@ -13,7 +13,7 @@ bounded user contribution", PoPETs 2020(2), §3–4, the ZetaSQL/BigQuery design
    :attr:`~dpgate.policy.ColumnPolicy.fixed_point_bounds`). NULL values are left out
    of sums and column counts.
 2. ``partials``: one row per (unit, group): row count clipped to m, non-NULL count
-   clipped to m, fixed-point sum scaled to m rows' worth (``sum·m // count`` when a
+   clipped to m, fixed-point sum scaled to m rows' worth (``sum·m / count`` rounded to the nearest step when a
    unit has count > m non-NULL values, so AVG weighs it like m rows) and clipped to
    ``[m·min(lo, 0), m·max(hi, 0)]``, sum of squares scaled likewise and clipped to
    ``[0, m·max(lo², hi²)]``. When a unit has partials in more than

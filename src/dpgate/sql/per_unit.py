@@ -232,12 +232,20 @@ def _inner_aggregate(item: exp.Expression, scope: Any, table: TablePolicy, c: in
         raise _refuse(f"{kind.upper()} of the {col.type} column {name!r} is not supported", node)
     v = src(name)
     vt: exp.Expression = srct(name)
+    # a value is aggregated when it is a number (NULL, and for floats NaN/±inf, are left out, as
+    # SQL's aggregates leave NULL out); the clamp is guarded by that CASE, because LEAST/GREATEST
+    # skip NULL arguments: unguarded, a NULL became the lower bound (trial finding, 2026-12-03)
     if col.type == "float":
-        v = f"CASE WHEN isfinite({v}) THEN {v} END"
-        vt = sqln.case_when(sqln.anonymous("isfinite", srct(name)), srct(name))
+        cond, cond_t = f"isfinite({v})", sqln.anonymous("isfinite", srct(name))
+    else:
+        cond, cond_t = f"{v} IS NOT NULL", sqln.not_null(srct(name))
     if col.bounded:
-        v = f"LEAST(GREATEST({v}, {_num(col.lower, col.type)}), {_num(col.upper, col.type)})"
-        vt = sqln.least(sqln.greatest(vt, sqln.num(_num(col.lower, col.type))), sqln.num(_num(col.upper, col.type)))
+        v = f"CASE WHEN {cond} THEN LEAST(GREATEST({v}, {_num(col.lower, col.type)}), {_num(col.upper, col.type)}) END"
+        vt = sqln.case_when(cond_t, sqln.least(sqln.greatest(vt, sqln.num(_num(col.lower, col.type))),
+                                               sqln.num(_num(col.upper, col.type))))
+    elif col.type == "float":
+        v = f"CASE WHEN {cond} THEN {v} END"
+        vt = sqln.case_when(cond_t, vt)
     derived = _value_column(kind, col, label, c)
     cast = "DOUBLE" if derived.type == "float" else "BIGINT"
     return (label, derived, f"CAST({kind.upper()}({v}) AS {cast}) AS {q(label)}",

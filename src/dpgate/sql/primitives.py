@@ -63,15 +63,31 @@ class PerUnit:
 
 
 def m_rows_worth(total, count, m: int) -> exp.Case:
-    """``CASE WHEN count > m THEN (total * m) // count ELSE total END`` (builders: fresh nodes).
+    """m rows' worth of a unit's partial (builders: fresh nodes)::
 
-    A unit with c > m values in a group adds m rows' worth: m × its mean (exact integer arithmetic,
-    truncated), so that AVG = Σ sums / Σ min(c, m) weighs every unit's rows consistently.
+        CASE WHEN count > m AND total < 0 THEN -((2 * -total * m + count) // (2 * count))
+             WHEN count > m THEN (2 * total * m + count) // (2 * count)
+             ELSE total END
+
+    A unit with c > m values in a group adds m rows' worth: m × its mean, rounded to the nearest
+    fixed-point step (half away from zero; exact integer arithmetic, the division's numerator never
+    negative, so every engine's integer division — DuckDB's ``//``, PostgreSQL's ``DIV``, Spark's
+    ``DIV`` — gives the same floor), so that AVG = Σ sums / Σ min(c, m) weighs every unit's rows
+    consistently. Truncating instead (``(total·m) // c``, before 2026-12-03) biased sums of small
+    values down by half a step per heavy unit: a SUM of a 0/1 expression lost ~⅓ of its heavy
+    units' worth (trial finding). The partial is then clipped to ``m·[min(lo, 0), max(hi, 0)]``,
+    so the rounding cannot move it beyond the bound its sensitivity is derived from.
     """
-    return n.case_when(exp.GT(this=count(), expression=n.num(m)),
-                       exp.IntDiv(this=exp.Paren(this=exp.Mul(this=total(), expression=n.num(m))),
-                                  expression=count()),
-                       total())
+    def half_away(t: exp.Expression) -> exp.Expression:  # (2·t·m + c) // (2·c) for t ≥ 0
+        return exp.IntDiv(this=exp.Paren(this=exp.Add(
+            this=exp.Mul(this=exp.Mul(this=n.num(2), expression=t), expression=n.num(m)), expression=count())),
+            expression=exp.Paren(this=exp.Mul(this=n.num(2), expression=count())))
+
+    over = lambda: exp.GT(this=count(), expression=n.num(m))  # noqa: E731
+    negative = exp.If(this=exp.And(this=over(), expression=exp.LT(this=total(), expression=n.num(0))),
+                      true=exp.Neg(this=exp.Paren(this=half_away(exp.Paren(this=exp.Neg(this=total()))))))
+    positive = exp.If(this=over(), true=half_away(total()))
+    return exp.Case(ifs=[negative, positive], default=total())
 
 
 class PrimitiveKindBase(ABC):

@@ -132,9 +132,10 @@ def refuse_unit_path_tables(stmt: exp.Expression, policy: DatasetPolicy) -> None
         if table is not None and table.unit_path is not None:
             raise UnsupportedQuery(
                 f"table {table.name!r} reaches its privacy unit through foreign keys ({table.unit_path}): "
-                "the gateway attaches the unit by joining along the path when the table is the query's own "
-                "FROM (issue 21); in a subquery, IN/EXISTS, a per-unit subquery or read twice it is not "
-                "supported yet",
+                "the gateway attaches the unit by joining along the path when the table is read in the "
+                "query's own FROM (joined or not, or in a FROM subquery that only filters and projects) or "
+                "in an EXISTS/IN correlated within one unit (issue 21); inside a per-unit subquery, or read where no "
+                "unit can be attached, it is not supported yet",
                 {"reason": "unit_path", "table": table.name, "unit_path": table.unit_path.to_list(),
                  "construct": snippet(node)})
 

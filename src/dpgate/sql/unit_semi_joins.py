@@ -34,6 +34,7 @@ protected one, ``NOT IN``, and an outer source that is public or a per-unit subq
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -444,11 +445,21 @@ def _having(node: exp.Expression, resolve, alias: str, text: str) -> exp.Express
         raise refusal(f"the subquery's HAVING accepts comparisons of SUM, COUNT, AVG, MIN or MAX of its table's "
                       f"columns with numbers, not {_text(n)}", text)
 
+    def number(lit: exp.Literal) -> exp.Literal:
+        """A finite numeric literal (1e400 is +inf: refused, as in WHERE — house rule 7)."""
+        try:
+            finite = math.isfinite(float(lit.this))
+        except ValueError:
+            finite = False
+        if not finite:
+            raise refusal(f"numeric literal {lit.this} is not a finite number", text)
+        return exp.Literal.number(lit.this)
+
     def operand(n: exp.Expression) -> exp.Expression:
         if isinstance(n, exp.Neg) and isinstance(n.this, exp.Literal) and n.this.is_number:
-            return exp.Neg(this=exp.Literal.number(n.this.this))
+            return exp.Neg(this=number(n.this))
         if isinstance(n, exp.Literal) and n.is_number:
-            return exp.Literal.number(n.this)
+            return number(n)
         if isinstance(n, _AGGREGATES) and not n.args.get("distinct"):
             arg = n.this
             if isinstance(n, exp.Count) and isinstance(arg, exp.Star):
