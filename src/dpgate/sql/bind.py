@@ -389,6 +389,8 @@ class Binder:
             return Expr("predicate", "bool", node, (a,), _BOOL, False)
         if isinstance(node, exp.In):
             only_args(node, {"this", "expressions"})
+            if not node.expressions:  # `x IN ()`: not SQL any engine runs (DuckDB cannot parse it back)
+                raise unsupported(f"IN needs at least one value: {snippet(node)}", node)
             args = [self.bind(node.this)] + [self.bind(e) for e in node.expressions]
             _common(_coerce_temporal(args, node), node)
             return self._pred(node, args)
