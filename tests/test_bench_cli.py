@@ -70,6 +70,9 @@ def test_a_peer_on_no_data_fails_the_run(tmp_path, monkeypatch):
 def test_the_utility_step_runs_twice_and_spends_exactly_the_ledgers_cap(tmp_path):
     from bench import datagen
 
+    if not (datagen.SHARED_DATA / "PUMS.csv").is_file():  # the generator reads ../shared beside the checkout
+        pytest.skip("../shared/data/smartnoise/PUMS.csv is absent beside this checkout")
+
     data = tmp_path / "pums"
     assert datagen.generate_pums(data, rows=3000, progress=lambda _: None) is not None
     first = utility.measure(data)
@@ -84,9 +87,10 @@ def test_the_utility_step_runs_twice_and_spends_exactly_the_ledgers_cap(tmp_path
 
 def test_pums_with_several_rows_per_person_carries_k_and_m_to_the_gateway_and_the_peers(tmp_path):
     # issue 25 item 1: --persons draws pid from 1..P; the policy, latency and the peer spec read k, m
-    if shared_data() is None or not (shared_data() / "PUMS.csv").is_file():
-        pytest.skip("../shared/data/smartnoise/PUMS.csv is absent")
     from bench import datagen, latency, peers
+
+    if not (datagen.SHARED_DATA / "PUMS.csv").is_file():  # the generator reads ../shared beside the checkout
+        pytest.skip("../shared/data/smartnoise/PUMS.csv is absent beside this checkout")
 
     manifest = datagen.generate_pums(tmp_path / "multi", rows=3000, persons=1000, max_groups_per_unit=3,
                                      max_rows_per_unit=5, progress=lambda _: None)

@@ -141,7 +141,7 @@ REFUSED = [
     ("SELECT SUM(s.nope) FROM (SELECT age AS a FROM prompts) s", UnknownColumn, "no column 'nope'"),
     ("SELECT COUNT(*) FROM (SELECT age, age FROM prompts) s", UnsupportedQuery, "two columns"),
     ("SELECT COUNT(*) FROM prompts WHERE age IN (SELECT age FROM prompts)", UnsupportedQuery,
-     "subqueries"),
+     "does not prove that the subquery reads only the outer row's own privacy unit"),
     ("SELECT COUNT(*) FROM (SELECT row_number() OVER () AS r FROM prompts) s", UnsupportedQuery,
      "window"),
     # The privacy unit stays refused wherever it is renamed to.

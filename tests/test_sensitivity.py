@@ -279,9 +279,14 @@ def reference(rows, table, group_by, m, kind, column):
                 p["s"] += f
                 p["ss"] += f * f
     def m_rows_worth(total: int, count: int) -> int:
-        # A unit with count > m values in a group adds m rows' worth, total·m/count truncated
-        # towards zero (DuckDB's integer ``//``), so that AVG weighs every unit alike.
-        return int(Fraction(total * m, count)) if count > m else total
+        # A unit with count > m values in a group adds m rows' worth, total·m/count rounded to the
+        # nearest integer, halves away from zero (sql.primitives.m_rows_worth), so that AVG weighs
+        # every unit alike.
+        if count <= m:
+            return total
+        q = Fraction(total * m, count)
+        r = int(abs(q) + Fraction(1, 2))
+        return r if q >= 0 else -r
 
     out = {c: 0 for c in combos}
     for (unit, key), p in parts.items():
