@@ -343,16 +343,16 @@ def for_answer(gw: Any, dataset: str, sql: str, dialect: str | None, compiled: C
     used = _describe_used(chosen, paid)
     recompiled = _recompile(gw, dataset, sql, dialect, chosen)
     if not missing:
-        budget = _repeat_budget(gw, dataset, base, recompiled, budget, mechanism, len(needs))
+        budget = repeat_budget(gw, dataset, base, recompiled, budget, mechanism, len(needs))
 
     def annotate(doc: dict[str, Any]) -> dict[str, Any]:
         return {**doc, "private_bounds": used}
     return recompiled, budget, annotate
 
 
-def _repeat_budget(gw: Any, dataset: str, base: DatasetPolicy, compiled: Compiled, budget: QueryBudget | None,
-                   mechanism: str | None, n: int) -> QueryBudget | None:
-    """The budget a repeated request is answered at: the request that paid for the estimates ran
+def repeat_budget(gw: Any, dataset: str, base: DatasetPolicy, compiled: Compiled, budget: QueryBudget | None,
+                  mechanism: str | None, n: int) -> QueryBudget | None:
+    """The budget a repeated request is answered at (``n`` shares were taken): the request that paid for the estimates ran
     at its reduced budget (``split_budget``), so the same request again — same SQL, budget and
     data version — finds that release stored and is served it, free (README: repeating a request
     costs nothing). Any other request runs at its whole budget. Reads the store only."""

@@ -40,7 +40,7 @@ from dpgate.errors import BudgetExhausted, Internal, InvalidBudget
 from dpgate.pipeline import documents
 from dpgate.pipeline.budget import fit, refuse_without_gdp_claim, stated
 from dpgate.pipeline.planning import compile_query
-from dpgate.pipeline.private_bounds import Split, split_budget
+from dpgate.pipeline.private_bounds import Split, repeat_budget, split_budget
 from dpgate.policy import DatasetPolicy
 from dpgate.releases import CacheKeys, Release
 from dpgate.releases.keys import cache_key
@@ -281,18 +281,9 @@ def for_answer(gw: Any, dataset: str, sql: str, dialect: str | None, compiled: C
 def _repeat_budget(gw: Any, dataset: str, base: Any, compiled: Compiled, budget: Any,
                    mechanism: str | None) -> Any:
     """The budget a repeated request is answered at: the request that paid for the choice ran at
-    its reduced budget (``split_budget``), so the same request again — same SQL, budget and data
-    version — finds that release stored and is served it, free (README: repeating a request costs
-    nothing; the same rule as private bounds', :func:`dpgate.pipeline.private_bounds._repeat_budget`).
-    Any other request runs at its whole budget. Reads the store only."""
-    if budget is not None and getattr(budget, "ci95", None) is not None:
-        return budget  # a ci95 budget never paid for a choice
-    policy, _, strategy = compiled
-    stored = getattr(gw._runner(dataset, policy, strategy), "stored", None)
-    if stored is None:
-        return budget
-    reduced = split_budget(gw, base, budget, mechanism, 1).main
-    return reduced if stored(reduced, mechanism) else budget
+    its reduced budget, so the same request again is served that release, free (the same rule as
+    private bounds': :func:`dpgate.pipeline.private_bounds.repeat_budget`, with one share)."""
+    return repeat_budget(gw, dataset, base, compiled, budget, mechanism, 1)
 
 
 def _check_before_charge(gw: Any, dataset: str, compiled: Compiled, split: Split, noise: Any, need: Need,
