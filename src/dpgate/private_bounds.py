@@ -187,12 +187,7 @@ def calibrate(col: ColumnPolicy, measure: Measure, share: float) -> BoundsNoise:
     if not math.isfinite(scale) or scale <= 0:
         raise InvalidBudget(f"the budget is too small for the private bounds of {col.name!r}",
                             {"column": col.name, "reason": "private_bounds_budget"})
-    mapped = selection_mechanisms.noisy_max_cost(measure, scale, delta_inf)
-    for _ in range(64):
-        if mapped <= share:
-            break
-        scale = math.nextafter(scale, math.inf)
-        mapped = selection_mechanisms.noisy_max_cost(measure, scale, delta_inf)
+    scale, mapped = selection_mechanisms.noisy_max_within(measure, scale, delta_inf, share)
     return BoundsNoise(col.name, grid, num, den, measure, delta_inf, scale, mapped,
                        rank_error95(scale / den, grid.size))
 

@@ -106,12 +106,7 @@ def calibrate(name: str, outer: int, quantile: float, measure: Measure, share: f
     if not math.isfinite(scale) or scale <= 0:
         raise InvalidBudget(f"the budget is too small for the private truncation of {name!r}",
                             {"table": name, "reason": "private_truncation_budget"})
-    mapped = selection_mechanisms.noisy_max_cost(measure, scale, delta_inf)
-    for _ in range(64):
-        if mapped <= share:
-            break
-        scale = math.nextafter(scale, math.inf)
-        mapped = selection_mechanisms.noisy_max_cost(measure, scale, delta_inf)
+    scale, mapped = selection_mechanisms.noisy_max_within(measure, scale, delta_inf, share)
     return BoundsNoise(name, g, num, den, measure, delta_inf, scale, mapped, rank_error95(scale / den, g.size))
 
 

@@ -124,12 +124,7 @@ def calibrate_quantile(p: Primitive, plan: QueryPlan, policy: DatasetPolicy, mea
     if not math.isfinite(scale) or scale <= 0:
         raise InvalidBudget(f"the budget is too small for the quantile of {p.column!r}",
                             {"primitive": p.id})
-    mapped = selection_mechanisms.noisy_max_cost(measure, scale, delta_inf)
-    for _ in range(64):
-        if mapped <= per_group:
-            break
-        scale = math.nextafter(scale, math.inf)
-        mapped = selection_mechanisms.noisy_max_cost(measure, scale, delta_inf)
+    scale, mapped = selection_mechanisms.noisy_max_within(measure, scale, delta_inf, per_group)
     rank_scale = scale / den
     return QuantileNoise(p.id, p.column, float(p.alpha), num, den, grid, measure, scale, rank_scale,
                          delta_inf, k_eff, mapped, k_eff * mapped, rank_error(rank_scale, grid.size))

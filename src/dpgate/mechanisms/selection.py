@@ -30,6 +30,7 @@ from dpgate.mechanisms import (
 )
 
 __all__ = [
+    "noisy_max_within",
     "SelectionCalibration",
     "ThresholdRelease",
     "calibrate_selection",
@@ -373,6 +374,28 @@ def noisy_max_cost(measure: str, scale: float, score_sensitivity: int) -> float:
         return float(meas.map(int(score_sensitivity)))
     except dp.OpenDPException as e:
         raise MechanismError(f"OpenDP's privacy map failed: {e}") from None
+
+
+def noisy_max_within(measure: str, scale: float, score_sensitivity: int, budget: float) -> tuple[float, float]:
+    """``(scale, cost)``: the smallest float scale ≥ ``scale`` (within 64 ulps) whose OpenDP map
+    certifies ``cost ≤ budget`` (OpenDP rounds its map upward, so the closed-form scale
+    ``2Δ∞/ε`` can map a hair above the budget). ``cost`` is the map at the returned scale: the
+    caller compares it with ``budget`` (it is still above it only if 64 ulps did not suffice).
+
+    Args:
+        measure: ``"zcdp"`` or ``"pure"``. scale: the closed-form Gumbel scale (score units, > 0).
+        score_sensitivity: Δ∞ of the integer scores. budget: ρ (zCDP) or ε (pure) allowed.
+
+    Raises:
+        MechanismError: OpenDP's map fails.
+    """
+    cost = noisy_max_cost(measure, scale, score_sensitivity)
+    for _ in range(64):
+        if cost <= budget:
+            break
+        scale = math.nextafter(scale, math.inf)
+        cost = noisy_max_cost(measure, scale, score_sensitivity)
+    return scale, cost
 
 
 # ---------------------------------------------------------------------------------------------

@@ -380,11 +380,16 @@ def _check_before_charge(gw: Any, dataset: str, compiled: Compiled, split: Split
     costs = [_cost(z) for z in noises]
     for c in costs:
         refuse_without_gdp_claim(gw.ledger, base, c, consumer)
-    total = sum(costs[1:], costs[0]) + cal.cost
+    refuse_unless_fits(gw, base, sum(costs[1:], costs[0]) + cal.cost, consumer, "its private bounds' estimate")
+
+
+def refuse_unless_fits(gw: Any, base: DatasetPolicy, total: accounting.Cost, consumer: str, what: str) -> None:
+    """Raise :class:`~dpgate.errors.BudgetExhausted` (nothing charged) unless the query's cost and
+    its private choice's, ``total``, fit together what is left (:func:`~dpgate.pipeline.budget.fit`),
+    before either is charged. ``what`` names the choice in the message."""
     verdict = fit(gw.ledger, base, total, consumer, _scope(gw, base))
     if not verdict["fits"]:
-        raise BudgetExhausted(f"the query and its private bounds' estimate do not fit: {verdict['message']} "
-                              "(nothing was charged)",
+        raise BudgetExhausted(f"the query and {what} do not fit: {verdict['message']} (nothing was charged)",
                               {"population": base.population, "consumer": consumer, "charged": False,
                                "requested": {"rho": total.rho_bound()}, "remaining": {"rho": verdict["remaining_rho"]}})
 

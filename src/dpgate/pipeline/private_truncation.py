@@ -36,11 +36,11 @@ from typing import Any, Callable
 
 from dpgate import accounting
 from dpgate import private_truncation as choice
-from dpgate.errors import BudgetExhausted, Internal, InvalidBudget
+from dpgate.errors import Internal, InvalidBudget
 from dpgate.pipeline import documents
 from dpgate.pipeline.budget import fit, refuse_without_gdp_claim, stated
 from dpgate.pipeline.planning import compile_query
-from dpgate.pipeline.private_bounds import Split, repeat_budget, split_budget
+from dpgate.pipeline.private_bounds import Split, refuse_unless_fits, repeat_budget, split_budget
 from dpgate.policy import DatasetPolicy
 from dpgate.releases import CacheKeys, Release
 from dpgate.releases.keys import cache_key
@@ -297,13 +297,7 @@ def _check_before_charge(gw: Any, dataset: str, compiled: Compiled, split: Split
     gw.engine.check(need.tree)
     cost = _cost(noise)
     refuse_without_gdp_claim(gw.ledger, base, cost, consumer)
-    total = cost + cal.cost
-    verdict = fit(gw.ledger, base, total, consumer, _scope(gw, base))
-    if not verdict["fits"]:
-        raise BudgetExhausted(f"the query and its private truncation do not fit: {verdict['message']} "
-                              "(nothing was charged)",
-                              {"population": base.population, "consumer": consumer, "charged": False,
-                               "requested": {"rho": total.rho_bound()}, "remaining": {"rho": verdict["remaining_rho"]}})
+    refuse_unless_fits(gw, base, cost + cal.cost, consumer, "its private truncation")
 
 
 def for_explain(gw: Any, dataset: str, sql: str, dialect: str | None, compiled: Compiled, *,
