@@ -228,6 +228,11 @@ class Ledger(Protocol):
         """The cap in force (read-only). Raises UnknownPopulation."""
         ...
 
+    def allocations(self, population: str) -> Mapping[str, float]:
+        """The allocations in force, consumer → share of the cap (read-only; empty: an open
+        population). One row read, no entry summed. Raises UnknownPopulation."""
+        ...
+
     def charge(
         self,
         population: str,

@@ -439,6 +439,19 @@ class SqlLedger(LedgerBrowsing, CohortStore):
             raise unknown_population(population)
         return current[0]
 
+    def allocations(self, population: str) -> Mapping[str, float]:
+        """The allocations in force for ``population`` (consumer → share; empty: an open
+        population). Reads the population's row only (no entry is summed, unlike :meth:`spend`).
+
+        Raises:
+            UnknownPopulation: no such population. LedgerError: the store failed.
+        """
+        with self._tx(write=False) as tx:
+            current = self._population_row(tx, population)
+        if current is None:
+            raise unknown_population(population)
+        return dict(current[1])
+
     # -- charging ------------------------------------------------------------------------
 
     def charge(

@@ -308,7 +308,7 @@ class Gateway(DatasetViews, AdminOperations, StoreOperations):
         """Raise :class:`~dpgate.errors.UnknownConsumer` when the population allocates its budget
         and ``consumer`` has no allocation (the ledger's allocations in force; an open population
         admits any consumer). Charges nothing."""
-        allocations = self.ledger.spend(policy.population).allocations
+        allocations = self.ledger.allocations(policy.population)  # one row: this runs on every request
         if allocations and consumer not in allocations:
             raise UnknownConsumer(
                 f"population {policy.population!r} has no allocation for consumer {consumer!r}",
