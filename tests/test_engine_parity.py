@@ -111,6 +111,12 @@ CORPUS: list[tuple[str, set[str]]] = [
     ("SELECT SUBSTRING(region, 2, 3) AS r2, SUBSTRING(region, 5) AS r5, COUNT(*) FROM prompts GROUP BY r2, r5",
      set()),
     ("SELECT SUBSTRING(region, -2, 2) AS tail, COUNT(*) FROM prompts GROUP BY tail", {"postgres", "spark"}),
+    # keys listed by the query (rule listed): a text key over a column without public keys, and
+    # SUBSTRING/LEFT in WHERE (code points: 'éc', a leading space, NULL)
+    ("SELECT SUBSTRING(model, 1, 3) AS p, COUNT(*), SUM(tokens) FROM prompts "
+     "WHERE SUBSTRING(model, 1, 3) IN ('gpt', 'cla', ' gp', 'écl', 'GPT') GROUP BY p", set()),
+    ("SELECT COUNT(*) FROM prompts WHERE LEFT(model, 2) = 'ma' OR LEFT(model, 1) = 'G' "
+     "OR SUBSTRING(model, 2) = 'lama'", set()),
 ]
 SALTS = (0, 12345, 2**62 + 7)
 MODELS = ["gpt-4", "GPT-4 ", " gpt-3.5", "claude", "a\\b", "x_y", "50%", "llama", "mistral", "éclair",

@@ -42,6 +42,7 @@ from dpgate.sql.expr import MAX_FLOAT, MAX_INT, Expr, Interval, guard_arithmetic
 # values); every name stays importable from here
 from dpgate.sql.columns import ColumnInfo, Scope, TableScope, column_info, row_column  # noqa: F401 - re-exported
 from dpgate.sql.derived import Derived, derived_value, unbounded_message, unquoted  # noqa: F401 - re-exported
+from dpgate.sql.literals import text_slice_problem
 from dpgate.sql.literals import (  # noqa: F401 - re-exported
     canonical_number_text,
     canonicalize_literals,
@@ -525,7 +526,7 @@ class Binder:
         return None
 
     def _text_function(self, node: exp.Func) -> Expr | None:
-        """LOWER, UPPER, LENGTH, TRIM, CONCAT, STARTS_WITH, ENDS_WITH, CONTAINS."""
+        """LOWER, UPPER, LENGTH, TRIM, SUBSTRING/LEFT, CONCAT, STARTS_WITH, ENDS_WITH, CONTAINS."""
         if isinstance(node, (exp.Lower, exp.Upper)):
             only_args(node, {"this"})
             return Expr("other", "text", node, (self._expect(node.this, ("text",), node.key.upper()),))
@@ -538,6 +539,11 @@ class Binder:
             if node.args.get("expression") is not None:
                 args.append(self._expect(node.args["expression"], ("text",), "TRIM"))
             return Expr("other", "text", node, tuple(args))
+        if isinstance(node, (exp.Substring, exp.Left)):
+            slice_problem = text_slice_problem(node)
+            if slice_problem:
+                raise unsupported(f"{snippet(node)}: {slice_problem}", node)
+            return Expr("other", "text", node, (self._expect(node.this, ("text",), node.key.upper()),))
         if isinstance(node, exp.Concat):
             only_args(node, {"expressions", "safe", "coalesce"})
             return Expr("other", "text", node, tuple(self.bind(e) for e in node.expressions))

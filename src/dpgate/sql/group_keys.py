@@ -122,6 +122,42 @@ def key_prefix(table: TablePolicy) -> str:
     return free_prefix(table, "g")
 
 
+def listed_literals(stmt: exp.Select, tree: exp.Expression, scope: QueryScope
+                    ) -> tuple[exp.Expression, ...] | None:
+    """The literals a top-level WHERE conjunct of ``stmt`` restricts the computed key ``tree`` to
+    (``<key> IN (lit, …)`` or ``<key> = lit``, the key spelled as in GROUP BY), or None.
+
+    Several such conjuncts: their intersection (every one holds on a kept row). Only literal
+    lists count: a subquery or a column on the right is not a key list (:mod:`dpgate.sql.keys`,
+    rule ``listed``).
+    """
+    where = stmt.args.get("where")
+    if where is None:
+        return None
+    text = tree.sql(dialect=DIALECT, comments=False)
+    found: list[tuple[exp.Expression, ...]] = []
+    for conj in where.this.flatten() if isinstance(where.this, exp.And) else [where.this]:
+        conj = unparen(conj)
+        if isinstance(conj, exp.In) and not conj.args.get("query") and not conj.args.get("unnest"):
+            left, items = conj.this, tuple(unparen(e) for e in conj.expressions)
+        elif isinstance(conj, exp.EQ):
+            left, items = conj.this, (unparen(conj.expression),)
+        else:
+            continue
+        if not items or not all(isinstance(i, (exp.Literal, exp.Null)) for i in items):
+            continue
+        try:
+            same = key_tree(left, scope).sql(dialect=DIALECT, comments=False) == text
+        except (UnsupportedQuery, UnknownColumn, UnknownTable):
+            continue
+        if same:
+            found.append(items)
+    if not found:
+        return None
+    kept = [i for i in found[0] if all(any(i == j for j in other) for other in found[1:])]
+    return tuple(kept)
+
+
 def plan_group_by(stmt: exp.Select, scope: QueryScope) -> Keys:
     """The plan's GROUP BY keys (declared or computed) resolved in ``scope``; empty without GROUP BY.
 
@@ -178,7 +214,7 @@ def plan_group_by(stmt: exp.Select, scope: QueryScope) -> Keys:
         tree = key_tree(target, scope)
         typer = Binder(lambda c: scope.declared(c).type)
         domain = derive_key_domain(tree, scope.table.columns, check_predicate=typer.check_predicate,
-                                   shown=target)
+                                   shown=target, listed=listed_literals(stmt, tree, scope))
         text = domain.expression.sql(dialect=DIALECT, comments=False)
         computed.setdefault(text, (domain, target))
     order = list(scope.table.columns)

@@ -23,6 +23,14 @@ The domain follows from the policy by one of three rules (:func:`derive_key_doma
   Evaluating it on every admitted input also proves that it cannot fail on any row that
   passes the input filter (an error would be a failure after the charge). Rows whose input
   value lies outside its declared domain are dropped by the bounding rewrite.
+* ``listed`` — a key over a column without a finite domain in the policy (text without public
+  keys: ``SUBSTRING(c_phone, 1, 2)``) that the query itself restricts to literals, by a
+  top-level WHERE conjunct ``<key> IN ('13', '31', …)`` or ``<key> = '13'``: the literals,
+  distinct and ascending, are the domain. The keys then come from the query text, which is
+  public, never from data (as an analyst-given key set: Tumult Analytics' ``KeySet``,
+  Wilson et al. 2020 §3); the WHERE drops every other row anyway. Only functions that cannot
+  fail on any value of their inputs' declared types are admitted (:data:`_TOTAL`), since no
+  enumeration can check the expression on every admitted input.
 
 The bounding rewrite groups each unit's rows by the computed value itself, so the
 contribution bounds (k keys, m rows per key) apply to the computed key: relabelling many
@@ -47,6 +55,7 @@ from sqlglot import exp
 from dpgate.errors import UnsupportedQuery
 from dpgate.policy import ColumnPolicy, quote_identifier as q
 from dpgate.sql import evaluation
+from dpgate.sql.literals import text_slice_problem
 
 #: Most keys a computed key's domain may have (the groups it releases).
 MAX_DOMAIN = 100_000
@@ -62,7 +71,7 @@ _ALLOWED = (
     exp.TryCast, exp.DataType, exp.Case, exp.If, exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT,
     exp.LTE, exp.NullSafeEQ, exp.NullSafeNEQ, exp.And, exp.Or, exp.Not, exp.Is, exp.In,
     exp.Between, exp.Like, exp.ILike, exp.Lower, exp.Upper, exp.Trim, exp.Length,
-    exp.Concat, exp.DPipe, exp.Substring, exp.StartsWith, exp.EndsWith, exp.Try,
+    exp.Concat, exp.DPipe, exp.Substring, exp.Left, exp.StartsWith, exp.EndsWith, exp.Try,
     # dates: parts and truncation (the domain is enumerated from the declared ISO bounds)
     exp.Extract, exp.Var, exp.TimestampTrunc, exp.DateTrunc, exp.Year, exp.Quarter, exp.Month,
     exp.Day, exp.DayOfWeek, exp.DayOfYear, exp.DayOfMonth, exp.Hour, exp.WeekOfYear,
@@ -87,7 +96,7 @@ class KeyDomain:
         expression: the canonical tree (declared column names, quoted).
         type: ``int`` | ``float`` | ``text`` | ``bool``.
         domain: the released values in release order (None: the NULL group).
-        rule: ``case_literals`` | ``predicate`` | ``enumerated``.
+        rule: ``case_literals`` | ``predicate`` | ``enumerated`` | ``listed``.
         inputs: declared columns read, in the table's declaration order.
     """
 
@@ -366,8 +375,9 @@ def _enumerated(tree: exp.Expression, columns: Mapping[str, ColumnPolicy], input
             raise _refuse(
                 f"GROUP BY {_snippet(shown)}: its keys do not follow from the policy, because "
                 f"column {name!r} has neither public keys nor integer bounds (a computed key "
-                "may be a CASE with literal results, a condition, or an expression over "
-                "bounded int columns and columns with public keys)",
+                "may be a CASE with literal results, a condition, an expression over "
+                "bounded int columns and columns with public keys, or a text key the WHERE "
+                "restricts to literals: WHERE <key> IN ('a', 'b'))",
                 shown,
             )
         relations.append(dom[0])
@@ -406,6 +416,49 @@ def _enumerated(tree: exp.Expression, columns: Mapping[str, ColumnPolicy], input
     return values, ktype
 
 
+#: Nodes of a ``listed`` key: total on every value of the inputs' declared types (text functions
+#: with literal arguments; no arithmetic, which could overflow, and no casts, which could fail).
+_TOTAL = (exp.Column, exp.Identifier, exp.Literal, exp.Paren, exp.Substring, exp.Left,
+          exp.Lower, exp.Upper, exp.Trim, exp.Concat, exp.DPipe)
+
+
+def _listed(tree: exp.Expression, columns: Mapping[str, ColumnPolicy], inputs: list[str],
+            listed: tuple[exp.Expression, ...], shown: exp.Expression) -> tuple[tuple, str]:
+    """The ``listed`` rule's (domain, type): the query's literals for a key without a finite
+    input domain (module docstring).
+
+    Raises:
+        UnsupportedQuery: a node outside :data:`_TOTAL`, a non-literal argument, a key that is not
+            text, or a literal of another type than the key.
+    """
+    for node in tree.walk():
+        problem = text_slice_problem(node) if isinstance(node, (exp.Substring, exp.Left)) else None
+        if problem:
+            raise _refuse(f"GROUP BY {_snippet(shown)}: {_snippet(node, 40)}: {problem}", shown)
+        if not isinstance(node, _TOTAL):
+            raise _refuse(
+                f"GROUP BY {_snippet(shown)}: a key over {', '.join(map(repr, inputs))} (no public keys) takes "
+                f"its keys from the WHERE's IN list only when it uses text functions (SUBSTRING, LEFT, "
+                f"LOWER, UPPER, TRIM, ||) with literal arguments; {_snippet(node, 40)} is not one", shown)
+    relations = tuple(f"SELECT CAST(NULL AS {columns[n].duckdb_type}) AS {q(n)}" for n in inputs)
+    evaluator = evaluation.installed()
+    if evaluator is None:
+        evaluation.evaluate_tableless("")  # raises NoEvaluator
+    _, type_name = _enumerate_with(tree.sql(dialect="duckdb"), relations, evaluator)
+    if type_name.split("(")[0].upper() != "VARCHAR":
+        raise _refuse(f"GROUP BY {_snippet(shown)}: keys listed in the WHERE are supported for text keys only "
+                      f"(this key is {type_name})", shown)
+    values = set()
+    for lit in listed:
+        if isinstance(lit, exp.Null):
+            continue  # IN (NULL) matches no row
+        if not (isinstance(lit, exp.Literal) and lit.is_string):
+            raise _refuse(f"GROUP BY {_snippet(shown)}: the WHERE lists {_snippet(lit, 40)} for this text key; "
+                          "list quoted text literals", shown)
+        values.add(lit.this)
+    return tuple(sorted(values)), "text"
+
+
 def _is_float(node: exp.Expression, columns: Mapping[str, ColumnPolicy]) -> bool:
     """True when ``node`` is certainly a float: a decimal literal, a cast to a float type or a
     declared float column (so that a dialect's integer division cannot apply to it)."""
@@ -421,7 +474,8 @@ def _is_float(node: exp.Expression, columns: Mapping[str, ColumnPolicy]) -> bool
 
 def derive_key_domain(tree: exp.Expression, columns: Mapping[str, ColumnPolicy], *,
                       check_predicate: Callable[[exp.Expression], None],
-                      shown: exp.Expression | None = None) -> KeyDomain:
+                      shown: exp.Expression | None = None,
+                      listed: tuple[exp.Expression, ...] | None = None) -> KeyDomain:
     """The domain of a computed GROUP BY key (module docstring).
 
     Args:
@@ -430,6 +484,8 @@ def derive_key_domain(tree: exp.Expression, columns: Mapping[str, ColumnPolicy],
         columns: the table's declared columns by name, in declaration order.
         check_predicate: type-checks a row predicate (as WHERE), raising UnsupportedQuery.
         shown: the analyst's expression, quoted in refusals (default ``tree``).
+        listed: the literals a top-level WHERE conjunct restricts the key to (``key IN (…)``,
+            ``key = …``), or None; used (rule ``listed``) only when an input has no finite domain.
 
     Raises:
         UnsupportedQuery: a construct a key may not use, a domain that does not follow from
@@ -467,6 +523,9 @@ def derive_key_domain(tree: exp.Expression, columns: Mapping[str, ColumnPolicy],
     elif isinstance(top, _PREDICATES):
         check_predicate(top)
         domain, ktype, rule = (False, True), "bool", "predicate"
+    elif listed is not None and any(_input_domain(columns[c]) is None for c in inputs):
+        domain, ktype = _listed(tree, columns, inputs, listed, shown)
+        rule = "listed"
     else:
         _check_hourly(tree, columns, shown)
         domain, ktype = _enumerated(tree, columns, inputs, shown)

@@ -16,7 +16,7 @@ from fractions import Fraction
 from sqlglot import exp
 
 from dpgate.errors import UnknownColumn, UnsupportedQuery
-from dpgate.sql.messages import DIALECT, unsupported
+from dpgate.sql.messages import DIALECT, real_args, unsupported
 
 _INT_RE = re.compile(r"^\d+$")
 
@@ -170,3 +170,28 @@ def quoted_numbers(tree: exp.Expression, type_of) -> exp.Expression:
         for s in strings:
             s.replace(_number_literal(s, target, node))
     return tree
+
+
+def text_slice_problem(node: exp.Expression) -> str | None:
+    """Why ``SUBSTRING(s, start[, length])`` or ``LEFT(s, n)`` is refused, or None.
+
+    Its position arguments must be integer literals, ``start ≥ 1`` and ``length, n ≥ 0``: then
+    DuckDB, PostgreSQL and Spark give the same text for every string and none fails (PostgreSQL
+    raises on a negative length; the engines read ``start ≤ 0`` and negative ``n`` differently;
+    the engines' checks: :mod:`dpgate.engines.predicates`).
+    """
+    names = ("start", "length") if isinstance(node, exp.Substring) else ("expression",)
+    extra = real_args(node) - {"this", *names}
+    if extra:
+        return "only SUBSTRING(text, start, length) and LEFT(text, n) are supported"
+    for name in names:
+        arg = node.args.get(name)
+        if arg is None and name == "length":
+            continue
+        value = number(arg) if isinstance(arg, exp.Literal) and not arg.is_string else None
+        low = 1 if name == "start" else 0
+        if not isinstance(value, int) or isinstance(value, bool) or value < low or value > 2**31 - 1:
+            what = "start" if name == "start" else "length"
+            return (f"the {what} must be an integer literal ≥ {low} (the engines agree and cannot fail on "
+                    "any text only then)")
+    return None

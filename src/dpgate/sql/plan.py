@@ -251,7 +251,7 @@ def _tree(tree: exp.Expression | None, text: str | None) -> exp.Expression | Non
 
 
 #: How a computed key's domain follows from the policy (:mod:`dpgate.sql.keys`).
-KeyRule = Literal["case_literals", "predicate", "enumerated"]
+KeyRule = Literal["case_literals", "predicate", "enumerated", "listed"]
 
 
 @dataclass(frozen=True)
