@@ -56,15 +56,13 @@ from dpgate.sql.trees import canonical_columns, cast_as_try_cast, searched_case,
 from dpgate.sql.messages import SOURCE, as_written  # noqa: F401 - re-exported
 from dpgate.sql.messages import DIALECT, only_args, real_args, snippet, unsupported
 from dpgate.sql.temporal import TRUNC_UNITS, date_part_of, temporal_sql  # noqa: F401 - re-exported
+from dpgate.sql.temporal_binding import coerce_temporal, part_range, temporal_literal
 from dpgate.sql.temporal import (
     NOW,
     NOW_NAMES,
     PART_FUNCS,
-    PART_RANGES,
     check_interval,
     date_part,
-    from_ordinal,
-    temporal_ordinal,
     trunc_unit,
 )
 
@@ -324,7 +322,7 @@ class Binder:
 
     def _conversion(self, node: exp.Expression) -> Expr | None:
         """Date/timestamp literals, CAST and TRY_CAST, TRY."""
-        temporal = _temporal_literal(node)
+        temporal = temporal_literal(node)
         if temporal is not None:
             return temporal
         if isinstance(node, exp.Cast) and self.clause == "HAVING":
@@ -377,7 +375,7 @@ class Binder:
         """Comparisons, IS, IN, BETWEEN, LIKE, AND/OR/NOT."""
         if isinstance(node, _COMPARISONS):
             a, b = self.bind(node.this), self.bind(node.expression)
-            _common(_coerce_temporal([a, b], node), node)
+            _common(coerce_temporal([a, b], node), node)
             return self._pred(node, [a, b])
         if isinstance(node, exp.Is):
             a = self.bind(node.this)
@@ -393,12 +391,12 @@ class Binder:
             if not node.expressions:  # `x IN ()`: not SQL any engine runs (DuckDB cannot parse it back)
                 raise unsupported(f"IN needs at least one value: {snippet(node)}", node)
             args = [self.bind(node.this)] + [self.bind(e) for e in node.expressions]
-            _common(_coerce_temporal(args, node), node)
+            _common(coerce_temporal(args, node), node)
             return self._pred(node, args)
         if isinstance(node, exp.Between):
             only_args(node, {"this", "low", "high"})
             args = [self.bind(node.this), self.bind(node.args["low"]), self.bind(node.args["high"])]
-            _common(_coerce_temporal(args, node), node)
+            _common(coerce_temporal(args, node), node)
             return self._pred(node, args)
         if isinstance(node, exp.Escape):
             raise unsupported(f"LIKE … ESCAPE is not supported: {snippet(node)}", node)
@@ -517,7 +515,7 @@ class Binder:
         if part is not None:
             unit, arg = part
             a = self._expect(arg, _TEMPORAL, f"EXTRACT({unit.upper()} FROM …)")
-            return Expr("extract", "int", node, (a,), _part_range(unit, a), a.nullable)
+            return Expr("extract", "int", node, (a,), part_range(unit, a), a.nullable)
         if isinstance(node, (exp.TimestampTrunc, exp.DateTrunc)):
             unit = trunc_unit(node)
             a = self._expect(node.this, _TEMPORAL, "date_trunc")
@@ -652,66 +650,6 @@ class Binder:
 
 
 # --- dates and timestamps ---------------------------------------------------------------------
-
-
-def _temporal_literal(node: exp.Expression) -> Expr | None:
-    """``DATE '…'`` / ``TIMESTAMP '…'`` (a cast of a string literal) as a typed literal."""
-    from dpgate.policy import parse_temporal
-
-    if not (isinstance(node, exp.Cast) and isinstance(node.this, exp.Literal)
-            and node.this.is_string and isinstance(node.args.get("to"), exp.DataType)):
-        return None
-    to = node.args["to"].this
-    T = exp.DataType.Type
-    type_ = ("date" if to == T.DATE else
-             "timestamp" if to in (T.TIMESTAMP, T.TIMESTAMPNTZ, T.DATETIME) else None)
-    if type_ is None:
-        return None
-    try:
-        value = parse_temporal(node.this.this, type_)
-    except ValueError as e:
-        raise unsupported(f"{snippet(node)} is not a valid {type_}: {e}", node) from None
-    return Expr("literal", type_, node, (), Interval.point(temporal_ordinal(value)), False)
-
-
-def _coerce_temporal(args: list[Expr], node: exp.Expression) -> list[str]:
-    """Types of compared operands, a string literal compared with a date/timestamp read as one.
-
-    The string must be an ISO date (timestamp): DuckDB would cast it at run time, and a bad
-    string would then be an error after the charge, so it is refused here.
-    """
-    from dpgate.policy import parse_temporal
-
-    types = [a.type for a in args]
-    temporal = [t for t in types if t in _TEMPORAL]
-    if not temporal:
-        return types
-    target = "timestamp" if "timestamp" in temporal else "date"
-    out = []
-    for a in args:
-        if a.type == "text" and a.kind == "literal":
-            try:
-                parse_temporal(a.node.this, "timestamp" if target == "timestamp" else "date")
-            except ValueError as e:
-                raise unsupported(f"{snippet(a.node)} compared with a {target} is not a valid "
-                                  f"{target}: {e}", node) from None
-            out.append(target)
-        else:
-            out.append(a.type)
-    return out
-
-
-def _part_range(unit: str, a: Expr) -> Interval | None:
-    """Range of a date part of a (clamped) date/timestamp: the year from the bounds."""
-    if unit == "year":
-        if a.range is None or a.type not in _TEMPORAL:
-            return None
-        return Interval.of(from_ordinal(a.range.lo, a.type).year,
-                           from_ordinal(a.range.hi, a.type).year)
-    if unit in ("hour", "minute", "second") and a.type == "date":
-        return Interval.point(0)
-    lo, hi = PART_RANGES[unit]
-    return Interval.of(lo, hi)
 
 
 def _hull(branches: list[Expr], t: str) -> Interval | None:
