@@ -109,6 +109,11 @@ def test_spellings_of_one_unit_join_share_a_plan(tmp_path):
      "cannot be joined on the privacy unit"),
     ("SELECT g.category, COUNT(*) FROM genres g JOIN checkouts c ON g.genre = c.member_id GROUP BY g.category",
      "cannot be joined on the privacy unit"),
+    # a self-join of six copies: r rows per unit become r^6 joined rows before the caps (limits)
+    ("SELECT COUNT(*) FROM checkouts a JOIN checkouts b ON b.member_id = a.member_id JOIN checkouts c "
+     "ON c.member_id = a.member_id JOIN checkouts d ON d.member_id = a.member_id JOIN checkouts e "
+     "ON e.member_id = a.member_id JOIN members m ON m.id = a.member_id",
+     "6 protected table occurrences, more than 5"),
 ])
 def test_refusals_charge_nothing(gw, sql, words):
     before = gw.ledger.spend("members").charges
@@ -287,7 +292,7 @@ def test_the_audit_numbers_are_what_the_old_join_released(tmp_path):
 
 
 @pytest.mark.parametrize("sql", [
-    # a chain of any length on the unit, through a public table too
+    # a chain on the unit up to limits.MAX_PROTECTED_OCCURRENCES (5) tables, through a public table too
     "SELECT COUNT(*) FROM checkouts c1 JOIN checkouts c2 ON c2.member_id = c1.member_id "
     "JOIN checkouts c3 ON c3.member_id = c2.member_id JOIN checkouts c4 ON c4.member_id = c3.member_id "
     "JOIN members m ON m.id = c4.member_id",

@@ -60,6 +60,7 @@ __all__ = [
     "MAX_INT",
     "MAX_CAP_EPSILON",
     "MAX_POLICY_EPSILON",
+    "MAX_PROTECTED_OCCURRENCES",
     "MAX_QUERY_RHO",
     "MAX_RESOLUTION",
     "MAX_SCALE",
@@ -71,6 +72,11 @@ __all__ = [
 #: Largest |value| of an exact per-group aggregate given to the noise (integer units);
 #: larger ones are clamped to it (a contraction, so the sensitivity is unchanged).
 MAX_ABS_AGGREGATE: int = 2**62
+#: Most protected table occurrences one join may read (:class:`dpgate.sql.sources.UnitGraph`): the
+#: caps apply after the join, and a unit with r rows in each of c occurrences has r^c joined rows, so a
+#: join of many copies could only time out after the charge. Five covers the corpus (TPC-H's deepest
+#: chain reads three: lineitem, orders, customer; a test chains five) and keeps r^c at 10^5 for r = 10.
+MAX_PROTECTED_OCCURRENCES: int = 5
 #: Largest fixed-point magnitude (resolution steps) of a bound, and largest per-unit,
 #: per-group contribution ``linf`` of any primitive (integer units).
 MAX_STEPS: int = 2**62

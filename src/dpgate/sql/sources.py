@@ -47,6 +47,7 @@ from typing import Any
 
 from sqlglot import exp
 
+from dpgate import limits
 from dpgate.errors import Internal, UnsupportedQuery
 from dpgate.policy import DatasetPolicy, TablePolicy, quote_identifier as q
 from dpgate.policy.tables import UNIT_PATH_KEY_TYPES
@@ -210,6 +211,13 @@ class UnitGraph:
     edges: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
+        if len(self.tables) > limits.MAX_PROTECTED_OCCURRENCES:
+            raise UnsupportedQuery(
+                f"the join reads {len(self.tables)} protected table occurrences, more than "
+                f"{limits.MAX_PROTECTED_OCCURRENCES}: each one multiplies a unit's joined rows (a unit with r rows in "
+                f"each of c occurrences has r^c joined rows before the caps apply), so the query could run past the "
+                f"timeout after the charge; join fewer protected tables, or aggregate per unit in a subquery first",
+                {"reason": "too_many_protected_occurrences", "occurrences": len(self.tables)})
         self.check_connected()
 
     def unconnected(self) -> tuple[str, str] | None:
