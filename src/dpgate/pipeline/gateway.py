@@ -430,7 +430,9 @@ class Gateway(DatasetViews, AdminOperations, StoreOperations):
         if search_id is not None:  # the consumer's own search only (another's: NotFound)
             self.searches.check_open(search_id, population=policy.population, consumer=consumer)
         compiled, budget, note = private_bounds.for_answer(  # issue 22 item 3: estimates charged first
-            self, dataset, sql, dialect, (policy, _, strategy), budget=budget, mechanism=mechanism, consumer=consumer)
+            self, dataset, sql, dialect, (policy, _, strategy), budget=budget, mechanism=mechanism, consumer=consumer,
+            then=private_truncation.check_next(self, dataset, (policy, _, strategy), mechanism=mechanism,
+                                               consumer=consumer))
         (policy, _, strategy), budget, note_m = private_truncation.for_answer(  # issue 22 item 4: the choice of m first
             self, dataset, sql, dialect, compiled, budget=budget, mechanism=mechanism, consumer=consumer)
         release = note(note_m(self._runner(dataset, policy, strategy).answer(

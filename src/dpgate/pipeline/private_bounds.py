@@ -310,10 +310,15 @@ def _identity(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 def for_answer(gw: Any, dataset: str, sql: str, dialect: str | None, compiled: Compiled, *,
-               budget: QueryBudget | None, mechanism: str | None, consumer: str
+               budget: QueryBudget | None, mechanism: str | None, consumer: str,
+               then: Callable[[QueryBudget | None, accounting.Cost], None] | None = None
                ) -> tuple[Compiled, QueryBudget | None, Annotate]:
     """``(compiled, budget, annotate)`` for the runner's ``answer``: estimates made (and charged) first
     when missing (module docstring). ``annotate`` adds ``private_bounds`` to the response.
+
+    ``then(budget_left, estimates_cost)``, when given, is the next private choice's check before the
+    estimates are charged (:func:`dpgate.pipeline.private_truncation.check_next`): a refusal of the
+    next choice then comes before any charge, not after the estimates'.
 
     Raises:
         before any charge: UnsupportedQuery, InvalidBudget, BudgetExhausted and the runner's own refusals
@@ -332,7 +337,7 @@ def for_answer(gw: Any, dataset: str, sql: str, dialect: str | None, compiled: C
         split = split_budget(gw, base, budget, mechanism, len(missing))
         noises = _calibrated(base, missing, split)
         trees = [histogram_tree(base.tables[n.table], n.col, z.grid) for n, z in zip(missing, noises)]
-        _check_before_charge(gw, dataset, compiled, split, noises, trees, consumer, mechanism)
+        _check_before_charge(gw, dataset, compiled, split, noises, trees, consumer, mechanism, then)
         for need, noise, tree in zip(missing, noises, trees):
             found[need], receipt = _estimate(gw, base, need, noise, tree, version, consumer)
             if receipt is not None:
@@ -368,7 +373,8 @@ def repeat_budget(gw: Any, dataset: str, base: DatasetPolicy, compiled: Compiled
 
 
 def _check_before_charge(gw: Any, dataset: str, compiled: Compiled, split: Split, noises: list, trees: list,
-                         consumer: str, mechanism: str | None) -> None:
+                         consumer: str, mechanism: str | None,
+                         then: Callable[[QueryBudget | None, accounting.Cost], None] | None = None) -> None:
     """Everything that can refuse the request, before the estimates' charges (module docstring)."""
     policy, _, strategy = compiled
     base = gw.policy(dataset)
@@ -381,6 +387,8 @@ def _check_before_charge(gw: Any, dataset: str, compiled: Compiled, split: Split
     for c in costs:
         refuse_without_gdp_claim(gw.ledger, base, c, consumer)
     refuse_unless_fits(gw, base, sum(costs[1:], costs[0]) + cal.cost, consumer, "its private bounds' estimate")
+    if then is not None:
+        then(split.main, sum(costs[1:], costs[0]))
 
 
 def refuse_unless_fits(gw: Any, base: DatasetPolicy, total: accounting.Cost, consumer: str, what: str) -> None:

@@ -278,6 +278,31 @@ def for_answer(gw: Any, dataset: str, sql: str, dialect: str | None, compiled: C
     return recompiled, budget, annotate
 
 
+def check_next(gw: Any, dataset: str, compiled: Compiled, *, mechanism: str | None, consumer: str
+               ) -> Callable[[Any, accounting.Cost], None]:
+    """The check private bounds run before charging their estimates when the same request then needs a
+    private truncation choice (:func:`dpgate.pipeline.private_bounds.for_answer`'s ``then``): called with
+    the budget left after the estimates' share and the estimates' cost, it refuses — before any charge —
+    a truncation choice that would not fit (InvalidBudget: the reduced budget cannot be split again;
+    BudgetExhausted: estimates + choice + query exceed what is left). Without a missing choice it does
+    nothing. The checks are data-independent (policy, budget, ledger), as each choice's own."""
+    def check(budget_left: Any, prior: accounting.Cost) -> None:
+        base = gw.policy(dataset)
+        if not _declares(base):
+            return
+        need = needed(base, compiled, gw._data_version(dataset))
+        if need is None or gw.release_cache.store.find(need.keys.noise) is not None:
+            return
+        split = split_budget(gw, base, budget_left, mechanism, 1)
+        noise = _calibrated(base, need, split)
+        policy, _, strategy = compiled
+        runner = gw._runner(dataset, policy, strategy)
+        cal = runner.calibrate(runner.resolve(split.main, mechanism))
+        refuse_unless_fits(gw, base, prior + _cost(noise) + cal.cost, consumer,
+                           "its private bounds' estimate and private truncation")
+    return check
+
+
 def _repeat_budget(gw: Any, dataset: str, base: Any, compiled: Compiled, budget: Any,
                    mechanism: str | None) -> Any:
     """The budget a repeated request is answered at: the request that paid for the choice ran at
