@@ -21,7 +21,7 @@ from dpgate.policy import DatasetPolicy
 if TYPE_CHECKING:
     from dpgate.engines.base import TableInfo
 
-__all__ = ["HASH_PRIME", "arithmetic_group_hash", "group_hash", "has_group_hash", "integer_hash_inputs",
+__all__ = ["HASH_PRIME", "NULL_TEXT", "arithmetic_group_hash", "group_hash", "has_group_hash", "integer_hash_inputs",
            "portable_group_hash"]
 
 
@@ -38,6 +38,12 @@ def portable_group_hash(tree: exp.Expression, *, collate_c: bool = False) -> exp
     a *float* group key is not: ``1.0`` vs ``1``; so the planner's render hashes a
     float key's public-key ordinal instead, ``dpgate.sql.bound._hash_key``.) ``collate_c`` orders the hex digests bytewise
     where the database collation might not (PostgreSQL).
+
+    A NULL input hashes as the text :data:`NULL_TEXT` (DuckDB's own ``hash`` hashes NULL too): the
+    md5 of a concatenation with a NULL is NULL, which sorts after every digest, so before
+    2026-12-04 a unit never kept its NULL-key group when it had k others (a biased answer, found by
+    a trial: ``GROUP BY CASE … END`` without ELSE). A key whose text is ``NULL_TEXT`` ties with
+    NULL; ties are broken by the keys, so it only changes which groups a unit keeps, not the bounds.
     """
 
     def fix(node: exp.Expression) -> exp.Expression:
@@ -47,7 +53,10 @@ def portable_group_hash(tree: exp.Expression, *, collate_c: bool = False) -> exp
         for i, arg in enumerate(node.expressions):
             if i:
                 parts.append(exp.Literal.string(":"))
-            parts.append(exp.Cast(this=arg.copy(), to=datatype("varchar")))
+            text: exp.Expression = exp.Cast(this=arg.copy(), to=datatype("varchar"))
+            if not isinstance(arg, exp.Literal):  # a NULL key is a key: its own text, not a NULL digest
+                text = exp.Coalesce(this=text, expressions=[exp.Literal.string(NULL_TEXT)])
+            parts.append(text)
         digest: exp.Expression = exp.MD5(this=exp.Concat(expressions=parts))
         if collate_c:
             digest = exp.Collate(this=digest, expression=exp.to_identifier("C", quoted=True))
@@ -55,6 +64,9 @@ def portable_group_hash(tree: exp.Expression, *, collate_c: bool = False) -> exp
 
     return tree.transform(fix, copy=False)
 
+
+#: The text a NULL hash input is read as (:func:`portable_group_hash`).
+NULL_TEXT = "\\N"
 
 #: The Mersenne prime 2**31 − 1: the modulus of the arithmetic group hash (every product of
 #: two residues is below 2**62, so BIGINT arithmetic is exact on every engine; 128-bit
@@ -80,7 +92,9 @@ def arithmetic_group_hash(tree: exp.Expression, dialect: str, integer_columns: s
         z = (y + Σ (b_i · (((g_i mod P) + P) mod P) mod P)) mod P;  h = (z² + s3) mod P
 
     computed in BIGINT (every intermediate value is below 2**63: exact on every engine,
-    no overflow), so every engine computes the same h. Ties (probability ≈ n²/2**32 for a
+    no overflow), so every engine computes the same h. A NULL key g_i is read as the residue t1
+    (before 2026-12-04 it made h NULL, so a unit's NULL-key group sorted last and was never kept
+    when it had k others). Ties (probability ≈ n²/2**32 for a
     unit in n groups) are broken by the keys, as before. The squarings make the order of one unit's groups depend non-linearly on the
     unit. Cheaper than md5 of text (:func:`portable_group_hash`), which remains the
     fallback for text units or keys. The choice, like md5's, depends only on the unit's
@@ -115,7 +129,9 @@ def arithmetic_group_hash(tree: exp.Expression, dialect: str, integer_columns: s
         z: exp.Expression = y
         for i, g in enumerate(cols[1:]):
             b = bs[i % len(bs)] + i  # distinct per key position
-            z = exp.Add(this=z, expression=mod(exp.Mul(this=lit(b), expression=residue(g.copy()))))
+            # a NULL key is read as the residue t1 (a salt constant), not a NULL hash (which sorts last)
+            r = exp.Coalesce(this=residue(g.copy()), expressions=[lit(t1)])
+            z = exp.Add(this=z, expression=mod(exp.Mul(this=lit(b), expression=r)))
         z = mod(z)
         return mod(exp.Add(this=exp.Mul(this=z, expression=z.copy()), expression=lit(s3)))
 
