@@ -45,6 +45,11 @@ def _run(con, plan, policy, salt=7):
     # a plain text column without public keys is a key of its own (partition selection), but an
     # expression of it takes the list: the empty string and quotes are keys like any other
     ("SELECT TRIM(model) AS m, COUNT(*) FROM prompts WHERE TRIM(model) IN ('', 'it''s') GROUP BY m", ("", "it's")),
+    # parenthesised conjunctions, and an OR chain of equalities (trial findings)
+    ("SELECT SUBSTRING(model, 1, 2), COUNT(*) FROM prompts WHERE (SUBSTRING(model, 1, 2) IN ('sm') AND week > 3) "
+     "GROUP BY 1", ("sm",)),
+    ("SELECT SUBSTRING(model, 1, 2), COUNT(*) FROM prompts WHERE (SUBSTRING(model, 1, 2) = 'sm' "
+     "OR SUBSTRING(model, 1, 2) = 'me') AND age > 1 GROUP BY 1", ("me", "sm")),
 ])
 def test_the_domain_is_the_listed_literals(policy, sql, domain):
     plan, key = _key(sql, policy)
@@ -60,6 +65,12 @@ def test_the_domain_is_the_listed_literals(policy, sql, domain):
      "GROUP BY 1", "WHERE <key> IN"),
     ("SELECT SUBSTRING(model, 1, 3), COUNT(*) FROM prompts WHERE NOT SUBSTRING(model, 1, 3) IN ('a') GROUP BY 1",
      "WHERE <key> IN"),
+    # an OR with another condition keeps rows outside the list
+    ("SELECT SUBSTRING(model, 1, 2), COUNT(*) FROM prompts WHERE SUBSTRING(model, 1, 2) = 'sm' OR week > 3 "
+     "GROUP BY 1", "WHERE <key> IN"),
+    ("SELECT SUBSTRING(model, 1, 2), COUNT(*) FROM prompts WHERE SUBSTRING(model, 1, 2) = 'a' "
+     "AND SUBSTRING(model, 9223372036854775807, 2) = 'a' "
+     "GROUP BY 1", "[1, 2147483647]"),
     # a list that is not literals (another column; a subquery is refused elsewhere)
     ("SELECT SUBSTRING(model, 1, 3), COUNT(*) FROM prompts WHERE SUBSTRING(model, 1, 3) IN ('a', model) "
      "GROUP BY 1", "WHERE <key> IN"),

@@ -125,7 +125,7 @@ def key_prefix(table: TablePolicy) -> str:
 def listed_literals(stmt: exp.Select, tree: exp.Expression, scope: QueryScope
                     ) -> tuple[exp.Expression, ...] | None:
     """The literals a top-level WHERE conjunct of ``stmt`` restricts the computed key ``tree`` to
-    (``<key> IN (lit, …)`` or ``<key> = lit``, the key spelled as in GROUP BY), or None.
+    (``<key> IN (lit, …)``, ``<key> = lit`` or an OR of those; the key spelled as in GROUP BY), or None.
 
     Several such conjuncts: their intersection (every one holds on a kept row). Only literal
     lists count: a subquery or a column on the right is not a key list (:mod:`dpgate.sql.keys`,
@@ -135,23 +135,34 @@ def listed_literals(stmt: exp.Select, tree: exp.Expression, scope: QueryScope
     if where is None:
         return None
     text = tree.sql(dialect=DIALECT, comments=False)
-    found: list[tuple[exp.Expression, ...]] = []
-    for conj in where.this.flatten() if isinstance(where.this, exp.And) else [where.this]:
+
+    def conjuncts(node: exp.Expression) -> list[exp.Expression]:
+        node = unparen(node)
+        return [c for part in node.flatten() for c in conjuncts(part)] if isinstance(node, exp.And) else [node]
+
+    def is_key(left: exp.Expression) -> bool:
+        try:
+            return key_tree(left, scope).sql(dialect=DIALECT, comments=False) == text
+        except (UnsupportedQuery, UnknownColumn, UnknownTable):
+            return False
+
+    def literals(conj: exp.Expression) -> tuple[exp.Expression, ...] | None:
+        """The literals ``conj`` restricts the key to: ``key IN (…)``, ``key = lit``, or an OR of those."""
         conj = unparen(conj)
+        if isinstance(conj, exp.Or):
+            parts = [literals(p) for p in conj.flatten()]
+            return None if any(p is None for p in parts) else tuple(i for p in parts for i in p)
         if isinstance(conj, exp.In) and not conj.args.get("query") and not conj.args.get("unnest"):
             left, items = conj.this, tuple(unparen(e) for e in conj.expressions)
         elif isinstance(conj, exp.EQ):
             left, items = conj.this, (unparen(conj.expression),)
         else:
-            continue
-        if not items or not all(isinstance(i, (exp.Literal, exp.Null)) for i in items):
-            continue
-        try:
-            same = key_tree(left, scope).sql(dialect=DIALECT, comments=False) == text
-        except (UnsupportedQuery, UnknownColumn, UnknownTable):
-            continue
-        if same:
-            found.append(items)
+            return None
+        if not items or not all(isinstance(i, (exp.Literal, exp.Null)) for i in items) or not is_key(left):
+            return None
+        return items
+
+    found = [items for items in map(literals, conjuncts(where.this)) if items is not None]
     if not found:
         return None
     kept = [i for i in found[0] if all(any(i == j for j in other) for other in found[1:])]

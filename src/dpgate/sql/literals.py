@@ -192,6 +192,6 @@ def text_slice_problem(node: exp.Expression) -> str | None:
         low = 1 if name == "start" else 0
         if not isinstance(value, int) or isinstance(value, bool) or value < low or value > 2**31 - 1:
             what = "start" if name == "start" else "length"
-            return (f"the {what} must be an integer literal ≥ {low} (the engines agree and cannot fail on "
-                    "any text only then)")
+            return (f"the {what} must be an integer literal in [{low}, 2147483647] (the engines agree and cannot "
+                    "fail on any text only then)")
     return None
