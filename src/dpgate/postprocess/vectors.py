@@ -371,24 +371,25 @@ def _trunc_digits(x: np.ndarray, digits: int) -> np.ndarray:
 
 def _int_round_digits(v: "Vector", digits: int, *, truncate: bool) -> "Vector":
     """ROUND/TRUNC(x, digits) of an integer vector (digits < 0: to a multiple of 10^−digits;
-    halves away from zero for ROUND), exact in Python integers; a result beyond int64 is NULL
-    (DuckDB raises "Overflow in ROUND of integer")."""
+    halves away from zero for ROUND), exact (unsigned 64-bit magnitudes); a result beyond int64
+    is NULL (DuckDB raises "Overflow in ROUND of integer")."""
     if digits >= 0:
         return v
     k = -digits
-    f = 10 ** k if k <= 20 else None  # |x| < 2^63 < 10^20 / 2: every result is 0 beyond
-    out = np.zeros(len(v), dtype=np.int64)
-    ok = v.valid.copy()
-    for i in np.flatnonzero(v.valid).tolist():
-        x = int(v.values[i])
-        if f is None:
-            continue
-        q, rem = divmod(abs(x), f)
-        if not truncate and 2 * rem >= f:
-            q += 1
-        r = q * f if x >= 0 else -q * f
-        if -(2 ** 63) <= r < 2 ** 63:
-            out[i] = r
-        else:
-            ok[i] = False
-    return Vector(out, ok, "int")
+    x = np.where(v.valid, v.values, 0).astype(np.int64)
+    neg = x < 0
+    mag = np.where(neg, (-(x + 1)).astype(np.uint64) + np.uint64(1), x.astype(np.uint64))  # |x|, INT64_MIN too
+    if k >= 19:  # 10^19 > |x| for every int64: 0, or ±10^19 (beyond int64) when ROUND(x, -19) reaches the half
+        over = (mag >= np.uint64(5 * 10 ** 18)) if (k == 19 and not truncate) else np.zeros(len(v), dtype=bool)
+        return Vector(np.zeros(len(v), dtype=np.int64), v.valid & ~over, "int")
+    f = np.uint64(10 ** k)
+    q, rem = np.divmod(mag, f)
+    if not truncate:
+        q = q + (rem >= f - rem).astype(np.uint64)
+    r = q * f  # ≤ |x| + 10^18 < 2^64: no wrap
+    ok = v.valid & np.where(neg, r <= np.uint64(2 ** 63), r < np.uint64(2 ** 63))
+    r = np.where(ok, r, np.uint64(0))
+    pos = r.astype(np.int64)  # wraps only at r = 2^63 (negative results), fixed below
+    negv = -((r - np.uint64(1)).astype(np.int64)) - 1
+    out = np.where(neg & (r > 0), negv, pos)
+    return Vector(np.where(ok, out, 0).astype(np.int64), ok, "int")
