@@ -46,7 +46,7 @@ QUERIES: dict[str, str] = {
     "having_or_and": "SELECT age, COUNT(*) AS n FROM members GROUP BY age HAVING (age < 30 OR age > 60) AND n > 1",
     "derived": "SELECT gender, SUM(books_borrowed) * 2 AS twice, AVG(age) + 1, "
                "IIF(AVG(age) > 40, 'old', 'young') AS band FROM members GROUP BY gender",
-    "derived_order": "SELECT gender, COUNT(*) FROM members GROUP BY gender ORDER BY CAST(COUNT(*) / 7 AS INTEGER)",
+    "derived_order": "SELECT gender, COUNT(*) FROM members GROUP BY gender ORDER BY TRY_CAST(COUNT(*) / 7 AS INTEGER)",
     "key_case": "SELECT CASE WHEN age > 40 THEN 'old' ELSE 'young' END AS band, COUNT(*) FROM members GROUP BY band",
     "key_bins": "SELECT FLOOR(age / 10) AS decade, COUNT(*) FROM members WHERE age > 30 GROUP BY decade "
                 "HAVING COUNT(*) > 2",

@@ -207,18 +207,22 @@ def with_public_table_keys(engine: Any, policy: DatasetPolicy, version: str | No
 
 
 def check_derived_outputs(plan: QueryPlan, policy: DatasetPolicy) -> None:
-    """Refuse, before the charge, a select-list expression that post-processing cannot evaluate.
+    """Refuse, before the charge, a select-list expression or HAVING that post-processing cannot
+    evaluate, or whose CAST could fail on a noisy value.
 
-    Each :class:`~dpgate.sql.plan.DerivedOutput` is checked by
+    Each :class:`~dpgate.sql.plan.DerivedOutput` (and the HAVING) is checked by
     :func:`dpgate.postprocess.check_postprocess_expression` on zero rows with the types its
-    inputs can have (group keys: their type; aggregates: int and float), so that a charged
-    release never fails in post-processing.
+    inputs can have (group keys: their type; aggregates: int and float), the aggregates and
+    the outputs derived from them marked noisy, so that a charged release never fails in
+    post-processing.
 
     Raises:
-        UnsupportedQuery: an unsupported or non-deterministic construct, or a type error.
+        UnsupportedQuery: an unsupported or non-deterministic construct, a type error, or a
+            plain CAST of a noisy value to a type that cannot hold it (TRY_CAST suggested).
     """
     derived = [o for o in plan.outputs if isinstance(o, DerivedOutput)]
-    if not derived:
+    having = plan.having_tree() if plan.having else None
+    if not derived and not _has_cast(having):
         return
     table = policy.table(plan.table)
     keys: dict[str, str] = {}
@@ -227,13 +231,23 @@ def check_derived_outputs(plan: QueryPlan, policy: DatasetPolicy) -> None:
             computed = plan.computed_key(o.column)
             keys[o.name] = computed.type if computed is not None else table.column(o.column).type
     labels = {o.name: o.label or o.name for o in plan.outputs}
+    noisy = {o.name for o in plan.outputs if isinstance(o, AggregateOutput)}
+    noisy |= {o.name for o in derived if any(c.name in noisy for c in plan.derived_tree(o).find_all(exp.Column))}
     try:
         for value_type in ("int", "float"):
             types = {**{o.name: value_type for o in plan.outputs if isinstance(o, AggregateOutput)}, **keys}
             for o in derived:
-                check_postprocess_expression(plan.derived_tree(o), types)
+                check_postprocess_expression(plan.derived_tree(o), types, noisy=noisy)
+            if _has_cast(having):
+                # HAVING reads outputs; a derived one is a number here (the binder typed HAVING)
+                check_postprocess_expression(having, {**{o.name: value_type for o in derived}, **types},
+                                             noisy=noisy)
     except UnsupportedQuery as e:
         raise in_analyst_terms(e, labels) from None
+
+
+def _has_cast(tree: exp.Expression | None) -> bool:
+    return tree is not None and tree.find(exp.Cast) is not None
 
 
 def in_analyst_terms(e: UnsupportedQuery, labels: Mapping[str, str]) -> UnsupportedQuery:

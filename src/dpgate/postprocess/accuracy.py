@@ -64,6 +64,7 @@ from dpgate.postprocess.expressions import (
     _Evaluator,
     _round_half_away,
     _snippet,
+    _trunc_digits,
 )
 
 _Z975 = statistics.NormalDist().inv_cdf(0.975)
@@ -361,13 +362,12 @@ class _Intervals:
             if np.any(lo <= 0):
                 raise _NoInterval(f"the 95 % interval of the argument of {_snippet(node)} reaches 0")
             return _monotone(lambda x: np.log(x) / np.log(base), lo, hi)
-        if isinstance(node, exp.Round):
+        if isinstance(node, (exp.Round, exp.Trunc)):
             d = self.ev._digits(node.args.get("decimals"))
-            return _monotone(lambda x: _round_half_away(x, d), *self.iv(node.this))
-        if isinstance(node, exp.Trunc):
-            d = self.ev._digits(node.args.get("decimals"))
-            m = 10.0 ** min(d, 15)
-            return _monotone(lambda x: np.trunc(x * m) / m, *self.iv(node.this))
+            if d is None:
+                raise _NoInterval(f"{_snippet(node)} is NULL (its number of decimals is NULL)")
+            fn = _round_half_away if isinstance(node, exp.Round) else _trunc_digits
+            return _monotone(lambda x: fn(x, d), *self.iv(node.this))
         if isinstance(node, (exp.Floor, exp.Ceil, exp.Sign)):
             fn = {exp.Floor: np.floor, exp.Ceil: np.ceil, exp.Sign: np.sign}[type(node)]
             return _monotone(fn, *self.iv(node.this))
@@ -389,7 +389,7 @@ class _Intervals:
                     return self.iv(node.this)
                 return _monotone(lambda x: _round_half_away(x, scale), *self.iv(node.this))
             if target == "int":
-                return _monotone(lambda x: _round_half_away(x, 0), *self.iv(node.this))
+                return _monotone(np.rint, *self.iv(node.this))
         what = node.sql_name() if isinstance(node, exp.Func) else type(node).__name__.upper()
         raise _NoInterval(f"{what} over noisy values has no 95 % interval ({_snippet(node)})")
 

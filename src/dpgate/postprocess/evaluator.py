@@ -9,14 +9,14 @@ The semantics are documented in :mod:`dpgate.postprocess.expressions`, whose :fu
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Collection, Mapping
 
 import numpy as np
 import sqlglot
 from sqlglot import exp
 
 from dpgate.sql.nondeterministic import NONDETERMINISTIC_FUNCTIONS
-from dpgate.postprocess.casts import _cast, _cast_target, _comparable
+from dpgate.postprocess.casts import _cast, _cast_spec, _comparable, refuse_unsafe_cast
 from dpgate.postprocess.vectors import (
     _I64_MIN,
     INT_LIMIT,
@@ -27,9 +27,11 @@ from dpgate.postprocess.vectors import (
     _convert,
     _float_result,
     _int_checked,
+    _int_round_digits,
     _null,
     _round_half_away,
     _snippet,
+    _trunc_digits,
 )
 
 # --- the evaluator ---------------------------------------------------------------------------------
@@ -60,9 +62,14 @@ _CMP_OPS: dict[type, Callable[[Any, Any], Any]] = {
 class _Evaluator:
     """Evaluates one expression tree over ``cells`` (name → Vector), all of length ``n``."""
 
-    def __init__(self, cells: Mapping[str, Vector], n: int) -> None:
+    def __init__(self, cells: Mapping[str, Vector], n: int, *, planning: bool = False,
+                 noisy: Collection[str] | None = None) -> None:
         self.cells = cells
         self.n = n
+        #: planning-time check (zero rows): also refuse a CAST that could fail on a noisy value
+        self.planning = planning
+        #: the cells that carry noise (None: every cell)
+        self.noisy = noisy
 
     # -- dispatch
     def ev(self, node: exp.Expression) -> Vector:
@@ -205,7 +212,7 @@ class _Evaluator:
         with np.errstate(all="ignore"):
             if isinstance(node, exp.Sqrt):
                 valid = valid & (x >= 0)
-                r = np.sqrt(np.where(x >= 0, x, 0.0))
+                r = np.sqrt(np.where(x >= 0, x, 0.0))  # NaN in DuckDB: NULL here
             elif isinstance(node, exp.Cbrt):
                 r = np.cbrt(x)
             elif isinstance(node, exp.Exp):
@@ -216,50 +223,56 @@ class _Evaluator:
         return _float_result(r, valid)
 
     def log(self, node: exp.Log) -> Vector:
-        """LOG(x) base 10, LOG(b, x); a non-positive x or base, or base 1 → NULL."""
+        """LOG(x) base 10, LOG2, LOG10, LOG(b, x) as DuckDB computes them (``log10``, ``log2``,
+        ``log10(x) / log10(b)``); a result that is not finite (x ≤ 0, b ≤ 0 or 1) → NULL."""
         if node.expression is None:  # LOG(x): base 10 (dialects where LOG means LN parse to Ln)
-            x = self.num(node.this)
-            base = _const(10.0, "float", self.n)
+            x, base = self.num(node.this), None
         else:
             base, x = self.num(node.this), self.num(node.expression)
-        xf, bf = x.values.astype(np.float64), base.values.astype(np.float64)
-        valid = x.valid & base.valid & (xf > 0) & (bf > 0) & (bf != 1)
+        xf = x.values.astype(np.float64)
         with np.errstate(all="ignore"):
-            r = np.log(np.where(xf > 0, xf, 1.0)) / np.log(np.where((bf > 0) & (bf != 1), bf, 2.0))
-        return _float_result(r, valid)
+            if base is None or _literal_number(node.this) == 10:
+                return _float_result(np.log10(xf), x.valid)
+            if _literal_number(node.this) == 2:
+                return _float_result(np.log2(xf), x.valid)
+            r = np.log10(xf) / np.log10(base.values.astype(np.float64))
+        return _float_result(r, x.valid & base.valid)
 
-    def _digits(self, node: exp.Expression | None) -> int:
+    def _digits(self, node: exp.Expression | None) -> int | None:
+        """The number of decimals of ROUND/TRUNC: an integer constant (any size: ``-400`` is
+        fine), None for NULL; a cell, a non-integer or text is refused (planning time)."""
         if node is None:
             return 0
-        d = self.ev(node)
+        if any(isinstance(n, exp.Column) for n in node.walk()):
+            raise ExpressionError(f"the number of decimals {_snippet(node)} must be an integer constant, "
+                                  "not a released value", node)
+        d = _Evaluator({}, 1).ev(node)  # a constant: its one value, whatever the row count
+        if d.type == "null" or (d.type == "int" and not d.valid[0]):
+            return None
         if d.type != "int" or not isinstance(node, (exp.Literal, exp.Neg, exp.Paren)):
             raise ExpressionError(f"the number of decimals {_snippet(node)} must be an integer constant", node)
-        return int(d.values[0]) if len(d) else 0
+        return int(d.values[0])
 
     def round_(self, node: exp.Round) -> Vector:
-        """ROUND(x[, d]) half away from zero; ints stay ints (d < 0 rounds to tens)."""
+        """ROUND(x[, d]) half away from zero, as DuckDB (ROUND(x, -400) = 0); ints stay ints
+        (d < 0 rounds to a multiple of 10^−d; beyond int64 → NULL); ROUND(x, NULL) is NULL."""
         v = self.num(node.this)
         d = self._digits(node.args.get("decimals"))
+        if d is None:
+            return Vector(v.values, np.zeros(self.n, dtype=bool), v.type)
         if v.type == "int":
-            if d >= 0:
-                return v
-            f = 10 ** min(-d, 18)
-            x = v.values
-            with np.errstate(all="ignore"):
-                r = np.sign(x) * ((np.abs(x) + f // 2) // f) * f
-            return _int_checked(r, v.valid, np.sign(x) * (np.abs(x.astype(np.float64)) + f / 2))
+            return _int_round_digits(v, d, truncate=False)
         return _float_result(_round_half_away(v.values, d), v.valid)
 
     def trunc(self, node: exp.Expression) -> Vector:
-        """TRUNC(x[, d]) toward zero."""
+        """TRUNC(x[, d]) toward zero, as DuckDB (ints: d < 0 truncates to a multiple of 10^−d)."""
         v = self.num(node.this)
         d = self._digits(node.args.get("decimals"))
+        if d is None:
+            return Vector(v.values, np.zeros(self.n, dtype=bool), v.type)
         if v.type == "int":
-            return v
-        m = 10.0 ** min(d, 15)
-        with np.errstate(all="ignore"):
-            r = np.trunc(v.values * m) / m
-        return _float_result(np.where(np.isfinite(r), r, v.values), v.valid)
+            return _int_round_digits(v, d, truncate=True)
+        return _float_result(_trunc_digits(v.values, d), v.valid)
 
     def floor_ceil(self, node: exp.Expression) -> Vector:
         """FLOOR(x), CEIL(x); ints unchanged."""
@@ -367,9 +380,14 @@ class _Evaluator:
 
     # -- casts
     def cast(self, node: exp.Cast) -> Vector:
-        """CAST/TRY_CAST/:: with TRY semantics (a failed conversion is NULL)."""
-        target, scale = _cast_target(node.args["to"], node)
-        return _cast(self.ev(node.this), target, scale)
+        """CAST/TRY_CAST/:: to the target's SQL type, as DuckDB converts (``casts`` module); a
+        value the target cannot hold is NULL. At planning time a plain CAST that could fail on a
+        noisy value, or fails on a constant, is refused (:func:`refuse_unsafe_cast`)."""
+        spec = _cast_spec(node.args["to"], node)
+        v = self.ev(node.this)
+        if self.planning:
+            refuse_unsafe_cast(node, spec, v, self.noisy, lambda e: _Evaluator({}, 1).ev(e))
+        return _cast(v, spec)
 
     # -- comparisons and logic
     def _compare(self, op: type, left: exp.Expression, right: exp.Expression,
@@ -486,6 +504,16 @@ class _Evaluator:
         out = np.empty(self.n, dtype=object)
         out[:] = [fn(x) if ok else None for x, ok in zip(v.values, v.valid)]
         return Vector(out, v.valid, "text")
+
+
+def _literal_number(node: exp.Expression) -> float | None:
+    """The value of a number literal (LOG2/LOG10's base), else None."""
+    if isinstance(node, exp.Literal) and not node.is_string:
+        try:
+            return float(node.this)
+        except ValueError:
+            return None
+    return None
 
 
 def _filled(values: np.ndarray, known: np.ndarray) -> np.ndarray:

@@ -15,18 +15,26 @@ over one value per released row, with SQL NULL semantics:
   ``ABS``, ``SIGN``, ``PI()``, ``LEAST``/``GREATEST`` (NULLs ignored where the
   dialect ignores them: DuckDB, PostgreSQL, Spark), ``CASE``, ``IF``/``IIF``,
   ``COALESCE``/``IFNULL``/``NVL``, ``NULLIF``, ``CAST``/``TRY_CAST``/``::`` to
-  integer, floating, decimal (rounded to its scale), text, boolean, date and
-  timestamp types, comparisons (also ``IS [NOT] DISTINCT FROM``), ``AND``/``OR``/
+  integer (each type's range: TINYINT holds −128 … 127), floating (FLOAT is float32),
+  DECIMAL(p, s) (rounded to s digits, below 10^(p − s)), text, boolean, date and
+  timestamp types, converting numbers as DuckDB does (:mod:`dpgate.postprocess.casts`),
+  comparisons (also ``IS [NOT] DISTINCT FROM``), ``AND``/``OR``/
   ``NOT`` (three-valued), ``IN``, ``BETWEEN``, ``IS [NOT] NULL``/``TRUE``/``FALSE``,
   string concatenation ``||`` and ``CONCAT`` (which skips NULLs where the dialect
   does), ``UPPER``/``LOWER``/``LENGTH`` of text keys;
 * NULL in, NULL out; **the evaluator is total**: division or ``%`` by zero,
-  ``SQRT`` of a negative, ``LN``/``LOG`` of a non-positive, a failed cast, an
-  integer beyond ±9.2·10^18 and every non-finite float (NaN, ±inf) give NULL,
-  never an error and never NaN/inf in a release. A charged release therefore
-  cannot fail in post-processing because of the values it got; only a malformed
-  expression raises, and :func:`check_postprocess_expression` finds those at
-  planning time, before any charge;
+  ``SQRT`` of a negative, ``LN``/``LOG`` of a non-positive, ``EXP``/``POWER``
+  overflow, a value a cast's target cannot hold, an integer beyond ±9.2·10^18
+  and every non-finite float (NaN, ±inf: where DuckDB returns them or raises)
+  give NULL, never an error and never NaN/inf in a release. Finite results are
+  DuckDB's (``LOG10``, ``LOG2``, ``LOG(b, x)`` = log10(x)/log10(b), ``ROUND``/
+  ``TRUNC`` with any integer constant as decimals: ``ROUND(x, -400)`` is 0). A
+  charged release therefore cannot fail in post-processing because of the
+  values it got; only a malformed expression raises, and
+  :func:`check_postprocess_expression` finds those at planning time, before any
+  charge, together with a plain ``CAST`` of a noisy value to a type that cannot
+  hold every value of its type (``CAST(AVG(x) AS TINYINT)``: ``TRY_CAST`` is
+  the way) and decimals that are not an integer constant (``ROUND(x, COUNT(*))``);
 * non-deterministic functions (``RANDOM``, ``RAND``, ``NOW``, ``CURRENT_DATE``,
   ``UUID``, …, see :data:`NONDETERMINISTIC_FUNCTIONS`) are refused: a release must be a function of
   its stored noisy values alone.
@@ -68,6 +76,7 @@ from dpgate.postprocess.vectors import (
 from dpgate.postprocess.vectors import (  # noqa: F401 (imported from here by dpgate.postprocess.accuracy)
     _round_half_away,
     _snippet,
+    _trunc_digits,
 )
 
 __all__ = [
@@ -140,7 +149,7 @@ def evaluate_predicate(predicate: exp.Expression | str, values: Mapping[str, Any
 
 
 def check_postprocess_expression(expr: exp.Expression, cell_names: Collection[str] | Mapping[str, str],
-                                 *, dialect: str = "duckdb") -> None:
+                                 *, dialect: str = "duckdb", noisy: Collection[str] | None = None) -> None:
     """Planning-time check of a post-processing expression (select list, HAVING, ORDER BY).
 
     Walks the whole tree: every node must be one the evaluator supports, every
@@ -149,12 +158,18 @@ def check_postprocess_expression(expr: exp.Expression, cell_names: Collection[st
     ``CURRENT_DATE``, …) are refused. When ``cell_names`` maps names to value
     types (:data:`VALUE_TYPES`), the expression is also type-checked by
     evaluating it on zero rows (no data involved), so that a charged release can
-    never fail in post-processing.
+    never fail in post-processing; that pass also refuses a plain ``CAST`` of a noisy
+    value to a type that cannot hold every value of the operand's type (``CAST(AVG(x)
+    AS TINYINT)``: the noise can take it out of range; ``TRY_CAST`` is the way, NULL when
+    out of range), and a ``CAST`` of a constant that does not convert.
 
     Args:
         expr: the expression, with aggregates already replaced by cell references.
         cell_names: the names it may refer to, or name → value type.
         dialect: for parsing ``expr`` when it is text.
+        noisy: the cells that carry noise (aggregates and what is derived from them);
+            None: every cell. A CAST over public cells only (group keys) keeps TRY
+            semantics.
 
     Raises:
         UnsupportedQuery: naming the construct (``details["construct"]``).
@@ -174,7 +189,7 @@ def check_postprocess_expression(expr: exp.Expression, cell_names: Collection[st
                 if t not in VALUE_TYPES:
                     raise ValueError(f"unknown value type {t!r} for cell {name!r}")
                 typed[name] = _convert(_null(0), t) if t != "null" else _null(0)
-            _Evaluator(typed, 0).ev(tree)
+            _Evaluator(typed, 0, planning=True, noisy=noisy).ev(tree)
     except ExpressionError as e:
         details = {"construct": e.construct} if e.construct else {}
         raise UnsupportedQuery(str(e), details) from None

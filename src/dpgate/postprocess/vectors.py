@@ -15,6 +15,7 @@ import datetime as _dt
 import math
 from dataclasses import dataclass
 from decimal import Decimal
+from fractions import Fraction
 from typing import Any, Callable, Iterable
 
 import numpy as np
@@ -311,12 +312,84 @@ def _float_result(values: np.ndarray, valid: np.ndarray) -> Vector:
     return Vector(np.where(ok, values, 0.0).astype(np.float64), ok, "float")
 
 
-def _round_half_away(x: np.ndarray, digits: int) -> np.ndarray:
-    """Round half away from zero to ``digits`` decimals (SQL ROUND; numerically as DuckDB)."""
-    if digits > 15:
-        return x
-    m = 10.0 ** digits
+def _pow10(k: int) -> float:
+    """10.0 ** k as C's ``pow(10, k)`` gives it (inf beyond the double range, 0 below it; no OverflowError)."""
+    if k > 308:
+        return math.inf
+    if k < -400:
+        return 0.0
+    return 10.0 ** k
+
+
+def _std_round(x: np.ndarray) -> np.ndarray:
+    """C's ``round``: to the nearest integer, halves away from zero (exact: no ``x + 0.5``)."""
     with np.errstate(all="ignore"):
-        y = np.abs(x) * m
-        r = np.sign(x) * np.floor(y + 0.5) / m
-    return np.where(np.isfinite(r), r, x)
+        t = np.trunc(x)
+        return t + np.copysign((np.abs(x - t) >= 0.5).astype(np.float64), x)
+
+
+def _round_half_away(x: np.ndarray, digits: int) -> np.ndarray:
+    """SQL ROUND(x, digits) of doubles, as DuckDB computes it: with m = 10^|d|, ``round(x · m) / m``
+    for d ≥ 0 (x itself where that is not finite: d beyond the double range) and ``round(x / m) · m``
+    for d < 0 (0 where that is not finite: ROUND(x, -400) = 0); halves away from zero, a half
+    that only the double product x · m shows (2.675 · 100 = 267.5) decided on the exact product
+    for 0 ≤ d ≤ 22, where m is exact (ROUND(2.675, 2) = 2.67). Total for every integer ``digits``."""
+    x = np.asarray(x, dtype=np.float64)
+    with np.errstate(all="ignore"):
+        if digits < 0:
+            m = _pow10(-digits)
+            r = _std_round(x / m) * m
+            return np.where(np.isfinite(r), r, 0.0)
+        m = _pow10(digits)
+        y = x * m
+        r = _std_round(y)
+        if digits <= 22:
+            ties = np.flatnonzero(np.isfinite(y) & (np.abs(y - np.trunc(y)) == 0.5))
+            for i in ties.tolist():  # rare: the exact product decides (it is below or above the half)
+                q = Fraction(float(x[i])) * Fraction(m)
+                n = math.floor(abs(q))
+                n += 1 if abs(q) - n >= Fraction(1, 2) else 0
+                r[i] = float(n if q >= 0 else -n)
+        r = r / m
+        return np.where(np.isfinite(r), r, x)
+
+
+def _trunc_digits(x: np.ndarray, digits: int) -> np.ndarray:
+    """SQL TRUNC(x, digits) of doubles, as DuckDB computes it: with m = 10^|d|, ``trunc(x · m) / m``
+    for d ≥ 0 and ``trunc(x / m) · m`` for d < 0; x itself where that is not finite (TRUNC(x, 400)
+    and TRUNC(x, -400) are x, as in DuckDB). Total for every integer ``digits``."""
+    x = np.asarray(x, dtype=np.float64)
+    with np.errstate(all="ignore"):
+        if digits < 0:
+            m = _pow10(-digits)
+            r = np.trunc(x / m) * m
+        else:
+            m = _pow10(digits)
+            r = np.trunc(x * m) / m
+        return np.where(np.isfinite(r), r, x)
+
+
+def _int_round_digits(v: "Vector", digits: int, *, truncate: bool) -> "Vector":
+    """ROUND/TRUNC(x, digits) of an integer vector (digits < 0: to a multiple of 10^−digits;
+    halves away from zero for ROUND), exact (unsigned 64-bit magnitudes); a result beyond int64
+    is NULL (DuckDB raises "Overflow in ROUND of integer")."""
+    if digits >= 0:
+        return v
+    k = -digits
+    x = np.where(v.valid, v.values, 0).astype(np.int64)
+    neg = x < 0
+    mag = np.where(neg, (-(x + 1)).astype(np.uint64) + np.uint64(1), x.astype(np.uint64))  # |x|, INT64_MIN too
+    if k >= 19:  # 10^19 > |x| for every int64: 0, or ±10^19 (beyond int64) when ROUND(x, -19) reaches the half
+        over = (mag >= np.uint64(5 * 10 ** 18)) if (k == 19 and not truncate) else np.zeros(len(v), dtype=bool)
+        return Vector(np.zeros(len(v), dtype=np.int64), v.valid & ~over, "int")
+    f = np.uint64(10 ** k)
+    q, rem = np.divmod(mag, f)
+    if not truncate:
+        q = q + (rem >= f - rem).astype(np.uint64)
+    r = q * f  # ≤ |x| + 10^18 < 2^64: no wrap
+    ok = v.valid & np.where(neg, r <= np.uint64(2 ** 63), r < np.uint64(2 ** 63))
+    r = np.where(ok, r, np.uint64(0))
+    pos = r.astype(np.int64)  # wraps only at r = 2^63 (negative results), fixed below
+    negv = -((r - np.uint64(1)).astype(np.int64)) - 1
+    out = np.where(neg & (r > 0), negv, pos)
+    return Vector(np.where(ok, out, 0).astype(np.int64), ok, "int")
