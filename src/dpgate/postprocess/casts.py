@@ -159,7 +159,9 @@ def refuse_unsafe_cast(node: exp.Cast, spec: CastSpec, operand: Vector, noisy: C
 
     * over a noisy value (one that reads a cell in ``noisy``; None: every cell): refused when the
       target cannot hold every value of the operand's type — a released value carries noise, so
-      it can take any value of its type (an AVG any double, a count any 64-bit integer);
+      it can take any value of its type (an AVG any double, a count any 64-bit integer) — except
+      integer targets of 64 bits or more (BIGINT, HUGEINT), which hold every released integer and
+      give NULL for a double beyond int64;
     * over a constant: refused when the constant does not convert (as DuckDB refuses it).
 
     Public group keys keep TRY semantics (a key that does not convert is NULL), as documented.
@@ -180,6 +182,11 @@ def refuse_unsafe_cast(node: exp.Cast, spec: CastSpec, operand: Vector, noisy: C
     if noisy is not None and not any(c in noisy for c in columns):
         return
     if operand.type not in _TYPE_RANGES or not spec.bounded or spec.holds(*_TYPE_RANGES[operand.type]):
+        return
+    if spec.int_range is not None and spec.holds(*_I64):
+        # BIGINT / HUGEINT: a released count or sum is a 64-bit integer (the samplers' i64), so the
+        # analyst's everyday CAST(COUNT(*) AS BIGINT) holds it; a double beyond int64 (an AVG of a
+        # column bounded beyond 9.2e18) is NULL there, as TRY_CAST (documented), not an error
         return
     raise ExpressionError(
         f"{_snippet(node)} could fail after the charge: a released value carries noise, so it can take "
