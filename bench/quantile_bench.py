@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -40,7 +41,9 @@ from dpgate.sql.parse import parse_query
 from dpgate.sql.quantile import histogram_query
 import dpgate.pipeline.planning  # noqa: E402,F401 - installs the planner's table-less evaluator (dpgate.sql.evaluation)
 
-from bench.previous_plans import previous_histogram_sql
+if not __package__:  # run as a script (python bench/quantile_bench.py): the repository root for bench.*
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.previous_plans import previous_histogram_sql  # noqa: E402
 
 
 def _policy(keys: int, k: int, m: int):
