@@ -11,21 +11,26 @@ number, x = a normal(500, 100)-shaped value from a sum of hashed uniforms, clamp
 * ``dp``: what the gateway runs for ``SELECT key, MEDIAN(x) FROM events GROUP BY key``:
   the bounded histogram SQL (clamp, grid, ≤ m values per unit and group, ≤ k groups per
   unit, counts per (group, candidate)), fetched into NumPy, scored, and one OpenDP
-  noisy-max selection per group (ρ = 0.1 for the query).
+  noisy-max selection per group (ρ = 0.1 for the query);
+* ``before``: the same with the histogram statement as rendered before issue 25 item 3
+  (:func:`bench.previous_plans.previous_histogram_sql`); the benchmark checks that both
+  statements return the same histogram.
 
-Prints both medians, their ratio and the largest |DP median − exact median| over the groups
-next to the stated 95 % rank error.
+Prints the medians, the ratios to the exact MEDIAN and the largest |DP median − exact median|
+over the groups next to the stated 95 % rank error.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import duckdb
 import numpy as np
+import sqlglot
 
 from dpgate.engines.base import TableInfo
 from dpgate.engines.hashing import group_hash
@@ -33,7 +38,12 @@ from dpgate.mechanisms import calibrate
 from dpgate.policy import parse_policy
 from dpgate.quantile_release import calibrate_plan, run
 from dpgate.sql.parse import parse_query
+from dpgate.sql.quantile import histogram_query
 import dpgate.pipeline.planning  # noqa: E402,F401 - installs the planner's table-less evaluator (dpgate.sql.evaluation)
+
+if not __package__:  # run as a script (python bench/quantile_bench.py): the repository root for bench.*
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.previous_plans import previous_histogram_sql  # noqa: E402
 
 
 def _policy(keys: int, k: int, m: int):
@@ -83,23 +93,30 @@ def main() -> None:
         text = group_hash(tree.copy(), policy, tables, "duckdb").sql(dialect="duckdb")
         return {k: np.asarray(v) for k, v in con.execute(text).fetchnumpy().items()}
 
-    t_exact, t_dp = [], []
+    previous = {"x": sqlglot.parse_one(previous_histogram_sql(plan, policy, "x", salt=12345), read="duckdb")}
+    same = execute(previous["x"]), execute(histogram_query(plan, policy, "x", salt=12345))
+    assert all(np.array_equal(same[0][c], same[1][c]) for c in same[1]), "the two plans' histograms differ"
+    t_exact, t_dp, t_before = [], [], []
     released = exact = None
     for _ in range(args.runs):
         t0 = time.perf_counter()
         exact = con.execute(exact_sql).fetchall()
         t_exact.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
+        run(plan, policy, cal, execute, salt=12345, statements=previous)
+        t_before.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
         _, noisy = run(plan, policy, cal, execute, salt=12345)
         t_dp.append(time.perf_counter() - t0)
         released = q.grid.value(noisy[q.primitive])
-    e, d = statistics.median(t_exact), statistics.median(t_dp)
+        print(f"  round: exact {t_exact[-1]:.3f} s, before {t_before[-1]:.3f} s, now {t_dp[-1]:.3f} s", flush=True)
+    e, d, before = statistics.median(t_exact), statistics.median(t_dp), statistics.median(t_before)
     exact_values = np.array([row[-1] for row in exact], dtype=float)
     err = float(np.max(np.abs(released - exact_values)))
     print(f"rows={args.rows} units={args.units} groups={args.keys} k={args.k} m={args.m} "
           f"candidates={q.grid.size} rho={args.rho}")
     print(f"exact MEDIAN (DuckDB): {e:.3f} s   DP median (bounded histogram + OpenDP): {d:.3f} s   "
-          f"ratio {d / e:.2f}x")
+          f"ratio {d / e:.2f}x   before issue 25 item 3: {before:.3f} s, ratio {before / e:.2f}x")
     print(f"largest |DP - exact| over groups: {err:.2f} (column units); stated rank error "
           f"±{q.rank_error95:.0f} ranks per group")
 

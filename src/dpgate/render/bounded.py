@@ -155,28 +155,42 @@ def _relation(table: TablePolicy, join_tree) -> exp.Expression:
     return n.subquery(join_tree, _SRC)
 
 
-def _distinct_ctes(prims, distinct_of, g, m, salt, per_unit, rows_name):
+def _distinct_ctes(prims, distinct_of, g, m, salt, per_unit, rows_name, k_chosen=False):
+    """:func:`dpgate.sql.bound._distinct_ctes` as trees (one pass: the kept pairs' distinct values
+    with their count ``__dpg_nd``, the m-value window only where ``__dpg_nd > m``)."""
     out = []
-    u, parts, x = _PREFIX + "u", _PREFIX + "partials", _PREFIX + "x"
+    u, parts, x, nd = _PREFIX + "u", _PREFIX + "partials", _PREFIX + "x", _PREFIX + "nd"
     for j, p in enumerate(prims):
         d = distinct_of[p.column]
-        dv, dc, pid = f"{_PREFIX}dv{j}", f"{_PREFIX}dc{j}", _PREFIX + p.id
+        dd, dv, dc, pid = f"{_PREFIX}dd{j}", f"{_PREFIX}dv{j}", f"{_PREFIX}dc{j}", _PREFIX + p.id
         if not per_unit:
             items = [n.col(c) for c in g] + [n.alias(n.count(exp.Distinct(expressions=[n.col(d)])), pid)]
             out.append((dc, n.select(items, n.table(rows_name), group=[n.col(c) for c in g])))
             continue
         ug = [u] + g
+        r_ug = lambda: [n.col(c, rows_name) for c in ug]  # noqa: E731
+        joins = []
+        if k_chosen:
+            on = n.conjunction([exp.EQ(this=n.col(u, rows_name), expression=n.col(u, parts))]
+                               + [exp.NullSafeEQ(this=n.col(c, rows_name), expression=n.col(c, parts)) for c in g])
+            joins.append(exp.Join(this=n.table(parts), on=on))
+        count = exp.Window(this=n.count(), partition_by=r_ug(), over="OVER")
+        out.append((dd, n.select(r_ug() + [n.col(d, rows_name), n.alias(count, nd)], n.table(rows_name), joins=joins,
+                                 where=n.not_null(n.col(d, rows_name)), group=r_ug() + [n.col(d, rows_name)])))
         window = exp.Window(this=exp.RowNumber(), partition_by=[n.col(c) for c in ug], order=exp.Order(expressions=[
             exp.Ordered(this=n.anonymous("hash", *[n.col(c) for c in ug + [d]], salt()), nulls_first=False),
             exp.Ordered(this=n.col(d), nulls_first=False)]), over="OVER")
-        out.append((dv, n.select([n.col(c) for c in ug] + [n.alias(n.col(d), x)], n.table(rows_name),
-                                 where=n.not_null(n.col(d)), group=[n.col(c) for c in ug + [d]],
-                                 qualify=exp.LTE(this=window, expression=n.num(m)))))
-        on = n.conjunction([exp.EQ(this=n.col(u, dv), expression=n.col(u, parts))]
-                           + [exp.NullSafeEQ(this=n.col(c, dv), expression=n.col(c, parts)) for c in g])
-        items = [n.col(c, dv) for c in g] + [n.alias(n.count(exp.Distinct(expressions=[n.col(x, dv)])), pid)]
-        out.append((dc, n.select(items, n.table(dv), joins=[exp.Join(this=n.table(parts), on=on)],
-                                 group=[n.col(c, dv) for c in g])))
+        over = n.select([exp.Star()], n.table(dd), where=exp.GT(this=n.col(nd), expression=n.num(m)),
+                        qualify=exp.LTE(this=window, expression=n.num(m)))
+        kept = exp.Union(
+            this=n.select([n.col(c) for c in ug] + [n.alias(n.col(d), x)], n.table(dd),
+                          where=exp.LTE(this=n.col(nd), expression=n.num(m))),
+            distinct=False,
+            expression=n.select([n.col(c) for c in ug] + [n.alias(n.col(d), x)],
+                                n.subquery(over, _PREFIX + "over_m")))
+        out.append((dv, kept))
+        items = [n.col(c) for c in g] + [n.alias(n.count(exp.Distinct(expressions=[n.col(x)])), pid)]
+        out.append((dc, n.select(items, n.table(dv), group=[n.col(c) for c in g])))
     return out
 
 
@@ -337,6 +351,7 @@ def bounded_tree(plan: QueryPlan, table: TablePolicy, salt: exp.Expression, *, p
     m, k = table.max_rows_per_unit, table.max_groups_per_unit
     record_level = table.record_level
     u = _PREFIX + "u"
+    k_chosen = per_unit and bool(keys) and bool(plan.selected_keys or k < plan.key_combinations(table))
     rows, value_of, distinct_of = _rows_cte(plan, table, keys, key_ref, g, join_tree)
     part_cols, group_cols = _primitive_columns(plan, table, value_of, per_unit=per_unit)
 
@@ -345,7 +360,7 @@ def bounded_tree(plan: QueryPlan, table: TablePolicy, salt: exp.Expression, *, p
     source = rows_name
     if per_unit:
         qualify = None
-        if keys and (plan.selected_keys or k < plan.key_combinations(table)):
+        if k_chosen:
             hashed = [_hash_key(c, n.col(g[i])) for i, c in enumerate(keys)]
             window = exp.Window(this=exp.RowNumber(), partition_by=[n.col(u)], order=exp.Order(
                 expressions=[exp.Ordered(this=n.anonymous("hash", n.col(u), *hashed, salt.copy()), nulls_first=False)]
@@ -360,7 +375,7 @@ def bounded_tree(plan: QueryPlan, table: TablePolicy, salt: exp.Expression, *, p
     distinct = [p for p in plan.primitives if primitive_kind(p.kind).row_value == "raw"]
     if distinct:
         ctes.append((_PREFIX + "groups0", groups))
-        ctes += _distinct_ctes(distinct, distinct_of, g, m, lambda: salt.copy(), per_unit, rows_name)
+        ctes += _distinct_ctes(distinct, distinct_of, g, m, lambda: salt.copy(), per_unit, rows_name, k_chosen)
         ctes.append(_join_distinct(distinct, g))
     else:
         ctes.append((_PREFIX + "groups", groups))

@@ -26,6 +26,21 @@ def _window(func: exp.Expression, partition: list[str], order: list[exp.Expressi
     return node
 
 
+def _one_group_rows(ctes: list, rows: str, u: str, g: list[str], b: str, salt: exp.Expression) -> str:
+    """:func:`dpgate.sql.quantile._one_group_rows` as trees (k = 1: the rows of each unit's
+    groups with its smallest group hash)."""
+    h, mh = _PREFIX + "h", _PREFIX + "mh"
+    hashed, pick, cand = _PREFIX + "hashed", _PREFIX + "pick", _PREFIX + "cand"
+    ctes.append((hashed, n.select([exp.Star(), n.alias(n.anonymous("hash", *[n.col(x) for x in [u] + g], salt.copy()), h)],
+                                  n.table(rows))))
+    ctes.append((pick, n.select([n.col(u), n.alias(exp.Min(this=n.col(h)), mh)], n.table(hashed), group=[n.col(u)])))
+    on = n.conjunction([exp.EQ(this=n.col(u, hashed), expression=n.col(u, pick)),
+                        exp.NullSafeEQ(this=n.col(h, hashed), expression=n.col(mh, pick))])
+    ctes.append((cand, n.select([n.col(x, hashed) for x in [u] + g + [b]], n.table(hashed),
+                                joins=[exp.Join(this=n.table(pick), on=on)])))
+    return cand
+
+
 def histogram_tree(plan: QueryPlan, policy: DatasetPolicy, column: str, salt: exp.Expression,
                    join_tree: exp.Expression | None = None) -> exp.Select:
     """The per-(group, candidate) counts of ``column`` (columns as :func:`histogram_sql`'s)."""
@@ -60,10 +75,12 @@ def histogram_tree(plan: QueryPlan, policy: DatasetPolicy, column: str, salt: ex
     if not table.record_level:
         ug, j, c = _PREFIX + "unit_groups", _PREFIX + "joined", _PREFIX + "c"
         qualify = None
-        if keys and (plan.selected_keys or k < plan.key_combinations(table)):
-            window = _window(exp.RowNumber(), [u],
-                             [n.anonymous("hash", *cols([u] + g), salt.copy())] + cols(g))
-            qualify = exp.LTE(this=window, expression=n.num(k))
+        k_chosen = bool(keys) and bool(plan.selected_keys or k < plan.key_combinations(table))
+        if k_chosen and k == 1:  # issue 25 item 3 (dpgate.sql.quantile._one_group_rows)
+            source = _one_group_rows(ctes, source, u, g, b, salt)
+        if k_chosen:
+            order = ([n.anonymous("hash", *cols([u] + g), salt.copy())] if k > 1 else []) + cols(g)
+            qualify = exp.LTE(this=_window(exp.RowNumber(), [u], order), expression=n.num(k))
         ctes.append((ug, n.select(cols([u] + g) + [n.alias(n.count(), c)], n.table(source),
                                   group=cols([u] + g), qualify=qualify)))
         nullable = {g[i] for i, c in enumerate(keys) if c.name in plan.selected_keys}  # NULL is a selected key

@@ -345,7 +345,7 @@ def _derived_value(tree: exp.Expression, table: TablePolicy) -> str:
 
 
 def _distinct_ctes(prims, distinct_of: dict[str, str], g: list[str], m: int, salt: str,
-                   per_unit: bool, rows_name: str) -> list[str]:
+                   per_unit: bool, rows_name: str, k_chosen: bool = False) -> list[str]:
     """CTEs computing each ``count_distinct`` primitive per group (issue 11).
 
     Per (unit, kept group) the unit's distinct non-NULL values of the column; when it has more
@@ -355,30 +355,47 @@ def _distinct_ctes(prims, distinct_of: dict[str, str], g: list[str], m: int, sal
     kept values. One unit therefore adds at most m values to a group's set: removing it lowers
     the group's distinct count by at most m (:mod:`dpgate.sensitivity`). Record-level tables:
     every row is a unit with one value (so are tables whose unit is unique: ``per_unit`` False).
+
+    In one pass over the rows (issue 25 item 4): the rows of the kept (unit, group) pairs
+    (joined to ``__dpg_partials`` only when ``k_chosen``, i.e. when the k-group choice drops
+    pairs; otherwise every pair is kept), their distinct values with each pair's number of
+    distinct values ``__dpg_nd`` (``__dpg_dd<j>``); the m-value window runs only over the pairs
+    with ``__dpg_nd > m`` (a pair with at most m values keeps all of them, which is what the
+    window's ``row_number() <= m`` keeps too). The kept (unit, group, value) set is the same
+    as ranking every pair's values and then keeping the k-chosen pairs, since the window is
+    partitioned by (unit, group): the same values for the same salt.
     """
     out = []
     u = q(_PREFIX + "u")
     rows, parts = q(rows_name), q(_PREFIX + "partials")
     for j, p in enumerate(prims):
         d = distinct_of[p.column]
-        dv, dc, x, pid = (q(f"{_PREFIX}dv{j}"), q(f"{_PREFIX}dc{j}"), q(_PREFIX + "x"),
-                          q(_PREFIX + p.id))
+        dd, dv, dc, x, pid = (q(f"{_PREFIX}dd{j}"), q(f"{_PREFIX}dv{j}"), q(f"{_PREFIX}dc{j}"), q(_PREFIX + "x"),
+                              q(_PREFIX + p.id))
         group = f"\n  GROUP BY {', '.join(g)}" if g else ""
         if not per_unit:
             out.append(f"{dc} AS (\n  SELECT {', '.join(g + [f'COUNT(DISTINCT {d}) AS {pid}'])}\n"
                        f"  FROM {rows}{group}\n)")
             continue
         ug = [u] + g
+        r_ug = [f"{rows}.{c}" for c in ug]
+        join = ""
+        if k_chosen:
+            on = " AND ".join([f"{rows}.{u} = {parts}.{u}"]
+                              + [f"{rows}.{c} IS NOT DISTINCT FROM {parts}.{c}" for c in g])
+            join = f" JOIN {parts} ON {on}"
+        nd, nk = q(_PREFIX + "nd"), q(_PREFIX + "over_m")
         out.append(
-            f"{dv} AS (\n  SELECT {', '.join(ug)}, {d} AS {x}\n  FROM {rows}\n  WHERE {d} IS NOT NULL\n"
-            f"  GROUP BY {', '.join(ug + [d])}\n"
-            f"  QUALIFY row_number() OVER (PARTITION BY {', '.join(ug)} ORDER BY "
-            f"hash({', '.join(ug + [d, salt])}), {d}) <= {m}\n)")
-        on = " AND ".join([f"{dv}.{u} = {parts}.{u}"]
-                          + [f"{dv}.{c} IS NOT DISTINCT FROM {parts}.{c}" for c in g])
-        sel = [f"{dv}.{c}" for c in g] + [f"COUNT(DISTINCT {dv}.{x}) AS {pid}"]
-        grp = f"\n  GROUP BY {', '.join(f'{dv}.{c}' for c in g)}" if g else ""
-        out.append(f"{dc} AS (\n  SELECT {', '.join(sel)}\n  FROM {dv} JOIN {parts} ON {on}{grp}\n)")
+            f"{dd} AS (\n  SELECT {', '.join(r_ug)}, {rows}.{d}, "
+            f"COUNT(*) OVER (PARTITION BY {', '.join(r_ug)}) AS {nd}\n  FROM {rows}{join}\n"
+            f"  WHERE {rows}.{d} IS NOT NULL\n  GROUP BY {', '.join(r_ug + [f'{rows}.{d}'])}\n)")
+        out.append(
+            f"{dv} AS (\n  SELECT {', '.join(ug)}, {d} AS {x}\n  FROM {dd}\n  WHERE {nd} <= {m}\n"
+            f"  UNION ALL\n  SELECT {', '.join(ug)}, {d} AS {x}\n  FROM (SELECT * FROM {dd} WHERE {nd} > {m} "
+            f"QUALIFY row_number() OVER (PARTITION BY {', '.join(ug)} ORDER BY "
+            f"hash({', '.join(ug + [d, salt])}), {d}) <= {m}) AS {nk}\n)")
+        sel = g + [f"COUNT(DISTINCT {x}) AS {pid}"]
+        out.append(f"{dc} AS (\n  SELECT {', '.join(sel)}\n  FROM {dv}{group}\n)")
     return out
 
 
@@ -407,6 +424,7 @@ def _render(plan: QueryPlan, policy: DatasetPolicy, salt: str, *, unit_unique: b
     part_cols, group_cols = _primitive_texts(plan, table, value_of, per_unit=per_unit)
 
     group_list = ", ".join(g)
+    k_chosen = per_unit and bool(keys) and bool(plan.selected_keys or k < plan.key_combinations(table))
     rows_name = _PREFIX + "rows" if per_unit or record_level else UNIQUE_ROWS_CTE
     ctes = [f"{q(rows_name)} AS (\n  {rows_sql}\n)"]
     source = q(rows_name)
@@ -416,7 +434,7 @@ def _render(plan: QueryPlan, policy: DatasetPolicy, salt: str, *, unit_unique: b
             f"SELECT {', '.join([u] + g + part_cols)}\n  FROM {source}\n"
             f"  GROUP BY {', '.join([u] + g)}"
         )
-        if keys and (plan.selected_keys or k < plan.key_combinations(table)):
+        if k_chosen:
             hashed = [_hash_key(c, g[i]) for i, c in enumerate(keys)]
             order = ", ".join([f"hash({', '.join([u] + hashed + [salt])})"] + g)
             part_sql += (
@@ -432,7 +450,7 @@ def _render(plan: QueryPlan, policy: DatasetPolicy, salt: str, *, unit_unique: b
     distinct = [p for p in plan.primitives if primitive_kind(p.kind).row_value == "raw"]
     if distinct:  # issue 11: COUNT(DISTINCT col), at most m distinct values per unit and group
         ctes.append(f"{q(_PREFIX + 'groups0')} AS (\n  {groups_sql}\n)")
-        ctes += _distinct_ctes(distinct, distinct_of, g, m, salt, per_unit, rows_name)
+        ctes += _distinct_ctes(distinct, distinct_of, g, m, salt, per_unit, rows_name, k_chosen)
         ctes.append(_join_distinct(distinct, g))
     else:
         ctes.append(f"{q(_PREFIX + 'groups')} AS (\n  {groups_sql}\n)")

@@ -26,7 +26,10 @@ WHERE, the analyst's text never reaches the engine). Its steps:
    :mod:`dpgate.sql.bound`); in each kept (unit, group), at most m values — all of
    them when there are at most m, else the m with the smallest
    ``hash(unit, b, salt)`` (ties between equal candidates are interchangeable).
-   The choice depends only on the unit's own rows and the secret salt;
+   The choice depends only on the unit's own rows and the secret salt. With k = 1 the
+   group is found without ranking every (unit, group) pair (:func:`_one_group_rows`: the
+   rows whose group hash is the unit's smallest, then the keys break a tie; issue 25 item 3),
+   which keeps the same group;
 3. per (group, candidate): the number of kept values;
 4. the public keys LEFT JOINed: one row per (group, non-empty candidate), or one row
    with ``b = -1`` for an empty group, in public-key order.
@@ -157,6 +160,28 @@ def quantile_sql(function: str, alpha: float | None, column_sql: str) -> str:
     return f"QUANTILE_CONT({column_sql}, {alpha!r})"
 
 
+def _one_group_rows(ctes: list[str], rows: str, u: str, g: list[str], salt_sql: str) -> str:
+    """k = 1 (issue 25 item 3): the rows of each unit's groups whose ``hash(unit, keys, salt)``
+    is the unit's smallest (CTEs ``__dpg_hashed``, ``__dpg_pick``, ``__dpg_cand`` appended to
+    ``ctes``; returns the name of the last).
+
+    The k-group window ranks every (unit, group) pair by ``(hash, keys)`` and keeps the first;
+    that pair has the unit's smallest hash, so it is among these rows, and they hold only pairs
+    with that same hash (almost always one pair: a tie has probability ≈ n²/2³² for a unit in n
+    groups). Ranking the remaining pairs by the keys alone (``__dpg_unit_groups``) then keeps the
+    same pair as ranking all pairs by (hash, keys): the same rows for the same salt. NULL hashes
+    (a NULL selected key) compare as equal (``IS NOT DISTINCT FROM``) and come last, as NULLs do
+    in the window's order."""
+    h, mh = q(_PREFIX + "h"), q(_PREFIX + "mh")
+    hashed, pick, cand = q(_PREFIX + "hashed"), q(_PREFIX + "pick"), q(_PREFIX + "cand")
+    ctes.append(f"{hashed} AS (\n  SELECT *, hash({', '.join([u] + g + [salt_sql])}) AS {h} FROM {rows}\n)")
+    ctes.append(f"{pick} AS (\n  SELECT {u}, MIN({h}) AS {mh} FROM {hashed} GROUP BY {u}\n)")
+    cols = ", ".join(f"{hashed}.{x}" for x in [u] + g + [q(_PREFIX + "b")])
+    ctes.append(f"{cand} AS (\n  SELECT {cols} FROM {hashed} JOIN {pick} ON {hashed}.{u} = {pick}.{u} "
+                f"AND {hashed}.{h} IS NOT DISTINCT FROM {pick}.{mh}\n)")
+    return cand
+
+
 def histogram_sql(plan: QueryPlan, policy: DatasetPolicy, column: str, *, salt: int | str) -> str:
     """DuckDB SQL of the bounded per-(group, candidate) counts of one quantile column.
 
@@ -194,9 +219,12 @@ def histogram_sql(plan: QueryPlan, policy: DatasetPolicy, column: str, *, salt: 
         # then the rows of pairs with c <= m pass as they are, and only pairs with c > m
         # rank their rows (the expensive window runs on those alone)
         ug, j, c = q(_PREFIX + "unit_groups"), q(_PREFIX + "joined"), q(_PREFIX + "c")
+        k_chosen = bool(keys) and bool(plan.selected_keys or k < plan.key_combinations(table))
+        if k_chosen and k == 1:  # issue 25 item 3: the one group without a window over every pair
+            source = _one_group_rows(ctes, source, u, g, salt_sql)
         ugs = f"SELECT {', '.join([u] + g)}, COUNT(*) AS {c} FROM {source} GROUP BY {', '.join([u] + g)}"
-        if keys and (plan.selected_keys or k < plan.key_combinations(table)):
-            order = ", ".join([f"hash({', '.join([u] + g + [salt_sql])})"] + g)
+        if k_chosen:
+            order = ", ".join([f"hash({', '.join([u] + g + [salt_sql])})"] + g) if k > 1 else ", ".join(g)
             ugs += f"\n  QUALIFY row_number() OVER (PARTITION BY {u} ORDER BY {order}) <= {k}"
         ctes.append(f"{ug} AS (\n  {ugs}\n)")
         nullable = {g[i] for i, c in enumerate(keys) if c.name in plan.selected_keys}  # NULL is a selected key
