@@ -52,12 +52,21 @@ class PrivateTruncation:
         chosen_in: the release id of the DP choice the table's ``max_rows_per_unit`` now holds; None
             while m is ``outer``.
         cost: that choice's charge, ``{"rho": …}`` or ``{"epsilon": …}``; None while none applies.
+        sum_clamps: the per-unit sum clamps τ chosen privately for this query's SUMs (issue 22 item 4,
+            :mod:`dpgate.private_sum_clamp`): ``(summed expression, τ in fixed-point steps, release id)``
+            triples, sorted; empty while none applies (each SUM's per-unit partial is then clipped to
+            ``m·[min(L, 0), max(U, 0)]``).
     """
 
     outer: int
     quantile: float = DEFAULT_QUANTILE
     chosen_in: str | None = None
     cost: Mapping[str, float] | None = None
+    sum_clamps: tuple[tuple[str, int, str], ...] = ()
+
+    def sum_clamp(self, column: str | None) -> int | None:
+        """τ (fixed-point steps) chosen for SUM(``column``), or None (the partial keeps its m-row bound)."""
+        return next((tau for c, tau, _ in self.sum_clamps if c == column), None)
 
     def to_dict(self) -> dict[str, Any]:
         """``{private: true, outer, quantile[, chosen_in, cost]}`` (JSON-ready)."""
@@ -65,6 +74,8 @@ class PrivateTruncation:
         if self.chosen_in is not None:
             out["chosen_in"] = self.chosen_in
             out["cost"] = dict(self.cost or {})
+        if self.sum_clamps:  # only then: descriptions without a chosen τ stay as they were
+            out["sum_clamps"] = [{"column": c, "tau_steps": t, "chosen_in": r} for c, t, r in self.sum_clamps]
         return out
 
 
