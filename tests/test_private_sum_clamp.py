@@ -321,7 +321,8 @@ def test_the_choices_are_charged_before_the_query_and_shown(gw):
     doc = gw.query("shop", SQL, consumer="default", budget=QueryBudget(rho=1.0))
     charges = _charges(gw)
     assert [c["metadata"].get("kind") for c in charges] == ["private_truncation", "private_sum_clamp", None]
-    share = clamp.calibrate("amount", clamp.grid(B, OUTER, 1.0), 0.99, "zcdp", 0.05).cost  # 10 % / 2 choices
+    # 10 % shared by the two choices; the SUM's quantile is the default sum_quantile 0.9
+    share = clamp.calibrate("amount", clamp.grid(B, OUTER, 1.0), 0.9, "zcdp", 0.05).cost
     assert charges[1]["rho"] == share and sum(c["rho"] for c in charges) == pytest.approx(1.0, rel=1e-12)
     (used,) = doc["private_truncation"]["sum_clamps"]
     tau = used["tau_steps"]
@@ -329,6 +330,7 @@ def test_the_choices_are_charged_before_the_query_and_shown(gw):
     assert used["charge_id"] == charges[1]["charge_id"] and f"τ = {tau:g}" in used["note"]
     stored = gw.release_store.get(used["release_id"]).document
     assert stored["kind"] == "private_sum_clamp" and stored["rows"] == [[tau, float(tau)]]
+    assert stored["estimate"]["quantile"] == 0.9 and stored["estimate"]["score_sensitivity"] == 9
     # the query's σ is calibrated for Δ2 = min(τ, m·B) at 90 % of ρ
     m = doc["private_truncation"]["max_rows_per_unit"]
     sigma = next(iter(doc["accuracy"].values()))["sigma"]
@@ -344,7 +346,7 @@ def test_explain_states_the_clamp_and_its_cost_and_charges_nothing(gw):
     e = gw.explain("shop", SQL, budget=QueryBudget(rho=1.0))
     (planned,) = e["private_truncation"]["sum_clamps"]
     assert planned["column"] == "amount" and planned["grid"]["candidates"][-1] == 102_400.0
-    share = clamp.calibrate("amount", clamp.grid(B, OUTER, 1.0), 0.99, "zcdp", 0.05).cost
+    share = clamp.calibrate("amount", clamp.grid(B, OUTER, 1.0), 0.9, "zcdp", 0.05).cost
     assert e["cost"]["private_sum_clamps"] == [share] and e["cost"]["rho"] == pytest.approx(1.0, rel=1e-12)
     assert _charges(gw) == []
     gw.query("shop", SQL, consumer="default", budget=QueryBudget(rho=1.0))
@@ -408,3 +410,25 @@ def test_the_text_renderer_and_the_tree_agree_with_a_clamp(worlds):
         # the plan's digest carries τ: a plan with another τ (or none) is another release
         other, plan0, _ = compile_query(base, sql, None)
         assert plan.policy_digest != plan0.policy_digest
+
+
+def test_sum_quantile_is_declared_with_the_row_cap_and_checked_when_the_policy_loads(tmp_path):
+    from dpgate.errors import PolicyError
+    from dpgate.policy import load_policies
+
+    folder = _write(tmp_path / "q")
+    toml = folder / "shop.toml"
+    text = toml.read_text()
+    toml.write_text(text.replace("outer = 1024 }", "outer = 1024, sum_quantile = 0.5 }"))
+    g = Gateway.open(Settings(policies=folder, home=tmp_path / "q" / "home"), salt_source=lambda: 1)
+    try:
+        assert g.policy("shop").tables["lines"].private_truncation.sum_quantile == 0.5
+        doc = g.query("shop", SQL, consumer="default", budget=QueryBudget(rho=1.0))
+        rid = doc["private_truncation"]["sum_clamps"][0]["release_id"]
+        assert g.release_store.get(rid).document["estimate"]["quantile"] == 0.5
+    finally:
+        g.close()
+    for bad in ("1.0", "0", "\"high\""):
+        toml.write_text(text.replace("outer = 1024 }", f"outer = 1024, sum_quantile = {bad} }}"))
+        with pytest.raises(PolicyError, match="sum_quantile must be a number in"):
+            load_policies(folder)

@@ -117,7 +117,7 @@ def _charges(g: Gateway) -> list[dict]:
     ("{ private = true, outer = 2.5 }", "outer must be an integer"),
     ("{ private = false, outer = 10 }", "private = true"),
     ("{ private = true, outer = 10, quantile = 1.0 }", "quantile must be a number in (0, 1)"),
-    ("{ private = true, outer = 10, cap = 3 }", "takes private, outer and quantile"),
+    ("{ private = true, outer = 10, cap = 3 }", "takes private, outer, quantile and sum_quantile"),
 ])
 def test_policy_refuses_bad_private_truncation(tmp_path, truncation, fragment):
     with pytest.raises(PolicyError) as e:

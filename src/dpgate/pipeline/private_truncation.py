@@ -21,8 +21,14 @@ hook, before the strategy's runner. For a query whose source reads a table decla
    query is compiled with the chosen m on every protected table of its source and charged its own
    calibrated cost: sequential composition, adaptively through the ledger's filter.
 
+**Each SUM's per-unit clamp τ** (:mod:`dpgate.pipeline.private_sum_clamp`) is chosen the same way,
+next to m: one more choice per distinct SUM expression of the query (its own histogram statement,
+charge, release and reuse); the choices still missing share ``private_bounds_share`` equally, all of
+them are checked (statements, rank errors, GDP claim, the total against the ledger) before the first
+charge, and the query is compiled with m and every τ.
+
 Every release that uses a choice says so (``private_truncation``: m, the release, its cost, whether it
-was charged now). Not applied (m stays the outer limit, a bound from the policy): UNION / GROUPING
+was charged now; ``sum_clamps``: τ per SUM, likewise). Not applied (m stays the outer limit, a bound from the policy): UNION / GROUPING
 SETS queries and per-unit subqueries.
 """
 
@@ -238,6 +244,11 @@ def _used(need: Need, release: Release, receipt: Any) -> dict[str, Any]:
             "note": note_text(m, cost, rid)}
 
 
+def _sum_quantile(base: DatasetPolicy, need: Need) -> float:
+    """The quantile of a SUM's per-unit clamp: the smallest ``sum_quantile`` of the private tables."""
+    return min(base.tables[t].private_truncation.sum_quantile for t in need.private)
+
+
 def _declares(base: DatasetPolicy) -> bool:
     return any(t.private_truncation is not None for t in base.tables.values())
 
@@ -263,7 +274,7 @@ def for_answer(gw: Any, dataset: str, sql: str, dialect: str | None, compiled: C
     need = needed(base, compiled, version)
     if need is None:
         return compiled, budget, _identity
-    clamp_needs = sums.needed(base, compiled, version, need.private, need.quantile)
+    clamp_needs = sums.needed(base, compiled, version, need.private, _sum_quantile(base, need))
     release = gw.release_cache.store.find(need.keys.noise)
     clamps = {c: gw.release_cache.store.find(c.keys.noise) for c in clamp_needs}
     missing = [c for c in clamp_needs if clamps[c] is None]
@@ -327,7 +338,7 @@ def for_explain(gw: Any, dataset: str, sql: str, dialect: str | None, compiled: 
     need = needed(base, compiled, version) if _declares(base) else None
     if need is None:
         return compiled, budget, _identity
-    clamp_needs = sums.needed(base, compiled, version, need.private, need.quantile)
+    clamp_needs = sums.needed(base, compiled, version, need.private, _sum_quantile(base, need))
     release = gw.release_cache.store.find(need.keys.noise)
     clamps = {c: gw.release_cache.store.find(c.keys.noise) for c in clamp_needs}
     missing = [c for c in clamp_needs if clamps[c] is None]
