@@ -306,6 +306,12 @@ def test_removing_one_unit_moves_the_clamped_sum_by_at_most_tau(worlds, tau, rem
     assert abs(on_d - on_n) <= tau
     if removed == HEAVY:
         assert abs(on_d - on_n) == min(tau, 102_400)  # the enormous unit is clipped to τ exactly
+    # and the choice's scores move by at most the rule's Δ∞ = max(num, den − num) at any quantile
+    from dpgate.quantiles import alpha_fraction, scores
+    h, hn = _histogram(d), _histogram(ns[removed])
+    for q in (0.5, 0.9, 0.99):
+        num, den = alpha_fraction(repr(q))
+        assert np.max(np.abs(scores(h, num, den) - scores(hn, num, den))) <= max(num, den - num)
 
 
 def test_avg_keeps_the_split_sum_at_tau_count_at_m(worlds):

@@ -143,7 +143,8 @@ def _release(base: DatasetPolicy, need: SumNeed, noise: Any, version: str, recei
         "budget": cost, "estimate": describe(noise), "statement": need.tree.sql(dialect="duckdb"),
         "note": note_text(need.column, value, cost, rid) + f" (the {need.quantile:g}-quantile of the units' largest "
                 "|partial sum| per group in this query's rows; free to reuse for the same rows on this data version)",
-        "guarantee": {"population": base.population, "privacy_unit": "foreign-key path or unit column",
+        "guarantee": {"population": base.population,
+                      "privacy_unit": base.tables[need.tables[0]].privacy_unit or "foreign-key path",
                       "cap": documents.enforced_cap(base, receipt)},
     }
     return Release(rid, key, base.name, key, created, document)
