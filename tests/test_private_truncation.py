@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from dpgate import private_truncation as choice
+from dpgate import private_sum_clamp, private_truncation as choice
 from dpgate.errors import BudgetExhausted, InvalidBudget, PolicyError
 from dpgate.pipeline import private_truncation as hook
 from dpgate.pipeline.budget import QueryBudget
@@ -117,7 +117,7 @@ def _charges(g: Gateway) -> list[dict]:
     ("{ private = true, outer = 2.5 }", "outer must be an integer"),
     ("{ private = false, outer = 10 }", "private = true"),
     ("{ private = true, outer = 10, quantile = 1.0 }", "quantile must be a number in (0, 1)"),
-    ("{ private = true, outer = 10, cap = 3 }", "takes private, outer and quantile"),
+    ("{ private = true, outer = 10, cap = 3 }", "takes private, outer, quantile and sum_quantile"),
 ])
 def test_policy_refuses_bad_private_truncation(tmp_path, truncation, fragment):
     with pytest.raises(PolicyError) as e:
@@ -286,10 +286,12 @@ def test_first_query_charges_the_choice_first_then_the_query_and_they_add_up(gw,
     monkeypatch.setattr(gw.engine, "execute", execute)
     doc = gw.query("shop", SQL, consumer="default", budget=QueryBudget(rho=1.0))
     kinds = [(e[0], e[1]) for e in events]
-    assert kinds == [("charge", "private_truncation"), ("execute", True), ("charge", None), ("execute", False)], kinds
-    first, main = events[0][2], events[2][2]
-    assert first.rho == choice.calibrate("lines", 1024, 0.99, "zcdp", 0.1).cost
-    assert first.rho + main.rho == pytest.approx(1.0, rel=1e-12)
+    # the row cap's choice, the SUM's per-unit clamp (test_private_sum_clamp.py), then the query
+    assert kinds == [("charge", "private_truncation"), ("execute", True), ("charge", "private_sum_clamp"),
+                     ("execute", True), ("charge", None), ("execute", False)], kinds
+    first, clamp, main = events[0][2], events[2][2], events[4][2]
+    assert first.rho == choice.calibrate("lines", 1024, 0.99, "zcdp", 0.05).cost  # two choices share 10 %
+    assert first.rho + clamp.rho + main.rho == pytest.approx(1.0, rel=1e-12)
     pt = doc["private_truncation"]
     m = pt["max_rows_per_unit"]
     assert pt["charged_now"] and pt["rho"] == first.rho and m in choice.candidates(1024)
@@ -301,16 +303,18 @@ def test_first_query_charges_the_choice_first_then_the_query_and_they_add_up(gw,
     assert again["cached"] and again["bounds"]["private_truncation"]["chosen_in"] == pt["release_id"]
     stored = gw.release_store.get(pt["release_id"]).document
     assert stored["kind"] == "private_truncation" and stored["rows"] == [[m]]
-    # the query's own charge is its calibration at 90 % of ρ with the chosen m: σ from Δ2 = m · 100
+    # the query's own charge is its calibration at 90 % of ρ with the chosen τ: σ from Δ2 = τ (≤ m · 100)
+    tau = pt["sum_clamps"][0]["tau_steps"]
+    assert tau in private_sum_clamp.candidates(100, 1024)  # B = 100 steps, outer m = 1024
     sigma = next(iter(doc["accuracy"].values()))["sigma"]
-    assert main.rho == pytest.approx((m * 100) ** 2 / (2 * sigma ** 2), rel=1e-9)
+    assert main.rho == pytest.approx(min(tau, m * 100) ** 2 / (2 * sigma ** 2), rel=1e-9)
 
 
 def test_the_stored_choice_is_reused_for_free_and_shown(gw):
     a = gw.query("shop", SQL, consumer="default", budget=QueryBudget(rho=1.0))["private_truncation"]
     b_doc = gw.query("shop", "SELECT AVG(amount) AS s FROM lines", consumer="default", budget=QueryBudget(rho=0.5))
     kinds = [c["metadata"].get("kind") for c in _charges(gw)]
-    assert kinds == ["private_truncation", None, None]
+    assert kinds == ["private_truncation", "private_sum_clamp", None, None]  # AVG's SUM reuses the τ too
     assert _charges(gw)[-1]["rho"] == pytest.approx(0.5, rel=1e-12)
     b = b_doc["private_truncation"]
     assert b["release_id"] == a["release_id"] and not b["charged_now"] and b["max_rows_per_unit"] == a["max_rows_per_unit"]
@@ -324,9 +328,9 @@ def test_the_request_that_paid_for_the_choice_is_served_free_when_repeated(gw):
     """Trial finding (2026-12-03): the paying request ran at (1 − share)·ρ, its identical repeat at
     the whole ρ (another key), so it was charged again; now it is served the first release."""
     first = gw.query("shop", SQL, consumer="default", budget=QueryBudget(rho=1.0))
-    assert len(_charges(gw)) == 2
+    assert len(_charges(gw)) == 3  # m, the SUM's τ, the query
     again = gw.query("shop", SQL, consumer="default", budget=QueryBudget(rho=1.0))
-    assert again["cached"] and len(_charges(gw)) == 2 and again["rows"] == first["rows"]
+    assert again["cached"] and len(_charges(gw)) == 3 and again["rows"] == first["rows"]
     other = gw.query("shop", SQL, consumer="default", budget=QueryBudget(rho=0.5))  # another request
     assert not other["cached"] and _charges(gw)[-1]["rho"] == pytest.approx(0.5, rel=1e-12)
 
@@ -335,7 +339,7 @@ def test_explain_states_the_choice_and_its_cost_and_charges_nothing(gw):
     e = gw.explain("shop", SQL, budget=QueryBudget(rho=1.0))
     assert e["private_truncation"]["outer"] == 1024 and e["private_truncation"]["grid"]["candidates"][-1] == 1024
     assert e["cost"]["rho"] == pytest.approx(1.0, rel=1e-12)
-    assert e["cost"]["private_truncation"] == choice.calibrate("lines", 1024, 0.99, "zcdp", 0.1).cost
+    assert e["cost"]["private_truncation"] == choice.calibrate("lines", 1024, 0.99, "zcdp", 0.05).cost
     assert _charges(gw) == []
     gw.query("shop", SQL, consumer="default", budget=QueryBudget(rho=1.0))
     again = gw.explain("shop", SQL, budget=QueryBudget(rho=1.0))
@@ -402,7 +406,7 @@ def test_through_the_api(tmp_path):
     with LiveServer(create_app(settings)) as live, live.client(key) as client:
         ex = client.post("/v1/queries/explain", json={"dataset": "shop", "sql": SQL, "budget": {"rho": 1.0}})
         assert ex.status_code == 200, ex.text
-        assert ex.json()["private_truncation"]["rho"] == pytest.approx(0.1)
+        assert ex.json()["private_truncation"]["rho"] == pytest.approx(0.05)  # m and the SUM's τ share 10 %
         r = client.post("/v1/queries", json={"dataset": "shop", "sql": SQL, "budget": {"rho": 1.0}})
         assert r.status_code == 200, r.text
         rid = r.json()["private_truncation"]["release_id"]
@@ -459,7 +463,7 @@ def test_a_refusal_of_the_truncation_after_private_bounds_comes_before_any_charg
                 seen.add(type(e).__name__ + (":truncation" if "max_rows_per_unit" in e.message else ":bounds"))
             else:
                 assert "private_bounds" in doc and "private_truncation" in doc
-                assert len(_charges(g)) == 3
+                assert len(_charges(g)) == 4  # the estimate, m, the SUM's clamp τ, the query
                 seen.add("answered")
         finally:
             g.close()

@@ -35,6 +35,8 @@ count_distinct         m             (a unit keeps ≤ m distinct values of the 
                                       removing it removes at most those from the group's set)
 sum                    m·max(|lo|, |hi|)   (partial clipped to [m·min(lo,0), m·max(hi,0)])
 sum_squares            m·max(lo², hi²)     (partial clipped to [0, m·max(lo², hi²)])
+sum, clamp τ           min(τ, m·max(|lo|, |hi|))  (partial also clipped to [−τ, τ]; a τ
+                                      chosen privately under private truncation)
 =====================  =========================================================
 
 With k = 1 every unit touches one group only: the groups are disjoint and the
@@ -50,7 +52,7 @@ from fractions import Fraction
 
 from dpgate.policy import DatasetPolicy
 from dpgate.sql.plan import Primitive, QueryPlan
-from dpgate.sql.primitives import primitive_kind
+from dpgate.sql.primitives import linf_of, primitive_kind, sum_clamp
 
 
 @dataclass(frozen=True)
@@ -112,7 +114,8 @@ def primitive_linf(primitive: Primitive, policy: DatasetPolicy, table: str,
     if kind.bounded:
         col = plan.column_policy(t, primitive.column) if plan is not None else t.column(primitive.column)
         lo, hi = col.fixed_point_bounds
-    return kind.linf(t.max_rows_per_unit, lo, hi)
+    # a SUM under a private per-unit sum clamp τ: Δ∞ = min(τ, m·max(|lo|, |hi|)) (primitives.Sum.linf_clamped)
+    return linf_of(kind, t.max_rows_per_unit, lo, hi, sum_clamp(t, primitive))
 
 
 def max_groups_changed(plan: QueryPlan, policy: DatasetPolicy) -> int:

@@ -21,8 +21,14 @@ hook, before the strategy's runner. For a query whose source reads a table decla
    query is compiled with the chosen m on every protected table of its source and charged its own
    calibrated cost: sequential composition, adaptively through the ledger's filter.
 
+**Each SUM's per-unit clamp τ** (:mod:`dpgate.pipeline.private_sum_clamp`) is chosen the same way,
+next to m: one more choice per distinct SUM expression of the query (its own histogram statement,
+charge, release and reuse); the choices still missing share ``private_bounds_share`` equally, all of
+them are checked (statements, rank errors, GDP claim, the total against the ledger) before the first
+charge, and the query is compiled with m and every τ.
+
 Every release that uses a choice says so (``private_truncation``: m, the release, its cost, whether it
-was charged now). Not applied (m stays the outer limit, a bound from the policy): UNION / GROUPING
+was charged now; ``sum_clamps``: τ per SUM, likewise). Not applied (m stays the outer limit, a bound from the policy): UNION / GROUPING
 SETS queries and per-unit subqueries.
 """
 
@@ -38,6 +44,7 @@ from dpgate import accounting
 from dpgate import private_truncation as choice
 from dpgate.errors import Internal, InvalidBudget
 from dpgate.pipeline import documents
+from dpgate.pipeline import private_sum_clamp as sums
 from dpgate.pipeline.budget import fit, refuse_without_gdp_claim, stated
 from dpgate.pipeline.planning import compile_query
 from dpgate.pipeline.private_bounds import Split, refuse_unless_fits, repeat_budget, split_budget
@@ -136,12 +143,14 @@ def with_m(policy: DatasetPolicy, need: Need, release: Release) -> DatasetPolicy
     return dataclasses.replace(policy, tables=MappingProxyType(tables))
 
 
-def _recompile(gw: Any, sql: str, dialect: str | None, compiled: Compiled, need: Need, release: Release) -> Compiled:
-    policy = with_m(compiled[0], need, release)
+def _recompile(gw: Any, sql: str, dialect: str | None, compiled: Compiled, need: Need, release: Release,
+               clamps: dict[Any, Release] | None = None) -> Compiled:
+    policy = sums.with_clamps(with_m(compiled[0], need, release), clamps or {})
     out = compile_query(policy, sql, dialect, values_of=gw._public_values_of(policy, dialect))
     cplan, cpolicy = _counted(out[1], out[0])
     if plan_source(cplan, cpolicy).table.max_rows_per_unit != _chosen(release)[0]:
         raise Internal("the query was not compiled with the privately chosen m", {"tables": list(need.tables)})
+    sums.check_applied(out, clamps or {})
     return out
 
 
@@ -235,6 +244,11 @@ def _used(need: Need, release: Release, receipt: Any) -> dict[str, Any]:
             "note": note_text(m, cost, rid)}
 
 
+def _sum_quantile(base: DatasetPolicy, need: Need) -> float:
+    """The quantile of a SUM's per-unit clamp: the smallest ``sum_quantile`` of the private tables."""
+    return min(base.tables[t].private_truncation.sum_quantile for t in need.private)
+
+
 def _declares(base: DatasetPolicy) -> bool:
     return any(t.private_truncation is not None for t in base.tables.values())
 
@@ -245,12 +259,13 @@ def _identity(doc: dict[str, Any]) -> dict[str, Any]:
 
 def for_answer(gw: Any, dataset: str, sql: str, dialect: str | None, compiled: Compiled, *,
                budget: Any, mechanism: str | None, consumer: str) -> tuple[Compiled, Any, Annotate]:
-    """``(compiled, budget, annotate)`` for the runner's ``answer``: the choice made (and charged) first
-    when missing (module docstring); ``annotate`` adds ``private_truncation`` to the response.
+    """``(compiled, budget, annotate)`` for the runner's ``answer``: the row cap's choice and each SUM's
+    per-unit clamp (:mod:`dpgate.pipeline.private_sum_clamp`) made (and charged) first when missing
+    (module docstring); ``annotate`` adds ``private_truncation`` to the response.
 
     Raises:
         before any charge: InvalidBudget, BudgetExhausted and the runner's own refusals at the reduced
-        budget; after the choice's charge: what the query itself raises (the choice stays stored).
+        budget; after the choices' charges: what the query itself raises (the choices stay stored).
     """
     base = gw.policy(dataset)
     if not _declares(base):  # the common case: nothing to look at, the data version is not read
@@ -259,19 +274,28 @@ def for_answer(gw: Any, dataset: str, sql: str, dialect: str | None, compiled: C
     need = needed(base, compiled, version)
     if need is None:
         return compiled, budget, _identity
+    clamp_needs = sums.needed(base, compiled, version, need.private, _sum_quantile(base, need))
     release = gw.release_cache.store.find(need.keys.noise)
-    receipt = None
-    if release is None:
-        split = split_budget(gw, base, budget, mechanism, 1)
-        noise = _calibrated(base, need, split)
-        _check_before_charge(gw, dataset, compiled, split, noise, need, consumer, mechanism)
-        release, receipt = _choose(gw, base, need, noise, version, consumer)
-        if receipt is not None:
+    clamps = {c: gw.release_cache.store.find(c.keys.noise) for c in clamp_needs}
+    missing = [c for c in clamp_needs if clamps[c] is None]
+    receipt, paid = None, {}
+    if release is None or missing:
+        split = split_budget(gw, base, budget, mechanism, (release is None) + len(missing))
+        noise = _calibrated(base, need, split) if release is None else None
+        noises = sums.calibrated(base, missing, split)
+        _check_before_charge(gw, dataset, compiled, split, noise, need, consumer, mechanism, missing, noises)
+        if release is None:
+            release, receipt = _choose(gw, base, need, noise, version, consumer)
+        for c, z in zip(missing, noises):
+            clamps[c], paid_c = sums.choose(gw, base, c, z, version, consumer, _scope(gw, base))
+            if paid_c is not None:
+                paid[c] = paid_c
+        if receipt is not None or paid:
             budget = split.main
-    used = _used(need, release, receipt)
-    recompiled = _recompile(gw, sql, dialect, compiled, need, release)
-    if receipt is None:
-        budget = _repeat_budget(gw, dataset, base, recompiled, budget, mechanism)
+    used = {**_used(need, release, receipt), "sum_clamps": sums.used(clamps, paid)}
+    recompiled = _recompile(gw, sql, dialect, compiled, need, release, clamps)
+    if receipt is None and not paid:
+        budget = repeat_budget(gw, dataset, base, recompiled, budget, mechanism, 1 + len(clamp_needs))
 
     def annotate(doc: dict[str, Any]) -> dict[str, Any]:
         return {**doc, "private_truncation": used}
@@ -280,75 +304,90 @@ def for_answer(gw: Any, dataset: str, sql: str, dialect: str | None, compiled: C
 
 def check_next(gw: Any, dataset: str, compiled: Compiled, *, mechanism: str | None, consumer: str
                ) -> Callable[[Any, accounting.Cost], None]:
-    """The check private bounds run before charging their estimates when the same request then needs a
-    private truncation choice (:func:`dpgate.pipeline.private_bounds.for_answer`'s ``then``): called with
-    the budget left after the estimates' share and the estimates' cost, it refuses — before any charge —
-    a truncation choice that would not fit (InvalidBudget: the reduced budget cannot be split again;
-    BudgetExhausted: estimates + choice + query exceed what is left). Without a missing choice it does
+    """The check private bounds run before charging their estimates when the same request then needs
+    private truncation's choices (:func:`dpgate.pipeline.private_bounds.for_answer`'s ``then``): called
+    with the budget left after the estimates' share and the estimates' cost, it refuses — before any
+    charge — choices that would not fit (InvalidBudget: the reduced budget cannot be split again;
+    BudgetExhausted: estimates + choices + query exceed what is left). Without a missing choice it does
     nothing. The checks are data-independent (policy, budget, ledger), as each choice's own."""
     def check(budget_left: Any, prior: accounting.Cost) -> None:
         base = gw.policy(dataset)
         if not _declares(base):
             return
-        need = needed(base, compiled, gw._data_version(dataset))
-        if need is None or gw.release_cache.store.find(need.keys.noise) is not None:
+        version = gw._data_version(dataset)
+        need = needed(base, compiled, version)
+        if need is None:
             return
-        split = split_budget(gw, base, budget_left, mechanism, 1)
-        noise = _calibrated(base, need, split)
+        clamp_needs = sums.needed(base, compiled, version, need.private, _sum_quantile(base, need))
+        release = gw.release_cache.store.find(need.keys.noise)
+        missing = [c for c in clamp_needs if gw.release_cache.store.find(c.keys.noise) is None]
+        if release is not None and not missing:
+            return
+        split = split_budget(gw, base, budget_left, mechanism, (release is None) + len(missing))
+        costs = ([_cost(_calibrated(base, need, split))] if release is None else []) + \
+            [sums.cost_of(z) for z in sums.calibrated(base, missing, split)]
         policy, _, strategy = compiled
         runner = gw._runner(dataset, policy, strategy)
         cal = runner.calibrate(runner.resolve(split.main, mechanism))
-        refuse_unless_fits(gw, base, prior + _cost(noise) + cal.cost, consumer,
+        refuse_unless_fits(gw, base, sum(costs, prior) + cal.cost, consumer,
                            "its private bounds' estimate and private truncation")
     return check
 
 
-def _repeat_budget(gw: Any, dataset: str, base: Any, compiled: Compiled, budget: Any,
-                   mechanism: str | None) -> Any:
-    """The budget a repeated request is answered at: the request that paid for the choice ran at
-    its reduced budget, so the same request again is served that release, free (the same rule as
-    private bounds': :func:`dpgate.pipeline.private_bounds.repeat_budget`, with one share)."""
-    return repeat_budget(gw, dataset, base, compiled, budget, mechanism, 1)
-
-
 def _check_before_charge(gw: Any, dataset: str, compiled: Compiled, split: Split, noise: Any, need: Need,
-                         consumer: str, mechanism: str | None) -> None:
-    """Everything that can refuse the request, before the choice's charge (module docstring)."""
+                         consumer: str, mechanism: str | None, missing: list, noises: list) -> None:
+    """Everything that can refuse the request, before the first choice's charge (module docstring):
+    the query's calibration and statements at its reduced budget, every choice's statement, the
+    Gaussian-DP claim of each charge and that their total fits the ledger."""
     policy, _, strategy = compiled
     base = gw.policy(dataset)
     runner = gw._runner(dataset, policy, strategy)
     cal = runner.calibrate(runner.resolve(split.main, mechanism))
     runner.prepare(gw.engine, gw._salt_source())
-    gw.engine.check(need.tree)
-    cost = _cost(noise)
-    refuse_without_gdp_claim(gw.ledger, base, cost, consumer)
-    refuse_unless_fits(gw, base, cost + cal.cost, consumer, "its private truncation")
+    costs = []
+    if noise is not None:
+        gw.engine.check(need.tree)
+        costs.append(_cost(noise))
+    for c, z in zip(missing, noises):
+        gw.engine.check(c.tree)
+        costs.append(sums.cost_of(z))
+    for cost in costs:
+        refuse_without_gdp_claim(gw.ledger, base, cost, consumer)
+    refuse_unless_fits(gw, base, sum(costs[1:], costs[0]) + cal.cost, consumer, "its private truncation")
 
 
 def for_explain(gw: Any, dataset: str, sql: str, dialect: str | None, compiled: Compiled, *,
                 budget: Any, mechanism: str | None, consumer: str | None) -> tuple[Compiled, Any, Annotate]:
     """``(compiled, budget, annotate)`` for the runner's ``explain`` (reads no data, charges nothing).
 
-    With the choice stored: the query compiled with it, its whole budget. Otherwise the query at its
-    reduced budget with the outer m (the worst case ±); ``annotate`` adds ``private_truncation`` (what
-    will be chosen, at what cost) and puts the total in ``cost`` (``cost.query`` the query's part).
+    With every choice stored: the query compiled with them, its whole budget. Otherwise the query at
+    its reduced budget with the outer m and no τ (the worst case ±); ``annotate`` adds
+    ``private_truncation`` (what will be chosen, at what cost) and puts the total in ``cost``
+    (``cost.query`` the query's part).
     """
     base = gw.policy(dataset)
-    need = needed(base, compiled, gw._data_version(dataset)) if _declares(base) else None
+    version = gw._data_version(dataset) if _declares(base) else ""
+    need = needed(base, compiled, version) if _declares(base) else None
     if need is None:
         return compiled, budget, _identity
+    clamp_needs = sums.needed(base, compiled, version, need.private, _sum_quantile(base, need))
     release = gw.release_cache.store.find(need.keys.noise)
-    if release is not None:
-        used = _used(need, release, None)
-        return (_recompile(gw, sql, dialect, compiled, need, release), budget,
+    clamps = {c: gw.release_cache.store.find(c.keys.noise) for c in clamp_needs}
+    missing = [c for c in clamp_needs if clamps[c] is None]
+    if release is not None and not missing:
+        used = {**_used(need, release, None), "sum_clamps": sums.used(clamps, {})}
+        return (_recompile(gw, sql, dialect, compiled, need, release, clamps), budget,
                 lambda doc: {**doc, "private_truncation": used})
-    split = split_budget(gw, base, budget, mechanism, 1)
-    noise = _calibrated(base, need, split)
-    planned = {"status": "to be chosen before this query (a release of its own, then free for the same rows on "
-                         "this data version)", "tables": list(need.tables), "outer": need.outer,
-               "quantile": need.quantile, "share": base.budget.private_bounds_share, **_describe(noise, need),
-               "note": f"every ± of this explain uses m = {need.outer} (the outer limit, the worst case)"}
-    extra = _cost(noise)
+    split = split_budget(gw, base, budget, mechanism, (release is None) + len(missing))
+    noise = _calibrated(base, need, split) if release is None else None
+    noises = sums.calibrated(base, missing, split)
+    planned = _planned(base, need, noise, release, missing, noises)
+    costs = ([_cost(noise)] if noise is not None else []) + [sums.cost_of(z) for z in noises]
+    extra = sum(costs[1:], costs[0])
+    pure = (noise.cost if noise is not None else 0.0) + sum(z.cost for z in noises)
+
+    if release is not None:  # the stored m applies; the ± use τ = m × the bound until τ is chosen
+        compiled = _recompile(gw, sql, dialect, compiled, need, release)
 
     def annotate(doc: dict[str, Any]) -> dict[str, Any]:
         cost = dict(doc.get("cost") or {})
@@ -358,8 +397,23 @@ def for_explain(gw: Any, dataset: str, sql: str, dialect: str | None, compiled: 
         total = extra + query_cost
         cap = gw.ledger.cap(base.population)
         cost.update({"rho": total.rho_bound() if split.measure == "zcdp" else None,
-                     "epsilon": None if split.measure == "zcdp" else noise.cost + (cost.get("epsilon") or 0.0),
-                     "query": query_part, "private_truncation": noise.cost,
+                     "epsilon": None if split.measure == "zcdp" else pure + (cost.get("epsilon") or 0.0),
+                     "query": query_part, "private_truncation": noise.cost if noise is not None else 0.0,
+                     "private_sum_clamps": [z.cost for z in noises],
                      **stated(total, cap.rho_delta, cap.gdp), **fit(gw.ledger, base, total, consumer, _scope(gw, base))})
         return {**doc, "cost": cost, "private_truncation": planned}
     return compiled, split.main, annotate
+
+
+def _planned(base: DatasetPolicy, need: Need, noise: Any, release: Release | None, missing: list,
+             noises: list) -> dict[str, Any]:
+    """Explain's ``private_truncation`` while a choice is missing (the row cap's, each SUM's τ)."""
+    if noise is not None:
+        out = {"status": "to be chosen before this query (a release of its own, then free for the same rows on "
+                         "this data version)", "tables": list(need.tables), "outer": need.outer,
+               "quantile": need.quantile, "share": base.budget.private_bounds_share, **_describe(noise, need),
+               "note": f"every ± of this explain uses m = {need.outer} (the outer limit, the worst case)"}
+    else:
+        out = _used(need, release, None)
+    worst = {c.column: c.grid.distances[-1] * c.grid.resolution for c in missing}
+    return {**out, "sum_clamps": sums.planned(missing, noises, worst)}

@@ -16,7 +16,7 @@ from dpgate.render import nodes as n
 from dpgate.sql.bind import bind_value
 from dpgate.sql.expr import total_sql, value_sql
 from dpgate.sql.plan import QueryPlan
-from dpgate.sql.primitives import primitive_kind
+from dpgate.sql.primitives import fragment as kind_fragment, primitive_kind, sum_clamp
 
 _PREFIX = "__dpg_"
 _SRC = _PREFIX + "src"
@@ -285,7 +285,7 @@ def _primitive_columns(plan: QueryPlan, table: TablePolicy, value_of: dict[str, 
         pid = f"{_PREFIX}{p.id}"
         kind = primitive_kind(p.kind)
         lo, hi = plan.column_policy(table, p.column).fixed_point_bounds if kind.bounded else (0, 0)
-        fragment = kind.per_unit(value_of.get(p.column), m, lo, hi)
+        fragment = kind_fragment(kind, value_of.get(p.column), m, lo, hi, sum_clamp(table, p))
         if fragment is None:  # COUNT(DISTINCT col): its own CTEs, joined to the groups
             continue
         row, clip = fragment.row, fragment.clip
@@ -331,6 +331,14 @@ def rows_tree(plan: QueryPlan, table: TablePolicy, join_tree: exp.Expression | N
     ``__dpg_u`` and group keys, filtered by WHERE and the key filters) and the key columns' names."""
     keys, key_ref, g = _keys(plan, table)
     return _rows_cte(plan, table, keys, key_ref, g, join_tree)[0], g
+
+
+def rows_and_values(plan: QueryPlan, table: TablePolicy, join_tree: exp.Expression | None = None
+                    ) -> tuple[exp.Select, list[str], dict[str, str]]:
+    """As :func:`rows_tree`, with the value column (``__dpg_v<j>``) of each summed or counted column."""
+    keys, key_ref, g = _keys(plan, table)
+    rows, value_of, _ = _rows_cte(plan, table, keys, key_ref, g, join_tree)
+    return rows, g, value_of
 
 
 def bounded_tree(plan: QueryPlan, table: TablePolicy, salt: exp.Expression, *, per_unit: bool,

@@ -61,7 +61,7 @@ from dpgate.sql.bind import bind_value
 from dpgate.sql.expr import row_sql, total_sql, value_sql  # noqa: F401 - row_sql re-exported
 from dpgate.sql import partition_selection as selection
 from dpgate.sql.plan import QueryPlan
-from dpgate.sql.primitives import primitive_kind
+from dpgate.sql.primitives import fragment as kind_fragment, primitive_kind, sum_clamp
 from dpgate.sql.sources import plan_policy, plan_source
 
 SALT_PLACEHOLDER = "<salt>"
@@ -526,7 +526,7 @@ def _primitive_texts(plan: QueryPlan, table: TablePolicy, value_of: dict[str, st
         kind = primitive_kind(p.kind)  # the fragments: dpgate.sql.primitives, as text here
         lo, hi = plan.column_policy(table, p.column).fixed_point_bounds if kind.bounded else (0, 0)
         v = value_of.get(p.column)
-        fragment = kind.per_unit(v[1:-1] if v else None, m, lo, hi)
+        fragment = kind_fragment(kind, v[1:-1] if v else None, m, lo, hi, sum_clamp(table, p))
         if fragment is None:  # COUNT(DISTINCT col): its own CTEs (_distinct_ctes), joined below
             continue
         row = fragment.row.sql(dialect="duckdb")

@@ -407,7 +407,7 @@ def primitive_prefix(table: TablePolicy) -> str:
 
 
 def policy_digest(table: TablePolicy, columns: set[str], tuples: Mapping[str, tuple] | None = None) -> str:
-    """A digest (SHA-256 hex) of the parts of ``table``'s policy a plan depends on: unit, k, m and the referenced columns' declarations (and key tuples); part of the plan hash."""
+    """A digest (SHA-256 hex) of the parts of ``table``'s policy a plan depends on: unit, k, m, a chosen per-unit sum clamp and the referenced columns' declarations (and key tuples); part of the plan hash."""
     payload = {
         "privacy_unit": table.privacy_unit,
         "max_groups_per_unit": table.max_groups_per_unit,
@@ -416,6 +416,9 @@ def policy_digest(table: TablePolicy, columns: set[str], tuples: Mapping[str, tu
     }
     if table.public:
         payload["public"] = True
+    pt = getattr(table, "private_truncation", None)
+    if pt is not None and pt.sum_clamps:  # issue 22 item 4: a chosen per-unit sum clamp is a bound
+        payload["sum_clamps"] = [[c, t] for c, t, _ in pt.sum_clamps]
     if tuples:  # keys from several columns of one public table: the tuples released (issue 19)
         payload["key_tuples"] = {
             names: hashlib.sha256(json.dumps(values, default=str).encode()).hexdigest()

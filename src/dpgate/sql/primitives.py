@@ -138,6 +138,22 @@ class PrimitiveKindBase(ABC):
         linf = self.linf(m, lo, hi)
         return k_eff * linf, math.sqrt(k_eff * linf * linf), linf
 
+    def per_unit_clamped(self, value: str | None, m: int, lo: int, hi: int, tau: int) -> PerUnit | None:
+        """The fragment with the per-unit partial also clipped to [−τ, τ] (SUM only).
+
+        Raises:
+            ValueError: a kind without a per-unit sum clamp.
+        """
+        raise ValueError(f"primitive kind {self.kind!r} has no per-unit sum clamp")
+
+    def linf_clamped(self, m: int, lo: int, hi: int, tau: int) -> int:
+        """Δ∞ with the per-unit sum clamp τ (SUM only).
+
+        Raises:
+            ValueError: a kind without a per-unit sum clamp.
+        """
+        raise ValueError(f"primitive kind {self.kind!r} has no per-unit sum clamp")
+
     def finalise(self, noisy: "np.ndarray", column: "ColumnPolicy | None") -> "np.ndarray":
         """The noisy integers in output units (``column``: the primitive's column policy, if any)."""
         import numpy as np
@@ -249,14 +265,41 @@ class Sum(PrimitiveKindBase):
     def per_unit(self, value: str | None, m: int, lo: int, hi: int) -> PerUnit:
         """``SUM(value)`` per (unit, group) in fixed-point steps, m rows' worth, clipped to
         ``m·[min(lo, 0), max(hi, 0)]`` (``lo``/``hi``: the clamp in steps; NULL partials add 0)."""
+        return self._clipped(value, m, *self.partial_range(m, lo, hi))
+
+    @staticmethod
+    def partial_range(m: int, lo: int, hi: int, tau: int | None = None) -> tuple[int, int]:
+        """The per-(unit, group) partial's range in steps: ``m·[min(lo, 0), max(hi, 0)]``, intersected
+        with ``[−τ, τ]`` when a per-unit sum clamp τ ≥ 0 is given (issue 22 item 4)."""
+        a, b = m * min(lo, 0), m * max(hi, 0)
+        if tau is None:
+            return a, b
+        if tau < 0:
+            raise ValueError(f"a per-unit sum clamp is ≥ 0 (got {tau})")
+        return max(a, -tau), min(b, tau)
+
+    @staticmethod
+    def _clipped(value: str | None, m: int, a: int, b: int) -> PerUnit:
         # COALESCE: a partial whose values are all NULL adds 0 (LEAST/GREATEST skip NULL)
         worth = m_rows_worth(lambda: exp.Sum(this=n.col(value)), lambda: n.count(n.col(value)), m)
-        clip = n.least(n.greatest(n.coalesce0(worth), n.num(m * min(lo, 0))), n.num(m * max(hi, 0)))
+        clip = n.least(n.greatest(n.coalesce0(worth), n.num(a)), n.num(b))
         return PerUnit(exp.Sum(this=n.col(value)), clip)
+
+    def per_unit_clamped(self, value: str | None, m: int, lo: int, hi: int, tau: int) -> PerUnit:
+        """As :meth:`per_unit`, the partial clipped to ``m·[min(lo, 0), max(hi, 0)] ∩ [−τ, τ]``: the
+        per-unit total contribution bounded by τ (the contribution bound of Wilson et al. 2020 §3 on
+        the partial's value instead of its rows; τ chosen privately, :mod:`dpgate.private_sum_clamp`)."""
+        return self._clipped(value, m, *self.partial_range(m, lo, hi, tau))
 
     def linf(self, m: int, lo: int, hi: int) -> int:
         """Δ∞ = m·max(|lo|, |hi|) in steps: m clamped values of one unit in one group."""
         return m * max(abs(lo), abs(hi))
+
+    def linf_clamped(self, m: int, lo: int, hi: int, tau: int) -> int:
+        """Δ∞ = max(|a|, |b|) ≤ min(τ, m·max(|lo|, |hi|)) for the partial's range [a, b]
+        (:meth:`partial_range`): removing a unit removes its partial, which lies in [a, b]."""
+        a, b = self.partial_range(m, lo, hi, tau)
+        return max(abs(a), abs(b))
 
     def exact(self, column: exp.Expression | None, alpha: float | None = None) -> exp.Expression:
         """``SUM(column)``."""
@@ -333,6 +376,26 @@ class Quantile(PrimitiveKindBase):
 #: One instance per kind, by kind string (instantiating checks every abstract method is given).
 PRIMITIVE_KINDS: Mapping[str, PrimitiveKindBase] = {
     c.kind: c() for c in (Count, CountColumn, CountDistinctUnit, CountDistinct, Sum, SumSquares, Quantile)}
+
+
+def sum_clamp(table: object, primitive: object) -> int | None:
+    """The per-unit sum clamp τ (fixed-point steps) that ``table`` (a source's table policy) holds for
+    ``primitive``, or None: only a SUM under a private-truncation choice has one (issue 22 item 4)."""
+    pt = getattr(table, "private_truncation", None)
+    if pt is None or getattr(primitive, "kind", None) != "sum":
+        return None
+    return pt.sum_clamp(getattr(primitive, "column", None))
+
+
+def fragment(kind: PrimitiveKindBase, value: str | None, m: int, lo: int, hi: int, tau: int | None
+             ) -> PerUnit | None:
+    """``kind.per_unit(…)``, or its clamped form when a per-unit sum clamp ``tau`` applies."""
+    return kind.per_unit(value, m, lo, hi) if tau is None else kind.per_unit_clamped(value, m, lo, hi, tau)
+
+
+def linf_of(kind: PrimitiveKindBase, m: int, lo: int, hi: int, tau: int | None) -> int:
+    """``kind.linf(…)``, or its clamped form when a per-unit sum clamp ``tau`` applies."""
+    return kind.linf(m, lo, hi) if tau is None else kind.linf_clamped(m, lo, hi, tau)
 
 
 def primitive_kind(kind: str) -> PrimitiveKindBase:
