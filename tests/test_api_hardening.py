@@ -448,3 +448,19 @@ def test_a_body_repeating_a_key_is_refused_before_any_route_reads_it(project, tm
         assert admin.get("/v1/admin/ledger").json() == before  # nothing charged, no cap changed
         ok = c.post("/v1/queries", json={**QUERY, "budget": {"rho": 0.001}})  # one key each: answered
         assert ok.status_code == 200, ok.text
+
+
+def test_an_unknown_query_parameter_is_refused_as_an_unknown_body_field_is(project, tmp_path):
+    """``GET /v1/releases?datset=usage`` (a typo) listed every dataset's releases (trial finding):
+    now 400 invalid_request naming the parameter and the route's own; known ones still work."""
+    settings = Settings(policies=project / "policies", home=tmp_path / "state")
+    keys = _keys(settings)
+    with LiveServer(create_app(settings)) as live, live.client(keys["analyst"]) as c:
+        bad = c.get("/v1/releases", params={"datset": "usage"})
+        assert bad.status_code == 400
+        err = bad.json()["error"]
+        assert err["code"] == "invalid_request" and "'datset'" in err["message"]
+        assert "dataset" in err["details"]["known"]
+        assert c.get("/v1/releases", params={"dataset": "usage", "limit": 5}).status_code == 200
+        assert c.get("/v1/datasets", params={"x": "1"}).status_code == 400
+        assert c.get("/v1/datasets").status_code == 200

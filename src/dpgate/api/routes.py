@@ -104,8 +104,34 @@ def _consumer_of(principal: Principal) -> str:
     return principal.consumer
 
 
+def refuse_unknown_query_parameters(request: Request) -> None:
+    """A query-string parameter the route does not take is refused (400 ``invalid_request``), as an
+    unknown body field is: ``GET /v1/releases?datset=usage`` must not silently list every dataset's
+    releases (trial finding). The route's parameters are its FastAPI ``Dependant``'s ``query_params`` and its dependencies'.
+
+    Raises:
+        InvalidRequest: naming the unknown parameters and the route's own.
+    """
+    route = request.scope.get("route")
+    dependant = getattr(route, "dependant", None)
+    if dependant is None or not request.query_params:
+        return
+    known: set[str] = set()
+    todo = [dependant]
+    while todo:  # the route's parameters and its dependencies' (Dependant.query_params, .dependencies)
+        d = todo.pop()
+        known |= {p.alias for p in d.query_params}
+        todo += d.dependencies
+    unknown = sorted(set(request.query_params) - known)
+    if unknown:
+        raise InvalidRequest(
+            f"unknown query parameter{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}: "
+            + (f"this route takes {', '.join(sorted(known))}" if known else "this route takes none"),
+            {"unknown": unknown, "known": sorted(known)})
+
+
 health = APIRouter(tags=["health"])
-v1 = APIRouter(prefix="/v1", responses=_ERRORS)
+v1 = APIRouter(prefix="/v1", responses=_ERRORS, dependencies=[Depends(refuse_unknown_query_parameters)])
 
 
 @health.get("/healthz", response_model=schemas.Health, summary="Liveness (no API key needed)")
