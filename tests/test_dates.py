@@ -17,7 +17,8 @@ from sqlglot import parse_one
 from dpgate.errors import PolicyError, UnsupportedQuery
 from dpgate.policy import parse_policy as _parse_policy, quote_identifier as q
 from dpgate.sensitivity import sensitivities
-from dpgate.sql.bind import TableScope, bind_row_expression, temporal_ordinal
+from dpgate.sql.bind import TableScope, bind_row_expression
+from dpgate.sql.temporal import temporal_ordinal
 from dpgate.sql.bound import bounded_sql
 from dpgate.sql.parse import parse_query
 

@@ -71,7 +71,7 @@ _ALLOWED = (
     exp.TryCast, exp.DataType, exp.Case, exp.If, exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT,
     exp.LTE, exp.NullSafeEQ, exp.NullSafeNEQ, exp.And, exp.Or, exp.Not, exp.Is, exp.In,
     exp.Between, exp.Like, exp.ILike, exp.Lower, exp.Upper, exp.Trim, exp.Length,
-    exp.Concat, exp.DPipe, exp.Substring, exp.Left, exp.StartsWith, exp.EndsWith, exp.Try,
+    exp.Concat, exp.DPipe, exp.Substring, exp.StartsWith, exp.EndsWith, exp.Try,
     # dates: parts and truncation (the domain is enumerated from the declared ISO bounds)
     exp.Extract, exp.Var, exp.TimestampTrunc, exp.DateTrunc, exp.Year, exp.Quarter, exp.Month,
     exp.Day, exp.DayOfWeek, exp.DayOfYear, exp.DayOfMonth, exp.Hour, exp.WeekOfYear,
