@@ -154,7 +154,7 @@ def test_key_list_trees_are_the_text():
 
 
 def test_per_unit_flag(plans):
-    """Engines read the per-unit flag (Spark refuses such trees) instead of the ``__dpg_rn`` name."""
+    """The per-unit flag marks exactly the trees with per-unit rows (engines read it, not the ``__dpg_rn`` name)."""
     flagged = 0
     for name, plan, policy in plans:
         base = replace(plan, primitives=tuple(p for p in plan.primitives if p.kind != "quantile"))

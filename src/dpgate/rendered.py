@@ -9,7 +9,7 @@ every engine's rendering is byte-identical to what it was without them; kept by 
 * **flags on the root** (:func:`mark`, :func:`flags`): ``unit_unique`` — the bounded query skips
   the per-unit aggregation, correct only where each unit has one row (engines refuse it on a
   table whose load did not find that); ``per_unit`` — the rows are a per-unit subquery's, kept by
-  DuckDB's row hash (Spark refuses it). Every tree handed to an engine is marked; an unmarked
+  its row-choosing hash (:mod:`dpgate.sql.per_unit`; Spark refused it before issue 21 item 9). Every tree handed to an engine is marked; an unmarked
   tree is an internal error (:class:`~dpgate.errors.Internal`), never read as "no flag". Engines
   used to recognise these queries by generated names (``__dpg_unique_rows``, ``__dpg_rn``).
 * **a type on the nodes of row expressions** (:func:`set_type`, :func:`type_of`): the planner's
@@ -40,7 +40,7 @@ __all__ = ["PER_UNIT", "TYPE", "TYPES", "UNIT_UNIQUE", "flags", "mark", "parse_g
 
 #: Root meta key: the per-unit aggregation is skipped (one row per unit assumed).
 UNIT_UNIQUE = "unit_unique"
-#: Root meta key: the rows are a per-unit subquery's (kept by DuckDB's row hash).
+#: Root meta key: the rows are a per-unit subquery's (kept by its row-choosing hash).
 PER_UNIT = "per_unit"
 #: Node meta key: the planner's static type of a row-expression node.
 TYPE = "dpg_type"

@@ -158,7 +158,10 @@ class PredicateRewriter:
         if isinstance(node, exp.Substring):
             return self._substring(node)
         if isinstance(node, (exp.Like, exp.ILike)):
-            return self.like(type(node), self.safe(node.this), self.safe(node.expression))
+            out = self.like(type(node), self.safe(node.this), self.safe(node.expression))
+            # sqlglot parses ``a NOT LIKE p`` as Like(negate=True): keep the NOT (it was dropped, so
+            # PostgreSQL and Spark answered NOT LIKE as LIKE; found by TPC-H Q13 in the corpus parity)
+            return exp.Not(this=exp.Paren(this=out)) if node.args.get("negate") else out
         if isinstance(node, exp.EndsWith):
             return self.ends_with(self.safe(node.this), self.safe(node.expression))
         if isinstance(node, exp.Contains):

@@ -71,9 +71,9 @@ from dpgate.engines.predicates import (
     replace_isfinite,
     replace_round,
 )
-from dpgate.errors import Conflict, ExecutionError, InvalidSql, PolicyError, QueryTimeout, UnsupportedQuery
+from dpgate.errors import Conflict, ExecutionError, InvalidSql, PolicyError, QueryTimeout
 from dpgate.policy import DatasetPolicy, TablePolicy
-from dpgate.rendered import flags
+from dpgate.rendered import type_of
 
 __all__ = ["SparkEngine", "spark_session", "COMPATIBLE"]
 
@@ -180,6 +180,15 @@ class _SparkPredicates(PredicateRewriter):
         keep = exp.Not(this=exp.LT(this=exp.Abs(this=a.copy()), expression=dbl(4503599627370496.0)))
         return exp.Case(ifs=[exp.If(this=keep, true=a.copy())],
                         default=exp.Cast(this=op(this=a), to=datatype("double")))
+
+
+def _float_sum(node: exp.Sum) -> bool:
+    """True for a sum of doubles: ``CAST(SUM(x) AS DOUBLE)`` (how :mod:`dpgate.sql.per_unit` writes
+    the inner SUM of a float column) or a sum whose argument the planner typed ``float``."""
+    parent = node.parent
+    if isinstance(parent, exp.Cast) and parent.to.is_type(exp.DataType.Type.DOUBLE):
+        return True
+    return type_of(node.this) == "float"
 
 
 class SparkEngine:
@@ -366,10 +375,14 @@ class SparkEngine:
         Transforms (besides sqlglot's own, e.g. ``QUALIFY`` → a ``row_number()``
         subquery, ``//`` → ``DIV``, ``concat`` NULL handling, LIKE escapes):
 
-        * ``hash(…)`` → md5 of the salted key text (Spark compares strings bytewise);
+        * ``hash(…)`` → md5 of the salted key text (Spark compares strings bytewise); a per-unit
+          subquery's row hash reads parts whose text is the same on every engine
+          (:mod:`dpgate.sql.per_unit`), so Spark keeps DuckDB's rows;
         * ``isfinite(x)`` → ``x > -inf AND x < inf``; ``ROUND(x)`` → exact half away from zero;
         * ``SUM(x)`` → ``SUM(CAST(x AS DECIMAL(38, 0)))`` (DuckDB's HUGEINT: a BIGINT sum
-          of fixed-point values can exceed 64 bits);
+          of fixed-point values can exceed 64 bits), except a sum of doubles (a per-unit
+          subquery's inner ``CAST(SUM(x) AS DOUBLE)`` of a float column, :func:`_float_sum`),
+          which the cast would round to integers;
         * ``range(a, b)`` key lists → Spark's ``range`` table function;
         * ``TRY(p)`` → integer arithmetic through ``try_add``/``try_subtract``/``try_multiply``,
           FLOOR/CEIL of doubles kept double (:class:`_SparkPredicates`); unsupported
@@ -378,11 +391,6 @@ class SparkEngine:
         """
         tree = query_tree(query)
         check_unique_units(tree, self.policy.name, self.unit_is_unique)
-        if flags(tree)[1]:  # the renderer's flag: the rows are a per-unit subquery's
-            # a per-unit subquery (dpgate.sql.per_unit) keeps each unit's rows by DuckDB's row hash,
-            # whose values Spark's hash would not reproduce: refused before the charge
-            raise UnsupportedQuery("per-unit subqueries are not supported on the Spark engine yet "
-                                   "(nothing was charged)")
         foreign = {r for r in relations(tree) if r not in self._views}
         if foreign:
             raise ExecutionError("the query reads a table this engine does not hold")
@@ -391,7 +399,8 @@ class SparkEngine:
         tree = replace_isfinite(tree)
         tree = replace_round(tree)
         for s in list(tree.find_all(exp.Sum)):
-            s.set("this", exp.Cast(this=s.this, to=datatype("decimal(38, 0)")))
+            if not _float_sum(s):
+                s.set("this", exp.Cast(this=s.this, to=datatype("decimal(38, 0)")))
         for gs in list(tree.find_all(exp.GenerateSeries)):
             table = gs.parent
             if isinstance(table, exp.Table):

@@ -123,7 +123,7 @@ def bounded_query(plan: QueryPlan, policy: DatasetPolicy, *, salt: int, unit_uni
     per_unit = aggregates_per_unit(table, unit_unique=unit_unique)
     tree = bounded_tree(plan, table, exp.Literal.number(str(salt)), per_unit=per_unit,
                         join_tree=source.rows())
-    # the renderer's flags (dpgate.rendered): the per-unit step skipped; rows kept by DuckDB's row hash
+    # the renderer's flags (dpgate.rendered): the per-unit step skipped; rows kept by the per-unit row hash
     return mark(tree, unit_unique=not per_unit and not table.record_level,
                 per_unit=bool(getattr(table, "per_unit", False)))
 

@@ -16,8 +16,18 @@ is unique (k = 1, m = 1).
 ``k·m`` of its (filtered) rows — the most a unit may contribute to one query of the table
 (m rows in each of k groups; Wilson et al. 2020, "Differentially private SQL with bounded
 user contribution", PoPETs 2020(2), §3). The rows kept are those with the smallest
-``hash`` of the row's values: the choice depends only on the unit's own rows, so adding or
-removing one unit changes no other unit's row. Aggregated values are clamped to the
+``hash`` of the unit and the values of the columns the inner aggregates read: the choice depends
+only on the unit's own rows, so adding or removing one unit changes no other unit's row.
+
+**The row choice on every engine** (issue 21 item 9). Each engine computes the hash as md5 of
+its parts' text (:func:`dpgate.engines.hashing.portable_group_hash`), so the parts are chosen to
+have the same bytes on DuckDB, PostgreSQL and Spark, never NULL, and one-to-one on values
+(:func:`_hash_parts`): an int or bool as its decimal text, a text as ``<length>.<text>``, NULL as
+``n``; a float, date or timestamp by its ``dense_rank`` among the unit's rows, NULLs last (the text
+of a double is ``1e+300`` on DuckDB, ``1.0E300`` on Spark, and ``1.0`` is ``1`` on PostgreSQL; their
+order is IEEE's on all three, NaN greatest). Rows that tie agree on every column the aggregates
+read, so which of them is kept changes no aggregate: every engine computes the same per-unit
+rows, and the bounded answer before noise is the same vector for the same salt. Aggregated values are clamped to the
 column's ``[lo, hi]`` (non-finite values are NULL). Hence, with ``c = k·m``:
 
 =====================  =========================================  ========
@@ -266,7 +276,6 @@ def build_source(inner: exp.Select, policy: DatasetPolicy) -> PerUnitSource:
     from dpgate.sql.bind import plan_where_tree
     from dpgate.sql.node_types import annotate, column_types_of
     from dpgate.sql.parsed_shape import shaped
-    from dpgate.sql.expr import row_sql
     from dpgate.sql.rules import check_nesting
 
     check_nesting(inner)  # the outer statement's check no longer sees the inner query
@@ -277,38 +286,29 @@ def build_source(inner: exp.Select, policy: DatasetPolicy) -> PerUnitSource:
     unit = table.privacy_unit
     c = table.max_groups_per_unit * table.max_rows_per_unit
     columns: dict[str, ColumnPolicy] = {}
-    select = [f"{q('__dpg_src')}.{q(unit)} AS {q(unit)}"]
     items: list[exp.Expression] = [sqln.alias(sqln.col(unit, "__dpg_src"), unit)]  # the same select list, as trees
     ranges = []
     for item in inner.expressions:
         found = _inner_aggregate(item, scope, table, c, {k.casefold() for k in columns})
         if found is None:
             continue
-        label, columns[label], text, tree = found
-        select.append(text)
+        label, columns[label], _text, tree = found
         items.append(tree)
         ranges.append((label, f"{_unparen(item).sql(dialect='duckdb')}: {_range_text(columns[label])}"))
     if not columns:
         raise _refuse("a per-unit subquery must compute at least one aggregate", inner)
     where_node = inner.args.get("where")
     where_tree = plan_where_tree(where_node.this if where_node is not None else None, scope)
-    where = None if where_tree is None else where_tree.sql(dialect="duckdb", comments=False)
     if where_tree is not None:  # the text's own shape, each node typed (sql.node_types)
         where_tree = annotate(shaped(where_tree), column_types_of(table.columns))
-    # the inner WHERE obeys the outer WHERE's totality rule (sql.bound.row_sql): a row on which
+    # the inner WHERE obeys the outer WHERE's totality rule (sql.bound.row_tree): a row on which
     # it would raise is filtered out, never an error after the charge
-    conditions = [f"{q(unit)} IS NOT NULL"] + ([f"({row_sql(where, None)})"] if where else [])
-    row_hash = ", ".join([q(unit)] + [q(n) for n in table.columns])
-    bounded_rows = (
-        f"SELECT *, row_number() OVER (PARTITION BY {q(unit)} ORDER BY hash({row_hash})) AS {q('__dpg_rn')} "
-        f"FROM {table.relation}{' AS ' + q(_JOINED) if joined is not None else ''} WHERE {' AND '.join(conditions)}")
-    join_sql = (f"SELECT {', '.join(select)} FROM ({bounded_rows}) AS {q('__dpg_src')} "
-                f"WHERE {q('__dpg_rn')} <= {c} GROUP BY {q('__dpg_src')}.{q(unit)}")
     join_tree = _join_tree(table, reads, items, where_tree, c)
     view = VirtualTable(
         name=PER_UNIT_MARK + written.sql(dialect="duckdb"), dataset=policy.name, source="",
         privacy_unit=unit, max_groups_per_unit=1, max_rows_per_unit=1,
-        columns=MappingProxyType(columns), path=table.path, public=False, join_sql=join_sql, join_tree=join_tree,
+        columns=MappingProxyType(columns), path=table.path, public=False, join_sql=join_tree.sql(dialect="duckdb"),
+        join_tree=join_tree,
         per_unit=True)
     return PerUnitSource(inner=reads, ranges=tuple(ranges), view=view)
 
@@ -321,25 +321,68 @@ _AGG_NODES = {"sum": exp.Sum, "avg": exp.Avg, "min": exp.Min, "max": exp.Max}
 _JOINED = "__dpg_joined"
 
 
+def _hash_parts(table: TablePolicy, items: list[exp.Expression]) -> tuple[list[exp.Expression], list[exp.Expression]]:
+    """The arguments of the row-choosing hash and the rank columns they read (module docstring,
+    "the row choice on every engine").
+
+    Returns ``(parts, ranks)``: ``parts`` is the unit, then one never-NULL part per declared column
+    the inner aggregates read, in declaration order — the decimal text of an int or bool
+    (``'n'`` for NULL), ``<length>.<text>`` of a text (``'n'`` for NULL) — or, for any other type
+    (float, date, timestamp), the column's ``dense_rank`` among the unit's rows (NULLs last): the
+    text of a double differs between engines (``1e+300`` / ``1.0E300``; ``1`` on PostgreSQL), its
+    order does not. ``ranks`` are the ``… AS "__dpg_h<i>"`` window items computing those ranks.
+    """
+    unit = table.privacy_unit
+    used = {c.name.casefold() for item in items for c in item.find_all(exp.Column)} - {unit.casefold()}
+    parts: list[exp.Expression] = [sqln.col(unit)]
+    ranks: list[exp.Expression] = []
+    missing = exp.Literal.string("n")
+    for name, col in table.columns.items():
+        if name.casefold() not in used:
+            continue
+        ref = sqln.col(name)
+        if col.type in ("int", "bool"):
+            parts.append(exp.Coalesce(this=sqln.cast(ref, "VARCHAR"), expressions=[missing.copy()]))
+        elif col.type == "text":
+            text = exp.DPipe(this=exp.DPipe(this=sqln.cast(exp.Length(this=ref), "VARCHAR"),
+                                            expression=exp.Literal.string(".")), expression=ref.copy())
+            parts.append(exp.Coalesce(this=text, expressions=[missing.copy()]))
+        else:
+            rank = exp.Window(this=exp.DenseRank(), partition_by=[sqln.col(unit)], order=exp.Order(
+                expressions=[exp.Ordered(this=ref, nulls_first=False)]), over="OVER")
+            label = f"__dpg_h{len(ranks)}"
+            ranks.append(sqln.alias(rank, label))
+            parts.append(sqln.col(label))
+    return parts, ranks
+
+
 def _join_tree(table: TablePolicy, reads: Source, items: list[exp.Expression], where: exp.Expression | None,
                c: int) -> exp.Select:
-    """The per-unit table's ``join_sql`` as a tree (equal to its parse); ``reads`` is the declared
-    table or the join it reads; ``where``: the inner WHERE's typed tree."""
+    """The per-unit table's rows as a tree (its DuckDB text is ``join_sql``); ``reads`` is the
+    declared table or the join it reads; ``where``: the inner WHERE's typed tree. Each unit keeps
+    its first ``c`` rows in the order of :func:`_hash_parts`' hash."""
     from dpgate.render.bounded import row_tree
 
     unit = table.privacy_unit
     conditions: list[exp.Expression] = [sqln.not_null(sqln.col(unit))]
     if where is not None:
         conditions.append(exp.Paren(this=row_tree(where, None)))
+    parts, ranks = _hash_parts(table, items)
     window = exp.Window(this=exp.RowNumber(), partition_by=[sqln.col(unit)], order=exp.Order(expressions=[
-        exp.Ordered(this=sqln.anonymous("hash", *[sqln.col(x) for x in [unit, *table.columns]]), nulls_first=False)]),
-        over="OVER")
+        exp.Ordered(this=sqln.anonymous("hash", *parts), nulls_first=False)]), over="OVER")
     relation = reads.relation(_JOINED) if isinstance(reads, JoinSource) else sqln.table(table.name, table.dataset)
-    rows = sqln.select([exp.Star(), sqln.alias(window, "__dpg_rn")], relation,
-                    where=sqln.conjunction(conditions))
+    filtered = sqln.conjunction(conditions)
+    if ranks:
+        relation = sqln.subquery(sqln.select([exp.Star(), *ranks], relation, where=filtered), _RANKED)
+        filtered = None
+    rows = sqln.select([exp.Star(), sqln.alias(window, "__dpg_rn")], relation, where=filtered)
     return sqln.select(items, sqln.subquery(rows, "__dpg_src"),
                     where=exp.LTE(this=sqln.col("__dpg_rn"), expression=sqln.num(c)),
                     group=[sqln.col(unit, "__dpg_src")])
+
+
+#: The alias of a per-unit subquery's filtered rows with their rank columns (:func:`_hash_parts`).
+_RANKED = "__dpg_ranked"
 
 
 def rewrite_per_unit(stmt: exp.Select, policy: DatasetPolicy

@@ -284,7 +284,7 @@ class VirtualTable(TablePolicy):
     Only its :class:`Source` builds one. Attributes (besides :class:`TablePolicy`'s):
         join_sql: the rows as DuckDB SQL (the text renderings read it through :attr:`relation`).
         join_tree: the same rows as a sqlglot tree (equal to the parse of ``join_sql``).
-        per_unit: its rows are one per unit, kept by DuckDB's row hash (engines read the flag).
+        per_unit: its rows are one per unit, kept by the row-choosing hash (engines read the flag).
     """
 
     join_sql: str = ""
