@@ -45,11 +45,12 @@ from sqlglot import exp
 
 from dpgate import accounting
 from dpgate import private_bounds as estimate
-from dpgate.errors import BudgetExhausted, Internal, InvalidBudget, UnsupportedQuery
+from dpgate.errors import BudgetExhausted, InvalidBudget, UnsupportedQuery
 from dpgate.pipeline import documents
 from dpgate.pipeline.budget import QueryBudget, fit, mechanism_of, refuse_without_gdp_claim, resolve, stated
 from dpgate.pipeline.planning import compile_query
 from dpgate.policy import ColumnPolicy, DatasetPolicy, TablePolicy
+from dpgate.pipeline.private_choice import charged_choice, histogram
 from dpgate.releases import CacheKeys, Release
 from dpgate.releases.keys import cache_key
 from dpgate.releases.model import new_release_id, now
@@ -254,35 +255,17 @@ def _estimate(gw: Any, base: DatasetPolicy, need: Need, noise: estimate.BoundsNo
               consumer: str) -> tuple[Release, Any]:
     """Charge, run and store one estimate (single flight); ``(release, receipt or None if another paid)``."""
     keys = _keys(base, need, version)
-    cost = _cost(noise)
-    paid: list[Any] = []
-
-    def charge(attempt: str) -> Any:
-        receipt = gw.ledger.charge(
-            base.population, consumer, cost, purpose=f"private bounds of {need.table}.{need.column} on {base.name}",
-            release_key=attempt, metadata={"dataset": base.name, "kind": "private_bounds", "table": need.table,
-                                           "column": need.column, "data_version": version},
-            **({"cohorts": s} if (s := _scope(gw, base)) is not None else {}))
-        if not getattr(receipt, "duplicate", False) and getattr(receipt, "cost", cost) != cost:
-            raise Internal("the ledger charged a cost other than the calibrated one",
-                           {"charge_id": getattr(receipt, "charge_id", None)})
-        paid.append(receipt)
-        return receipt
 
     def compute(receipt: Any) -> Release:
-        values = gw.engine.execute(tree)
-        hist = [0] * noise.grid.size
-        for b, c in zip(values[BIN].tolist(), values[COUNT].tolist()):
-            hist[int(b)] += int(c)
+        hist = histogram(gw.engine.execute(tree), noise.grid.size, BIN, COUNT)
         _, bounds = estimate.choose(noise, hist)
         return _release(base, need, noise, keys.noise, version, receipt, bounds)
 
-    with gw.release_cache.flight(keys) as flight:
-        hit = flight.lookup()
-        if hit is not None:
-            return hit, None
-        release, fresh = flight.run(charge=charge, compute=compute)
-    return release, (paid[-1] if fresh and paid else None)
+    return charged_choice(
+        gw, keys, _cost(noise), population=base.population, consumer=consumer,
+        purpose=f"private bounds of {need.table}.{need.column} on {base.name}",
+        metadata={"dataset": base.name, "kind": "private_bounds", "table": need.table, "column": need.column,
+                  "data_version": version}, scope=_scope(gw, base), compute=compute)
 
 
 def _found(gw: Any, base: DatasetPolicy, needs: list[Need], version: str) -> dict[Need, Release | None]:

@@ -24,6 +24,7 @@ from typing import Any
 from dpgate import accounting
 from dpgate import private_sum_clamp as clamp
 from dpgate.errors import Internal, InvalidBudget
+from dpgate.pipeline.private_choice import charged_choice, histogram
 from dpgate.pipeline import documents
 from dpgate.pipeline.private_bounds import Split
 from dpgate.policy import DatasetPolicy
@@ -153,34 +154,15 @@ def _release(base: DatasetPolicy, need: SumNeed, noise: Any, version: str, recei
 def choose(gw: Any, base: DatasetPolicy, need: SumNeed, noise: Any, version: str, consumer: str,
            scope: tuple[str, ...] | None) -> tuple[Release, Any]:
     """Charge, run and store one choice (single flight); ``(release, receipt or None if another paid)``."""
-    cost = cost_of(noise)
-    paid: list[Any] = []
-
-    def charge(attempt: str) -> Any:
-        receipt = gw.ledger.charge(
-            base.population, consumer, cost, purpose=f"private per-unit clamp of SUM({need.column}) on {base.name}",
-            release_key=attempt, metadata={"dataset": base.name, "kind": "private_sum_clamp", "column": need.column,
-                                           "tables": list(need.tables), "data_version": version},
-            **({"cohorts": scope} if scope is not None else {}))
-        if not getattr(receipt, "duplicate", False) and getattr(receipt, "cost", cost) != cost:
-            raise Internal("the ledger charged a cost other than the calibrated one",
-                           {"charge_id": getattr(receipt, "charge_id", None)})
-        paid.append(receipt)
-        return receipt
-
     def compute(receipt: Any) -> Release:
-        values = gw.engine.execute(need.tree)
-        hist = [0] * noise.grid.size
-        for b, c in zip(values[BIN].tolist(), values[COUNT].tolist()):
-            hist[int(b)] += int(c)
+        hist = histogram(gw.engine.execute(need.tree), noise.grid.size, BIN, COUNT)
         return _release(base, need, noise, version, receipt, clamp.choose(noise, hist))
 
-    with gw.release_cache.flight(need.keys) as flight:
-        hit = flight.lookup()
-        if hit is not None:
-            return hit, None
-        release, fresh = flight.run(charge=charge, compute=compute)
-    return release, (paid[-1] if fresh and paid else None)
+    return charged_choice(
+        gw, need.keys, cost_of(noise), population=base.population, consumer=consumer,
+        purpose=f"private per-unit clamp of SUM({need.column}) on {base.name}",
+        metadata={"dataset": base.name, "kind": "private_sum_clamp", "column": need.column,
+                  "tables": list(need.tables), "data_version": version}, scope=scope, compute=compute)
 
 
 def with_clamps(policy: DatasetPolicy, chosen: dict[SumNeed, Release]) -> DatasetPolicy:

@@ -45,6 +45,7 @@ from dpgate import private_truncation as choice
 from dpgate.errors import Internal, InvalidBudget
 from dpgate.pipeline import documents
 from dpgate.pipeline import private_sum_clamp as sums
+from dpgate.pipeline.private_choice import charged_choice, histogram
 from dpgate.pipeline.budget import fit, refuse_without_gdp_claim, stated
 from dpgate.pipeline.planning import compile_query
 from dpgate.pipeline.private_bounds import Split, refuse_unless_fits, repeat_budget, split_budget
@@ -207,34 +208,15 @@ def _release(base: DatasetPolicy, need: Need, noise: Any, version: str, receipt:
 def _choose(gw: Any, base: DatasetPolicy, need: Need, noise: Any, version: str, consumer: str
             ) -> tuple[Release, Any]:
     """Charge, run and store the choice (single flight); ``(release, receipt or None if another paid)``."""
-    cost = _cost(noise)
-    paid: list[Any] = []
-
-    def charge(attempt: str) -> Any:
-        receipt = gw.ledger.charge(
-            base.population, consumer, cost, purpose=f"private truncation of {need.label} on {base.name}",
-            release_key=attempt, metadata={"dataset": base.name, "kind": "private_truncation",
-                                           "tables": list(need.tables), "data_version": version},
-            **({"cohorts": s} if (s := _scope(gw, base)) is not None else {}))
-        if not getattr(receipt, "duplicate", False) and getattr(receipt, "cost", cost) != cost:
-            raise Internal("the ledger charged a cost other than the calibrated one",
-                           {"charge_id": getattr(receipt, "charge_id", None)})
-        paid.append(receipt)
-        return receipt
-
     def compute(receipt: Any) -> Release:
-        values = gw.engine.execute(need.tree)
-        hist = [0] * noise.grid.size
-        for b, c in zip(values[BIN].tolist(), values[COUNT].tolist()):
-            hist[int(b)] += int(c)
+        hist = histogram(gw.engine.execute(need.tree), noise.grid.size, BIN, COUNT)
         return _release(base, need, noise, version, receipt, choice.choose(noise, hist))
 
-    with gw.release_cache.flight(need.keys) as flight:
-        hit = flight.lookup()
-        if hit is not None:
-            return hit, None
-        release, fresh = flight.run(charge=charge, compute=compute)
-    return release, (paid[-1] if fresh and paid else None)
+    return charged_choice(
+        gw, need.keys, _cost(noise), population=base.population, consumer=consumer,
+        purpose=f"private truncation of {need.label} on {base.name}",
+        metadata={"dataset": base.name, "kind": "private_truncation", "tables": list(need.tables),
+                  "data_version": version}, scope=_scope(gw, base), compute=compute)
 
 
 def _used(need: Need, release: Release, receipt: Any) -> dict[str, Any]:
