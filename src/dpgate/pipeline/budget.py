@@ -18,6 +18,7 @@ from dpgate.errors import InvalidBudget
 from dpgate.ledger import Ledger
 from dpgate.ledger.base import charge_statement, ledger_rho
 from dpgate.policy import MECHANISMS, DatasetPolicy
+from dpgate.sql.parse import nothing_charged
 from dpgate.sql.plan import QueryPlan
 
 __all__ = ["QueryBudget", "ResolvedBudget", "fit", "mechanism_of", "refuse_without_gdp_claim", "resolve",
@@ -74,6 +75,12 @@ class QueryBudget:
     delta: float | None = None
 
     def __post_init__(self) -> None:
+        try:
+            self._validate()
+        except InvalidBudget as e:  # a budget is checked before anything else: nothing was charged
+            raise nothing_charged(e) from None
+
+    def _validate(self) -> None:
         given = {k: getattr(self, k) for k in self.FIELDS if getattr(self, k) is not None}
         if len(given) > 1:
             raise InvalidBudget(
@@ -111,10 +118,10 @@ class QueryBudget:
         """
         given = {k: v for k, v in fields.items() if v is not None}
         if not given:
-            raise InvalidBudget(
+            raise nothing_charged(InvalidBudget(
                 "budget names none of rho, epsilon, ci95 (omit budget for the policy's default_query_rho)",
                 {"given": []},
-            )
+            ))
         return cls(**given)
 
 
