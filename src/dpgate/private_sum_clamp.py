@@ -40,10 +40,8 @@ import math
 
 import numpy as np
 
-from dpgate.errors import InvalidBudget
-from dpgate.mechanisms import selection as selection_mechanisms
+from dpgate import prior_choice
 from dpgate.private_bounds import BoundsGrid, BoundsNoise, Measure
-from dpgate.quantiles import alpha_fraction, score_sensitivity, scores
 
 __all__ = ["PRIOR_SLOPE", "candidates", "grid", "calibrate", "min_share", "choose", "penalties", "rank_error95"]
 
@@ -87,44 +85,32 @@ def grid(row_bound: int, outer_m: int, resolution: float) -> BoundsGrid:
     return BoundsGrid(-cs[-1], cs[-1], 0, cs, float(resolution))
 
 
-def _factor(size: int, beta: float = 0.05) -> float:
-    return math.log(1.0 / (1.0 - math.exp(-PRIOR_SLOPE)) / beta) + (size - 1) * PRIOR_SLOPE
-
-
 def rank_error95(rank_scale: float, size: int) -> float:
     """r95 = s_r·(ln((1/(1 − 2^−1.5))/0.05) + (C − 1)·1.5 ln 2) for rank scale s_r = s/den (module docstring)."""
-    return float(rank_scale) * _factor(int(size))
+    return float(rank_scale) * prior_choice.rank_factor(size, PRIOR_SLOPE)
 
 
 def penalties(noise: BoundsNoise) -> np.ndarray:
     """The public score shifts ``round(λ·s·i)``, λ = :data:`PRIOR_SLOPE` (int64, one per candidate)."""
-    return np.rint(PRIOR_SLOPE * noise.scale * np.arange(noise.grid.size)).astype(np.int64)
+    return prior_choice.penalties(noise, PRIOR_SLOPE)
 
 
 def calibrate(name: str, g: BoundsGrid, quantile: float, measure: Measure, share: float) -> BoundsNoise:
-    """Scale and cost of the choice at ``share`` (ρ for ``"zcdp"``, ε for ``"pure"``): scale 2Δ∞/ε,
-    ε = √(8ρ), widened until OpenDP's map ≤ share (:func:`dpgate.mechanisms.selection.noisy_max_within`).
+    """Scale and cost of the choice at ``share`` (ρ for ``"zcdp"``, ε for ``"pure"``):
+    :func:`dpgate.prior_choice.calibrate` with λ = :data:`PRIOR_SLOPE`.
 
     Raises:
         InvalidBudget: a share so small that the scale is not finite.
     """
-    num, den = alpha_fraction(repr(float(quantile)))
-    delta_inf = score_sensitivity(num, den, 1)  # one element per unit
-    eps = math.sqrt(8.0 * share) if measure == "zcdp" else float(share)
-    scale = 2.0 * delta_inf / eps if eps > 0 else math.inf
-    if not math.isfinite(scale) or scale <= 0:
-        raise InvalidBudget(f"the budget is too small for the private sum clamp of {name!r}",
-                            {"column": name, "reason": "private_sum_clamp_budget"})
-    scale, mapped = selection_mechanisms.noisy_max_within(measure, scale, delta_inf, share)
-    return BoundsNoise(name, g, num, den, measure, delta_inf, scale, mapped, rank_error95(scale / den, g.size))
+    return prior_choice.calibrate(name, g, quantile, measure, share, PRIOR_SLOPE, (
+        f"the budget is too small for the private sum clamp of {name!r}",
+        {"column": name, "reason": "private_sum_clamp_budget"}))
 
 
 def min_share(size: int, quantile: float, measure: Measure, max_rank_error: float) -> float:
     """The smallest share whose choice over ``size`` candidates has a 95 % rank error ≤
-    ``max_rank_error`` units: ε = 2Δ∞·F/(den·r) with F the factor of :func:`rank_error95`, ρ = ε²/8."""
-    num, den = alpha_fraction(repr(float(quantile)))
-    eps = 2.0 * score_sensitivity(num, den, 1) * _factor(size) / (den * float(max_rank_error))
-    return eps * eps / 8.0 if measure == "zcdp" else eps
+    ``max_rank_error`` units (:func:`dpgate.prior_choice.min_share`)."""
+    return prior_choice.min_share(size, quantile, measure, max_rank_error, PRIOR_SLOPE)
 
 
 def choose(noise: BoundsNoise, hist) -> int:
@@ -134,8 +120,4 @@ def choose(noise: BoundsNoise, hist) -> int:
     Raises:
         ValueError: the histogram does not have one cell per candidate.
     """
-    h = np.asarray(hist, dtype=np.int64)
-    if h.shape != (noise.grid.size,):
-        raise ValueError(f"the histogram has {h.shape} cells, the grid {noise.grid.size} candidates")
-    shifted = scores(h, noise.num, noise.den) + penalties(noise)  # a public shift: Δ∞ unchanged
-    return int(noise.grid.distances[selection_mechanisms.noisy_argmin(noise.measure, noise.scale, shifted)])
+    return int(noise.grid.distances[prior_choice.choose_index(noise, hist, PRIOR_SLOPE)])
